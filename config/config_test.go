@@ -1,0 +1,222 @@
+package config
+
+import (
+	"errors"
+	"flag"
+	"io"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+)
+
+func envOf(m map[string]string) Env {
+	return func(k string) (string, bool) { v, ok := m[k]; return v, ok }
+}
+
+func writeFile(t *testing.T, body string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "config.yaml")
+	if err := os.WriteFile(p, []byte(body), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func TestDefaultsFromSimpleEnv(t *testing.T) {
+	cfg, _, err := Load(nil, envOf(nil), io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.PluginName != DefaultPluginName || cfg.DevicePluginDir != DefaultDevicePluginDir ||
+		cfg.CDIDir != DefaultCDIDir || cfg.DevRoot != DefaultDevRoot || cfg.StateDir != DefaultStateDir {
+		t.Fatalf("defaults: %+v", cfg)
+	}
+	if !reflect.DeepEqual(cfg.DeviceListStrategy, []string{StrategyCDICRI}) {
+		t.Fatalf("strategy %v", cfg.DeviceListStrategy)
+	}
+	if len(cfg.Resources) != 1 {
+		t.Fatalf("resources %d", len(cfg.Resources))
+	}
+	r := cfg.Resources[0]
+	if r.Name != DefaultResourceName || r.DeviceCount() != 2 || r.IDPrefix != "simple-device" ||
+		r.DeviceFilePrefix != "simple-device" || r.EnvPrefix != "" || r.AnnotationPrefix != "" ||
+		r.DeviceNode.Type != "char" || *r.DeviceNode.Major != 1 || *r.DeviceNode.Minor != 3 || r.ReplicaCount() != 1 {
+		t.Fatalf("resource defaults: %+v", r)
+	}
+}
+
+func TestSimpleEnvVars(t *testing.T) {
+	cfg, _, err := Load(nil, envOf(map[string]string{
+		"PLUGIN_NAME": "fpga-plugin", "RESOURCE_NAME": "acme.io/fpga", "NUMBER_DEVICES": "8",
+		"DEVICE_ID_PREFIX": "fpga", "ANNOTATION_PREFIX": "acme.io/fpga", "ENV_PREFIX": "FPGA",
+		"DEVICE_FILE_PREFIX": "acme/fpga", "NODE_NAME": "node-1",
+	}), io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := cfg.Resources[0]
+	if cfg.PluginName != "fpga-plugin" || cfg.NodeName != "node-1" || r.Name != "acme.io/fpga" || r.DeviceCount() != 8 ||
+		r.IDPrefix != "fpga" || r.AnnotationPrefix != "acme.io/fpga" || r.EnvPrefix != "FPGA" || r.DeviceFilePrefix != "acme/fpga" {
+		t.Fatalf("%+v %+v", cfg, r)
+	}
+	if got := DeviceID(r.IDPrefix, cfg.NodeName, "3"); got != "fpga-node-1-3" {
+		t.Fatalf("id %q", got)
+	}
+	if got := DeviceID(r.IDPrefix, "", "3"); got != "fpga-3" {
+		t.Fatalf("id %q", got)
+	}
+}
+
+func TestPrecedenceFlagEnvFileDefault(t *testing.T) {
+	file := writeFile(t, `
+cdiDir: /file/cdi
+devRoot: /file/dev
+stateDir: /file/state
+logLevel: debug
+resources:
+- name: example.com/a
+  count: 3
+`)
+	env := envOf(map[string]string{"CONFIG_FILE": file, "CDI_DIR": "/env/cdi", "DEV_ROOT": "/env/dev"})
+	cfg, _, err := Load([]string{"--cdi-dir=/flag/cdi"}, env, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct{ got, want string }{
+		{cfg.CDIDir, "/flag/cdi"},                     // flag beats env and file
+		{cfg.DevRoot, "/env/dev"},                     // env beats file
+		{cfg.StateDir, "/file/state"},                 // file beats default
+		{cfg.LogLevel, "debug"},                       // file
+		{cfg.DevicePluginDir, DefaultDevicePluginDir}, // default
+	} {
+		if c.got != c.want {
+			t.Errorf("got %q, want %q", c.got, c.want)
+		}
+	}
+	if cfg.Resources[0].DeviceCount() != 3 || cfg.ConfigFile != file {
+		t.Fatalf("%+v", cfg.Resources[0])
+	}
+}
+
+func TestConfigFileResources(t *testing.T) {
+	file := writeFile(t, `
+deviceListStrategy: [cdi-cri, device-specs]
+resources:
+- name: example.com/fpga
+  count: 8
+  idPrefix: fpga
+  deviceFilePrefix: fpga
+  deviceNode: {type: char, major: 1, minor: 5}
+  envPrefix: FPGA
+  annotationPrefix: example.com/fpga
+  replicas: 2
+  numaNodes: 2
+  mounts: [{hostPath: /opt/fw, containerPath: /fw, readOnly: true}]
+- name: example.com/tun
+  hostDevices: ["/dev/net/tun"]
+`)
+	cfg, _, err := Load([]string{"--config", file}, envOf(nil), io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(cfg.Resources) != 2 || !cfg.Has(StrategyDeviceSpecs) || cfg.Has(StrategyCDIAnnotations) {
+		t.Fatalf("%+v", cfg)
+	}
+	a, b := cfg.Resources[0], cfg.Resources[1]
+	if a.ReplicaCount() != 2 || a.NUMANodes != 2 || *a.DeviceNode.Minor != 5 || len(a.Mounts) != 1 || !a.Simulated() {
+		t.Fatalf("%+v", a)
+	}
+	if b.Simulated() || b.DeviceCount() != 0 {
+		t.Fatalf("%+v", b)
+	}
+	if g, err := HostGlob(b.HostDevices[0]); err != nil || g != "net/tun" {
+		t.Fatalf("glob %q %v", g, err)
+	}
+}
+
+func TestValidationErrors(t *testing.T) {
+	cases := []struct {
+		name  string
+		args  []string
+		env   map[string]string
+		file  string
+		field string
+		value string
+	}{
+		{name: "count not a number", env: map[string]string{"NUMBER_DEVICES": "two"}, field: "NUMBER_DEVICES", value: "two"},
+		{name: "count zero", env: map[string]string{"NUMBER_DEVICES": "0"}, field: "NUMBER_DEVICES", value: "0"},
+		{name: "count too big", env: map[string]string{"NUMBER_DEVICES": "100000"}, field: "NUMBER_DEVICES", value: "100000"},
+		{name: "resource without domain", env: map[string]string{"RESOURCE_NAME": "fpga"}, field: "RESOURCE_NAME", value: "fpga"},
+		{name: "reserved domain", env: map[string]string{"RESOURCE_NAME": "kubernetes.io/x"}, field: "RESOURCE_NAME", value: "kubernetes.io/x"},
+		{name: "env prefix with dash", env: map[string]string{"ENV_PREFIX": "MY-DEV"}, field: "ENV_PREFIX", value: "MY-DEV"},
+		{name: "file prefix escapes", env: map[string]string{"DEVICE_FILE_PREFIX": "../etc/x"}, field: "DEVICE_FILE_PREFIX", value: "../etc/x"},
+		{name: "file prefix absolute", env: map[string]string{"DEVICE_FILE_PREFIX": "/etc/x"}, field: "DEVICE_FILE_PREFIX", value: "/etc/x"},
+		{name: "id prefix slash", env: map[string]string{"DEVICE_ID_PREFIX": "a/b"}, field: "DEVICE_ID_PREFIX", value: "a/b"},
+		{name: "bad annotation prefix", env: map[string]string{"ANNOTATION_PREFIX": "Bad_Domain/x"}, field: "ANNOTATION_PREFIX", value: "Bad_Domain/x"},
+		{name: "plugin name", env: map[string]string{"PLUGIN_NAME": "a b"}, field: "PLUGIN_NAME", value: "a b"},
+		{name: "relative dir", args: []string{"--cdi-dir", "run/cdi"}, field: "cdi-dir", value: "run/cdi"},
+		{name: "unclean dir", args: []string{"--dev-root", "/dev/../etc"}, field: "dev-root", value: "/dev/../etc"},
+		{name: "log level", args: []string{"--log-level", "loud"}, field: "log-level", value: "loud"},
+		{name: "log format", env: map[string]string{"LOG_FORMAT": "xml"}, field: "log-format", value: "xml"},
+		{name: "strategy", args: []string{"--device-list-strategy", "cdi-cri,magic"}, field: "device-list-strategy", value: "magic"},
+		{name: "node name", env: map[string]string{"NODE_NAME": "Node_1"}, field: "node-name", value: "Node_1"},
+		{name: "long socket dir", args: []string{"--device-plugin-dir", "/" + strings.Repeat("d", 100)}, field: "device-plugin-dir", value: "/" + strings.Repeat("d", 100)},
+		{name: "missing file", args: []string{"--config", "/nonexistent/config.yaml"}, field: "config", value: "/nonexistent/config.yaml"},
+		{name: "unknown field", file: "resources:\n- name: example.com/a\n  cuont: 3\n", field: "config"},
+		{name: "no resources", file: "cdiDir: /x\n", field: "resources"},
+		{name: "replicas zero", file: "resources:\n- name: example.com/a\n  replicas: 0\n", field: "resources[0].replicas", value: "0"},
+		{name: "numa over count", file: "resources:\n- name: example.com/a\n  count: 2\n  numaNodes: 3\n", field: "resources[0].numaNodes", value: "3"},
+		{name: "node type", file: "resources:\n- name: example.com/a\n  deviceNode: {type: pipe}\n", field: "resources[0].deviceNode.type", value: "pipe"},
+		{name: "major zero", file: "resources:\n- name: example.com/a\n  deviceNode: {major: 0}\n", field: "resources[0].deviceNode.major", value: "0"},
+		{name: "duplicate resource", file: "resources:\n- name: example.com/a\n- name: example.com/a\n  idPrefix: b\n", field: "resources[1].name", value: "example.com/a"},
+		{name: "same device files", file: "resources:\n- name: example.com/a\n  deviceFilePrefix: x\n- name: example.com/b\n  deviceFilePrefix: x\n", field: "resources[1].deviceFilePrefix", value: "x"},
+		{name: "count with host devices", file: "resources:\n- name: example.com/a\n  count: 2\n  hostDevices: [fuse]\n", field: "resources[0].count", value: "2"},
+		{name: "host glob escapes", file: "resources:\n- name: example.com/a\n  hostDevices: [\"../etc/*\"]\n", field: "resources[0].hostDevices[0]", value: "../etc/*"},
+		{name: "host glob absolute", file: "resources:\n- name: example.com/a\n  hostDevices: [\"/etc/passwd\"]\n", field: "resources[0].hostDevices[0]", value: "/etc/passwd"},
+		{name: "bad glob", file: "resources:\n- name: example.com/a\n  hostDevices: [\"tty[\"]\n", field: "resources[0].hostDevices[0]", value: "tty["},
+		{name: "mount path", file: "resources:\n- name: example.com/a\n  mounts: [{hostPath: /a/../b, containerPath: /c}]\n", field: "resources[0].mounts[0].hostPath", value: "/a/../b"},
+		{name: "class starts with digit", file: "resources:\n- name: example.com/9a\n", field: "resources[0].name", value: "example.com/9a"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			env := map[string]string{}
+			for k, v := range c.env {
+				env[k] = v
+			}
+			if c.file != "" {
+				env["CONFIG_FILE"] = writeFile(t, c.file)
+			}
+			_, _, err := Load(c.args, envOf(env), io.Discard)
+			if err == nil {
+				t.Fatal("no error")
+			}
+			if !errors.Is(err, ErrInvalid) {
+				t.Fatalf("error %v does not wrap ErrInvalid", err)
+			}
+			var fe *FieldError
+			if !errors.As(err, &fe) {
+				t.Fatalf("not a FieldError: %v", err)
+			}
+			if fe.Field != c.field {
+				t.Errorf("field %q, want %q (%v)", fe.Field, c.field, err)
+			}
+			if c.value != "" && fe.Value != c.value {
+				t.Errorf("value %q, want %q (%v)", fe.Value, c.value, err)
+			}
+			if !strings.Contains(err.Error(), c.field) {
+				t.Errorf("message %q does not name the field", err)
+			}
+		})
+	}
+}
+
+func TestVersionAndHelp(t *testing.T) {
+	if _, v, err := Load([]string{"--version"}, envOf(nil), io.Discard); err != nil || !v {
+		t.Fatalf("version: %v %v", v, err)
+	}
+	if _, _, err := Load([]string{"-h"}, envOf(nil), io.Discard); !errors.Is(err, flag.ErrHelp) {
+		t.Fatalf("help: %v", err)
+	}
+}
