@@ -1,0 +1,110 @@
+// Package device discovers the devices of one resource: it creates the
+// simulated device nodes, finds host device nodes, and turns both into
+// immutable snapshots whose health follows the nodes on disk (fsnotify).
+package device
+
+import (
+	"fmt"
+	"strconv"
+)
+
+// NodeType is the type of a device node, as CDI spells it.
+type NodeType string
+
+const (
+	Char  NodeType = "c"
+	Block NodeType = "b"
+)
+
+// NoNUMA marks a device without NUMA affinity.
+const NoNUMA = -1
+
+// Device is one physical device. Snapshots hold values; never mutate a
+// Device reachable from a published snapshot.
+type Device struct {
+	// Name is the physical device ID: the CDI device name and, without
+	// replicas, the ID advertised to the kubelet.
+	Name string
+	// Index is the device's position within the resource (stable).
+	Index int
+	// HostPath is the absolute path of the node on the host.
+	HostPath string
+	// ContainerPath is where the node appears in the container.
+	ContainerPath string
+	Type          NodeType
+	Major, Minor  uint32
+	// NUMANode is the device's NUMA node, or NoNUMA.
+	NUMANode int
+	// Healthy is true when the node exists and is what it should be.
+	Healthy bool
+	// Reason says why the device is unhealthy.
+	Reason string
+}
+
+// Snapshot is an immutable view of a resource's devices.
+type Snapshot struct {
+	// Devices are ordered by Index.
+	Devices []Device
+	// Replicas is how many times each device is advertised.
+	Replicas int
+}
+
+// ReplicaID is the kubelet device ID of replica r of device d. Without
+// replicas it is the device name, so IDs stay stable when replicas are
+// turned off and on.
+func ReplicaID(name string, r, replicas int) string {
+	if replicas <= 1 {
+		return name
+	}
+	return name + "::" + strconv.Itoa(r)
+}
+
+// SameDevices reports whether a and b describe the same device set (names,
+// paths, numbers, NUMA), ignoring health: a CDI spec only changes then.
+func SameDevices(a, b *Snapshot) bool {
+	if a == nil || b == nil {
+		return a == b
+	}
+	if len(a.Devices) != len(b.Devices) {
+		return false
+	}
+	for i := range a.Devices {
+		x, y := a.Devices[i], b.Devices[i]
+		x.Healthy, x.Reason, y.Healthy, y.Reason = false, "", false, ""
+		if x != y {
+			return false
+		}
+	}
+	return true
+}
+
+// Equal reports whether a and b are the same including health.
+func Equal(a, b *Snapshot) bool {
+	if !SameDevices(a, b) || a == nil {
+		return a == b
+	}
+	if a.Replicas != b.Replicas {
+		return false
+	}
+	for i := range a.Devices {
+		if a.Devices[i].Healthy != b.Devices[i].Healthy || a.Devices[i].Reason != b.Devices[i].Reason {
+			return false
+		}
+	}
+	return true
+}
+
+// Healthy counts the healthy devices.
+func (s *Snapshot) Healthy() int {
+	n := 0
+	for _, d := range s.Devices {
+		if d.Healthy {
+			n++
+		}
+	}
+	return n
+}
+
+func (d Device) String() string {
+	return fmt.Sprintf("%s(%s %s %d:%d)", d.Name, d.HostPath, d.Type, d.Major, d.Minor)
+}

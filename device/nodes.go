@@ -1,0 +1,159 @@
+package device
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// ErrEscape is returned for a path that would leave the dev root.
+var ErrEscape = errors.New("path escapes the dev root")
+
+// nodeMode is the permission of created nodes: any container user may open
+// the device it was given.
+const nodeMode = 0o666
+
+// inRoot joins rel to root and checks, without following symlinks, that
+// every existing parent below root is a real directory. rel must already be
+// validated (config.ValidateRelPath).
+func inRoot(root, rel string) (string, error) {
+	p := filepath.Join(root, rel)
+	if !strings.HasPrefix(p, root+string(os.PathSeparator)) {
+		return "", fmt.Errorf("%q: %w", rel, ErrEscape)
+	}
+	dir := root
+	parts := strings.Split(filepath.Dir(rel), string(os.PathSeparator))
+	for _, comp := range parts {
+		if comp == "." {
+			continue
+		}
+		dir = filepath.Join(dir, comp)
+		fi, err := os.Lstat(dir)
+		if errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return "", err
+		}
+		if !fi.IsDir() {
+			return "", fmt.Errorf("%q is not a directory (symlinks are not followed): %w", dir, ErrEscape)
+		}
+	}
+	return p, nil
+}
+
+// nodeStatus inspects the node at p without following symlinks and says why
+// it is not the wanted node ("" when it is).
+func nodeStatus(p string, t NodeType, major, minor uint32) string {
+	var st unix.Stat_t
+	if err := unix.Lstat(p, &st); err != nil {
+		if errors.Is(err, unix.ENOENT) {
+			return "missing"
+		}
+		return err.Error()
+	}
+	var got NodeType
+	switch st.Mode & unix.S_IFMT {
+	case unix.S_IFCHR:
+		got = Char
+	case unix.S_IFBLK:
+		got = Block
+	default:
+		return "not a device node"
+	}
+	gotMajor, gotMinor := unix.Major(uint64(st.Rdev)), unix.Minor(uint64(st.Rdev))
+	if got != t || gotMajor != major || gotMinor != minor {
+		return fmt.Sprintf("is %s %d:%d, want %s %d:%d", got, gotMajor, gotMinor, t, major, minor)
+	}
+	return ""
+}
+
+// EnsureNode makes root/rel a device node of type t and major:minor. A
+// correct node is kept; anything else (wrong type or numbers, a symlink, a
+// file) is replaced atomically by a rename over it. It reports whether it
+// wrote anything.
+func EnsureNode(root, rel string, t NodeType, major, minor uint32) (bool, error) {
+	p, err := inRoot(root, rel)
+	if err != nil {
+		return false, err
+	}
+	if nodeStatus(p, t, major, minor) == "" {
+		return false, nil
+	}
+	if err := mkdirInRoot(root, filepath.Dir(rel)); err != nil {
+		return false, err
+	}
+	mode := uint32(unix.S_IFCHR)
+	if t == Block {
+		mode = unix.S_IFBLK
+	}
+	tmp := filepath.Join(filepath.Dir(p), "."+filepath.Base(p)+".tmp-"+strconv.Itoa(os.Getpid()))
+	_ = os.Remove(tmp)
+	if err := unix.Mknod(tmp, mode|nodeMode, int(unix.Mkdev(major, minor))); err != nil {
+		return false, fmt.Errorf("mknod %s: %w", tmp, err)
+	}
+	// mknod honours the umask; set the mode we promise.
+	if err := unix.Chmod(tmp, nodeMode); err != nil {
+		_ = os.Remove(tmp)
+		return false, fmt.Errorf("chmod %s: %w", tmp, err)
+	}
+	if err := os.Rename(tmp, p); err != nil {
+		_ = os.Remove(tmp)
+		return false, fmt.Errorf("rename %s: %w", p, err)
+	}
+	return true, nil
+}
+
+// mkdirInRoot creates the directories of rel under root, refusing symlinks.
+func mkdirInRoot(root, rel string) error {
+	if rel == "." {
+		return nil
+	}
+	dir := root
+	for _, comp := range strings.Split(rel, string(os.PathSeparator)) {
+		dir = filepath.Join(dir, comp)
+		fi, err := os.Lstat(dir)
+		switch {
+		case errors.Is(err, os.ErrNotExist):
+			if err := os.Mkdir(dir, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
+				return err
+			}
+		case err != nil:
+			return err
+		case !fi.IsDir():
+			return fmt.Errorf("%q is not a directory: %w", dir, ErrEscape)
+		}
+	}
+	return nil
+}
+
+// hostNode stats a host device node at p. Symlinks are followed, but the
+// target must stay inside root.
+func hostNode(root, p string) (NodeType, uint32, uint32, error) {
+	real, err := filepath.EvalSymlinks(p)
+	if err != nil {
+		return "", 0, 0, err
+	}
+	if !strings.HasPrefix(real, root+string(os.PathSeparator)) {
+		return "", 0, 0, fmt.Errorf("%q resolves to %q: %w", p, real, ErrEscape)
+	}
+	var st unix.Stat_t
+	if err := unix.Stat(real, &st); err != nil {
+		return "", 0, 0, err
+	}
+	var t NodeType
+	switch st.Mode & unix.S_IFMT {
+	case unix.S_IFCHR:
+		t = Char
+	case unix.S_IFBLK:
+		t = Block
+	default:
+		return "", 0, 0, fmt.Errorf("%q is not a device node", p)
+	}
+	return t, unix.Major(uint64(st.Rdev)), unix.Minor(uint64(st.Rdev)), nil
+}

@@ -1,0 +1,317 @@
+package device
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+
+	"github.com/sirupsen/logrus"
+	"tags.cncf.io/container-device-interface/pkg/parser"
+)
+
+// Options configure the source of one resource.
+type Options struct {
+	// DevRoot is where nodes live on the host.
+	DevRoot string
+	// ContainerDevRoot is where they appear in containers (default /dev).
+	ContainerDevRoot string
+	// IDPrefix and NodeName make the device IDs.
+	IDPrefix, NodeName string
+	// Replicas per device (>= 1).
+	Replicas int
+
+	// Simulated devices: Count nodes <DevRoot>/<FilePrefix>-<i>.
+	Count        int
+	FilePrefix   string
+	Type         NodeType
+	Major, Minor uint32
+	NUMANodes    int
+
+	// HostGlobs, relative to DevRoot: existing nodes to expose instead.
+	HostGlobs []string
+
+	Log *logrus.Entry
+}
+
+// Source owns the devices of one resource. Prepare once, then Run; the
+// snapshots it publishes are immutable.
+type Source struct {
+	opts Options
+	root string
+	log  *logrus.Entry
+
+	mu      sync.Mutex
+	current *Snapshot
+	// host devices ever seen, by relative path: a vanished one stays
+	// (unhealthy) so that IDs the kubelet holds remain known.
+	known map[string]Device
+}
+
+// NewSource checks the options; it touches nothing on disk but resolving
+// the dev root.
+func NewSource(o Options) (*Source, error) {
+	root, err := filepath.EvalSymlinks(o.DevRoot)
+	if err != nil {
+		return nil, fmt.Errorf("dev root: %w", err)
+	}
+	if o.ContainerDevRoot == "" {
+		o.ContainerDevRoot = "/dev"
+	}
+	if o.Replicas < 1 {
+		o.Replicas = 1
+	}
+	if o.Log == nil {
+		l := logrus.New()
+		l.SetOutput(nopWriter{})
+		o.Log = logrus.NewEntry(l)
+	}
+	if len(o.HostGlobs) == 0 && o.Count < 1 {
+		return nil, errors.New("a source needs a count or host globs")
+	}
+	return &Source{opts: o, root: root, log: o.Log, known: map[string]Device{}}, nil
+}
+
+type nopWriter struct{}
+
+func (nopWriter) Write(p []byte) (int, error) { return len(p), nil }
+
+// Prepare creates the simulated nodes (idempotently) and returns the first
+// snapshot.
+func (s *Source) Prepare() (*Snapshot, error) {
+	if len(s.opts.HostGlobs) == 0 {
+		for i := 0; i < s.opts.Count; i++ {
+			rel := s.simRel(i)
+			wrote, err := EnsureNode(s.root, rel, s.opts.Type, s.opts.Major, s.opts.Minor)
+			if err != nil {
+				return nil, fmt.Errorf("device node %s: %w", rel, err)
+			}
+			if wrote {
+				s.log.WithField("device", s.deviceName(strconv.Itoa(i))).Infof("created device node %s", filepath.Join(s.root, rel))
+			}
+		}
+	}
+	snap := s.scan()
+	s.mu.Lock()
+	s.current = snap
+	s.mu.Unlock()
+	return snap, nil
+}
+
+// Snapshot returns the latest snapshot.
+func (s *Source) Snapshot() *Snapshot {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.current
+}
+
+func (s *Source) simRel(i int) string { return s.opts.FilePrefix + "-" + strconv.Itoa(i) }
+
+func (s *Source) deviceName(suffix string) string {
+	if s.opts.NodeName == "" {
+		return s.opts.IDPrefix + "-" + suffix
+	}
+	return s.opts.IDPrefix + "-" + s.opts.NodeName + "-" + suffix
+}
+
+// scan builds a snapshot from the disk as it is now.
+func (s *Source) scan() *Snapshot {
+	snap := &Snapshot{Replicas: s.opts.Replicas}
+	if len(s.opts.HostGlobs) == 0 {
+		snap.Devices = make([]Device, s.opts.Count)
+		for i := range snap.Devices {
+			rel := s.simRel(i)
+			d := Device{
+				Name:          s.deviceName(strconv.Itoa(i)),
+				Index:         i,
+				HostPath:      filepath.Join(s.root, rel),
+				ContainerPath: filepath.Join(s.opts.ContainerDevRoot, rel),
+				Type:          s.opts.Type,
+				Major:         s.opts.Major,
+				Minor:         s.opts.Minor,
+				NUMANode:      NoNUMA,
+			}
+			if s.opts.NUMANodes > 0 {
+				d.NUMANode = i * s.opts.NUMANodes / s.opts.Count
+			}
+			d.Reason = nodeStatus(d.HostPath, d.Type, d.Major, d.Minor)
+			d.Healthy = d.Reason == ""
+			snap.Devices[i] = d
+		}
+		return snap
+	}
+	return s.scanHost(snap)
+}
+
+func (s *Source) scanHost(snap *Snapshot) *Snapshot {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	seen := map[string]bool{}
+	for _, g := range s.opts.HostGlobs {
+		matches, _ := filepath.Glob(filepath.Join(s.root, g))
+		for _, m := range matches {
+			rel, err := filepath.Rel(s.root, m)
+			if err != nil || strings.HasPrefix(rel, "..") {
+				continue
+			}
+			t, major, minor, err := hostNode(s.root, m)
+			if err != nil {
+				if _, ok := s.known[rel]; !ok {
+					s.log.WithError(err).Debugf("skipping %s", m)
+				}
+				continue
+			}
+			name := s.deviceName(strings.NewReplacer("/", "_").Replace(rel))
+			if err := parser.ValidateDeviceName(name); err != nil {
+				s.log.WithError(err).Warnf("skipping host device %s: no valid device name", m)
+				continue
+			}
+			seen[rel] = true
+			s.known[rel] = Device{
+				Name: name, HostPath: m, ContainerPath: filepath.Join(s.opts.ContainerDevRoot, rel),
+				Type: t, Major: major, Minor: minor, NUMANode: NoNUMA, Healthy: true,
+			}
+		}
+	}
+	rels := make([]string, 0, len(s.known))
+	for rel := range s.known {
+		rels = append(rels, rel)
+	}
+	sort.Strings(rels)
+	for i, rel := range rels {
+		d := s.known[rel]
+		d.Index = i
+		d.Healthy, d.Reason = seen[rel], ""
+		if !d.Healthy {
+			d.Reason = "missing"
+		}
+		snap.Devices = append(snap.Devices, d)
+	}
+	return snap
+}
+
+// watchDirs are the directories whose entries decide the snapshot.
+func (s *Source) watchDirs() []string {
+	dirs := map[string]bool{s.root: true}
+	if len(s.opts.HostGlobs) == 0 {
+		dirs[filepath.Dir(filepath.Join(s.root, s.opts.FilePrefix))] = true
+	}
+	for _, g := range s.opts.HostGlobs {
+		if d := filepath.Dir(g); !strings.ContainsAny(d, `*?[\`) {
+			dirs[filepath.Join(s.root, d)] = true
+		}
+	}
+	out := make([]string, 0, len(dirs))
+	for d := range dirs {
+		out = append(out, d)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// Run watches the nodes and publishes a snapshot on out whenever devices
+// or their health change, until ctx is done. Only the latest snapshot
+// matters, so a consumer that falls behind gets the newest one.
+func (s *Source) Run(ctx context.Context, out chan *Snapshot) error {
+	w, err := newDirWatcher()
+	if err != nil {
+		return err
+	}
+	defer w.close()
+	addWatches := func() {
+		for _, d := range s.watchDirs() {
+			if w.watching(d) {
+				continue
+			}
+			if err := w.add(d); err != nil && !errors.Is(err, os.ErrNotExist) {
+				s.log.WithError(err).Warn("cannot watch directory")
+			}
+		}
+	}
+	addWatches()
+	if s.Snapshot() == nil {
+		if _, err := s.Prepare(); err != nil {
+			return err
+		}
+	}
+	// A change between Prepare and the watch being in place is caught here.
+	s.publish(out)
+
+	events := make(chan error, 1)
+	go func() {
+		buf := make([]byte, 64*1024)
+		for {
+			if _, err := w.read(buf); err != nil {
+				events <- err
+				return
+			}
+			select {
+			case events <- nil:
+			default: // a rescan is already pending
+			}
+		}
+	}()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case err := <-events:
+			if err != nil {
+				if ctx.Err() != nil {
+					return nil
+				}
+				return fmt.Errorf("watching devices: %w", err)
+			}
+			addWatches()
+			s.publish(out)
+		}
+	}
+}
+
+// publish rescans and sends the snapshot if it differs from the last one.
+func (s *Source) publish(out chan *Snapshot) {
+	snap := s.scan()
+	s.mu.Lock()
+	prev := s.current
+	if Equal(prev, snap) {
+		s.mu.Unlock()
+		return
+	}
+	s.current = snap
+	s.mu.Unlock()
+	for i, d := range snap.Devices {
+		if prev != nil && i < len(prev.Devices) && prev.Devices[i].Name == d.Name && prev.Devices[i].Healthy == d.Healthy {
+			continue
+		}
+		l := s.log.WithField("device", d.Name)
+		if d.Healthy {
+			l.Info("device healthy")
+		} else {
+			l.WithField("reason", d.Reason).Warn("device unhealthy")
+		}
+	}
+	SendLatest(out, snap)
+}
+
+// SendLatest puts v on a channel of capacity >= 1, replacing a value the
+// consumer has not taken yet; it never blocks. Only one goroutine may send.
+func SendLatest[T any](ch chan T, v T) {
+	for {
+		select {
+		case ch <- v:
+			return
+		default:
+		}
+		// Full: drop the stale value (if the consumer takes it first, the
+		// next send succeeds).
+		select {
+		case <-ch:
+		default:
+		}
+	}
+}
