@@ -1,0 +1,188 @@
+package cdi
+
+import (
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+
+	oci "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
+	cdiapi "tags.cncf.io/container-device-interface/pkg/cdi"
+
+	"github.com/cdi-device-plugin/cdi-device-plugin/device"
+)
+
+func testResource(t *testing.T) Resource {
+	t.Helper()
+	k, err := KindForResource("example.com/fpga")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return Resource{Name: "example.com/fpga", Kind: k, EnvPrefix: "FPGA"}
+}
+
+func TestKindForResource(t *testing.T) {
+	for _, c := range []struct {
+		in, want string
+		ok       bool
+	}{
+		{"example.com/fpga", "k8s.example.com/fpga", true},
+		{"acme.io/serial-port", "k8s.acme.io/serial-port", true},
+		{"nodomain", "", false},
+		{"example.com/9lives", "", false},
+		{"example.com/bad/class", "", false},
+	} {
+		t.Run(c.in, func(t *testing.T) {
+			k, err := KindForResource(c.in)
+			if (err == nil) != c.ok {
+				t.Fatalf("err %v", err)
+			}
+			if c.ok && k.String() != c.want {
+				t.Fatalf("kind %q, want %q", k, c.want)
+			}
+		})
+	}
+}
+
+// TestRoundTrip writes a spec from real nodes, then resolves and injects
+// the devices with a fresh CDI cache, as containerd does.
+func TestRoundTrip(t *testing.T) {
+	devRoot, cdiDir := t.TempDir(), filepath.Join(t.TempDir(), "cdi")
+	src, err := device.NewSource(device.Options{DevRoot: devRoot, IDPrefix: "fpga", NodeName: "n1", Count: 3, FilePrefix: "fpga", Type: device.Char, Major: 1, Minor: 7})
+	if err != nil {
+		t.Fatal(err)
+	}
+	snap, err := src.Prepare()
+	if err != nil {
+		t.Skipf("cannot create device nodes here (%v): run as root", err)
+	}
+	w, err := NewWriter(cdiDir, "test-plugin")
+	if err != nil {
+		t.Fatal(err)
+	}
+	res := testResource(t)
+	if err := w.Write(res, snap); err != nil {
+		t.Fatal(err)
+	}
+	fi, err := os.Stat(w.Path(res.Kind))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi.Mode().Perm() != 0o644 {
+		t.Fatalf("spec mode %v, want 0644", fi.Mode().Perm())
+	}
+	if tmps, _ := filepath.Glob(filepath.Join(cdiDir, "*.tmp")); len(tmps) != 0 {
+		t.Fatalf("temp files left: %v", tmps)
+	}
+
+	fresh, err := cdiapi.NewCache(cdiapi.WithSpecDirs(cdiDir), cdiapi.WithAutoRefresh(false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if errs := fresh.GetErrors(); len(errs) != 0 {
+		t.Fatalf("cache errors: %v", errs)
+	}
+	want := []string{"k8s.example.com/fpga=fpga-n1-0", "k8s.example.com/fpga=fpga-n1-1", "k8s.example.com/fpga=fpga-n1-2"}
+	if got := fresh.ListDevices(); !slices.Equal(got, want) {
+		t.Fatalf("devices %v, want %v", got, want)
+	}
+	spec := &oci.Spec{Process: &oci.Process{}, Linux: &oci.Linux{}}
+	unresolved, err := fresh.InjectDevices(spec, want[0], want[2])
+	if err != nil || len(unresolved) != 0 {
+		t.Fatalf("inject: %v %v", unresolved, err)
+	}
+	if len(spec.Linux.Devices) != 2 {
+		t.Fatalf("linux devices %+v", spec.Linux.Devices)
+	}
+	for i, idx := range []string{"0", "2"} {
+		d := spec.Linux.Devices[i]
+		if d.Path != "/dev/fpga-"+idx || d.Type != "c" || d.Major != 1 || d.Minor != 7 {
+			t.Errorf("device %d: %+v", i, d)
+		}
+		// The node the spec points at exists on the host with those numbers.
+		var st unix.Stat_t
+		if err := unix.Stat(filepath.Join(devRoot, "fpga-"+idx), &st); err != nil ||
+			unix.Major(uint64(st.Rdev)) != 1 || unix.Minor(uint64(st.Rdev)) != 7 {
+			t.Errorf("host node %s: %v", idx, err)
+		}
+	}
+	if !slices.Contains(spec.Process.Env, "FPGA_0=/dev/fpga-0") || !slices.Contains(spec.Process.Env, "FPGA_2=/dev/fpga-2") ||
+		slices.Contains(spec.Process.Env, "FPGA_1=/dev/fpga-1") {
+		t.Fatalf("env %v", spec.Process.Env)
+	}
+	allowed := 0
+	for _, r := range spec.Linux.Resources.Devices {
+		if r.Allow && r.Major != nil && *r.Major == 1 && r.Minor != nil && *r.Minor == 7 {
+			allowed++
+		}
+	}
+	if allowed != 2 {
+		t.Fatalf("cgroup rules %+v", spec.Linux.Resources.Devices)
+	}
+}
+
+func TestRewriteAndRemoveStale(t *testing.T) {
+	dir := t.TempDir()
+	w, err := NewWriter(dir, "me")
+	if err != nil {
+		t.Fatal(err)
+	}
+	snap := func(n int) *device.Snapshot {
+		s := &device.Snapshot{Replicas: 1}
+		for i := 0; i < n; i++ {
+			s.Devices = append(s.Devices, device.Device{Name: "d-" + string(rune('0'+i)), Index: i, HostPath: "/dev/d", ContainerPath: "/dev/d", Type: device.Char, Major: 1, Minor: 3, NUMANode: device.NoNUMA})
+		}
+		return s
+	}
+	a := testResource(t)
+	bKind, _ := NewKind("k8s.example.com", "gone")
+	b := Resource{Name: "example.com/gone", Kind: bKind}
+	for _, r := range []Resource{a, b} {
+		if err := w.Write(r, snap(2)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Somebody else's spec in the same directory.
+	other, _ := NewWriter(dir, "someone-else")
+	oKind, _ := NewKind("vendor.com", "gpu")
+	if err := other.Write(Resource{Name: "vendor.com/gpu", Kind: oKind}, snap(1)); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "broken.json"), []byte("{"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// A rewrite replaces the device set.
+	if err := w.Write(a, snap(3)); err != nil {
+		t.Fatal(err)
+	}
+	removed, err := w.RemoveStale([]Kind{a.Kind})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(removed) != 1 || removed[0] != w.Path(bKind) {
+		t.Fatalf("removed %v", removed)
+	}
+	for _, p := range []string{w.Path(a.Kind), other.Path(oKind), filepath.Join(dir, "broken.json")} {
+		if _, err := os.Stat(p); err != nil {
+			t.Errorf("%s should stay: %v", p, err)
+		}
+	}
+	s, err := cdiapi.ReadSpec(w.Path(a.Kind), 0)
+	if err != nil || len(s.Devices) != 3 {
+		t.Fatalf("rewritten spec: %v", err)
+	}
+	if err := w.Remove(a.Kind); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Remove(a.Kind); err != nil {
+		t.Fatalf("removing a missing spec: %v", err)
+	}
+}
+
+func TestBuildSpecRejectsBadName(t *testing.T) {
+	snap := &device.Snapshot{Devices: []device.Device{{Name: "bad/name", Type: device.Char, Major: 1, ContainerPath: "/dev/x"}}}
+	if _, err := BuildSpec("me", testResource(t), snap); err == nil {
+		t.Fatal("accepted an invalid device name")
+	}
+}
