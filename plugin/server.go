@@ -1,0 +1,276 @@
+// Package plugin serves the kubelet device plugin API (v1beta1) for one
+// resource: registration and its lifecycle, ListAndWatch, Allocate and
+// GetPreferredAllocation. It reads devices only from snapshots.
+package plugin
+
+import (
+	"context"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/sirupsen/logrus"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+	cdiapi "tags.cncf.io/container-device-interface/pkg/cdi"
+
+	"github.com/cdi-device-plugin/cdi-device-plugin/cdi"
+	"github.com/cdi-device-plugin/cdi-device-plugin/device"
+)
+
+// Options configure the plugin of one resource.
+type Options struct {
+	// ResourceName is the extended resource, e.g. example.com/fpga.
+	ResourceName string
+	// PluginName names the plugin in CDI annotation keys.
+	PluginName string
+	// Dir is the kubelet device plugin directory (kubelet.sock lives there).
+	Dir string
+	// SocketName is our socket's file name in Dir.
+	SocketName string
+	// Kind is the CDI kind of the resource's devices.
+	Kind cdi.Kind
+	// EnvPrefix, AnnotationPrefix: see the README.
+	EnvPrefix, AnnotationPrefix string
+	// Device list strategies; at least one is set.
+	CDICRI, CDIAnnotations, DeviceSpecs bool
+	// Mounts are added to every container allocation.
+	Mounts []*pluginapi.Mount
+	// RetryInterval bounds the wait between registration attempts when no
+	// kubelet.sock event arrives (default 5 s).
+	RetryInterval time.Duration
+	Log           *logrus.Entry
+}
+
+// Plugin is the device plugin server of one resource.
+type Plugin struct {
+	pluginapi.UnimplementedDevicePluginServer
+
+	opts     Options
+	log      *logrus.Entry
+	annotKey string
+	state    atomic.Pointer[view]
+	// updateMu serialises Update, so views are published in order.
+	updateMu sync.Mutex
+
+	// kubeletIno is the inode of the kubelet.sock we last registered with
+	// (used by Run's goroutine only).
+	kubeletIno uint64
+
+	// registered is signalled (non-blocking) after every successful
+	// registration; tests and the bench tool read it.
+	registered chan struct{}
+}
+
+// view is everything the RPCs need, computed once per snapshot, so that
+// the answers need no I/O and little work.
+type view struct {
+	snap     *device.Snapshot
+	ids      map[string]int // kubelet ID -> index in snap.Devices
+	order    map[string]int // kubelet ID -> position in list
+	list     []*pluginapi.Device
+	cdiNames []string
+	changed  chan struct{} // closed when a newer view replaces this one
+}
+
+// New returns a plugin advertising the devices of snap.
+func New(opts Options, snap *device.Snapshot) (*Plugin, error) {
+	if opts.RetryInterval <= 0 {
+		opts.RetryInterval = 5 * time.Second
+	}
+	if opts.Log == nil {
+		l := logrus.New()
+		opts.Log = logrus.NewEntry(l)
+	}
+	p := &Plugin{opts: opts, log: opts.Log, registered: make(chan struct{}, 1)}
+	if opts.CDIAnnotations {
+		key, err := cdiapi.AnnotationKey(opts.PluginName, opts.ResourceName)
+		if err != nil {
+			return nil, err
+		}
+		p.annotKey = key
+	}
+	v, err := p.newView(snap)
+	if err != nil {
+		return nil, err
+	}
+	p.state.Store(v)
+	return p, nil
+}
+
+func (p *Plugin) newView(snap *device.Snapshot) (*view, error) {
+	v := &view{
+		snap:     snap,
+		ids:      make(map[string]int, len(snap.Devices)*max(snap.Replicas, 1)),
+		order:    make(map[string]int, len(snap.Devices)*max(snap.Replicas, 1)),
+		cdiNames: make([]string, len(snap.Devices)),
+		changed:  make(chan struct{}),
+	}
+	for i, d := range snap.Devices {
+		name, err := p.opts.Kind.QualifiedName(d.Name)
+		if err != nil {
+			return nil, err
+		}
+		v.cdiNames[i] = name
+		health := pluginapi.Healthy
+		if !d.Healthy {
+			health = pluginapi.Unhealthy
+		}
+		var topo *pluginapi.TopologyInfo
+		if d.NUMANode != device.NoNUMA {
+			topo = &pluginapi.TopologyInfo{Nodes: []*pluginapi.NUMANode{{ID: int64(d.NUMANode)}}}
+		}
+		for r := 0; r < max(snap.Replicas, 1); r++ {
+			id := device.ReplicaID(d.Name, r, snap.Replicas)
+			v.ids[id] = i
+			v.order[id] = len(v.list)
+			v.list = append(v.list, &pluginapi.Device{ID: id, Health: health, Topology: topo})
+		}
+	}
+	return v, nil
+}
+
+// Update publishes a new snapshot to ListAndWatch streams and Allocate.
+func (p *Plugin) Update(snap *device.Snapshot) error {
+	p.updateMu.Lock()
+	defer p.updateMu.Unlock()
+	v, err := p.newView(snap)
+	if err != nil {
+		return err
+	}
+	old := p.state.Swap(v)
+	close(old.changed)
+	return nil
+}
+
+// Registered is signalled after each successful registration.
+func (p *Plugin) Registered() <-chan struct{} { return p.registered }
+
+// GetDevicePluginOptions advertises what is implemented.
+func (p *Plugin) GetDevicePluginOptions(context.Context, *pluginapi.Empty) (*pluginapi.DevicePluginOptions, error) {
+	return p.options(), nil
+}
+
+func (p *Plugin) options() *pluginapi.DevicePluginOptions {
+	return &pluginapi.DevicePluginOptions{PreStartRequired: false, GetPreferredAllocationAvailable: true}
+}
+
+// ListAndWatch sends the full list at once and again on every change.
+func (p *Plugin) ListAndWatch(_ *pluginapi.Empty, stream pluginapi.DevicePlugin_ListAndWatchServer) error {
+	return p.listAndWatch(stream, nil)
+}
+
+// listAndWatch serves one stream until it ends or stop is closed.
+func (p *Plugin) listAndWatch(stream pluginapi.DevicePlugin_ListAndWatchServer, stop <-chan struct{}) error {
+	for {
+		v := p.state.Load()
+		if err := stream.Send(&pluginapi.ListAndWatchResponse{Devices: v.list}); err != nil {
+			return err
+		}
+		select {
+		case <-v.changed:
+		case <-stream.Context().Done():
+			return nil
+		case <-stop:
+			return nil
+		}
+	}
+}
+
+// Allocate answers with CDI names, env, mounts and annotations of the
+// requested devices. It does no I/O.
+func (p *Plugin) Allocate(_ context.Context, req *pluginapi.AllocateRequest) (*pluginapi.AllocateResponse, error) {
+	v := p.state.Load()
+	resp := &pluginapi.AllocateResponse{ContainerResponses: make([]*pluginapi.ContainerAllocateResponse, 0, len(req.ContainerRequests))}
+	for _, creq := range req.ContainerRequests {
+		cresp, err := p.allocateContainer(v, creq.DevicesIds)
+		if err != nil {
+			return nil, err
+		}
+		resp.ContainerResponses = append(resp.ContainerResponses, cresp)
+	}
+	return resp, nil
+}
+
+func (p *Plugin) allocateContainer(v *view, ids []string) (*pluginapi.ContainerAllocateResponse, error) {
+	if len(ids) == 0 {
+		return nil, status.Errorf(codes.InvalidArgument, "%s: empty container request", p.opts.ResourceName)
+	}
+	phys := make([]int, 0, len(ids))
+	seen := make(map[int]bool, len(ids))
+	for _, id := range ids {
+		i, ok := v.ids[id]
+		if !ok {
+			return nil, status.Errorf(codes.InvalidArgument, "%s: unknown device ID %q", p.opts.ResourceName, id)
+		}
+		if d := v.snap.Devices[i]; !d.Healthy {
+			return nil, status.Errorf(codes.InvalidArgument, "%s: device ID %q is unhealthy: %s", p.opts.ResourceName, id, d.Reason)
+		}
+		if !seen[i] {
+			seen[i] = true
+			phys = append(phys, i)
+		}
+	}
+	r := &pluginapi.ContainerAllocateResponse{Mounts: p.opts.Mounts}
+	names := make([]string, len(phys))
+	for k, i := range phys {
+		names[k] = v.cdiNames[i]
+	}
+	if p.opts.CDICRI {
+		for _, n := range names {
+			r.CdiDevices = append(r.CdiDevices, &pluginapi.CDIDevice{Name: n})
+		}
+	}
+	if p.opts.CDIAnnotations || p.opts.AnnotationPrefix != "" {
+		r.Annotations = map[string]string{}
+	}
+	if p.opts.CDIAnnotations {
+		value, err := cdiapi.AnnotationValue(names)
+		if err != nil {
+			return nil, status.Errorf(codes.Internal, "%s: CDI annotation: %v", p.opts.ResourceName, err)
+		}
+		r.Annotations[p.annotKey] = value
+	}
+	if p.opts.AnnotationPrefix != "" {
+		for _, id := range ids {
+			d := v.snap.Devices[v.ids[id]]
+			r.Annotations[p.opts.AnnotationPrefix+"-"+strconv.Itoa(d.Index)] = id
+		}
+	}
+	if p.opts.DeviceSpecs {
+		for _, i := range phys {
+			d := v.snap.Devices[i]
+			r.Devices = append(r.Devices, &pluginapi.DeviceSpec{ContainerPath: d.ContainerPath, HostPath: d.HostPath, Permissions: "rw"})
+		}
+	}
+	if p.opts.EnvPrefix != "" {
+		r.Envs = map[string]string{p.opts.EnvPrefix + "_DEVICES": strings.Join(ids, ",")}
+		// Without a CDI strategy the runtime never sees the spec's
+		// per-device variables: send them here.
+		if !p.opts.CDICRI && !p.opts.CDIAnnotations {
+			for _, i := range phys {
+				k, val := cdi.DeviceEnv(p.opts.EnvPrefix, v.snap.Devices[i])
+				r.Envs[k] = val
+			}
+		}
+	}
+	return r, nil
+}
+
+// GetPreferredAllocation picks devices: must-includes first, then one NUMA
+// node where possible, replicas spread over distinct physical devices.
+func (p *Plugin) GetPreferredAllocation(_ context.Context, req *pluginapi.PreferredAllocationRequest) (*pluginapi.PreferredAllocationResponse, error) {
+	v := p.state.Load()
+	resp := &pluginapi.PreferredAllocationResponse{}
+	for _, creq := range req.ContainerRequests {
+		ids, err := preferred(v, creq.AvailableDeviceIDs, creq.MustIncludeDeviceIDs, int(creq.AllocationSize))
+		if err != nil {
+			return nil, status.Errorf(codes.InvalidArgument, "%s: %v", p.opts.ResourceName, err)
+		}
+		resp.ContainerResponses = append(resp.ContainerResponses, &pluginapi.ContainerPreferredAllocationResponse{DeviceIDs: ids})
+	}
+	return resp, nil
+}
