@@ -1,0 +1,189 @@
+// Command cdi-device-plugin is a kubelet device plugin that creates
+// simulated device nodes (or exposes host ones), describes them in CDI
+// specs and hands them to containers by CDI name.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/sirupsen/logrus"
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+
+	"github.com/cdi-device-plugin/cdi-device-plugin/cdi"
+	"github.com/cdi-device-plugin/cdi-device-plugin/config"
+	"github.com/cdi-device-plugin/cdi-device-plugin/device"
+	"github.com/cdi-device-plugin/cdi-device-plugin/plugin"
+)
+
+var version = "dev"
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	code := run(ctx, os.Args[1:], os.LookupEnv, os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+// run runs the plugin until ctx is done and returns the exit status: 0 on
+// a clean shutdown, 2 for bad configuration, 1 for any other failure.
+func run(ctx context.Context, args []string, env config.Env, stderr io.Writer) int {
+	cfg, showVersion, err := config.Load(args, env, stderr)
+	switch {
+	case errors.Is(err, flag.ErrHelp):
+		return 0
+	case err != nil:
+		fmt.Fprintln(stderr, "cdi-device-plugin:", err)
+		return 2
+	case showVersion:
+		fmt.Fprintln(stderr, "cdi-device-plugin", version)
+		return 0
+	}
+	log := newLogger(cfg, stderr)
+	if err := serve(ctx, cfg, log); err != nil {
+		log.WithError(err).Error("exiting")
+		if errors.Is(err, config.ErrInvalid) {
+			return 2
+		}
+		return 1
+	}
+	log.Info("shut down cleanly")
+	return 0
+}
+
+func newLogger(cfg *config.Config, out io.Writer) *logrus.Entry {
+	l := logrus.New()
+	l.SetOutput(out)
+	lvl, _ := logrus.ParseLevel(cfg.LogLevel) // validated
+	l.SetLevel(lvl)
+	if cfg.LogFormat == "json" {
+		l.SetFormatter(&logrus.JSONFormatter{TimestampFormat: time.RFC3339Nano})
+	} else {
+		l.SetFormatter(&logrus.TextFormatter{FullTimestamp: true, TimestampFormat: time.RFC3339Nano})
+	}
+	return logrus.NewEntry(l).WithField("plugin", cfg.PluginName)
+}
+
+// serve prepares every resource (nodes, spec), removes our stale specs and
+// runs the resources until ctx is done. Specs and device nodes are kept on
+// shutdown: a container restarting while the plugin is being upgraded must
+// still resolve its CDI names.
+func serve(ctx context.Context, cfg *config.Config, log *logrus.Entry) error {
+	if fi, err := os.Stat(cfg.DevRoot); err != nil || !fi.IsDir() {
+		return &config.FieldError{Field: "dev-root", Value: cfg.DevRoot, Reason: "must be an existing directory"}
+	}
+	if err := os.MkdirAll(cfg.DevicePluginDir, 0o750); err != nil {
+		return fmt.Errorf("device plugin dir: %w", err)
+	}
+	writer, err := cdi.NewWriter(cfg.CDIDir, cfg.PluginName)
+	if err != nil {
+		return err
+	}
+	start := time.Now().UnixNano()
+	var (
+		resources []*plugin.Resource
+		kinds     []cdi.Kind
+	)
+	for i := range cfg.Resources {
+		r, kind, err := prepare(cfg, &cfg.Resources[i], writer, start, log)
+		if err != nil {
+			return err
+		}
+		resources = append(resources, r)
+		kinds = append(kinds, kind)
+	}
+	removed, err := writer.RemoveStale(kinds)
+	for _, p := range removed {
+		log.WithField("spec", p).Info("removed the CDI spec of a resource no longer configured")
+	}
+	if err != nil {
+		log.WithError(err).Warn("removing stale CDI specs")
+	}
+
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	errc := make(chan error, len(resources))
+	for _, r := range resources {
+		go func() { errc <- r.Run(ctx) }()
+	}
+	var first error
+	for range resources {
+		if err := <-errc; err != nil && first == nil {
+			first = err
+			cancel()
+		}
+	}
+	return first
+}
+
+func prepare(cfg *config.Config, rc *config.Resource, writer *cdi.Writer, start int64, log *logrus.Entry) (*plugin.Resource, cdi.Kind, error) {
+	log = log.WithField("resource", rc.Name)
+	kind, err := cdi.KindForResource(rc.Name)
+	if err != nil {
+		return nil, kind, err // validated already
+	}
+	opts := device.Options{
+		DevRoot:  cfg.DevRoot,
+		IDPrefix: rc.IDPrefix, NodeName: cfg.NodeName,
+		Replicas: rc.ReplicaCount(),
+		Log:      log,
+	}
+	if rc.Simulated() {
+		opts.Count = rc.DeviceCount()
+		opts.FilePrefix = rc.DeviceFilePrefix
+		opts.Type = device.Char
+		if rc.DeviceNode.Type == "block" {
+			opts.Type = device.Block
+		}
+		opts.Major, opts.Minor = *rc.DeviceNode.Major, *rc.DeviceNode.Minor
+		opts.NUMANodes = rc.NUMANodes
+	} else {
+		for _, g := range rc.HostDevices {
+			rel, _ := config.HostGlob(g) // validated
+			opts.HostGlobs = append(opts.HostGlobs, rel)
+		}
+	}
+	src, err := device.NewSource(opts)
+	if err != nil {
+		return nil, kind, err
+	}
+	snap, err := src.Prepare()
+	if err != nil {
+		return nil, kind, fmt.Errorf("%s: %w", rc.Name, err)
+	}
+	specRes := cdi.Resource{Name: rc.Name, Kind: kind, EnvPrefix: rc.EnvPrefix}
+	spec := plugin.SpecWriterFunc(func(s *device.Snapshot) error { return writer.Write(specRes, s) })
+	if err := spec.Write(snap); err != nil {
+		return nil, kind, fmt.Errorf("%s: %w", rc.Name, err)
+	}
+	log.WithField("spec", writer.Path(kind)).WithField("devices", len(snap.Devices)).Info("CDI spec written")
+	var mounts []*pluginapi.Mount
+	for _, m := range rc.Mounts {
+		mounts = append(mounts, &pluginapi.Mount{HostPath: m.HostPath, ContainerPath: m.ContainerPath, ReadOnly: m.ReadOnly})
+	}
+	p, err := plugin.New(plugin.Options{
+		ResourceName:     rc.Name,
+		PluginName:       cfg.PluginName,
+		Dir:              cfg.DevicePluginDir,
+		SocketName:       config.SocketName(cfg.PluginName, rc.Name, start),
+		Kind:             kind,
+		EnvPrefix:        rc.EnvPrefix,
+		AnnotationPrefix: rc.AnnotationPrefix,
+		CDICRI:           cfg.Has(config.StrategyCDICRI),
+		CDIAnnotations:   cfg.Has(config.StrategyCDIAnnotations),
+		DeviceSpecs:      cfg.Has(config.StrategyDeviceSpecs),
+		Mounts:           mounts,
+		Log:              log,
+	}, snap)
+	if err != nil {
+		return nil, kind, fmt.Errorf("%s: %w", rc.Name, err)
+	}
+	return &plugin.Resource{Source: src, Spec: spec, Plugin: p, Written: snap, Log: log}, kind, nil
+}
