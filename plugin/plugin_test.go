@@ -34,7 +34,7 @@ func shortDir(t *testing.T) string {
 	return d
 }
 
-func testKind(t *testing.T) cdi.Kind {
+func testKind(t testing.TB) cdi.Kind {
 	t.Helper()
 	k, err := cdi.KindForResource(resourceName)
 	if err != nil {

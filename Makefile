@@ -1,0 +1,46 @@
+# cdi-device-plugin
+GO        ?= go
+BIN       ?= bin
+IMAGE     ?= cdi-device-plugin:latest
+VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+CONTAINER ?= docker
+LDFLAGS   := -s -w -X main.version=$(VERSION)
+
+export IMAGE
+
+.PHONY: all build test unit vet fmt-check bench image deploy undeploy render clean
+
+all: build
+
+build: ## Build the plugin and the bench tool into $(BIN)/
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o $(BIN)/cdi-device-plugin ./cmd/cdi-device-plugin
+	CGO_ENABLED=0 $(GO) build -trimpath -o $(BIN)/dp-bench ./cmd/dp-bench
+
+vet: ## go vet and a gofmt check
+	$(GO) vet ./...
+	@out="$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))"; \
+	  if [ -n "$$out" ]; then echo "not gofmt-formatted:"; echo "$$out"; exit 1; fi
+
+unit: ## Unit and integration tests with the race detector (needs root for mknod)
+	$(GO) test -race -count=1 ./...
+
+test: vet unit ## What CI runs: vet, gofmt, race-enabled tests
+
+bench: build ## Go benchmarks and the plugin binary against the kubelet stand-in
+	$(GO) test -run '^$$' -bench . -benchtime 2000x ./plugin/
+	$(BIN)/dp-bench -plugin $(BIN)/cdi-device-plugin -runs 20
+
+image: ## Build the container image with the Dockerfile
+	$(CONTAINER) build -t $(IMAGE) --build-arg VERSION=$(VERSION) .
+
+render: ## Print the DaemonSet manifests deploy would apply
+	deploy/deploy.sh render
+
+deploy: ## Deploy the DaemonSet (NAMESPACE, IMAGE, RESOURCE_NAME, NUMBER_DEVICES, ... from the environment)
+	deploy/deploy.sh apply
+
+undeploy: ## Remove the DaemonSet and its namespace
+	deploy/deploy.sh delete
+
+clean:
+	rm -rf $(BIN)

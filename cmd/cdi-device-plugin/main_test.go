@@ -1,0 +1,286 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	oci "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+	cdiapi "tags.cncf.io/container-device-interface/pkg/cdi"
+
+	"github.com/cdi-device-plugin/cdi-device-plugin/internal/kubeletsim"
+)
+
+type dirs struct{ plugins, cdi, dev, state string }
+
+func newDirs(t *testing.T) dirs {
+	t.Helper()
+	short, err := os.MkdirTemp("", "dp")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(short) })
+	base := t.TempDir()
+	d := dirs{plugins: short, cdi: filepath.Join(base, "cdi"), dev: filepath.Join(base, "dev"), state: filepath.Join(base, "state")}
+	if err := os.Mkdir(d.dev, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
+func (d dirs) args(extra ...string) []string {
+	return append([]string{"--device-plugin-dir", d.plugins, "--cdi-dir", d.cdi, "--dev-root", d.dev, "--state-dir", d.state}, extra...)
+}
+
+func envOf(m map[string]string) func(string) (string, bool) {
+	return func(k string) (string, bool) { v, ok := m[k]; return v, ok }
+}
+
+// syncBuffer is a goroutine-safe log sink.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func TestBadConfigExits2AndWritesNothing(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		env  map[string]string
+		args []string
+		want string
+	}{
+		{"bad count", map[string]string{"NUMBER_DEVICES": "-1"}, nil, `NUMBER_DEVICES="-1"`},
+		{"bad env prefix", map[string]string{"ENV_PREFIX": "A-B"}, nil, `ENV_PREFIX="A-B"`},
+		{"escaping file prefix", map[string]string{"DEVICE_FILE_PREFIX": "../x"}, nil, `DEVICE_FILE_PREFIX="../x"`},
+		{"unknown flag", nil, []string{"--frobnicate"}, "frobnicate"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			d := newDirs(t)
+			var stderr syncBuffer
+			code := run(context.Background(), d.args(c.args...), envOf(c.env), &stderr)
+			if code != 2 {
+				t.Fatalf("exit %d, want 2; stderr: %s", code, stderr.String())
+			}
+			if !strings.Contains(stderr.String(), c.want) {
+				t.Fatalf("stderr %q does not name %q", stderr.String(), c.want)
+			}
+			for _, dir := range []string{d.cdi, d.dev, d.plugins} {
+				if entries, _ := os.ReadDir(dir); len(entries) != 0 {
+					t.Fatalf("%s written: %v", dir, entries)
+				}
+			}
+		})
+	}
+	// A dev root that does not exist is a configuration error too.
+	d := newDirs(t)
+	var stderr syncBuffer
+	if code := run(context.Background(), append(d.args(), "--dev-root", "/nonexistent-dev-root"), envOf(nil), &stderr); code != 2 ||
+		!strings.Contains(stderr.String(), "dev-root") {
+		t.Fatalf("exit %d: %s", code, stderr.String())
+	}
+}
+
+// TestPluginEndToEnd runs the whole plugin in-process against the kubelet
+// stand-in: registration, 8 healthy devices, an Allocate whose CDI names
+// resolve with a fresh cache into the host nodes, health on node removal,
+// and cleanup on shutdown. Stale specs of this plugin go at start.
+func TestPluginEndToEnd(t *testing.T) {
+	d := newDirs(t)
+	if err := unix.Mknod(filepath.Join(d.dev, "probe"), unix.S_IFCHR|0o666, int(unix.Mkdev(1, 3))); err != nil {
+		t.Skipf("cannot mknod (%v): run as root", err)
+	}
+	// A stale spec of ours (resource no longer configured) and a foreign one.
+	if err := os.MkdirAll(d.cdi, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	stale := `{"cdiVersion":"0.6.0","kind":"k8s.example.com/old","annotations":{"cdi-device-plugin/owner":"simple-device-plugin"},"devices":[{"name":"x","containerEdits":{"env":["A=1"]}}]}`
+	foreign := `{"cdiVersion":"0.6.0","kind":"vendor.com/gpu","devices":[{"name":"x","containerEdits":{"env":["A=1"]}}]}`
+	_ = os.WriteFile(filepath.Join(d.cdi, "k8s.example.com-old.json"), []byte(stale), 0o644)
+	_ = os.WriteFile(filepath.Join(d.cdi, "vendor.com-gpu.json"), []byte(foreign), 0o644)
+
+	k, err := kubeletsim.Start(d.plugins)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer k.Stop()
+	env := map[string]string{"NUMBER_DEVICES": "8", "RESOURCE_NAME": "example.com/sim", "DEVICE_ID_PREFIX": "sim",
+		"ENV_PREFIX": "SIM", "NODE_NAME": "node-a", "DEVICE_LIST_STRATEGY": "cdi-cri,cdi-annotations"}
+	ctx, cancel := context.WithCancel(context.Background())
+	var stderr syncBuffer
+	done := make(chan int, 1)
+	go func() { done <- run(ctx, d.args(), envOf(env), &stderr) }()
+	defer func() {
+		cancel()
+		<-done
+	}()
+
+	reg, err := k.WaitRegistration(5 * time.Second)
+	if err != nil {
+		t.Fatalf("%v; log:\n%s", err, stderr.String())
+	}
+	if reg.Request.ResourceName != "example.com/sim" || !strings.HasPrefix(reg.Request.Endpoint, "simple-device-plugin-example_com_sim-") {
+		t.Fatalf("registration %+v", reg.Request)
+	}
+	c, err := kubeletsim.Dial(d.plugins, reg.Request.Endpoint)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	updates, err := c.Watch(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, err := kubeletsim.WaitFor(updates, 5*time.Second, func(kubeletsim.Update) bool { return true })
+	if err != nil || len(first.Devices) != 8 || first.Healthy() != 8 {
+		t.Fatalf("first list %+v %v", first, err)
+	}
+
+	specPath := filepath.Join(d.cdi, "k8s.example.com-sim.json")
+	if _, err := os.Stat(filepath.Join(d.cdi, "k8s.example.com-old.json")); !os.IsNotExist(err) {
+		t.Errorf("stale spec of ours not removed: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(d.cdi, "vendor.com-gpu.json")); err != nil {
+		t.Errorf("foreign spec removed: %v", err)
+	}
+
+	resp, err := c.Allocate(ctx, &pluginapi.AllocateRequest{ContainerRequests: []*pluginapi.ContainerAllocateRequest{{DevicesIds: []string{"sim-node-a-2", "sim-node-a-5"}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cr := resp.ContainerResponses[0]
+	var names []string
+	for _, n := range cr.CdiDevices {
+		names = append(names, n.Name)
+	}
+	_, annotated, err := cdiapi.ParseAnnotations(cr.Annotations)
+	if err != nil || strings.Join(annotated, ",") != strings.Join(names, ",") {
+		t.Fatalf("CDI annotations %v vs %v: %v", annotated, names, err)
+	}
+	// Resolve as containerd does: a fresh cache over the spec dir.
+	cache, err := cdiapi.NewCache(cdiapi.WithSpecDirs(d.cdi), cdiapi.WithAutoRefresh(false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec := &oci.Spec{Process: &oci.Process{}, Linux: &oci.Linux{}}
+	if _, err := cache.InjectDevices(spec, names...); err != nil {
+		t.Fatal(err)
+	}
+	if len(spec.Linux.Devices) != 2 {
+		t.Fatalf("injected %+v", spec.Linux.Devices)
+	}
+	for _, dev := range spec.Linux.Devices {
+		host := filepath.Join(d.dev, filepath.Base(dev.Path))
+		var st unix.Stat_t
+		if err := unix.Stat(host, &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFCHR ||
+			int64(unix.Major(uint64(st.Rdev))) != dev.Major || int64(unix.Minor(uint64(st.Rdev))) != dev.Minor || dev.Major != 1 || dev.Minor != 3 {
+			t.Fatalf("host node for %+v: %v", dev, err)
+		}
+	}
+	if strings.Join(spec.Process.Env, " ") != "SIM_2=/dev/sim-2 SIM_5=/dev/sim-5" {
+		t.Fatalf("env %v", spec.Process.Env)
+	}
+
+	// Health: removing a node reports it, restoring it too; the spec is
+	// not rewritten for a health change.
+	before, _ := os.Stat(specPath)
+	if err := os.Remove(filepath.Join(d.dev, "sim-4")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kubeletsim.WaitFor(updates, 5*time.Second, func(u kubeletsim.Update) bool {
+		return u.Health("sim-node-a-4") == pluginapi.Unhealthy && u.Healthy() == 7
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Allocate(ctx, &pluginapi.AllocateRequest{ContainerRequests: []*pluginapi.ContainerAllocateRequest{{DevicesIds: []string{"sim-node-a-4"}}}}); err == nil {
+		t.Fatal("allocated an unhealthy device")
+	}
+	if err := unix.Mknod(filepath.Join(d.dev, "sim-4"), unix.S_IFCHR|0o666, int(unix.Mkdev(1, 3))); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kubeletsim.WaitFor(updates, 5*time.Second, func(u kubeletsim.Update) bool { return u.Healthy() == 8 }); err != nil {
+		t.Fatal(err)
+	}
+	after, _ := os.Stat(specPath)
+	if !os.SameFile(before, after) {
+		t.Error("spec rewritten on a health change")
+	}
+
+	cancel()
+	if code := <-done; code != 0 {
+		t.Fatalf("exit %d; log:\n%s", code, stderr.String())
+	}
+	done <- 0 // for the deferred receive
+	if _, err := os.Stat(filepath.Join(d.plugins, reg.Request.Endpoint)); !os.IsNotExist(err) {
+		t.Errorf("socket left after shutdown: %v", err)
+	}
+	// Specs and nodes stay: containers restarting during an upgrade need them.
+	if _, err := os.Stat(specPath); err != nil {
+		t.Errorf("spec removed on shutdown: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(d.dev, "sim-0")); err != nil {
+		t.Errorf("node removed on shutdown: %v", err)
+	}
+}
+
+// TestSIGTERM builds the binary and checks a signal shuts it down cleanly.
+func TestSIGTERM(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the binary")
+	}
+	d := newDirs(t)
+	if err := unix.Mknod(filepath.Join(d.dev, "probe"), unix.S_IFCHR|0o666, int(unix.Mkdev(1, 3))); err != nil {
+		t.Skipf("cannot mknod (%v): run as root", err)
+	}
+	bin := filepath.Join(t.TempDir(), "cdi-device-plugin")
+	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		t.Fatalf("build: %v\n%s", err, out)
+	}
+	k, err := kubeletsim.Start(d.plugins)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer k.Stop()
+	cmd := exec.Command(bin, d.args()...)
+	cmd.Env = []string{"NUMBER_DEVICES=2"}
+	var stderr syncBuffer
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	reg, err := k.WaitRegistration(10 * time.Second)
+	if err != nil {
+		_ = cmd.Process.Kill()
+		t.Fatalf("%v\n%s", err, stderr.String())
+	}
+	_ = cmd.Process.Signal(syscall.SIGTERM)
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("exit after SIGTERM: %v\n%s", err, stderr.String())
+	}
+	if _, err := os.Stat(filepath.Join(d.plugins, reg.Request.Endpoint)); !os.IsNotExist(err) {
+		t.Fatalf("socket left: %v", err)
+	}
+	if !strings.Contains(stderr.String(), "shut down cleanly") {
+		t.Fatalf("log: %s", stderr.String())
+	}
+}

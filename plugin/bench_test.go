@@ -1,0 +1,71 @@
+package plugin
+
+import (
+	"context"
+	"testing"
+
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+
+	"github.com/cdi-device-plugin/cdi-device-plugin/device"
+)
+
+func benchPlugin(b *testing.B, n, numa, replicas int) (*Plugin, []string) {
+	b.Helper()
+	snap := snapshot(n, numa, replicas)
+	p, err := New(Options{ResourceName: resourceName, PluginName: "bench", Dir: b.TempDir(), SocketName: "b.sock",
+		Kind: testKind(b), CDICRI: true, CDIAnnotations: true, EnvPrefix: "SIM", AnnotationPrefix: "example.com/sim"}, snap)
+	if err != nil {
+		b.Fatal(err)
+	}
+	var ids []string
+	for _, d := range snap.Devices {
+		for r := 0; r < replicas; r++ {
+			ids = append(ids, device.ReplicaID(d.Name, r, replicas))
+		}
+	}
+	return p, ids
+}
+
+func BenchmarkAllocate8(b *testing.B) {
+	p, ids := benchPlugin(b, 8, 0, 1)
+	req := &pluginapi.AllocateRequest{ContainerRequests: []*pluginapi.ContainerAllocateRequest{{DevicesIds: ids}}}
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := p.Allocate(context.Background(), req); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func BenchmarkPreferredAllocation(b *testing.B) {
+	for _, c := range []struct {
+		name                 string
+		n, numa, replicas, k int
+	}{
+		{"8dev-2numa-size2", 8, 2, 1, 2},
+		{"64dev-4numa-4rep-size8", 64, 4, 4, 8},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			p, ids := benchPlugin(b, c.n, c.numa, c.replicas)
+			req := &pluginapi.PreferredAllocationRequest{ContainerRequests: []*pluginapi.ContainerPreferredAllocationRequest{{
+				AvailableDeviceIDs: ids, MustIncludeDeviceIDs: ids[len(ids)-1:], AllocationSize: int32(c.k)}}}
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := p.GetPreferredAllocation(context.Background(), req); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+func BenchmarkUpdate(b *testing.B) {
+	p, _ := benchPlugin(b, 64, 2, 1)
+	snap := snapshot(64, 2, 1)
+	b.ReportAllocs()
+	for b.Loop() {
+		if err := p.Update(snap); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
