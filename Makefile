@@ -8,13 +8,16 @@ LDFLAGS   := -s -w -X main.version=$(VERSION)
 
 export IMAGE
 
-.PHONY: all build test unit vet fmt-check bench image deploy undeploy render clean
+.PHONY: all build run test unit vet fmt-check bench image deploy undeploy render clean
 
 all: build
 
 build: ## Build the plugin and the bench tool into $(BIN)/
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o $(BIN)/cdi-device-plugin ./cmd/cdi-device-plugin
 	CGO_ENABLED=0 $(GO) build -trimpath -o $(BIN)/dp-bench ./cmd/dp-bench
+
+run: build ## Build and run the plugin (as root) with the settings in the environment
+	$(BIN)/cdi-device-plugin $(RUN_ARGS)
 
 vet: ## go vet and a gofmt check
 	$(GO) vet ./...
