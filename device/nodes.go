@@ -57,13 +57,8 @@ func nodeStatus(p string, t NodeType, major, minor uint32) string {
 		}
 		return err.Error()
 	}
-	var got NodeType
-	switch st.Mode & unix.S_IFMT {
-	case unix.S_IFCHR:
-		got = Char
-	case unix.S_IFBLK:
-		got = Block
-	default:
+	got, ok := nodeType(st.Mode)
+	if !ok {
 		return "not a device node"
 	}
 	gotMajor, gotMinor := unix.Major(uint64(st.Rdev)), unix.Minor(uint64(st.Rdev))
@@ -146,14 +141,20 @@ func hostNode(root, p string) (NodeType, uint32, uint32, error) {
 	if err := unix.Stat(real, &st); err != nil {
 		return "", 0, 0, err
 	}
-	var t NodeType
-	switch st.Mode & unix.S_IFMT {
-	case unix.S_IFCHR:
-		t = Char
-	case unix.S_IFBLK:
-		t = Block
-	default:
+	t, ok := nodeType(st.Mode)
+	if !ok {
 		return "", 0, 0, fmt.Errorf("%q is not a device node", p)
 	}
 	return t, unix.Major(uint64(st.Rdev)), unix.Minor(uint64(st.Rdev)), nil
+}
+
+// nodeType is the device type of a stat mode; false for non-devices.
+func nodeType(mode uint32) (NodeType, bool) {
+	switch mode & unix.S_IFMT {
+	case unix.S_IFCHR:
+		return Char, true
+	case unix.S_IFBLK:
+		return Block, true
+	}
+	return "", false
 }

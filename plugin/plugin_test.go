@@ -88,6 +88,33 @@ func newPlugin(t *testing.T, dir string, snap *device.Snapshot, mod func(*Option
 	return p
 }
 
+// startKubelet serves the kubelet stand-in in dir until the test ends.
+func startKubelet(t *testing.T, dir string) *kubeletsim.Kubelet {
+	t.Helper()
+	k, err := kubeletsim.Start(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(k.Stop)
+	return k
+}
+
+// watch dials endpoint and runs ListAndWatch until the test ends.
+func watch(t *testing.T, dir, endpoint string) (*kubeletsim.Client, <-chan kubeletsim.Update) {
+	t.Helper()
+	c, err := kubeletsim.Dial(dir, endpoint)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(func() { cancel(); _ = c.Close() })
+	updates, err := c.Watch(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c, updates
+}
+
 // runPlugin runs p until the test ends and checks Run returned cleanly.
 func runPlugin(t *testing.T, p *Plugin) context.CancelFunc {
 	t.Helper()
@@ -110,11 +137,7 @@ func runPlugin(t *testing.T, p *Plugin) context.CancelFunc {
 
 func TestRegistrationAndKubeletRestart(t *testing.T) {
 	dir := shortDir(t)
-	k, err := kubeletsim.Start(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer k.Stop()
+	k := startKubelet(t, dir)
 	p := newPlugin(t, dir, snapshot(8, 0, 1), nil)
 	runPlugin(t, p)
 
@@ -127,20 +150,10 @@ func TestRegistrationAndKubeletRestart(t *testing.T) {
 		!r.Options.GetPreferredAllocationAvailable || r.Options.PreStartRequired {
 		t.Fatalf("registration %+v", r)
 	}
-	c, err := kubeletsim.Dial(dir, r.Endpoint)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c, updates := watch(t, dir, r.Endpoint)
 	opts, err := c.GetDevicePluginOptions(context.Background(), &pluginapi.Empty{})
 	if err != nil || !opts.GetPreferredAllocationAvailable || opts.PreStartRequired {
 		t.Fatalf("options %+v %v", opts, err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	updates, err := c.Watch(ctx)
-	if err != nil {
-		t.Fatal(err)
 	}
 	if _, err := kubeletsim.WaitFor(updates, 5*time.Second, func(u kubeletsim.Update) bool { return u.Healthy() == 8 && len(u.Devices) == 8 }); err != nil {
 		t.Fatal(err)
@@ -159,21 +172,19 @@ func TestRegistrationAndKubeletRestart(t *testing.T) {
 		if _, err := os.Stat(filepath.Join(dir, reg.Request.Endpoint)); err != nil {
 			t.Fatalf("restart %d: socket not served again: %v", i, err)
 		}
-		c2, err := kubeletsim.Dial(dir, reg.Request.Endpoint)
-		if err != nil {
-			t.Fatal(err)
-		}
-		u, err := c2.Watch(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
+		_, u := watch(t, dir, reg.Request.Endpoint)
 		if _, err := kubeletsim.WaitFor(u, 5*time.Second, func(u kubeletsim.Update) bool { return len(u.Devices) == 8 }); err != nil {
 			t.Fatalf("restart %d: %v", i, err)
 		}
-		c2.Close()
+		// One restart, one registration: stale events are not acted on.
+		select {
+		case dup := <-k.Regs:
+			t.Fatalf("restart %d: second registration %+v", i, dup.Request)
+		case <-time.After(100 * time.Millisecond):
+		}
 	}
 	// The old stream ended with the old server.
-	if _, err := kubeletsim.WaitFor(updates, 5*time.Second, func(kubeletsim.Update) bool { return false }); err == nil || !strings.Contains(err.Error(), "ended") {
+	if err := kubeletsim.WaitEnded(updates, 5*time.Second); err != nil {
 		t.Fatalf("old stream: %v", err)
 	}
 }
@@ -183,11 +194,7 @@ func TestRegistersWhenKubeletComesLater(t *testing.T) {
 	p := newPlugin(t, dir, snapshot(2, 0, 1), nil)
 	runPlugin(t, p)
 	time.Sleep(50 * time.Millisecond) // the first attempt fails: no kubelet
-	k, err := kubeletsim.Start(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer k.Stop()
+	k := startKubelet(t, dir)
 	if _, err := k.WaitRegistration(5 * time.Second); err != nil {
 		t.Fatal(err)
 	}
@@ -195,11 +202,7 @@ func TestRegistersWhenKubeletComesLater(t *testing.T) {
 
 func TestShutdownRemovesSocket(t *testing.T) {
 	dir := shortDir(t)
-	k, err := kubeletsim.Start(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer k.Stop()
+	k := startKubelet(t, dir)
 	p := newPlugin(t, dir, snapshot(2, 0, 1), nil)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -207,15 +210,7 @@ func TestShutdownRemovesSocket(t *testing.T) {
 	if _, err := k.WaitRegistration(5 * time.Second); err != nil {
 		t.Fatal(err)
 	}
-	c, err := kubeletsim.Dial(dir, "test-sim.sock")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	updates, err := c.Watch(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, updates := watch(t, dir, "test-sim.sock")
 	<-updates
 	cancel()
 	if err := <-done; err != nil {
@@ -225,7 +220,7 @@ func TestShutdownRemovesSocket(t *testing.T) {
 		t.Fatalf("socket still there: %v", err)
 	}
 	// An open ListAndWatch stream does not hold up the shutdown, and ends.
-	if _, err := kubeletsim.WaitFor(updates, 2*time.Second, func(kubeletsim.Update) bool { return false }); err == nil || !strings.Contains(err.Error(), "ended") {
+	if err := kubeletsim.WaitEnded(updates, 2*time.Second); err != nil {
 		t.Fatalf("stream after shutdown: %v", err)
 	}
 }
@@ -234,25 +229,11 @@ func TestListAndWatchSendsUpdates(t *testing.T) {
 	dir := shortDir(t)
 	p := newPlugin(t, dir, snapshot(3, 0, 1), nil)
 	runPlugin(t, p)
-	k, err := kubeletsim.Start(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer k.Stop()
+	k := startKubelet(t, dir)
 	if _, err := k.WaitRegistration(5 * time.Second); err != nil {
 		t.Fatal(err)
 	}
-	c, err := kubeletsim.Dial(dir, "test-sim.sock")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	updates, err := c.Watch(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, updates := watch(t, dir, "test-sim.sock")
 	first, err := kubeletsim.WaitFor(updates, 5*time.Second, func(kubeletsim.Update) bool { return true })
 	if err != nil || first.Healthy() != 3 {
 		t.Fatalf("first list %+v %v", first, err)

@@ -204,3 +204,18 @@ func WaitFor(updates <-chan Update, timeout time.Duration, cond func(Update) boo
 		}
 	}
 }
+
+// WaitEnded waits for the stream behind updates to end, draining updates.
+func WaitEnded(updates <-chan Update, timeout time.Duration) error {
+	deadline := time.After(timeout)
+	for {
+		select {
+		case _, ok := <-updates:
+			if !ok {
+				return nil
+			}
+		case <-deadline:
+			return errors.New("stream still open after " + timeout.String())
+		}
+	}
+}
