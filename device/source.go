@@ -247,7 +247,10 @@ func (s *Source) Run(ctx context.Context, out chan *Snapshot) error {
 		buf := make([]byte, 64*1024)
 		for {
 			if _, err := w.read(buf); err != nil {
-				events <- err
+				select {
+				case events <- err:
+				case <-ctx.Done(): // Run is gone; the close caused this
+				}
 				return
 			}
 			select {
