@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -73,7 +74,14 @@ type Resource struct {
 	Kind Kind
 	// EnvPrefix, when set, adds <EnvPrefix>_<index>=<container path>.
 	EnvPrefix string
+	// StateRoot, when set, holds one state directory per device
+	// (<StateRoot>/<device>), mounted read-only at
+	// <ContainerStateRoot>/<device>.
+	StateRoot string
 }
+
+// ContainerStateRoot is where device state directories appear in containers.
+const ContainerStateRoot = "/run/cdi-device-plugin"
 
 // DeviceEnv is the per-device variable a device carries (empty name when
 // the resource has no env prefix).
@@ -106,6 +114,14 @@ func BuildSpec(owner string, r Resource, snap *device.Snapshot) (*specs.Spec, er
 		edits := specs.ContainerEdits{DeviceNodes: []*specs.DeviceNode{node}}
 		if k, v := DeviceEnv(r.EnvPrefix, d); k != "" {
 			edits.Env = []string{k + "=" + v}
+		}
+		if r.StateRoot != "" {
+			edits.Mounts = []*specs.Mount{{
+				Type:          "bind",
+				HostPath:      filepath.Join(r.StateRoot, d.Name),
+				ContainerPath: path.Join(ContainerStateRoot, d.Name),
+				Options:       []string{"ro", "nosuid", "nodev", "noexec", "rbind"},
+			}}
 		}
 		spec.Devices = append(spec.Devices, specs.Device{Name: d.Name, ContainerEdits: edits})
 	}

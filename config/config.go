@@ -12,6 +12,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"time"
 
 	"sigs.k8s.io/yaml"
 )
@@ -112,7 +113,67 @@ type Resource struct {
 	HostDevices []string `json:"hostDevices,omitempty"`
 	// Mounts are added to every container that gets a device.
 	Mounts []Mount `json:"mounts,omitempty"`
+	// Prestart configures PreStartContainer (nil: no steps).
+	Prestart *Prestart `json:"prestart,omitempty"`
 }
+
+// Prestart is the device preparation run before every container start.
+type Prestart struct {
+	// Budget bounds one PreStartContainer call (default 25s, below the
+	// kubelet's 30s).
+	Budget Duration `json:"budget,omitempty"`
+	// OnFailure: "unhealthy" (default) reports a device whose preparation
+	// failed as Unhealthy; "ignore" only fails the call.
+	OnFailure string `json:"onFailure,omitempty"`
+	// Recovery: "reset" (default) makes such a device Healthy again after a
+	// later successful preparation with a reset step; "never" keeps it
+	// Unhealthy until its state is cleared.
+	Recovery string `json:"recovery,omitempty"`
+	Steps    []Step `json:"steps"`
+}
+
+// Step is one preparation step.
+type Step struct {
+	// Type is reset, reprogram or exec.
+	Type    string   `json:"type"`
+	Timeout Duration `json:"timeout,omitempty"`
+	// reprogram: the image (absolute path; empty: the built-in image), its
+	// expected sha256, and whether to copy even when already loaded.
+	Image  string `json:"image,omitempty"`
+	SHA256 string `json:"sha256,omitempty"`
+	Always bool   `json:"always,omitempty"`
+	// exec: the command (absolute path first) with templated arguments and
+	// the extra environment.
+	Command []string          `json:"command,omitempty"`
+	Env     map[string]string `json:"env,omitempty"`
+}
+
+// Duration is a time.Duration written as "10s" in YAML.
+type Duration struct{ time.Duration }
+
+// UnmarshalJSON accepts a Go duration string.
+func (d *Duration) UnmarshalJSON(b []byte) error {
+	s, err := strconv.Unquote(string(b))
+	if err != nil {
+		return fmt.Errorf("duration must be a string like \"10s\", got %s", b)
+	}
+	v, err := time.ParseDuration(s)
+	if err != nil {
+		return err
+	}
+	d.Duration = v
+	return nil
+}
+
+// MarshalJSON writes the duration as a string.
+func (d Duration) MarshalJSON() ([]byte, error) { return []byte(strconv.Quote(d.String())), nil }
+
+// Step types.
+const (
+	StepReset     = "reset"
+	StepReprogram = "reprogram"
+	StepExec      = "exec"
+)
 
 // DeviceNode is the kind of node created for a simulated device.
 type DeviceNode struct {
@@ -279,6 +340,25 @@ func resourceFromEnv(env Env) (Resource, error) {
 		}
 	}
 	r.Count = &n
+	steps := get("PRESTART_STEPS", StepReset+","+StepReprogram)
+	if steps != "none" {
+		p := &Prestart{}
+		if v := get("PRESTART_BUDGET", ""); v != "" {
+			d, err := time.ParseDuration(v)
+			if err != nil {
+				return r, fieldErr("PRESTART_BUDGET", v, "not a duration like 25s")
+			}
+			p.Budget.Duration = d
+		}
+		for _, t := range splitList(steps) {
+			st := Step{Type: t}
+			if t == StepReprogram {
+				st.Image, st.SHA256 = get("FIRMWARE_IMAGE", ""), get("FIRMWARE_SHA256", "")
+			}
+			p.Steps = append(p.Steps, st)
+		}
+		r.Prestart = p
+	}
 	return r, nil
 }
 

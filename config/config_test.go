@@ -9,6 +9,7 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+	"time"
 )
 
 func envOf(m map[string]string) Env {
@@ -177,6 +178,20 @@ func TestValidationErrors(t *testing.T) {
 		{name: "host glob absolute", file: "resources:\n- name: example.com/a\n  hostDevices: [\"/etc/passwd\"]\n", field: "resources[0].hostDevices[0]", value: "/etc/passwd"},
 		{name: "bad glob", file: "resources:\n- name: example.com/a\n  hostDevices: [\"tty[\"]\n", field: "resources[0].hostDevices[0]", value: "tty["},
 		{name: "mount path", file: "resources:\n- name: example.com/a\n  mounts: [{hostPath: /a/../b, containerPath: /c}]\n", field: "resources[0].mounts[0].hostPath", value: "/a/../b"},
+		{name: "prestart step type", env: map[string]string{"PRESTART_STEPS": "reset,flash"}, field: "PRESTART_STEPS", value: "flash"},
+		{name: "prestart budget", env: map[string]string{"PRESTART_BUDGET": "31s"}, field: "PRESTART_BUDGET", value: "31s"},
+		{name: "prestart budget not a duration", env: map[string]string{"PRESTART_BUDGET": "soon"}, field: "PRESTART_BUDGET", value: "soon"},
+		{name: "firmware image missing", env: map[string]string{"FIRMWARE_IMAGE": "/nonexistent/fw.bin"}, field: "FIRMWARE_IMAGE", value: "/nonexistent/fw.bin"},
+		{name: "firmware image relative", env: map[string]string{"FIRMWARE_IMAGE": "fw.bin"}, field: "FIRMWARE_IMAGE", value: "fw.bin"},
+		{name: "firmware sha256", env: map[string]string{"FIRMWARE_SHA256": "abc"}, field: "FIRMWARE_SHA256", value: "abc"},
+		{name: "step timeout over budget", file: "resources:\n- name: example.com/a\n  prestart:\n    budget: 5s\n    steps: [{type: reset, timeout: 6s}]\n", field: "resources[0].prestart.steps[0].timeout", value: "6s"},
+		{name: "timeout not a string", file: "resources:\n- name: example.com/a\n  prestart:\n    steps: [{type: reset, timeout: 5}]\n", field: "config"},
+		{name: "exec relative command", file: "resources:\n- name: example.com/a\n  prestart:\n    steps: [{type: exec, command: [fpga-init]}]\n", field: "resources[0].prestart.steps[0].command", value: "fpga-init"},
+		{name: "exec bad template", file: "resources:\n- name: example.com/a\n  prestart:\n    steps: [{type: exec, command: [/bin/echo, \"{{.Serial}}\"]}]\n", field: "resources[0].prestart.steps[0].command"},
+		{name: "exec env name", file: "resources:\n- name: example.com/a\n  prestart:\n    steps: [{type: exec, command: [/bin/true], env: {A-B: x}}]\n", field: "resources[0].prestart.steps[0].env", value: "A-B"},
+		{name: "image on reset", file: "resources:\n- name: example.com/a\n  prestart:\n    steps: [{type: reset, image: /x}]\n", field: "resources[0].prestart.steps[0].type", value: "reset"},
+		{name: "reset on host devices", file: "resources:\n- name: example.com/a\n  hostDevices: [fuse]\n  prestart:\n    steps: [{type: reset}]\n", field: "resources[0].prestart.steps[0].type", value: "reset"},
+		{name: "onFailure", file: "resources:\n- name: example.com/a\n  prestart:\n    onFailure: panic\n    steps: [{type: reset}]\n", field: "resources[0].prestart.onFailure", value: "panic"},
 		{name: "class starts with digit", file: "resources:\n- name: example.com/9a\n", field: "resources[0].name", value: "example.com/9a"},
 	}
 	for _, c := range cases {
@@ -209,6 +224,44 @@ func TestValidationErrors(t *testing.T) {
 				t.Errorf("message %q does not name the field", err)
 			}
 		})
+	}
+}
+
+func TestPrestartDefaults(t *testing.T) {
+	cfg, _, err := Load(nil, envOf(nil), io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := cfg.Resources[0].Prestart
+	if p == nil || len(p.Steps) != 2 || p.Steps[0].Type != StepReset || p.Steps[1].Type != StepReprogram || p.Steps[1].Image != "" ||
+		p.Budget.Duration != 25*time.Second || p.OnFailure != "unhealthy" || p.Recovery != "reset" {
+		t.Fatalf("env mode default: %+v", p)
+	}
+	cfg, _, err = Load(nil, envOf(map[string]string{"PRESTART_STEPS": "none"}), io.Discard)
+	if err != nil || cfg.Resources[0].Prestart != nil {
+		t.Fatalf("none: %+v %v", cfg.Resources[0].Prestart, err)
+	}
+	file := writeFile(t, `
+resources:
+- name: example.com/a
+- name: example.com/b
+  idPrefix: b
+  prestart:
+    budget: 10s
+    onFailure: ignore
+    steps:
+    - {type: exec, command: [/usr/bin/fpga-init, "--dev={{.HostPath}}"], env: {MODE: fast}, timeout: 2s}
+`)
+	cfg, _, err = Load([]string{"--config", file}, envOf(nil), io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Resources[0].Prestart != nil {
+		t.Fatal("a file resource without prestart has steps")
+	}
+	p = cfg.Resources[1].Prestart
+	if p.Budget.Duration != 10*time.Second || p.OnFailure != "ignore" || p.Steps[0].Timeout.Duration != 2*time.Second || p.Steps[0].Env["MODE"] != "fast" {
+		t.Fatalf("%+v", p)
 	}
 }
 

@@ -2,13 +2,16 @@ package config
 
 import (
 	"fmt"
+	"os"
 	"path"
 	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/cdi-device-plugin/cdi-device-plugin/cdi"
+	"github.com/cdi-device-plugin/cdi-device-plugin/prestart"
 	"github.com/sirupsen/logrus"
 	cdiapi "tags.cncf.io/container-device-interface/pkg/cdi"
 	"tags.cncf.io/container-device-interface/pkg/parser"
@@ -26,17 +29,23 @@ var (
 // them in the simple (config-file-less) mode, so errors name what the user
 // actually wrote.
 var envFieldNames = map[string]string{
-	"name":             "RESOURCE_NAME",
-	"count":            "NUMBER_DEVICES",
-	"idPrefix":         "DEVICE_ID_PREFIX",
-	"deviceFilePrefix": "DEVICE_FILE_PREFIX",
-	"envPrefix":        "ENV_PREFIX",
-	"annotationPrefix": "ANNOTATION_PREFIX",
+	"name":                  "RESOURCE_NAME",
+	"count":                 "NUMBER_DEVICES",
+	"idPrefix":              "DEVICE_ID_PREFIX",
+	"deviceFilePrefix":      "DEVICE_FILE_PREFIX",
+	"envPrefix":             "ENV_PREFIX",
+	"annotationPrefix":      "ANNOTATION_PREFIX",
+	"prestart.budget":       "PRESTART_BUDGET",
+	"prestart.steps.type":   "PRESTART_STEPS",
+	"prestart.steps.image":  "FIRMWARE_IMAGE",
+	"prestart.steps.sha256": "FIRMWARE_SHA256",
 }
+
+var indexRe = regexp.MustCompile(`\[\d+\]`)
 
 func (c *Config) resField(i int, name string) string {
 	if c.ConfigFile == "" {
-		if e, ok := envFieldNames[name]; ok {
+		if e, ok := envFieldNames[indexRe.ReplaceAllString(name, "")]; ok {
 			return e
 		}
 	}
@@ -212,6 +221,11 @@ func (c *Config) validateResource(i int, r *Resource) error {
 	if err := parser.ValidateDeviceName(longest); err != nil {
 		return fieldErr(f("idPrefix"), r.IDPrefix, "device IDs like %q are not valid CDI device names: %v", longest, err)
 	}
+	if r.Prestart != nil {
+		if err := c.validatePrestart(f, r); err != nil {
+			return err
+		}
+	}
 	for j, m := range r.Mounts {
 		for _, p := range []struct{ name, v string }{{"hostPath", m.HostPath}, {"containerPath", m.ContainerPath}} {
 			if !path.IsAbs(p.v) || path.Clean(p.v) != p.v {
@@ -293,6 +307,84 @@ func validAnnotationKey(k string) error {
 	}
 	if len(name) > 63 || !qualifiedRe.MatchString(name) {
 		return fmt.Errorf("keys like %q are not valid annotation keys", k)
+	}
+	return nil
+}
+
+var sha256Re = regexp.MustCompile(`^[0-9a-fA-F]{64}$`)
+
+// MaxBudget keeps a PreStartContainer call below the kubelet's 30 s limit.
+const MaxBudget = 29 * time.Second
+
+func (c *Config) validatePrestart(f func(string) string, r *Resource) error {
+	p := r.Prestart
+	if p.Budget.Duration == 0 {
+		p.Budget.Duration = prestart.DefaultBudget
+	}
+	if p.Budget.Duration < 0 || p.Budget.Duration > MaxBudget {
+		return fieldErr(f("prestart.budget"), p.Budget.String(), "must be above 0 and at most %s (the kubelet allows 30s)", MaxBudget)
+	}
+	switch p.OnFailure {
+	case "":
+		p.OnFailure = "unhealthy"
+	case "unhealthy", "ignore":
+	default:
+		return fieldErr(f("prestart.onFailure"), p.OnFailure, "must be unhealthy or ignore")
+	}
+	switch p.Recovery {
+	case "":
+		p.Recovery = "reset"
+	case "reset", "never":
+	default:
+		return fieldErr(f("prestart.recovery"), p.Recovery, "must be reset or never")
+	}
+	for j := range p.Steps {
+		s := &p.Steps[j]
+		field := func(name string) string { return f(fmt.Sprintf("prestart.steps[%d].%s", j, name)) }
+		if s.Timeout.Duration < 0 || s.Timeout.Duration > p.Budget.Duration {
+			return fieldErr(field("timeout"), s.Timeout.String(), "must be above 0 and at most the budget (%s)", p.Budget)
+		}
+		switch s.Type {
+		case StepReset, StepReprogram:
+			if !r.Simulated() {
+				return fieldErr(field("type"), s.Type, "%s works on simulated devices; use exec for host devices", s.Type)
+			}
+		case StepExec:
+		default:
+			return fieldErr(field("type"), s.Type, "must be reset, reprogram or exec")
+		}
+		if s.Type != StepReprogram && (s.Image != "" || s.SHA256 != "" || s.Always) {
+			return fieldErr(field("type"), s.Type, "image, sha256 and always belong to reprogram steps")
+		}
+		if s.Type != StepExec && (len(s.Command) > 0 || len(s.Env) > 0) {
+			return fieldErr(field("type"), s.Type, "command and env belong to exec steps")
+		}
+		if s.Type == StepReprogram {
+			if s.Image != "" {
+				if !filepath.IsAbs(s.Image) || filepath.Clean(s.Image) != s.Image {
+					return fieldErr(field("image"), s.Image, "must be a clean absolute path")
+				}
+				if fi, err := os.Stat(s.Image); err != nil || !fi.Mode().IsRegular() {
+					return fieldErr(field("image"), s.Image, "must be a readable regular file")
+				}
+			}
+			if s.SHA256 != "" && !sha256Re.MatchString(s.SHA256) {
+				return fieldErr(field("sha256"), s.SHA256, "must be 64 hex digits")
+			}
+		}
+		if s.Type == StepExec {
+			if len(s.Command) == 0 || !filepath.IsAbs(s.Command[0]) {
+				return fieldErr(field("command"), strings.Join(s.Command, " "), "must start with an absolute path (no shell, no PATH lookup)")
+			}
+			if _, err := prestart.NewExec(s.Command, s.Env, s.Timeout.Duration); err != nil {
+				return fieldErr(field("command"), strings.Join(s.Command, " "), "%v", err)
+			}
+			for k := range s.Env {
+				if !envNameRe.MatchString(k) {
+					return fieldErr(field("env"), k, "must be a valid shell variable name")
+				}
+			}
+		}
 	}
 	return nil
 }

@@ -51,6 +51,10 @@ type Source struct {
 	// host devices ever seen, by relative path: a vanished one stays
 	// (unhealthy) so that IDs the kubelet holds remain known.
 	known map[string]Device
+	// faults reported by others (a failed preparation), by device name.
+	faults map[string]string
+	// poke asks Run to publish after a fault changed.
+	poke chan struct{}
 }
 
 // NewSource checks the options; it touches nothing on disk but resolving
@@ -74,7 +78,7 @@ func NewSource(o Options) (*Source, error) {
 	if len(o.HostGlobs) == 0 && o.Count < 1 {
 		return nil, errors.New("a source needs a count or host globs")
 	}
-	return &Source{opts: o, root: root, log: o.Log, known: map[string]Device{}}, nil
+	return &Source{opts: o, root: root, log: o.Log, known: map[string]Device{}, faults: map[string]string{}, poke: make(chan struct{}, 1)}, nil
 }
 
 type nopWriter struct{}
@@ -103,6 +107,36 @@ func (s *Source) Prepare() (*Snapshot, error) {
 	return snap, nil
 }
 
+// SetFault marks a device unhealthy for reason, or healthy again (as far
+// as its node allows) when reason is "". Run publishes the change.
+func (s *Source) SetFault(name, reason string) {
+	s.mu.Lock()
+	if s.faults[name] == reason {
+		s.mu.Unlock()
+		return
+	}
+	if reason == "" {
+		delete(s.faults, name)
+	} else {
+		s.faults[name] = reason
+	}
+	s.mu.Unlock()
+	select {
+	case s.poke <- struct{}{}:
+	default:
+	}
+}
+
+// Refresh rescans now and makes the result the current snapshot (for use
+// before Run, e.g. after faults were restored).
+func (s *Source) Refresh() *Snapshot {
+	snap := s.scan()
+	s.mu.Lock()
+	s.current = snap
+	s.mu.Unlock()
+	return snap
+}
+
 // Snapshot returns the latest snapshot.
 func (s *Source) Snapshot() *Snapshot {
 	s.mu.Lock()
@@ -119,8 +153,21 @@ func (s *Source) deviceName(suffix string) string {
 	return s.opts.IDPrefix + "-" + s.opts.NodeName + "-" + suffix
 }
 
-// scan builds a snapshot from the disk as it is now.
+// scan builds a snapshot from the disk as it is now, and the faults.
 func (s *Source) scan() *Snapshot {
+	snap := s.scanNodes()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for i := range snap.Devices {
+		d := &snap.Devices[i]
+		if f := s.faults[d.Name]; f != "" && d.Healthy {
+			d.Healthy, d.Reason = false, f
+		}
+	}
+	return snap
+}
+
+func (s *Source) scanNodes() *Snapshot {
 	snap := &Snapshot{Replicas: s.opts.Replicas}
 	if len(s.opts.HostGlobs) == 0 {
 		snap.Devices = make([]Device, s.opts.Count)
@@ -263,6 +310,8 @@ func (s *Source) Run(ctx context.Context, out chan *Snapshot) error {
 		select {
 		case <-ctx.Done():
 			return nil
+		case <-s.poke:
+			s.publish(out)
 		case err := <-events:
 			if err != nil {
 				if ctx.Err() != nil {

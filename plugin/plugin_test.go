@@ -2,11 +2,13 @@ package plugin
 
 import (
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -457,5 +459,58 @@ func TestTopologyReported(t *testing.T) {
 	p = newPlugin(t, shortDir(t), snapshot(2, 0, 1), nil)
 	if p.state.Load().list[0].Topology != nil {
 		t.Fatal("topology without NUMA nodes")
+	}
+}
+
+// recorder is a Preparer that records calls and fails on demand.
+type recorder struct {
+	mu    sync.Mutex
+	calls [][]string
+	err   error
+}
+
+func (r *recorder) Prepare(_ context.Context, devs []device.Device) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var names []string
+	for _, d := range devs {
+		names = append(names, d.Name)
+	}
+	r.calls = append(r.calls, names)
+	return r.err
+}
+
+func TestPreStartContainer(t *testing.T) {
+	dir := shortDir(t)
+	k := startKubelet(t, dir)
+	rec := &recorder{}
+	p := newPlugin(t, dir, snapshot(3, 0, 2), func(o *Options) { o.Preparer = rec })
+	runPlugin(t, p)
+	reg, err := k.WaitRegistration(5 * time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reg.Request.Options.PreStartRequired {
+		t.Fatal("PreStartRequired not advertised with a preparer")
+	}
+	c, _ := watch(t, dir, reg.Request.Endpoint)
+	ctx := context.Background()
+	// Two replicas of sim-1 and one of sim-2: each physical device once.
+	if _, err := c.PreStartContainer(ctx, &pluginapi.PreStartContainerRequest{DevicesIds: []string{"sim-1::0", "sim-2::1", "sim-1::1"}}); err != nil {
+		t.Fatal(err)
+	}
+	if len(rec.calls) != 1 || strings.Join(rec.calls[0], ",") != "sim-1,sim-2" {
+		t.Fatalf("calls %v", rec.calls)
+	}
+	_, err = c.PreStartContainer(ctx, &pluginapi.PreStartContainerRequest{DevicesIds: []string{"sim-7::0"}})
+	if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "sim-7::0") {
+		t.Fatalf("unknown ID: %v", err)
+	}
+	rec.mu.Lock()
+	rec.err = errors.New("device sim-1: step reset: disk on fire")
+	rec.mu.Unlock()
+	_, err = c.PreStartContainer(ctx, &pluginapi.PreStartContainerRequest{DevicesIds: []string{"sim-1::0"}})
+	if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "device sim-1: step reset: disk on fire") {
+		t.Fatalf("failure: %v", err)
 	}
 }

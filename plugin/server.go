@@ -39,10 +39,18 @@ type Options struct {
 	CDICRI, CDIAnnotations, DeviceSpecs bool
 	// Mounts are added to every container allocation.
 	Mounts []*pluginapi.Mount
+	// Preparer runs before every container start; nil: PreStartContainer
+	// is not required.
+	Preparer Preparer
 	// RetryInterval bounds the wait between registration attempts when no
 	// kubelet.sock event arrives (default 5 s).
 	RetryInterval time.Duration
 	Log           *logrus.Entry
+}
+
+// Preparer prepares devices before a container start (prestart.Runner).
+type Preparer interface {
+	Prepare(ctx context.Context, devs []device.Device) error
 }
 
 // Plugin is the device plugin server of one resource.
@@ -155,7 +163,7 @@ func (p *Plugin) GetDevicePluginOptions(context.Context, *pluginapi.Empty) (*plu
 }
 
 func (p *Plugin) options() *pluginapi.DevicePluginOptions {
-	return &pluginapi.DevicePluginOptions{PreStartRequired: false, GetPreferredAllocationAvailable: true}
+	return &pluginapi.DevicePluginOptions{PreStartRequired: p.opts.Preparer != nil, GetPreferredAllocationAvailable: true}
 }
 
 // ListAndWatch sends the full list at once and again on every change.
@@ -273,4 +281,29 @@ func (p *Plugin) GetPreferredAllocation(_ context.Context, req *pluginapi.Prefer
 		resp.ContainerResponses = append(resp.ContainerResponses, &pluginapi.ContainerPreferredAllocationResponse{DeviceIDs: ids})
 	}
 	return resp, nil
+}
+
+// PreStartContainer prepares the container's devices (each physical device
+// once, replicas included) and fails with the device, step and cause.
+func (p *Plugin) PreStartContainer(ctx context.Context, req *pluginapi.PreStartContainerRequest) (*pluginapi.PreStartContainerResponse, error) {
+	if p.opts.Preparer == nil {
+		return &pluginapi.PreStartContainerResponse{}, nil
+	}
+	v := p.state.Load()
+	devs := make([]device.Device, 0, len(req.DevicesIds))
+	seen := make(map[int]bool, len(req.DevicesIds))
+	for _, id := range req.DevicesIds {
+		i, ok := v.ids[id]
+		if !ok {
+			return nil, status.Errorf(codes.InvalidArgument, "%s: unknown device ID %q", p.opts.ResourceName, id)
+		}
+		if !seen[i] {
+			seen[i] = true
+			devs = append(devs, v.snap.Devices[i])
+		}
+	}
+	if err := p.opts.Preparer.Prepare(ctx, devs); err != nil {
+		return nil, status.Errorf(codes.FailedPrecondition, "%s: %v", p.opts.ResourceName, err)
+	}
+	return &pluginapi.PreStartContainerResponse{}, nil
 }

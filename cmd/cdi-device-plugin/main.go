@@ -11,6 +11,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"syscall"
 	"time"
 
@@ -21,6 +22,7 @@ import (
 	"github.com/cdi-device-plugin/cdi-device-plugin/config"
 	"github.com/cdi-device-plugin/cdi-device-plugin/device"
 	"github.com/cdi-device-plugin/cdi-device-plugin/plugin"
+	"github.com/cdi-device-plugin/cdi-device-plugin/prestart"
 )
 
 var version = "dev"
@@ -158,12 +160,33 @@ func prepare(cfg *config.Config, rc *config.Resource, writer *cdi.Writer, start 
 	if err != nil {
 		return nil, kind, fmt.Errorf("%s: %w", rc.Name, err)
 	}
-	specRes := cdi.Resource{Name: rc.Name, Kind: kind, EnvPrefix: rc.EnvPrefix}
+	stateRoot := filepath.Join(cfg.StateDir, "devices")
+	runner, err := newRunner(rc, stateRoot, src, log)
+	if err != nil {
+		return nil, kind, fmt.Errorf("%s: %w", rc.Name, err)
+	}
+	// Every device has a state directory (mounted into its containers);
+	// a failed preparation recorded by an earlier run keeps it unhealthy.
+	faults, err := runner.Init(snap)
+	if err != nil {
+		return nil, kind, fmt.Errorf("%s: %w", rc.Name, err)
+	}
+	if len(faults) > 0 {
+		for name, reason := range faults {
+			src.SetFault(name, reason)
+		}
+		snap = src.Refresh()
+	}
+	specRes := cdi.Resource{Name: rc.Name, Kind: kind, EnvPrefix: rc.EnvPrefix, StateRoot: stateRoot}
 	spec := plugin.SpecWriterFunc(func(s *device.Snapshot) error { return writer.Write(specRes, s) })
 	if err := spec.Write(snap); err != nil {
 		return nil, kind, fmt.Errorf("%s: %w", rc.Name, err)
 	}
 	log.WithField("spec", writer.Path(kind)).WithField("devices", len(snap.Devices)).Info("CDI spec written")
+	var preparer plugin.Preparer // a nil interface, not a nil *Runner
+	if runner.HasSteps() {
+		preparer = runner
+	}
 	var mounts []*pluginapi.Mount
 	for _, m := range rc.Mounts {
 		mounts = append(mounts, &pluginapi.Mount{HostPath: m.HostPath, ContainerPath: m.ContainerPath, ReadOnly: m.ReadOnly})
@@ -180,10 +203,36 @@ func prepare(cfg *config.Config, rc *config.Resource, writer *cdi.Writer, start 
 		CDIAnnotations:   cfg.Has(config.StrategyCDIAnnotations),
 		DeviceSpecs:      cfg.Has(config.StrategyDeviceSpecs),
 		Mounts:           mounts,
+		Preparer:         preparer,
 		Log:              log,
 	}, snap)
 	if err != nil {
 		return nil, kind, fmt.Errorf("%s: %w", rc.Name, err)
 	}
 	return &plugin.Resource{Source: src, Spec: spec, Plugin: p, Written: snap, Log: log}, kind, nil
+}
+
+// newRunner builds the prestart runner of a resource from its steps.
+func newRunner(rc *config.Resource, stateRoot string, src *device.Source, log *logrus.Entry) (*prestart.Runner, error) {
+	opts := prestart.Options{Resource: rc.Name, StateRoot: stateRoot, Health: src, Log: log}
+	if p := rc.Prestart; p != nil {
+		opts.Budget = p.Budget.Duration
+		opts.MarkUnhealthy = p.OnFailure != "ignore"
+		opts.RecoverOnReset = p.Recovery != "never"
+		for _, s := range p.Steps {
+			switch s.Type {
+			case config.StepReset:
+				opts.Steps = append(opts.Steps, prestart.Reset{Limit: s.Timeout.Duration})
+			case config.StepReprogram:
+				opts.Steps = append(opts.Steps, &prestart.Reprogram{Image: s.Image, SHA256: s.SHA256, Always: s.Always, Limit: s.Timeout.Duration})
+			case config.StepExec:
+				e, err := prestart.NewExec(s.Command, s.Env, s.Timeout.Duration)
+				if err != nil {
+					return nil, err
+				}
+				opts.Steps = append(opts.Steps, e)
+			}
+		}
+	}
+	return prestart.NewRunner(opts), nil
 }

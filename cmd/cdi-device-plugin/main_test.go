@@ -3,9 +3,13 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -18,6 +22,7 @@ import (
 	cdiapi "tags.cncf.io/container-device-interface/pkg/cdi"
 
 	"github.com/cdi-device-plugin/cdi-device-plugin/internal/kubeletsim"
+	"github.com/cdi-device-plugin/cdi-device-plugin/prestart"
 )
 
 type dirs struct{ plugins, cdi, dev, state string }
@@ -282,5 +287,128 @@ func TestSIGTERM(t *testing.T) {
 	}
 	if !strings.Contains(stderr.String(), "shut down cleanly") {
 		t.Fatalf("log: %s", stderr.String())
+	}
+}
+
+// TestPreStartEndToEnd: a config-file resource with reset and a 1 MiB
+// reprogram; PreStartContainer through gRPC updates the state that the CDI
+// spec mounts into the container; a corrupt image fails the call and makes
+// the device Unhealthy on ListAndWatch; a fixed image and a reset heal it.
+func TestPreStartEndToEnd(t *testing.T) {
+	d := newDirs(t)
+	if err := unix.Mknod(filepath.Join(d.dev, "probe"), unix.S_IFCHR|0o666, int(unix.Mkdev(1, 3))); err != nil {
+		t.Skipf("cannot mknod (%v): run as root", err)
+	}
+	img := filepath.Join(t.TempDir(), "bitstream.bin")
+	good := bytes.Repeat([]byte{0xa5}, 1<<20)
+	if err := os.WriteFile(img, good, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	sum := sha256.Sum256(good)
+	cfgFile := filepath.Join(t.TempDir(), "config.yaml")
+	cfg := fmt.Sprintf(`
+resources:
+- name: example.com/fpga
+  count: 2
+  idPrefix: fpga
+  prestart:
+    steps:
+    - type: reset
+    - type: reprogram
+      image: %s
+      sha256: %s
+`, img, hex.EncodeToString(sum[:]))
+	if err := os.WriteFile(cfgFile, []byte(cfg), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	k, err := kubeletsim.Start(d.plugins)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer k.Stop()
+	ctx, cancel := context.WithCancel(context.Background())
+	var stderr syncBuffer
+	done := make(chan int, 1)
+	go func() { done <- run(ctx, d.args("--config", cfgFile), envOf(nil), &stderr) }()
+	defer func() { cancel(); <-done }()
+	reg, err := k.WaitRegistration(5 * time.Second)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, stderr.String())
+	}
+	if !reg.Request.Options.PreStartRequired {
+		t.Fatal("PreStartRequired not set for a resource with steps")
+	}
+	c, err := kubeletsim.Dial(d.plugins, reg.Request.Endpoint)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	updates, err := c.Watch(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids := []string{"fpga-0", "fpga-1"}
+	stateOf := func(id string) prestart.State {
+		t.Helper()
+		s, err := prestart.LoadState(filepath.Join(d.state, "devices", id))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	for gen := int64(1); gen <= 2; gen++ {
+		if _, err := c.PreStartContainer(ctx, &pluginapi.PreStartContainerRequest{DevicesIds: ids}); err != nil {
+			t.Fatalf("%v\n%s", err, stderr.String())
+		}
+		for _, id := range ids {
+			if s := stateOf(id); s.Generation != gen || s.Status != prestart.StatusReady || s.Firmware == nil || s.Firmware.SHA256 != hex.EncodeToString(sum[:]) {
+				t.Fatalf("%s after call %d: %+v", id, gen, s)
+			}
+		}
+	}
+
+	// The state directory reaches the container read-only through CDI.
+	cache, err := cdiapi.NewCache(cdiapi.WithSpecDirs(d.cdi), cdiapi.WithAutoRefresh(false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec := &oci.Spec{Process: &oci.Process{}, Linux: &oci.Linux{}}
+	if _, err := cache.InjectDevices(spec, "k8s.example.com/fpga=fpga-1"); err != nil {
+		t.Fatal(err)
+	}
+	if len(spec.Mounts) != 1 || spec.Mounts[0].Source != filepath.Join(d.state, "devices", "fpga-1") ||
+		spec.Mounts[0].Destination != "/run/cdi-device-plugin/fpga-1" || !slices.Contains(spec.Mounts[0].Options, "ro") {
+		t.Fatalf("mounts %+v", spec.Mounts)
+	}
+
+	// Corrupt image: the call fails naming device, step and cause, and the
+	// devices go Unhealthy.
+	if err := os.WriteFile(img, []byte("garbage"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, err = c.PreStartContainer(ctx, &pluginapi.PreStartContainerRequest{DevicesIds: ids[:1]})
+	if err == nil || !strings.Contains(err.Error(), "device fpga-0: step reprogram:") || !strings.Contains(err.Error(), "does not match") {
+		t.Fatalf("corrupt image: %v", err)
+	}
+	if _, err := kubeletsim.WaitFor(updates, 5*time.Second, func(u kubeletsim.Update) bool {
+		return u.Health("fpga-0") == pluginapi.Unhealthy && u.Health("fpga-1") == pluginapi.Healthy
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if s := stateOf("fpga-0"); s.Status != prestart.StatusFailed || s.Generation != 2 {
+		t.Fatalf("%+v", s)
+	}
+	// Fixed: the next start (a container restart) resets and heals it.
+	if err := os.WriteFile(img, good, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.PreStartContainer(ctx, &pluginapi.PreStartContainerRequest{DevicesIds: ids[:1]}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kubeletsim.WaitFor(updates, 5*time.Second, func(u kubeletsim.Update) bool { return u.Healthy() == 2 }); err != nil {
+		t.Fatal(err)
+	}
+	if s := stateOf("fpga-0"); s.Status != prestart.StatusReady || s.Generation != 3 {
+		t.Fatalf("%+v", s)
 	}
 }

@@ -9,6 +9,8 @@ package main
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"flag"
 	"fmt"
@@ -26,6 +28,7 @@ import (
 	cdiapi "tags.cncf.io/container-device-interface/pkg/cdi"
 
 	"github.com/cdi-device-plugin/cdi-device-plugin/internal/kubeletsim"
+	"github.com/cdi-device-plugin/cdi-device-plugin/prestart"
 )
 
 type sample struct{ name, baseline string }
@@ -37,6 +40,9 @@ var metrics = []sample{
 	{"node restored→Healthy", "raw inotify event"},
 	{"kubelet restart→re-registered", "raw inotify event"},
 	{"Allocate RPC (8 devices)", "GetDevicePluginOptions RPC"},
+	{"PreStart 2 dev, 1st (copy 1MiB)", "GetDevicePluginOptions RPC"},
+	{"PreStart 2 dev, repeat", "GetDevicePluginOptions RPC"},
+	{"PreStart fail→Unhealthy listed", "raw inotify event"},
 }
 
 func main() {
@@ -110,7 +116,18 @@ func once(bin string, n int, res, base map[string][]time.Duration) (err error) {
 
 	cmd := exec.Command(bin, "--device-plugin-dir", pluginDir, "--cdi-dir", cdiDir, "--dev-root", devRoot,
 		"--state-dir", filepath.Join(tmp, "state"), "--log-level", "warn")
-	cmd.Env = []string{fmt.Sprintf("NUMBER_DEVICES=%d", n), "RESOURCE_NAME=example.com/bench", "DEVICE_ID_PREFIX=bench", "NODE_NAME=node-1"}
+	// Reset, then reprogram with a 1 MiB image (the env mode's steps).
+	img := filepath.Join(tmp, "bitstream.bin")
+	good := make([]byte, 1<<20)
+	for i := range good {
+		good[i] = byte(i)
+	}
+	if err := os.WriteFile(img, good, 0o644); err != nil {
+		return err
+	}
+	sum := sha256.Sum256(good)
+	cmd.Env = []string{fmt.Sprintf("NUMBER_DEVICES=%d", n), "RESOURCE_NAME=example.com/bench", "DEVICE_ID_PREFIX=bench", "NODE_NAME=node-1",
+		"PRESTART_STEPS=reset,reprogram", "FIRMWARE_IMAGE=" + img, "FIRMWARE_SHA256=" + hex.EncodeToString(sum[:])}
 	var logs strings.Builder
 	cmd.Stderr = &logs
 	start := time.Now()
@@ -187,6 +204,10 @@ func once(bin string, n int, res, base map[string][]time.Duration) (err error) {
 	if err := w.Add(devRoot); err != nil {
 		return err
 	}
+
+	if err := prestartBench(ctx, c, updates, filepath.Join(tmp, "state", "devices"), img, good, hex.EncodeToString(sum[:]), w, res, base); err != nil {
+		return err
+	}
 	victim := filepath.Join(devRoot, "bench-3")
 	victimID := "bench-node-1-3"
 	t1 := time.Now()
@@ -249,7 +270,7 @@ func rawEvent(w *fsnotify.Watcher, path string, t time.Time) (time.Duration, err
 	for {
 		select {
 		case ev := <-w.Events:
-			if ev.Name == path && !ev.Has(fsnotify.Write) {
+			if ev.Name == path {
 				return time.Since(t), nil
 			}
 		case err := <-w.Errors:
@@ -291,6 +312,79 @@ func resolve(cdiDir, devRoot string, r *pluginapi.ContainerAllocateResponse, n i
 	}
 	if len(spec.Linux.Devices) != n {
 		return fmt.Errorf("injected %d devices, want %d", len(spec.Linux.Devices), n)
+	}
+	return nil
+}
+
+// prestartBench times PreStartContainer on 2 devices (reset + 1 MiB
+// reprogram), checks the state it leaves, and the failure path: a corrupt
+// image fails the call and the device is listed Unhealthy, a fixed one
+// heals it.
+func prestartBench(ctx context.Context, c *kubeletsim.Client, updates <-chan kubeletsim.Update, stateRoot, img string, good []byte, sum string,
+	w *fsnotify.Watcher, res, base map[string][]time.Duration) error {
+	ids := []string{"bench-node-1-0", "bench-node-1-1"}
+	req := &pluginapi.PreStartContainerRequest{DevicesIds: ids}
+	const calls = 50
+	for i := 0; i < calls; i++ {
+		t := time.Now()
+		if _, err := c.GetDevicePluginOptions(ctx, &pluginapi.Empty{}); err != nil {
+			return err
+		}
+		b := time.Since(t)
+		t = time.Now()
+		if _, err := c.PreStartContainer(ctx, req); err != nil {
+			return fmt.Errorf("PreStartContainer: %w", err)
+		}
+		d := time.Since(t)
+		m := metrics[7].name
+		if i == 0 {
+			m = metrics[6].name
+		}
+		res[m] = append(res[m], d)
+		base[m] = append(base[m], b)
+	}
+	for _, id := range ids {
+		s, err := prestart.LoadState(filepath.Join(stateRoot, id))
+		if err != nil {
+			return err
+		}
+		if s.Generation != calls || s.ResetCount != calls || s.Firmware == nil || s.Firmware.SHA256 != sum || s.Status != prestart.StatusReady {
+			return fmt.Errorf("state of %s after %d calls: %+v", id, calls, s)
+		}
+	}
+	if err := w.Add(filepath.Dir(img)); err != nil {
+		return err
+	}
+	t0 := time.Now()
+	if err := os.WriteFile(img, []byte("corrupt"), 0o644); err != nil {
+		return err
+	}
+	raw, err := rawEvent(w, img, t0)
+	if err != nil {
+		return err
+	}
+	t0 = time.Now()
+	if _, err := c.PreStartContainer(ctx, req); err == nil || !strings.Contains(err.Error(), "step reprogram") {
+		return fmt.Errorf("corrupt image accepted: %v", err)
+	}
+	u, err := kubeletsim.WaitFor(updates, 5*time.Second, func(u kubeletsim.Update) bool {
+		return u.Health(ids[0]) == pluginapi.Unhealthy && u.Health(ids[1]) == pluginapi.Unhealthy
+	})
+	if err != nil {
+		return fmt.Errorf("failed preparation not reported: %w", err)
+	}
+	res[metrics[8].name] = append(res[metrics[8].name], u.At.Sub(t0))
+	base[metrics[8].name] = append(base[metrics[8].name], raw)
+	if err := os.WriteFile(img, good, 0o644); err != nil {
+		return err
+	}
+	if _, err := c.PreStartContainer(ctx, req); err != nil {
+		return fmt.Errorf("after fixing the image: %w", err)
+	}
+	if _, err := kubeletsim.WaitFor(updates, 5*time.Second, func(u kubeletsim.Update) bool {
+		return u.Health(ids[0]) == pluginapi.Healthy && u.Health(ids[1]) == pluginapi.Healthy
+	}); err != nil {
+		return fmt.Errorf("recovery not reported: %w", err)
 	}
 	return nil
 }

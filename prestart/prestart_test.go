@@ -1,0 +1,407 @@
+package prestart
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/sirupsen/logrus"
+	"github.com/sirupsen/logrus/hooks/test"
+
+	"github.com/cdi-device-plugin/cdi-device-plugin/device"
+)
+
+// faults records what the runner reports, like device.Source.
+type faults struct {
+	mu    sync.Mutex
+	calls []string
+	cur   map[string]string
+}
+
+func (f *faults) SetFault(name, reason string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.cur == nil {
+		f.cur = map[string]string{}
+	}
+	f.calls = append(f.calls, name+"="+reason)
+	if reason == "" {
+		delete(f.cur, name)
+	} else {
+		f.cur[name] = reason
+	}
+}
+
+func (f *faults) get(name string) string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.cur[name]
+}
+
+func devs(n int) []device.Device {
+	var out []device.Device
+	for i := 0; i < n; i++ {
+		name := "sim-" + string(rune('0'+i))
+		out = append(out, device.Device{Name: name, Index: i, HostPath: "/dev/" + name, ContainerPath: "/dev/" + name})
+	}
+	return out
+}
+
+func newRunner(t *testing.T, steps ...Step) (*Runner, *faults, *test.Hook) {
+	t.Helper()
+	l, hook := test.NewNullLogger()
+	l.SetLevel(logrus.DebugLevel)
+	f := &faults{}
+	r := NewRunner(Options{Resource: "example.com/sim", StateRoot: t.TempDir(), Steps: steps, Budget: 5 * time.Second,
+		MarkUnhealthy: true, RecoverOnReset: true, Health: f, Log: logrus.NewEntry(l)})
+	if _, err := r.Init(&device.Snapshot{Devices: devs(2)}); err != nil {
+		t.Fatal(err)
+	}
+	return r, f, hook
+}
+
+func state(t *testing.T, r *Runner, name string) State {
+	t.Helper()
+	s, err := LoadState(r.Dir(name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func image(t *testing.T, size int) (string, string) {
+	t.Helper()
+	data := make([]byte, size)
+	for i := range data {
+		data[i] = byte(i * 7)
+	}
+	p := filepath.Join(t.TempDir(), "bitstream.bin")
+	if err := os.WriteFile(p, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	sum := sha256.Sum256(data)
+	return p, hex.EncodeToString(sum[:])
+}
+
+func ino(t *testing.T, p string) uint64 {
+	t.Helper()
+	var st syscall.Stat_t
+	if err := syscall.Stat(p, &st); err != nil {
+		t.Fatal(err)
+	}
+	return st.Ino
+}
+
+func TestInitCreatesState(t *testing.T) {
+	r, _, _ := newRunner(t, Reset{})
+	for _, d := range devs(2) {
+		s := state(t, r, d.Name)
+		if s.Status != StatusNew || s.Device != d.Name || s.Resource != "example.com/sim" || s.Generation != 0 {
+			t.Fatalf("%+v", s)
+		}
+		if fi, err := os.Stat(filepath.Join(r.Dir(d.Name), ScratchDir)); err != nil || !fi.IsDir() {
+			t.Fatalf("scratch: %v", err)
+		}
+	}
+}
+
+func TestReset(t *testing.T) {
+	r, _, _ := newRunner(t, Reset{})
+	d := devs(1)
+	junk := filepath.Join(r.Dir("sim-0"), ScratchDir, "junk")
+	if err := os.WriteFile(junk, []byte("left by the last workload"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	before := time.Now().UTC()
+	if err := r.Prepare(context.Background(), d); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(junk); !os.IsNotExist(err) {
+		t.Fatalf("scratch not cleared: %v", err)
+	}
+	s := state(t, r, "sim-0")
+	if s.Status != StatusReady || s.ResetCount != 1 || s.Generation != 1 || s.LastReset.Before(before) || s.LastError != "" {
+		t.Fatalf("%+v", s)
+	}
+	left, _ := filepath.Glob(filepath.Join(r.Dir("sim-0"), "*.old-*"))
+	tmps, _ := filepath.Glob(filepath.Join(r.Dir("sim-0"), ".*tmp*"))
+	if len(left)+len(tmps) != 0 {
+		t.Fatalf("left behind: %v %v", left, tmps)
+	}
+}
+
+func TestReprogramAndIdempotence(t *testing.T) {
+	img, sum := image(t, 1<<20)
+	r, _, _ := newRunner(t, Reset{}, &Reprogram{Image: img, SHA256: sum})
+	d := devs(2)
+	if err := r.Prepare(context.Background(), d); err != nil {
+		t.Fatal(err)
+	}
+	fw := filepath.Join(r.Dir("sim-1"), FirmwareFile)
+	data, err := os.ReadFile(fw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := sha256.Sum256(data); hex.EncodeToString(got[:]) != sum {
+		t.Fatal("loaded firmware differs from the image")
+	}
+	s := state(t, r, "sim-1")
+	if s.Firmware == nil || s.Firmware.Name != "bitstream.bin" || s.Firmware.SHA256 != sum || s.Firmware.Size != 1<<20 || s.Generation != 1 {
+		t.Fatalf("%+v %+v", s, s.Firmware)
+	}
+	// A second call: a new generation, another reset, no second copy.
+	first := ino(t, fw)
+	if err := r.Prepare(context.Background(), d); err != nil {
+		t.Fatal(err)
+	}
+	s = state(t, r, "sim-1")
+	if s.Generation != 2 || s.ResetCount != 2 || s.Status != StatusReady {
+		t.Fatalf("%+v", s)
+	}
+	if ino(t, fw) != first {
+		t.Fatal("firmware copied again although the device holds that digest")
+	}
+	// always: copied every time.
+	r2, _, _ := newRunner(t, &Reprogram{Image: img, Always: true})
+	_ = r2.Prepare(context.Background(), d)
+	fw2 := filepath.Join(r2.Dir("sim-0"), FirmwareFile)
+	i1 := ino(t, fw2)
+	if err := r2.Prepare(context.Background(), d); err != nil {
+		t.Fatal(err)
+	}
+	if ino(t, fw2) == i1 {
+		t.Fatal("always did not copy again")
+	}
+}
+
+func TestBuiltinImage(t *testing.T) {
+	r, _, _ := newRunner(t, &Reprogram{})
+	if err := r.Prepare(context.Background(), devs(1)); err != nil {
+		t.Fatal(err)
+	}
+	s := state(t, r, "sim-0")
+	want := sha256.Sum256(builtinImage)
+	if s.Firmware == nil || s.Firmware.Name != BuiltinImageName || s.Firmware.SHA256 != hex.EncodeToString(want[:]) {
+		t.Fatalf("%+v", s.Firmware)
+	}
+}
+
+// TestCorruptImageAndRecovery: a digest mismatch fails the call naming
+// device and step, loads nothing, marks the device unhealthy; a later
+// successful preparation with a reset makes it healthy again.
+func TestCorruptImageAndRecovery(t *testing.T) {
+	img, sum := image(t, 64*1024)
+	r, f, _ := newRunner(t, Reset{}, &Reprogram{Image: img, SHA256: sum})
+	d := devs(1)
+	if err := r.Prepare(context.Background(), d); err != nil {
+		t.Fatal(err)
+	}
+	fw := filepath.Join(r.Dir("sim-0"), FirmwareFile)
+	good := ino(t, fw)
+
+	if err := os.WriteFile(img, []byte("corrupt"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	err := r.Prepare(context.Background(), d)
+	var se *StepError
+	if !errors.As(err, &se) || se.Device != "sim-0" || se.Step != "reprogram" || !strings.Contains(err.Error(), "does not match") {
+		t.Fatalf("error %v", err)
+	}
+	if !strings.Contains(err.Error(), "device sim-0: step reprogram:") {
+		t.Fatalf("message %q", err)
+	}
+	if ino(t, fw) != good {
+		t.Fatal("firmware replaced by a corrupt image")
+	}
+	s := state(t, r, "sim-0")
+	if s.Status != StatusFailed || !strings.Contains(s.LastError, "reprogram") || s.Generation != 1 {
+		t.Fatalf("%+v", s)
+	}
+	if f.get("sim-0") == "" {
+		t.Fatal("device not reported unhealthy")
+	}
+	// A restarted plugin remembers the fault.
+	r2 := NewRunner(Options{Resource: "example.com/sim", StateRoot: filepath.Dir(r.Dir("sim-0")), MarkUnhealthy: true})
+	if got, _ := r2.Init(&device.Snapshot{Devices: d}); got["sim-0"] == "" {
+		t.Fatalf("fault not restored: %v", got)
+	}
+
+	// The image is fixed: reset + reprogram succeed, the fault is cleared.
+	img2, _ := image(t, 64*1024)
+	data, _ := os.ReadFile(img2)
+	if err := os.WriteFile(img, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Prepare(context.Background(), d); err != nil {
+		t.Fatal(err)
+	}
+	if f.get("sim-0") != "" {
+		t.Fatal("device still unhealthy after a successful reset")
+	}
+	if s := state(t, r, "sim-0"); s.Status != StatusReady || s.LastError != "" || s.Generation != 2 {
+		t.Fatalf("%+v", s)
+	}
+}
+
+func TestNoRecoveryWithoutReset(t *testing.T) {
+	img, sum := image(t, 1024)
+	r, f, _ := newRunner(t, &Reprogram{Image: img, SHA256: sum})
+	_ = os.WriteFile(img, []byte("bad"), 0o644)
+	if err := r.Prepare(context.Background(), devs(1)); err == nil {
+		t.Fatal("no error")
+	}
+	img2, _ := image(t, 1024)
+	data, _ := os.ReadFile(img2)
+	_ = os.WriteFile(img, data, 0o644)
+	if err := r.Prepare(context.Background(), devs(1)); err != nil {
+		t.Fatal(err)
+	}
+	if f.get("sim-0") == "" {
+		t.Fatal("recovered without a reset step")
+	}
+}
+
+func TestExec(t *testing.T) {
+	e, err := NewExec([]string{"/usr/bin/env", "ID={{.ID}}", "HOST={{.HostPath}}", "RES={{.Resource}}", "IDX={{.Index}}", "/usr/bin/env"},
+		map[string]string{"FPGA_MODE": "fast"}, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("LEAK_ME", "secret")
+	r, _, hook := newRunner(t, e)
+	if err := r.Prepare(context.Background(), devs(2)[1:]); err != nil {
+		t.Fatal(err)
+	}
+	var out string
+	for _, en := range hook.AllEntries() {
+		if o, ok := en.Data["output"].(string); ok {
+			out += o
+		}
+	}
+	// env prints its environment (ID=..., HOST=... are set by the templated
+	// arguments), then runs env again in that environment.
+	for _, want := range []string{"ID=sim-1", "HOST=/dev/sim-1", "RES=example.com/sim", "IDX=1", "FPGA_MODE=fast", "PATH="} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q: %q", want, out)
+		}
+	}
+	if strings.Contains(out, "LEAK_ME") || strings.Contains(out, "HOME=") {
+		t.Errorf("environment not clean: %q", out)
+	}
+}
+
+func TestExecFails(t *testing.T) {
+	e, _ := NewExec([]string{"/bin/false"}, nil, time.Second)
+	r, f, _ := newRunner(t, Reset{}, e)
+	err := r.Prepare(context.Background(), devs(1))
+	var se *StepError
+	if !errors.As(err, &se) || se.Step != "exec" || se.Device != "sim-0" || !strings.Contains(err.Error(), "exit status 1") {
+		t.Fatalf("error %v", err)
+	}
+	if f.get("sim-0") == "" {
+		t.Fatal("not unhealthy")
+	}
+	if _, err := NewExec([]string{"/bin/echo", "{{.Nope}}"}, nil, 0); err == nil {
+		t.Fatal("unknown template field accepted")
+	}
+}
+
+func TestExecHangsAndTimesOut(t *testing.T) {
+	// The shell's child sleeps on after the shell is killed unless the
+	// whole process group goes.
+	e, _ := NewExec([]string{"/bin/sh", "-c", "sleep 30 & wait"}, nil, 200*time.Millisecond)
+	r, _, _ := newRunner(t, e)
+	start := time.Now()
+	err := r.Prepare(context.Background(), devs(1))
+	if err == nil || !strings.Contains(err.Error(), "timed out after 200ms") {
+		t.Fatalf("error %v", err)
+	}
+	if took := time.Since(start); took > 5*time.Second {
+		t.Fatalf("hung for %s", took)
+	}
+}
+
+func TestBudget(t *testing.T) {
+	e, _ := NewExec([]string{"/bin/sleep", "30"}, nil, 20*time.Second)
+	l, _ := test.NewNullLogger()
+	r := NewRunner(Options{Resource: "example.com/sim", StateRoot: t.TempDir(), Steps: []Step{e}, Budget: 300 * time.Millisecond, Log: logrus.NewEntry(l)})
+	err := r.Prepare(context.Background(), devs(2))
+	if err == nil || !strings.Contains(err.Error(), "budget of 300ms used up") || !strings.Contains(err.Error(), "sim-0") || !strings.Contains(err.Error(), "sim-1") {
+		t.Fatalf("error %v", err)
+	}
+}
+
+// barrier is a step that only completes when n devices are in it at once:
+// sequential preparation would time out.
+type barrier struct {
+	wg *sync.WaitGroup
+}
+
+func (barrier) Name() string           { return "barrier" }
+func (barrier) Timeout() time.Duration { return 3 * time.Second }
+func (b barrier) Run(ctx context.Context, _ *Target) error {
+	b.wg.Done()
+	done := make(chan struct{})
+	go func() { b.wg.Wait(); close(done) }()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return errors.New("devices were not prepared in parallel")
+	}
+}
+
+func TestParallel(t *testing.T) {
+	var wg sync.WaitGroup
+	wg.Add(2)
+	r, _, _ := newRunner(t, barrier{&wg})
+	if err := r.Prepare(context.Background(), devs(2)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestSameDeviceSerialised(t *testing.T) {
+	img, _ := image(t, 256*1024)
+	r, _, _ := newRunner(t, Reset{}, &Reprogram{Image: img, Always: true})
+	var wg sync.WaitGroup
+	errs := make(chan error, 8)
+	for i := 0; i < 8; i++ {
+		wg.Add(1)
+		go func() { defer wg.Done(); errs <- r.Prepare(context.Background(), devs(1)) }()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if s := state(t, r, "sim-0"); s.Generation != 8 || s.ResetCount != 8 {
+		t.Fatalf("lost updates: %+v", s)
+	}
+}
+
+func BenchmarkPrepare2Devices1MiB(b *testing.B) {
+	data := make([]byte, 1<<20)
+	img := filepath.Join(b.TempDir(), "img.bin")
+	_ = os.WriteFile(img, data, 0o644)
+	sum := sha256.Sum256(data)
+	r := NewRunner(Options{Resource: "example.com/sim", StateRoot: b.TempDir(), Steps: []Step{Reset{}, &Reprogram{Image: img, SHA256: hex.EncodeToString(sum[:])}}})
+	d := devs(2)
+	if _, err := r.Init(&device.Snapshot{Devices: d}); err != nil {
+		b.Fatal(err)
+	}
+	for b.Loop() {
+		if err := r.Prepare(context.Background(), d); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

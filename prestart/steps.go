@@ -1,0 +1,366 @@
+package prestart
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"text/template"
+	"time"
+
+	"github.com/sirupsen/logrus"
+)
+
+// Target is what a step works on: one device, its state directory and the
+// state being built by this preparation.
+type Target struct {
+	// ID is the device's name (its CDI name and base ID).
+	ID       string
+	Index    int
+	HostPath string
+	// ContainerPath is where the node appears in the container.
+	ContainerPath string
+	Resource      string
+	// Dir is the device's state directory.
+	Dir   string
+	State *State
+	Log   *logrus.Entry
+}
+
+// Step is one preparation step.
+type Step interface {
+	Name() string
+	// Timeout bounds one run of the step.
+	Timeout() time.Duration
+	Run(ctx context.Context, t *Target) error
+}
+
+// ScratchDir is the device's scratch data, cleared by a reset.
+const ScratchDir = "scratch"
+
+// FirmwareFile is the image a reprogram step loaded into the device.
+const FirmwareFile = "firmware.bin"
+
+// Reset returns a simulated device to a clean state: its scratch data is
+// cleared, the reset counter incremented, the time recorded, the status
+// set to ready.
+type Reset struct{ Limit time.Duration }
+
+func (Reset) Name() string             { return "reset" }
+func (r Reset) Timeout() time.Duration { return r.Limit }
+
+// Run replaces the scratch directory by an empty one: the old one is
+// renamed away first, so a reset never leaves half-cleared data behind.
+func (Reset) Run(ctx context.Context, t *Target) error {
+	scratch := filepath.Join(t.Dir, ScratchDir)
+	old := scratch + ".old-" + strconv.FormatInt(time.Now().UnixNano(), 10)
+	if err := os.Rename(scratch, old); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("clear scratch: %w", err)
+	}
+	if err := os.Mkdir(scratch, 0o755); err != nil {
+		return fmt.Errorf("clear scratch: %w", err)
+	}
+	if err := os.RemoveAll(old); err != nil {
+		return fmt.Errorf("clear scratch: %w", err)
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	t.State.ResetCount++
+	t.State.LastReset = time.Now().UTC()
+	t.State.Status = StatusReady
+	return nil
+}
+
+// Reprogram loads a firmware image into a simulated device. The copy is
+// hashed as it is written; a configured digest must match or nothing is
+// loaded. A device that already holds the digest is not copied again
+// unless Always is set.
+type Reprogram struct {
+	// Image is the image file; empty means the built-in image.
+	Image string
+	// SHA256 is the expected digest (hex), optional.
+	SHA256 string
+	Always bool
+	Limit  time.Duration
+
+	mu    sync.Mutex
+	cache imageDigest
+}
+
+// imageDigest remembers an image file's digest while the file is unchanged.
+type imageDigest struct {
+	dev, ino        uint64
+	size            int64
+	mtime, ctime    syscall.Timespec
+	sha256, imgName string
+}
+
+func (*Reprogram) Name() string             { return "reprogram" }
+func (r *Reprogram) Timeout() time.Duration { return r.Limit }
+
+// BuiltinImageName names the image used when none is configured.
+const BuiltinImageName = "builtin-sim-firmware-v1"
+
+var builtinImage = func() []byte {
+	line := []byte("cdi-device-plugin simulated firmware image v1\n")
+	return bytes.Repeat(line, 64*1024/len(line))
+}()
+
+func (r *Reprogram) imageName() string {
+	if r.Image == "" {
+		return BuiltinImageName
+	}
+	return filepath.Base(r.Image)
+}
+
+// digest returns the image's digest, hashing the file only when it changed
+// since the last call (same inode, size, mtime and ctime).
+func (r *Reprogram) digest() (string, error) {
+	if r.Image == "" {
+		sum := sha256.Sum256(builtinImage)
+		return hex.EncodeToString(sum[:]), nil
+	}
+	var st syscall.Stat_t
+	if err := syscall.Stat(r.Image, &st); err != nil {
+		return "", fmt.Errorf("image %s: %w", r.Image, err)
+	}
+	key := imageDigest{dev: st.Dev, ino: st.Ino, size: st.Size, mtime: st.Mtim, ctime: st.Ctim}
+	r.mu.Lock()
+	c := r.cache
+	r.mu.Unlock()
+	if c.sha256 != "" && c.dev == key.dev && c.ino == key.ino && c.size == key.size && c.mtime == key.mtime && c.ctime == key.ctime {
+		return c.sha256, nil
+	}
+	f, err := os.Open(r.Image)
+	if err != nil {
+		return "", fmt.Errorf("image %s: %w", r.Image, err)
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		return "", fmt.Errorf("image %s: %w", r.Image, err)
+	}
+	key.sha256 = hex.EncodeToString(h.Sum(nil))
+	r.mu.Lock()
+	r.cache = key
+	r.mu.Unlock()
+	return key.sha256, nil
+}
+
+func (r *Reprogram) Run(ctx context.Context, t *Target) error {
+	want, err := r.digest()
+	if err != nil {
+		return err
+	}
+	if r.SHA256 != "" && !strings.EqualFold(want, r.SHA256) {
+		return fmt.Errorf("image %s: sha256 %s does not match the configured %s", r.imageName(), want, r.SHA256)
+	}
+	fw := filepath.Join(t.Dir, FirmwareFile)
+	if !r.Always && t.State.Firmware != nil && t.State.Firmware.SHA256 == want {
+		if fi, err := os.Stat(fw); err == nil && fi.Size() == t.State.Firmware.Size {
+			t.Log.WithField("sha256", want).Debug("firmware already loaded")
+			return nil
+		}
+	}
+	var src io.Reader = bytes.NewReader(builtinImage)
+	if r.Image != "" {
+		f, err := os.Open(r.Image)
+		if err != nil {
+			return fmt.Errorf("image %s: %w", r.Image, err)
+		}
+		defer f.Close()
+		src = f
+	}
+	got, size, err := copyHashed(ctx, fw, src)
+	if err != nil {
+		return err
+	}
+	// The bytes loaded are the ones checked: a file changed under us fails.
+	if got != want {
+		_ = os.Remove(fw)
+		return fmt.Errorf("image %s changed while loading: sha256 %s, expected %s", r.imageName(), got, want)
+	}
+	t.State.Firmware = &Firmware{Name: r.imageName(), SHA256: got, Size: size, At: time.Now().UTC()}
+	return nil
+}
+
+// copyHashed copies src into path through a temp file and rename, hashing
+// what it writes; ctx is checked between chunks.
+func copyHashed(ctx context.Context, path string, src io.Reader) (string, int64, error) {
+	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-*")
+	if err != nil {
+		return "", 0, err
+	}
+	tmp := f.Name()
+	fail := func(err error) (string, int64, error) {
+		_ = f.Close()
+		_ = os.Remove(tmp)
+		return "", 0, fmt.Errorf("load firmware: %w", err)
+	}
+	h := sha256.New()
+	w := io.MultiWriter(f, h)
+	buf := make([]byte, 256*1024)
+	var n int64
+	for {
+		if err := ctx.Err(); err != nil {
+			return fail(err)
+		}
+		k, rerr := src.Read(buf)
+		if k > 0 {
+			if _, err := w.Write(buf[:k]); err != nil {
+				return fail(err)
+			}
+			n += int64(k)
+		}
+		if rerr == io.EOF {
+			break
+		}
+		if rerr != nil {
+			return fail(rerr)
+		}
+	}
+	if err := f.Sync(); err != nil {
+		return fail(err)
+	}
+	if err := f.Close(); err != nil {
+		return fail(err)
+	}
+	if err := os.Chmod(tmp, 0o644); err != nil {
+		return fail(err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return fail(err)
+	}
+	return hex.EncodeToString(h.Sum(nil)), n, nil
+}
+
+// Exec runs a command for a real device: arguments are templates over the
+// device ({{.ID}}, {{.HostPath}}, {{.ContainerPath}}, {{.Resource}},
+// {{.Index}}), no shell is involved, the environment holds only PATH and
+// the configured variables, and the output goes to the log.
+type Exec struct {
+	Command []*template.Template
+	Env     map[string]string
+	Limit   time.Duration
+	// MaxOutput bounds the output kept for the log (default 64 KiB).
+	MaxOutput int
+}
+
+// NewExec parses the command's templates.
+func NewExec(command []string, env map[string]string, limit time.Duration) (*Exec, error) {
+	if len(command) == 0 || command[0] == "" {
+		return nil, errors.New("exec needs a command")
+	}
+	e := &Exec{Env: env, Limit: limit}
+	for i, a := range command {
+		tpl, err := template.New(strconv.Itoa(i)).Option("missingkey=error").Parse(a)
+		if err != nil {
+			return nil, fmt.Errorf("argument %d %q: %w", i, a, err)
+		}
+		// Catch unknown fields now rather than at the first container start.
+		if err := tpl.Execute(io.Discard, templateData(&Target{})); err != nil {
+			return nil, fmt.Errorf("argument %d %q: %w", i, a, err)
+		}
+		e.Command = append(e.Command, tpl)
+	}
+	return e, nil
+}
+
+func (*Exec) Name() string             { return "exec" }
+func (e *Exec) Timeout() time.Duration { return e.Limit }
+
+type tplData struct {
+	ID, HostPath, ContainerPath, Resource, StateDir string
+	Index                                           int
+}
+
+func templateData(t *Target) tplData {
+	return tplData{ID: t.ID, HostPath: t.HostPath, ContainerPath: t.ContainerPath, Resource: t.Resource, StateDir: t.Dir, Index: t.Index}
+}
+
+// limitedBuffer keeps the first max bytes written to it.
+type limitedBuffer struct {
+	mu        sync.Mutex
+	buf       bytes.Buffer
+	max       int
+	truncated bool
+}
+
+func (b *limitedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if room := b.max - b.buf.Len(); room < len(p) {
+		b.buf.Write(p[:max(room, 0)])
+		b.truncated = true
+		return len(p), nil
+	}
+	return b.buf.Write(p)
+}
+
+func (e *Exec) Run(ctx context.Context, t *Target) error {
+	data := templateData(t)
+	args := make([]string, len(e.Command))
+	for i, tpl := range e.Command {
+		var sb strings.Builder
+		if err := tpl.Execute(&sb, data); err != nil {
+			return fmt.Errorf("argument %d: %w", i, err)
+		}
+		args[i] = sb.String()
+	}
+	cmd := exec.CommandContext(ctx, args[0], args[1:]...)
+	env := []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
+	keys := make([]string, 0, len(e.Env))
+	for k := range e.Env {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		env = append(env, k+"="+e.Env[k])
+	}
+	cmd.Env = env
+	cmd.Dir = t.Dir
+	// Its own process group, killed whole on timeout: a hung child of the
+	// command must not outlive the step.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+	cmd.WaitDelay = time.Second
+	out := &limitedBuffer{max: e.MaxOutput}
+	if out.max <= 0 {
+		out.max = 64 * 1024
+	}
+	cmd.Stdout, cmd.Stderr = out, out
+	err := cmd.Run()
+	out.mu.Lock()
+	text := strings.TrimSpace(out.buf.String())
+	if out.truncated {
+		text += " [output truncated]"
+	}
+	out.mu.Unlock()
+	l := t.Log.WithField("command", args[0])
+	if text != "" {
+		l = l.WithField("output", text)
+	}
+	if err != nil {
+		if ctx.Err() != nil {
+			err = fmt.Errorf("%s: %w", args[0], ctx.Err())
+		} else {
+			err = fmt.Errorf("%s: %w", args[0], err)
+		}
+		l.WithError(err).Warn("exec step failed")
+		return err
+	}
+	l.Info("exec step done")
+	return nil
+}
