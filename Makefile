@@ -8,7 +8,7 @@ LDFLAGS   := -s -w -X main.version=$(VERSION)
 
 export IMAGE
 
-.PHONY: all build run test unit vet fmt-check bench image deploy undeploy render clean
+.PHONY: all build run test unit vet bench image deploy undeploy render clean
 
 all: build
 
@@ -30,7 +30,7 @@ unit: ## Unit and integration tests with the race detector (needs root for mknod
 test: vet unit ## What CI runs: vet, gofmt, race-enabled tests
 
 bench: build ## Go benchmarks and the plugin binary against the kubelet stand-in
-	$(GO) test -run '^$$' -bench . -benchtime 2000x ./plugin/
+	$(GO) test -run '^$$' -bench . -benchtime 200x ./plugin/ ./prestart/
 	$(BIN)/dp-bench -plugin $(BIN)/cdi-device-plugin -runs 20
 
 image: ## Build the container image with the Dockerfile

@@ -11,6 +11,7 @@
 #   IMAGE           plugin image (default: cdi-device-plugin:latest)
 #   PLUGIN_NAME RESOURCE_NAME NUMBER_DEVICES DEVICE_ID_PREFIX ANNOTATION_PREFIX
 #   ENV_PREFIX DEVICE_FILE_PREFIX DEVICE_LIST_STRATEGY LOG_LEVEL LOG_FORMAT
+#   PRESTART_STEPS PRESTART_BUDGET
 #                   passed to the plugin's container env only when set (an
 #                   explicitly empty value is passed through as ""); when unset
 #                   the binary's default applies.
@@ -55,6 +56,8 @@ ENV_VARS=(
 	DEVICE_LIST_STRATEGY
 	LOG_LEVEL
 	LOG_FORMAT
+	PRESTART_STEPS
+	PRESTART_BUDGET
 )
 
 # quote VALUE: set REPLY to VALUE as a double-quoted YAML (= JSON) string, so
