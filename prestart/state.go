@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -79,12 +80,22 @@ func (s *State) Save(dir string) error {
 // writeAtomic writes data to path through a synced temp file and rename,
 // so readers see the old or the new content, never a part.
 func writeAtomic(path string, data []byte, mode os.FileMode) error {
+	return replaceFile(path, mode, func(w io.Writer) error {
+		_, err := w.Write(data)
+		return err
+	})
+}
+
+// replaceFile replaces path with what fill writes: a temp file in the same
+// directory, synced, given mode, renamed over path. On any error the temp
+// file is removed and path is untouched.
+func replaceFile(path string, mode os.FileMode, fill func(io.Writer) error) error {
 	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-*")
 	if err != nil {
 		return err
 	}
 	tmp := f.Name()
-	_, werr := f.Write(data)
+	werr := fill(f)
 	if werr == nil {
 		werr = f.Sync()
 	}

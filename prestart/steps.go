@@ -196,52 +196,35 @@ func (r *Reprogram) Run(ctx context.Context, t *Target) error {
 	return nil
 }
 
-// copyHashed copies src into path through a temp file and rename, hashing
+// copyHashed copies src into path (atomically, see replaceFile), hashing
 // what it writes; ctx is checked between chunks.
 func copyHashed(ctx context.Context, path string, src io.Reader) (string, int64, error) {
-	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-*")
-	if err != nil {
-		return "", 0, err
-	}
-	tmp := f.Name()
-	fail := func(err error) (string, int64, error) {
-		_ = f.Close()
-		_ = os.Remove(tmp)
-		return "", 0, fmt.Errorf("load firmware: %w", err)
-	}
 	h := sha256.New()
-	w := io.MultiWriter(f, h)
-	buf := make([]byte, 256*1024)
 	var n int64
-	for {
-		if err := ctx.Err(); err != nil {
-			return fail(err)
-		}
-		k, rerr := src.Read(buf)
-		if k > 0 {
-			if _, err := w.Write(buf[:k]); err != nil {
-				return fail(err)
+	err := replaceFile(path, 0o644, func(f io.Writer) error {
+		w := io.MultiWriter(f, h)
+		buf := make([]byte, 256*1024)
+		for {
+			if err := ctx.Err(); err != nil {
+				return err
 			}
-			n += int64(k)
+			k, rerr := src.Read(buf)
+			if k > 0 {
+				if _, err := w.Write(buf[:k]); err != nil {
+					return err
+				}
+				n += int64(k)
+			}
+			if rerr == io.EOF {
+				return nil
+			}
+			if rerr != nil {
+				return rerr
+			}
 		}
-		if rerr == io.EOF {
-			break
-		}
-		if rerr != nil {
-			return fail(rerr)
-		}
-	}
-	if err := f.Sync(); err != nil {
-		return fail(err)
-	}
-	if err := f.Close(); err != nil {
-		return fail(err)
-	}
-	if err := os.Chmod(tmp, 0o644); err != nil {
-		return fail(err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		return fail(err)
+	})
+	if err != nil {
+		return "", 0, fmt.Errorf("load firmware: %w", err)
 	}
 	return hex.EncodeToString(h.Sum(nil)), n, nil
 }

@@ -68,6 +68,47 @@ func (s *syncBuffer) String() string {
 	return s.b.String()
 }
 
+// running is the plugin run in-process against the kubelet stand-in,
+// registered, with a ListAndWatch stream open.
+type running struct {
+	reg     kubeletsim.Registration
+	c       *kubeletsim.Client
+	updates <-chan kubeletsim.Update
+	stderr  *syncBuffer
+	stop    func() int // cancels the run, returns its exit status
+}
+
+func startRun(t *testing.T, d dirs, args []string, env map[string]string) *running {
+	t.Helper()
+	k, err := kubeletsim.Start(d.plugins)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(k.Stop)
+	ctx, cancel := context.WithCancel(context.Background())
+	r := &running{stderr: &syncBuffer{}}
+	done := make(chan int, 1)
+	go func() { done <- run(ctx, d.args(args...), envOf(env), r.stderr) }()
+	var once sync.Once
+	code := 0
+	r.stop = func() int {
+		once.Do(func() { cancel(); code = <-done })
+		return code
+	}
+	t.Cleanup(func() { r.stop() })
+	if r.reg, err = k.WaitRegistration(5 * time.Second); err != nil {
+		t.Fatalf("%v; log:\n%s", err, r.stderr.String())
+	}
+	if r.c, err = kubeletsim.Dial(d.plugins, r.reg.Request.Endpoint); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = r.c.Close() })
+	if r.updates, err = r.c.Watch(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
 func TestBadConfigExits2AndWritesNothing(t *testing.T) {
 	for _, c := range []struct {
 		name string
@@ -124,37 +165,12 @@ func TestPluginEndToEnd(t *testing.T) {
 	_ = os.WriteFile(filepath.Join(d.cdi, "k8s.example.com-old.json"), []byte(stale), 0o644)
 	_ = os.WriteFile(filepath.Join(d.cdi, "vendor.com-gpu.json"), []byte(foreign), 0o644)
 
-	k, err := kubeletsim.Start(d.plugins)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer k.Stop()
 	env := map[string]string{"NUMBER_DEVICES": "8", "RESOURCE_NAME": "example.com/sim", "DEVICE_ID_PREFIX": "sim",
 		"ENV_PREFIX": "SIM", "NODE_NAME": "node-a", "DEVICE_LIST_STRATEGY": "cdi-cri,cdi-annotations"}
-	ctx, cancel := context.WithCancel(context.Background())
-	var stderr syncBuffer
-	done := make(chan int, 1)
-	go func() { done <- run(ctx, d.args(), envOf(env), &stderr) }()
-	defer func() {
-		cancel()
-		<-done
-	}()
-
-	reg, err := k.WaitRegistration(5 * time.Second)
-	if err != nil {
-		t.Fatalf("%v; log:\n%s", err, stderr.String())
-	}
+	r := startRun(t, d, nil, env)
+	reg, c, updates, ctx := r.reg, r.c, r.updates, context.Background()
 	if reg.Request.ResourceName != "example.com/sim" || !strings.HasPrefix(reg.Request.Endpoint, "simple-device-plugin-example_com_sim-") {
 		t.Fatalf("registration %+v", reg.Request)
-	}
-	c, err := kubeletsim.Dial(d.plugins, reg.Request.Endpoint)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	updates, err := c.Watch(ctx)
-	if err != nil {
-		t.Fatal(err)
 	}
 	first, err := kubeletsim.WaitFor(updates, 5*time.Second, func(kubeletsim.Update) bool { return true })
 	if err != nil || len(first.Devices) != 8 || first.Healthy() != 8 {
@@ -231,11 +247,9 @@ func TestPluginEndToEnd(t *testing.T) {
 		t.Error("spec rewritten on a health change")
 	}
 
-	cancel()
-	if code := <-done; code != 0 {
-		t.Fatalf("exit %d; log:\n%s", code, stderr.String())
+	if code := r.stop(); code != 0 {
+		t.Fatalf("exit %d; log:\n%s", code, r.stderr.String())
 	}
-	done <- 0 // for the deferred receive
 	if _, err := os.Stat(filepath.Join(d.plugins, reg.Request.Endpoint)); !os.IsNotExist(err) {
 		t.Errorf("socket left after shutdown: %v", err)
 	}
@@ -321,31 +335,10 @@ resources:
 	if err := os.WriteFile(cfgFile, []byte(cfg), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	k, err := kubeletsim.Start(d.plugins)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer k.Stop()
-	ctx, cancel := context.WithCancel(context.Background())
-	var stderr syncBuffer
-	done := make(chan int, 1)
-	go func() { done <- run(ctx, d.args("--config", cfgFile), envOf(nil), &stderr) }()
-	defer func() { cancel(); <-done }()
-	reg, err := k.WaitRegistration(5 * time.Second)
-	if err != nil {
-		t.Fatalf("%v\n%s", err, stderr.String())
-	}
+	r := startRun(t, d, []string{"--config", cfgFile}, nil)
+	reg, c, updates, ctx, stderr := r.reg, r.c, r.updates, context.Background(), r.stderr
 	if !reg.Request.Options.PreStartRequired {
 		t.Fatal("PreStartRequired not set for a resource with steps")
-	}
-	c, err := kubeletsim.Dial(d.plugins, reg.Request.Endpoint)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	updates, err := c.Watch(ctx)
-	if err != nil {
-		t.Fatal(err)
 	}
 	ids := []string{"fpga-0", "fpga-1"}
 	stateOf := func(id string) prestart.State {
