@@ -1,8 +1,6 @@
 package device
 
 import (
-	"bytes"
-	"errors"
 	"fmt"
 	"os"
 	"sync"
@@ -66,43 +64,25 @@ func (w *dirWatcher) watching(dir string) bool {
 	return ok
 }
 
-// read blocks until events arrive and returns the paths they name
-// (directory events name the directory). It forgets directories whose
-// watch the kernel dropped.
-func (w *dirWatcher) read(buf []byte) ([]string, error) {
+// read blocks until events arrive; what they name does not matter, as the
+// source rescans. It forgets directories whose watch the kernel dropped
+// (IN_IGNORED), so they are watched again once they exist.
+func (w *dirWatcher) read(buf []byte) error {
 	n, err := w.f.Read(buf)
 	if err != nil {
-		return nil, err
+		return err
 	}
-	if n < unix.SizeofInotifyEvent {
-		return nil, errors.New("short inotify read")
-	}
-	var out []string
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	for off := 0; off+unix.SizeofInotifyEvent <= n; {
 		ev := (*unix.InotifyEvent)(unsafe.Pointer(&buf[off]))
-		nameBytes := buf[off+unix.SizeofInotifyEvent : off+unix.SizeofInotifyEvent+int(ev.Len)]
 		off += unix.SizeofInotifyEvent + int(ev.Len)
-		dir := w.wds[ev.Wd]
-		if ev.Mask&unix.IN_Q_OVERFLOW != 0 {
-			out = append(out, "")
-			continue
-		}
 		if ev.Mask&unix.IN_IGNORED != 0 {
-			delete(w.dirs, dir)
+			delete(w.dirs, w.wds[ev.Wd])
 			delete(w.wds, ev.Wd)
-			out = append(out, dir)
-			continue
-		}
-		name := string(bytes.TrimRight(nameBytes, "\x00"))
-		if name == "" {
-			out = append(out, dir)
-		} else {
-			out = append(out, dir+"/"+name)
 		}
 	}
-	return out, nil
+	return nil
 }
 
 func (w *dirWatcher) close() error { return w.f.Close() }

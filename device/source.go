@@ -293,7 +293,7 @@ func (s *Source) Run(ctx context.Context, out chan *Snapshot) error {
 	go func() {
 		buf := make([]byte, 64*1024)
 		for {
-			if _, err := w.read(buf); err != nil {
+			if err := w.read(buf); err != nil {
 				select {
 				case events <- err:
 				case <-ctx.Done(): // Run is gone; the close caused this

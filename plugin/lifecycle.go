@@ -194,10 +194,6 @@ func (p *Plugin) register(ctx context.Context) error {
 		return fmt.Errorf("register: %w", err)
 	}
 	p.log.WithField("socket", p.opts.SocketName).Info("registered with the kubelet")
-	select {
-	case p.registered <- struct{}{}:
-	default:
-	}
 	return nil
 }
 

@@ -67,10 +67,6 @@ type Plugin struct {
 	// kubeletIno is the inode of the kubelet.sock we last registered with
 	// (used by Run's goroutine only).
 	kubeletIno uint64
-
-	// registered is signalled (non-blocking) after every successful
-	// registration; tests and the bench tool read it.
-	registered chan struct{}
 }
 
 // view is everything the RPCs need, computed once per snapshot, so that
@@ -93,7 +89,7 @@ func New(opts Options, snap *device.Snapshot) (*Plugin, error) {
 		l := logrus.New()
 		opts.Log = logrus.NewEntry(l)
 	}
-	p := &Plugin{opts: opts, log: opts.Log, registered: make(chan struct{}, 1)}
+	p := &Plugin{opts: opts, log: opts.Log}
 	if opts.CDIAnnotations {
 		key, err := cdiapi.AnnotationKey(opts.PluginName, opts.ResourceName)
 		if err != nil {
@@ -153,9 +149,6 @@ func (p *Plugin) Update(snap *device.Snapshot) error {
 	close(old.changed)
 	return nil
 }
-
-// Registered is signalled after each successful registration.
-func (p *Plugin) Registered() <-chan struct{} { return p.registered }
 
 // GetDevicePluginOptions advertises what is implemented.
 func (p *Plugin) GetDevicePluginOptions(context.Context, *pluginapi.Empty) (*pluginapi.DevicePluginOptions, error) {
