@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/cdi-device-plugin/cdi-device-plugin/device"
 )
 
 func envOf(m map[string]string) Env {
@@ -62,10 +64,10 @@ func TestSimpleEnvVars(t *testing.T) {
 		r.IDPrefix != "fpga" || r.AnnotationPrefix != "acme.io/fpga" || r.EnvPrefix != "FPGA" || r.DeviceFilePrefix != "acme/fpga" {
 		t.Fatalf("%+v %+v", cfg, r)
 	}
-	if got := DeviceID(r.IDPrefix, cfg.NodeName, "3"); got != "fpga-node-1-3" {
+	if got := device.DeviceID(r.IDPrefix, cfg.NodeName, "3"); got != "fpga-node-1-3" {
 		t.Fatalf("id %q", got)
 	}
-	if got := DeviceID(r.IDPrefix, "", "3"); got != "fpga-3" {
+	if got := device.DeviceID(r.IDPrefix, "", "3"); got != "fpga-3" {
 		t.Fatalf("id %q", got)
 	}
 }

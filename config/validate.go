@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/cdi-device-plugin/cdi-device-plugin/cdi"
+	"github.com/cdi-device-plugin/cdi-device-plugin/device"
 	"github.com/cdi-device-plugin/cdi-device-plugin/prestart"
 	"github.com/sirupsen/logrus"
 	cdiapi "tags.cncf.io/container-device-interface/pkg/cdi"
@@ -217,7 +218,7 @@ func (c *Config) validateResource(i int, r *Resource) error {
 		}
 	}
 	// The longest device ID must still be a valid CDI device name.
-	longest := DeviceID(r.IDPrefix, c.NodeName, strconv.Itoa(max(r.DeviceCount()-1, 0)))
+	longest := device.DeviceID(r.IDPrefix, c.NodeName, strconv.Itoa(max(r.DeviceCount()-1, 0)))
 	if err := parser.ValidateDeviceName(longest); err != nil {
 		return fieldErr(f("idPrefix"), r.IDPrefix, "device IDs like %q are not valid CDI device names: %v", longest, err)
 	}
@@ -234,15 +235,6 @@ func (c *Config) validateResource(i int, r *Resource) error {
 		}
 	}
 	return nil
-}
-
-// DeviceID is the ID of a physical device: <prefix>-<node>-<suffix>, or
-// <prefix>-<suffix> without a node name.
-func DeviceID(prefix, node, suffix string) string {
-	if node == "" {
-		return prefix + "-" + suffix
-	}
-	return prefix + "-" + node + "-" + suffix
 }
 
 // SocketName is the socket file of one resource for a process started at

@@ -49,6 +49,15 @@ type Snapshot struct {
 	Replicas int
 }
 
+// DeviceID is the ID of a physical device: <prefix>-<node>-<suffix>, or
+// <prefix>-<suffix> without a node name.
+func DeviceID(prefix, node, suffix string) string {
+	if node == "" {
+		return prefix + "-" + suffix
+	}
+	return prefix + "-" + node + "-" + suffix
+}
+
 // ReplicaID is the kubelet device ID of replica r of device d. Without
 // replicas it is the device name, so IDs stay stable when replicas are
 // turned off and on.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"sort"
@@ -72,7 +73,7 @@ func NewSource(o Options) (*Source, error) {
 	}
 	if o.Log == nil {
 		l := logrus.New()
-		l.SetOutput(nopWriter{})
+		l.SetOutput(io.Discard)
 		o.Log = logrus.NewEntry(l)
 	}
 	if len(o.HostGlobs) == 0 && o.Count < 1 {
@@ -80,10 +81,6 @@ func NewSource(o Options) (*Source, error) {
 	}
 	return &Source{opts: o, root: root, log: o.Log, known: map[string]Device{}, faults: map[string]string{}, poke: make(chan struct{}, 1)}, nil
 }
-
-type nopWriter struct{}
-
-func (nopWriter) Write(p []byte) (int, error) { return len(p), nil }
 
 // Prepare creates the simulated nodes (idempotently) and returns the first
 // snapshot.
@@ -100,11 +97,7 @@ func (s *Source) Prepare() (*Snapshot, error) {
 			}
 		}
 	}
-	snap := s.scan()
-	s.mu.Lock()
-	s.current = snap
-	s.mu.Unlock()
-	return snap, nil
+	return s.Refresh(), nil
 }
 
 // SetFault marks a device unhealthy for reason, or healthy again (as far
@@ -147,10 +140,7 @@ func (s *Source) Snapshot() *Snapshot {
 func (s *Source) simRel(i int) string { return s.opts.FilePrefix + "-" + strconv.Itoa(i) }
 
 func (s *Source) deviceName(suffix string) string {
-	if s.opts.NodeName == "" {
-		return s.opts.IDPrefix + "-" + suffix
-	}
-	return s.opts.IDPrefix + "-" + s.opts.NodeName + "-" + suffix
+	return DeviceID(s.opts.IDPrefix, s.opts.NodeName, suffix)
 }
 
 // scan builds a snapshot from the disk as it is now, and the faults.
