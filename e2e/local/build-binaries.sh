@@ -1,0 +1,130 @@
+#!/usr/bin/env bash
+# Build the node's components from source once and cache them outside the
+# repository, keyed by version:
+#
+#   ${E2E_CACHE}/bin/<name>-<version>      (E2E_CACHE defaults to ~/.cache/cdi-device-plugin-e2e)
+#
+# kubelet, kube-apiserver, kube-controller-manager, kube-scheduler and kubectl
+# from k8s.io/kubernetes; etcd; containerd, ctr and containerd-shim-runc-v2;
+# runc (with seccomp, which needs libseccomp-dev and pkg-config). A cached
+# binary is reused; a build writes to a temporary name and renames it, so an
+# interrupted build leaves nothing half-written behind.
+#
+# Prints nothing but progress on stderr; "build-binaries.sh --print-dir"
+# prints the directory the binaries live in.
+set -euo pipefail
+
+K8S_VERSION=${K8S_VERSION:-v1.36.3}
+ETCD_VERSION=${ETCD_VERSION:-v3.6.8}
+CONTAINERD_VERSION=${CONTAINERD_VERSION:-v2.4.2}
+RUNC_VERSION=${RUNC_VERSION:-v1.5.2}
+E2E_CACHE=${E2E_CACHE:-${XDG_CACHE_HOME:-${HOME}/.cache}/cdi-device-plugin-e2e}
+BIN_DIR=${E2E_CACHE}/bin
+export GOFLAGS="${GOFLAGS:-} -buildvcs=false"
+export GOTOOLCHAIN=${GOTOOLCHAIN:-auto}
+
+log() { printf '[build %s] %s\n' "$(date +%T)" "$*" >&2; }
+die() { printf 'build-binaries.sh: %s\n' "$*" >&2; exit 1; }
+
+if [[ ${1:-} == --print-dir ]]; then
+	printf '%s\n' "${BIN_DIR}"
+	exit 0
+fi
+mkdir -p "${BIN_DIR}" "${E2E_CACHE}/src"
+
+# have NAME VERSION: true when the cached binary exists.
+have() { [[ -x ${BIN_DIR}/$1-$2 ]]; }
+
+# wrapper DIR MODULE VERSION: a module in DIR that requires MODULE@VERSION.
+wrapper() {
+	local dir=$1 mod=$2 ver=$3
+	mkdir -p "${dir}"
+	cat >"${dir}/go.mod" <<EOM
+module e2e.local/wrapper
+
+go 1.26
+EOM
+	(cd "${dir}" && go get "${mod}@${ver}" >&2)
+}
+
+build_k8s() {
+	local names=(kubelet kube-apiserver kube-controller-manager kube-scheduler kubectl) missing=() n
+	for n in "${names[@]}"; do have "${n}" "${K8S_VERSION}" || missing+=("${n}"); done
+	[[ ${#missing[@]} -gt 0 ]] || return 0
+	local dir=${E2E_CACHE}/src/kubernetes-${K8S_VERSION} gomod minor
+	log "kubernetes ${K8S_VERSION}: ${missing[*]}"
+	if [[ ! -f ${dir}/.ready ]]; then
+		rm -rf "${dir}"
+		mkdir -p "${dir}"
+		printf 'module e2e.local/wrapper\n\ngo 1.26\n\nrequire k8s.io/kubernetes %s\n' "${K8S_VERSION}" >"${dir}/go.mod"
+		gomod=$(cd "${dir}" && go mod download -json "k8s.io/kubernetes@${K8S_VERSION}" | sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",\{0,1\}$/\1/p')
+		[[ -f ${gomod} ]] || die "go.mod of k8s.io/kubernetes@${K8S_VERSION} not found"
+		# Every staging module k8s.io/X => ./staging/... becomes k8s.io/X v0.<minor>.<patch>.
+		local staging=v0.${K8S_VERSION#v1.}
+		awk -v v="${staging}" '$1 ~ /^k8s\.io\// && $2 == "=>" && $3 ~ /^\.\/staging\// { print "replace " $1 " => " $1 " " v }' "${gomod}" >>"${dir}/go.mod"
+		grep -q '^replace k8s.io/api ' "${dir}/go.mod" || die "no staging replaces found in ${gomod}"
+		cat >"${dir}/tools.go" <<'EOM'
+//go:build tools
+
+package tools
+
+import (
+	_ "k8s.io/kubernetes/cmd/kube-apiserver"
+	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
+	_ "k8s.io/kubernetes/cmd/kube-scheduler"
+	_ "k8s.io/kubernetes/cmd/kubectl"
+	_ "k8s.io/kubernetes/cmd/kubelet"
+)
+EOM
+		(cd "${dir}" && go mod tidy >&2)
+		touch "${dir}/.ready"
+	fi
+	minor=${K8S_VERSION#v1.}
+	minor=${minor%%.*}
+	local ld="-s -w -X k8s.io/component-base/version.gitVersion=${K8S_VERSION} -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=${minor} -X k8s.io/component-base/version.gitTreeState=clean"
+	ld+=" -X k8s.io/client-go/pkg/version.gitVersion=${K8S_VERSION} -X k8s.io/client-go/pkg/version.gitMajor=1 -X k8s.io/client-go/pkg/version.gitMinor=${minor}"
+	for n in "${missing[@]}"; do
+		log "  go build ${n}"
+		(cd "${dir}" && CGO_ENABLED=0 go build -trimpath -ldflags "${ld}" -o "${BIN_DIR}/.${n}-${K8S_VERSION}.tmp" "k8s.io/kubernetes/cmd/${n}")
+		mv -f "${BIN_DIR}/.${n}-${K8S_VERSION}.tmp" "${BIN_DIR}/${n}-${K8S_VERSION}"
+	done
+}
+
+build_etcd() {
+	have etcd "${ETCD_VERSION}" && return 0
+	log "etcd ${ETCD_VERSION}"
+	local dir=${E2E_CACHE}/src/etcd-${ETCD_VERSION}
+	[[ -f ${dir}/go.sum ]] || wrapper "${dir}" go.etcd.io/etcd/server/v3 "${ETCD_VERSION}"
+	(cd "${dir}" && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "${BIN_DIR}/.etcd.tmp" go.etcd.io/etcd/server/v3)
+	mv -f "${BIN_DIR}/.etcd.tmp" "${BIN_DIR}/etcd-${ETCD_VERSION}"
+}
+
+build_containerd() {
+	local n
+	for n in containerd ctr containerd-shim-runc-v2; do
+		have "${n}" "${CONTAINERD_VERSION}" && continue
+		log "${n} ${CONTAINERD_VERSION}"
+		local gobin=${E2E_CACHE}/src/gobin-containerd-${CONTAINERD_VERSION}
+		mkdir -p "${gobin}"
+		GOBIN=${gobin} CGO_ENABLED=0 go install -trimpath -tags no_btrfs -ldflags "-s -w" \
+			"github.com/containerd/containerd/v2/cmd/${n}@${CONTAINERD_VERSION}"
+		mv -f "${gobin}/${n}" "${BIN_DIR}/${n}-${CONTAINERD_VERSION}"
+	done
+}
+
+build_runc() {
+	have runc "${RUNC_VERSION}" && return 0
+	log "runc ${RUNC_VERSION}"
+	pkg-config --exists libseccomp || die "runc needs libseccomp-dev and pkg-config (apt-get install libseccomp-dev pkg-config)"
+	local dir=${E2E_CACHE}/src/runc-${RUNC_VERSION}
+	[[ -f ${dir}/go.sum ]] || wrapper "${dir}" github.com/opencontainers/runc "${RUNC_VERSION}"
+	(cd "${dir}" && CGO_ENABLED=1 go build -trimpath -tags seccomp -o "${BIN_DIR}/.runc.tmp" github.com/opencontainers/runc)
+	mv -f "${BIN_DIR}/.runc.tmp" "${BIN_DIR}/runc-${RUNC_VERSION}"
+}
+
+start=${SECONDS}
+build_runc
+build_containerd
+build_etcd
+build_k8s
+log "all binaries in ${BIN_DIR} ($((SECONDS - start)) s)"

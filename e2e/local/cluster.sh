@@ -1,0 +1,474 @@
+#!/usr/bin/env bash
+# A local single-node Kubernetes cluster from real components, for the e2e
+# suite and `make demo`: etcd, kube-apiserver, kube-controller-manager,
+# kube-scheduler, kubelet, containerd (CDI on) and runc, started as plain
+# processes on this machine, as Kubernetes' hack/local-up-cluster.sh does.
+# No Docker engine, no registry: the pause, test and plugin images are built
+# locally as tarballs and imported into containerd.
+#
+#   e2e/local/cluster.sh up               build what is missing, start everything, wait for the node
+#   e2e/local/cluster.sh down             stop everything and clean up (also after a failed run)
+#   e2e/local/cluster.sh restart-kubelet  stop and start the kubelet (e2e scenario "kubelet restart")
+#   e2e/local/cluster.sh env              print the variables the e2e suite needs (after up)
+#   e2e/local/cluster.sh logs [N]         print the last N (default 200) lines of every component log
+#
+# Needs root, Linux with cgroup v1 or v2, and Debian's libseccomp-dev,
+# pkg-config, containernetworking-plugins and busybox-static (.ci/run installs
+# them). Everything lives under E2E_WORK (default /var/lib/cdi-device-plugin-e2e)
+# except what the kubelet and CNI insist on: /var/lib/kubelet, /var/log/pods,
+# /var/log/containers, /etc/cni/net.d/10-e2e.conflist, /var/lib/cni/networks/e2e,
+# the e2e0 bridge and the cgroup ${CGROUP_ROOT}; "down" removes all of them.
+set -euo pipefail
+
+REPO=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/../.." && pwd -P)
+E2E_WORK=${E2E_WORK:-/var/lib/cdi-device-plugin-e2e}
+NODE_NAME=${E2E_NODE_NAME:-e2e-node}
+CGROUP_ROOT=/e2enode
+ETCD_PORT=${E2E_ETCD_PORT:-12379}
+ETCD_PEER_PORT=${E2E_ETCD_PEER_PORT:-12380}
+API_PORT=${E2E_API_PORT:-16443}
+SERVICE_CIDR=10.0.0.0/24
+SERVICE_IP=10.0.0.1
+POD_CIDR=10.244.0.0/24
+BRIDGE=e2e0
+CNI_CONF=/etc/cni/net.d/10-e2e.conflist
+KUBELET_ROOT=/var/lib/kubelet
+PAUSE_IMAGE=registry.k8s.io/pause:3.10.2
+TEST_IMAGE=e2e.local/busybox:debian
+PLUGIN_IMAGE=docker.io/library/cdi-device-plugin:e2e
+
+RUN=${E2E_WORK}/run     # pid files
+LOGS=${E2E_WORK}/logs
+PKI=${E2E_WORK}/pki
+BIN=${E2E_WORK}/bin     # unversioned names of the cached binaries
+CTRD=${E2E_WORK}/containerd
+SOCK=${CTRD}/containerd.sock
+
+log() { printf '[cluster %s] %s\n' "$(date +%T)" "$*" >&2; }
+die() { printf 'cluster.sh: %s\n' "$*" >&2; exit 1; }
+
+node_ip() {
+	local ip
+	ip=$(ip -4 route get 1.1.1.1 2>/dev/null | sed -n 's/.* src \([0-9.]*\).*/\1/p' | head -n1)
+	[[ -n ${ip} ]] || ip=$(ip -4 -o addr show scope global | awk '{sub(/\/.*/, "", $4); print $4; exit}')
+	[[ -n ${ip} ]] || die "no global IPv4 address found for the node"
+	printf '%s\n' "${ip}"
+}
+
+# start NAME CMD...: run CMD detached in its own session, logging to
+# $LOGS/NAME.log, pid in $RUN/NAME.pid.
+start() {
+	local name=$1
+	shift
+	setsid "$@" >>"${LOGS}/${name}.log" 2>&1 </dev/null &
+	echo $! >"${RUN}/${name}.pid"
+}
+
+# stop NAME: SIGTERM, then SIGKILL after 10 s.
+stop() {
+	local f=${RUN}/$1.pid pid i
+	[[ -f ${f} ]] || return 0
+	pid=$(cat "${f}")
+	if kill -0 "${pid}" 2>/dev/null; then
+		kill -TERM "${pid}" 2>/dev/null || true
+		for ((i = 0; i < 100; i++)); do
+			kill -0 "${pid}" 2>/dev/null || break
+			sleep 0.1
+		done
+		kill -KILL "${pid}" 2>/dev/null || true
+		for ((i = 0; i < 50; i++)); do
+			kill -0 "${pid}" 2>/dev/null || break
+			sleep 0.1
+		done
+	fi
+	rm -f "${f}"
+}
+
+running() { [[ -f ${RUN}/$1.pid ]] && kill -0 "$(cat "${RUN}/$1.pid")" 2>/dev/null; }
+
+# wait_for WHAT SECONDS CMD...: poll CMD every 0.5 s.
+wait_for() {
+	local what=$1 secs=$2 i
+	shift 2
+	for ((i = 0; i < secs * 2; i++)); do
+		if "$@" >/dev/null 2>&1; then
+			return 0
+		fi
+		sleep 0.5
+	done
+	die "timed out after ${secs}s waiting for ${what} (see ${LOGS}/)"
+}
+
+alive() {
+	local n
+	for n in "$@"; do
+		running "${n}" || die "${n} exited; last lines of ${LOGS}/${n}.log:
+$(tail -n 40 "${LOGS}/${n}.log" 2>/dev/null)"
+	done
+}
+
+binaries() {
+	"${REPO}/e2e/local/build-binaries.sh"
+	local cache n
+	cache=$("${REPO}/e2e/local/build-binaries.sh" --print-dir)
+	mkdir -p "${BIN}"
+	# shellcheck disable=SC1091
+	for n in kubelet kube-apiserver kube-controller-manager kube-scheduler kubectl; do
+		ln -sfn "${cache}/${n}-${K8S_VERSION:-v1.36.3}" "${BIN}/${n}"
+	done
+	ln -sfn "${cache}/etcd-${ETCD_VERSION:-v3.6.8}" "${BIN}/etcd"
+	for n in containerd ctr containerd-shim-runc-v2; do
+		ln -sfn "${cache}/${n}-${CONTAINERD_VERSION:-v2.4.2}" "${BIN}/${n}"
+	done
+	ln -sfn "${cache}/runc-${RUNC_VERSION:-v1.5.2}" "${BIN}/runc"
+	for n in "${BIN}"/*; do
+		[[ -x ${n} ]] || die "missing binary ${n}"
+	done
+}
+
+preflight() {
+	[[ $(id -u) == 0 ]] || die "must run as root (kubelet, containerd and mknod need it)"
+	local missing=() c
+	for c in openssl ip curl setsid mount umount; do
+		command -v "${c}" >/dev/null || missing+=("${c}")
+	done
+	[[ -x /usr/lib/cni/bridge && -x /usr/lib/cni/host-local && -x /usr/lib/cni/loopback ]] || missing+=(containernetworking-plugins)
+	[[ -x /bin/busybox ]] || missing+=(busybox-static)
+	[[ ${#missing[@]} -eq 0 ]] || die "missing: ${missing[*]} (apt-get install -y libseccomp-dev pkg-config containernetworking-plugins busybox-static curl iproute2 openssl)"
+	if [[ -S ${KUBELET_ROOT}/device-plugins/kubelet.sock ]] && ! running kubelet && pgrep -x kubelet >/dev/null; then
+		die "another kubelet is running on this machine; refusing to touch ${KUBELET_ROOT}"
+	fi
+}
+
+# cert NAME CN O SAN: a key and a certificate signed by the cluster CA.
+cert() {
+	local name=$1 cn=$2 org=$3 san=$4 subj="/CN=$2"
+	[[ -n ${org} ]] && subj="/O=${org}/CN=${cn}"
+	openssl req -new -newkey rsa:2048 -nodes -keyout "${PKI}/${name}.key" -subj "${subj}" -out "${PKI}/${name}.csr" 2>/dev/null
+	{
+		echo "basicConstraints=CA:FALSE"
+		echo "keyUsage=critical,digitalSignature,keyEncipherment"
+		if [[ -n ${san} ]]; then
+			echo "extendedKeyUsage=serverAuth,clientAuth"
+			echo "subjectAltName=${san}"
+		else
+			echo "extendedKeyUsage=clientAuth"
+		fi
+	} >"${PKI}/${name}.ext"
+	openssl x509 -req -in "${PKI}/${name}.csr" -CA "${PKI}/ca.crt" -CAkey "${PKI}/ca.key" -CAcreateserial \
+		-days 30 -sha256 -extfile "${PKI}/${name}.ext" -out "${PKI}/${name}.crt" 2>/dev/null
+}
+
+kubeconfig() {
+	local name=$1 user=$2
+	cat >"${E2E_WORK}/${name}.kubeconfig" <<EOK
+apiVersion: v1
+kind: Config
+clusters:
+- name: e2e
+  cluster:
+    server: https://127.0.0.1:${API_PORT}
+    certificate-authority: ${PKI}/ca.crt
+users:
+- name: ${user}
+  user:
+    client-certificate: ${PKI}/${user}.crt
+    client-key: ${PKI}/${user}.key
+contexts:
+- name: e2e
+  context: {cluster: e2e, user: ${user}}
+current-context: e2e
+EOK
+}
+
+pki() {
+	local ip=$1
+	mkdir -p "${PKI}"
+	openssl req -x509 -new -newkey rsa:2048 -nodes -keyout "${PKI}/ca.key" -subj "/CN=cdi-e2e-ca" \
+		-days 30 -sha256 -out "${PKI}/ca.crt" 2>/dev/null
+	cert apiserver kube-apiserver "" "IP:127.0.0.1,IP:${SERVICE_IP},IP:${ip},DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local"
+	cert admin admin system:masters ""
+	cert apiserver-kubelet-client kube-apiserver-kubelet-client system:masters ""
+	cert kubelet "system:node:${NODE_NAME}" system:nodes ""
+	cert kubelet-serving "system:node:${NODE_NAME}" system:nodes "IP:${ip},IP:127.0.0.1,DNS:${NODE_NAME}"
+	openssl genrsa -out "${PKI}/sa.key" 2048 2>/dev/null
+	openssl rsa -in "${PKI}/sa.key" -pubout -out "${PKI}/sa.pub" 2>/dev/null
+	kubeconfig admin admin
+	kubeconfig kubelet kubelet
+}
+
+cni() {
+	mkdir -p "$(dirname "${CNI_CONF}")"
+	cat >"${CNI_CONF}.tmp" <<EOC
+{"cniVersion":"1.0.0","name":"e2e","plugins":[
+ {"type":"bridge","bridge":"${BRIDGE}","isGateway":true,"ipMasq":false,
+  "ipam":{"type":"host-local","ranges":[[{"subnet":"${POD_CIDR}"}]],"routes":[{"dst":"0.0.0.0/0"}]}},
+ {"type":"loopback"}]}
+EOC
+	mv -f "${CNI_CONF}.tmp" "${CNI_CONF}"
+}
+
+containerd_up() {
+	mkdir -p "${CTRD}"
+	cat >"${CTRD}/config.toml" <<EOC
+version = 3
+root = "${CTRD}/root"
+state = "${CTRD}/state"
+[grpc]
+  address = "${SOCK}"
+[plugins.'io.containerd.cri.v1.images'.pinned_images]
+  sandbox = "${PAUSE_IMAGE}"
+[plugins.'io.containerd.cri.v1.runtime']
+  # CAP_SYS_RESOURCE may be missing (as on our CI machines): lowering a
+  # sandbox's oom_score_adj would fail every pod.
+  restrict_oom_score_adj = true
+  cdi_spec_dirs = ["/etc/cdi", "/var/run/cdi"]
+[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]
+  runtime_type = "io.containerd.runc.v2"
+  # Container annotations (such as those from a device plugin's Allocate)
+  # reach the OCI spec only when passed through here.
+  container_annotations = ["e2e.cdi.dev/*", "example.com/*", "cdi.k8s.io/*"]
+[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
+  BinaryName = "${BIN}/runc"
+[plugins.'io.containerd.cri.v1.runtime'.cni]
+  bin_dirs = ["/usr/lib/cni"]
+  conf_dir = "$(dirname "${CNI_CONF}")"
+EOC
+	start containerd env PATH="${BIN}:${PATH}" "${BIN}/containerd" --config "${CTRD}/config.toml"
+	wait_for containerd 60 "${BIN}/ctr" -a "${SOCK}" version
+}
+
+images() {
+	local img=${E2E_WORK}/images applets=() a
+	mkdir -p "${img}"
+	(cd "${REPO}" && CGO_ENABLED=0 go build -trimpath -o "${img}/mkimage" ./e2e/cmd/mkimage)
+	(cd "${REPO}" && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X main.version=e2e" -o "${img}/cdi-device-plugin" ./cmd/cdi-device-plugin)
+	for a in $(/bin/busybox --list); do
+		[[ ${a} == busybox ]] || applets+=(-symlink "/bin/${a}=busybox")
+	done
+	"${img}/mkimage" -o "${img}/busybox.tar" -tag "${TEST_IMAGE}" -file /bin/busybox=/bin/busybox "${applets[@]}" \
+		-env PATH=/bin -cmd /bin/sh
+	# Any process that waits forever serves as the pod sandbox.
+	"${img}/mkimage" -o "${img}/pause.tar" -tag "${PAUSE_IMAGE}" -file /bin/busybox=/bin/busybox \
+		-entrypoint /bin/busybox -cmd sh -cmd -c -cmd "trap 'exit 0' TERM INT; while :; do /bin/busybox sleep 3600 & wait; done"
+	# The plugin image holds what the Dockerfile's does: the static binary at
+	# /cdi-device-plugin, run as root.
+	"${img}/mkimage" -o "${img}/plugin.tar" -tag "${PLUGIN_IMAGE}" -file /cdi-device-plugin="${img}/cdi-device-plugin" \
+		-entrypoint /cdi-device-plugin -user 0:0
+	for a in busybox pause plugin; do
+		"${BIN}/ctr" -a "${SOCK}" -n k8s.io images import "${img}/${a}.tar" >/dev/null
+	done
+}
+
+control_plane() {
+	local ip=$1
+	start etcd "${BIN}/etcd" --name e2e --data-dir "${E2E_WORK}/etcd" \
+		--listen-client-urls "http://127.0.0.1:${ETCD_PORT}" --advertise-client-urls "http://127.0.0.1:${ETCD_PORT}" \
+		--listen-peer-urls "http://127.0.0.1:${ETCD_PEER_PORT}" --initial-advertise-peer-urls "http://127.0.0.1:${ETCD_PEER_PORT}" \
+		--initial-cluster "e2e=http://127.0.0.1:${ETCD_PEER_PORT}" --listen-metrics-urls "" --log-level warn
+	wait_for etcd 60 curl -fsS "http://127.0.0.1:${ETCD_PORT}/health"
+	start kube-apiserver "${BIN}/kube-apiserver" \
+		--etcd-servers "http://127.0.0.1:${ETCD_PORT}" \
+		--secure-port "${API_PORT}" --advertise-address "${ip}" \
+		--tls-cert-file "${PKI}/apiserver.crt" --tls-private-key-file "${PKI}/apiserver.key" \
+		--client-ca-file "${PKI}/ca.crt" \
+		--kubelet-client-certificate "${PKI}/apiserver-kubelet-client.crt" --kubelet-client-key "${PKI}/apiserver-kubelet-client.key" \
+		--kubelet-certificate-authority "${PKI}/ca.crt" --kubelet-preferred-address-types InternalIP \
+		--service-account-key-file "${PKI}/sa.pub" --service-account-signing-key-file "${PKI}/sa.key" \
+		--service-account-issuer https://kubernetes.default.svc.cluster.local \
+		--service-cluster-ip-range "${SERVICE_CIDR}" --authorization-mode Node,RBAC --allow-privileged=true \
+		--enable-admission-plugins NodeRestriction
+	wait_for kube-apiserver 120 "${BIN}/kubectl" --kubeconfig "${E2E_WORK}/admin.kubeconfig" get --raw /readyz
+	start kube-controller-manager "${BIN}/kube-controller-manager" \
+		--kubeconfig "${E2E_WORK}/admin.kubeconfig" --bind-address 127.0.0.1 \
+		--service-account-private-key-file "${PKI}/sa.key" --root-ca-file "${PKI}/ca.crt" \
+		--cluster-signing-cert-file "${PKI}/ca.crt" --cluster-signing-key-file "${PKI}/ca.key" \
+		--leader-elect=false --controllers '*,-nodeipam,-cloud-node-lifecycle,-route,-service'
+	start kube-scheduler "${BIN}/kube-scheduler" --kubeconfig "${E2E_WORK}/admin.kubeconfig" \
+		--bind-address 127.0.0.1 --leader-elect=false
+}
+
+cgroups() {
+	local h
+	for h in /sys/fs/cgroup/*/ /sys/fs/cgroup/; do
+		[[ -d ${h} ]] || continue
+		# cgroup v2 (unified at the top) or a v1 hierarchy.
+		if [[ -f ${h}cgroup.procs ]]; then
+			mkdir -p "${h}${CGROUP_ROOT#/}"
+		fi
+	done
+}
+
+kubelet_up() {
+	local ip
+	ip=$(node_ip)
+	mkdir -p "${KUBELET_ROOT}" "${E2E_WORK}/kubelet"
+	cat >"${E2E_WORK}/kubelet/config.yaml" <<EOC
+apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+containerRuntimeEndpoint: unix://${SOCK}
+cgroupDriver: cgroupfs
+cgroupRoot: ${CGROUP_ROOT}
+failSwapOn: false
+failCgroupV1: false
+tlsCertFile: ${PKI}/kubelet-serving.crt
+tlsPrivateKeyFile: ${PKI}/kubelet-serving.key
+authentication:
+  anonymous: {enabled: false}
+  webhook: {enabled: false}
+  x509: {clientCAFile: ${PKI}/ca.crt}
+authorization: {mode: AlwaysAllow}
+readOnlyPort: 0
+serializeImagePulls: false
+imageGCHighThresholdPercent: 100
+evictionHard: {memory.available: "100Mi", nodefs.available: "1%", imagefs.available: "1%"}
+nodeStatusUpdateFrequency: 4s
+resolvConf: /etc/resolv.conf
+EOC
+	start kubelet "${BIN}/kubelet" --config "${E2E_WORK}/kubelet/config.yaml" \
+		--kubeconfig "${E2E_WORK}/kubelet.kubeconfig" --root-dir "${KUBELET_ROOT}" \
+		--hostname-override "${NODE_NAME}" --node-ip "${ip}" --v 2
+}
+
+node_ready() {
+	"${BIN}/kubectl" --kubeconfig "${E2E_WORK}/admin.kubeconfig" get node "${NODE_NAME}" \
+		-o 'jsonpath={.status.conditions[?(@.type=="Ready")].status}' | grep -qx True
+}
+
+print_env() {
+	cat <<EOV
+export KUBECONFIG=${E2E_WORK}/admin.kubeconfig
+export KUBECTL=${BIN}/kubectl
+export PATH=${BIN}:\${PATH}
+export E2E_PLUGIN_IMAGE=${PLUGIN_IMAGE}
+export E2E_TEST_IMAGE=${TEST_IMAGE}
+export E2E_NODE_SHELL=
+export E2E_RUNTIME_STATE=${CTRD}/state
+export E2E_RESTART_KUBELET='${REPO}/e2e/local/cluster.sh restart-kubelet'
+EOV
+}
+
+up() {
+	preflight
+	local t0=${SECONDS} ip
+	down quiet
+	rm -rf "${LOGS}"
+	mkdir -p "${RUN}" "${LOGS}"
+	binaries
+	log "binaries ready ($((SECONDS - t0)) s)"
+	ip=$(node_ip)
+	pki "${ip}"
+	cni
+	containerd_up
+	images
+	log "containerd up, images imported ($((SECONDS - t0)) s)"
+	control_plane "${ip}"
+	cgroups
+	kubelet_up
+	wait_for "node ${NODE_NAME} Ready" 180 node_ready
+	alive etcd kube-apiserver kube-controller-manager kube-scheduler containerd kubelet
+	print_env >"${E2E_WORK}/env"
+	log "node ${NODE_NAME} Ready after $((SECONDS - t0)) s; variables for the suite: ${E2E_WORK}/env"
+}
+
+restart_kubelet() {
+	running kubelet || die "the kubelet is not running"
+	stop kubelet
+	kubelet_up
+}
+
+# Processes in the pods' cgroups, which the shims may leave behind.
+kill_pod_processes() {
+	local pids
+	pids=$(find /sys/fs/cgroup -path "*${CGROUP_ROOT}/*" -name cgroup.procs -exec cat {} + 2>/dev/null | sort -u)
+	[[ -z ${pids} ]] || kill -KILL ${pids} 2>/dev/null || true
+}
+
+unmount_under() {
+	local dir=$1 m
+	[[ -e ${dir} ]] || return 0
+	# Deepest first.
+	awk -v d="${dir}" '$5 == d || index($5, d "/") == 1 { print $5 }' /proc/self/mountinfo | sort -r |
+		while read -r m; do
+			umount -l "${m}" 2>/dev/null || true
+		done
+}
+
+remove_cgroups() {
+	local h
+	for h in /sys/fs/cgroup/*/"${CGROUP_ROOT#/}" /sys/fs/cgroup/"${CGROUP_ROOT#/}"; do
+		[[ -d ${h} ]] || continue
+		find "${h}" -depth -type d -exec rmdir {} + 2>/dev/null || true
+	done
+}
+
+# The plugins the suite and the demo deploy keep their CDI specs, device
+# nodes and device state on exit (by design); remove those of our plugin
+# names: every /dev node and state directory their specs point at.
+sweep_plugin_leftovers() {
+	local spec p
+	for spec in /var/run/cdi/*.json; do
+		[[ -f ${spec} ]] || continue
+		grep -Eq '"cdi-device-plugin/owner": ?"(cdi-e2e|cdi-e2e-bad|demo)"' "${spec}" || continue
+		grep -Eo '"hostPath": ?"[^"]*"' "${spec}" | sed 's/.*"\([^"]*\)"$/\1/' | while read -r p; do
+			case ${p} in
+			/dev/*) rm -f -- "${p}" ;;
+			/var/lib/cdi-device-plugin/devices/*) rm -rf -- "${p}" ;;
+			esac
+		done
+		rm -f -- "${spec}"
+	done
+	rmdir /var/lib/cdi-device-plugin/devices /var/lib/cdi-device-plugin 2>/dev/null || true
+}
+
+down() {
+	local quiet=${1:-}
+	[[ -n ${quiet} ]] || log "stopping"
+	mkdir -p "${RUN}"
+	stop kubelet
+	kill_pod_processes
+	stop containerd
+	# Shims of our containerd (they outlive it by design).
+	pkill -KILL -f "containerd-shim-runc-v2 .*${CTRD}" 2>/dev/null || true
+	pkill -KILL -f "${BIN}/containerd-shim-runc-v2" 2>/dev/null || true
+	kill_pod_processes
+	stop kube-scheduler
+	stop kube-controller-manager
+	stop kube-apiserver
+	stop etcd
+	unmount_under "${KUBELET_ROOT}"
+	unmount_under "${CTRD}"
+	local ns
+	for ns in /var/run/netns/cni-*; do
+		[[ -e ${ns} ]] || continue
+		umount "${ns}" 2>/dev/null || true
+		rm -f "${ns}"
+	done
+	ip link delete "${BRIDGE}" 2>/dev/null || true
+	remove_cgroups
+	sweep_plugin_leftovers
+	rm -rf "${KUBELET_ROOT}" /var/log/pods /var/log/containers /var/lib/cni/networks/e2e "${CNI_CONF}" \
+		"${E2E_WORK}/etcd" "${CTRD}" "${PKI}" "${E2E_WORK}/env"
+	[[ -n ${quiet} ]] || log "stopped and cleaned up"
+}
+
+logs() {
+	local n=${1:-200} f
+	for f in "${LOGS}"/*.log; do
+		[[ -f ${f} ]] || continue
+		printf '\n===== %s (last %s lines) =====\n' "${f}" "${n}"
+		tail -n "${n}" "${f}"
+	done
+}
+
+case ${1:-} in
+up) up ;;
+down) down ;;
+restart-kubelet) restart_kubelet ;;
+env) [[ -f ${E2E_WORK}/env ]] && cat "${E2E_WORK}/env" || die "not up" ;;
+logs) logs "${2:-200}" ;;
+*)
+	sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//' >&2
+	exit 2
+	;;
+esac
