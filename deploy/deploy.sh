@@ -15,6 +15,12 @@
 #                   passed to the plugin's container env only when set (an
 #                   explicitly empty value is passed through as ""); when unset
 #                   the binary's default applies.
+#   PLUGIN_CONFIG   path of a YAML configuration file (see the README); when
+#                   set it is shipped as the ConfigMap cdi-device-plugin-config
+#                   (name suffixed with a content hash, so a change rolls the
+#                   DaemonSet) and the plugin runs with CONFIG_FILE pointing
+#                   at it. The env-mode resource variables above are then
+#                   ignored by the plugin.
 #   KUBECTL         kubectl binary (default: kubectl)
 #   KUSTOMIZE       kustomize binary, used by render only when kubectl is
 #                   missing (default: kustomize)
@@ -136,6 +142,17 @@ write_overlay() {
 			env+="              value: ${REPLY}"$'\n'
 		fi
 	done
+	if [[ -n ${PLUGIN_CONFIG:-} ]]; then
+		[[ -f ${PLUGIN_CONFIG} && -r ${PLUGIN_CONFIG} ]] || die "PLUGIN_CONFIG: not a readable file: $(printf '%q' "${PLUGIN_CONFIG}")"
+		cp -- "${PLUGIN_CONFIG}" "${dir}/config.yaml"
+		printf '%s\n' \
+			'configMapGenerator:' \
+			'  - name: cdi-device-plugin-config' \
+			'    files:' \
+			'      - config.yaml' >>"${dir}/kustomization.yaml"
+		env+="            - name: CONFIG_FILE"$'\n'
+		env+="              value: /etc/cdi-device-plugin/config.yaml"$'\n'
+	fi
 	[[ -n ${env} ]] || return 0
 
 	# Strategic merge patch: env entries merge by name with the base's list.
@@ -152,6 +169,17 @@ write_overlay() {
 			'        - name: cdi-device-plugin' \
 			'          env:'
 		printf '%s' "${env}"
+		if [[ -n ${PLUGIN_CONFIG:-} ]]; then
+			printf '%s\n' \
+				'          volumeMounts:' \
+				'            - name: config' \
+				'              mountPath: /etc/cdi-device-plugin' \
+				'              readOnly: true' \
+				'      volumes:' \
+				'        - name: config' \
+				'          configMap:' \
+				'            name: cdi-device-plugin-config'
+		fi
 	} >"${dir}/env-patch.yaml"
 	# The target selects the DaemonSet whatever namespace the base gives it.
 	printf '%s\n' \
