@@ -8,7 +8,7 @@ LDFLAGS   := -s -w -X main.version=$(VERSION)
 
 export IMAGE
 
-.PHONY: all build run test unit vet bench image deploy undeploy render clean
+.PHONY: all build run test unit vet bench image deploy undeploy render clean e2e e2e-kind e2e-up e2e-down demo demo-down
 
 all: build
 
@@ -21,6 +21,7 @@ run: build ## Build and run the plugin (as root) with the settings in the enviro
 
 vet: ## go vet and a gofmt check
 	$(GO) vet ./...
+	$(GO) vet -tags e2e ./e2e/
 	@out="$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))"; \
 	  if [ -n "$$out" ]; then echo "not gofmt-formatted:"; echo "$$out"; exit 1; fi
 
@@ -45,5 +46,22 @@ deploy: ## Deploy the DaemonSet (NAMESPACE, IMAGE, RESOURCE_NAME, NUMBER_DEVICES
 undeploy: ## Remove the DaemonSet and its namespace
 	deploy/deploy.sh delete
 
+e2e: ## End-to-end suite on a local node of real components (root; builds and caches them under ~/.cache)
+	e2e/local/run.sh
+
+e2e-kind: ## End-to-end suite on a kind cluster (needs Docker)
+	e2e/kind/run.sh
+
+e2e-up: ## Start the local node only (then: source $$E2E_WORK/env, default /var/lib/cdi-device-plugin-e2e/env)
+	e2e/local/cluster.sh up
+
+e2e-down: ## Stop the local node and clean up after it
+	e2e/local/cluster.sh down
+
+demo: ## Local node, plugin with 4 devices, a pod using 2: prints what the pod sees
+	e2e/local/demo.sh
+
+demo-down: e2e-down ## Tear the demo down
+
 clean:
-	rm -rf $(BIN)
+	rm -rf $(BIN) _artifacts

@@ -112,7 +112,6 @@ binaries() {
 	local cache n
 	cache=$("${REPO}/e2e/local/build-binaries.sh" --print-dir)
 	mkdir -p "${BIN}"
-	# shellcheck disable=SC1091
 	for n in kubelet kube-apiserver kube-controller-manager kube-scheduler kubectl; do
 		ln -sfn "${cache}/${n}-${K8S_VERSION:-v1.36.3}" "${BIN}/${n}"
 	done
@@ -381,6 +380,7 @@ restart_kubelet() {
 kill_pod_processes() {
 	local pids
 	pids=$(find /sys/fs/cgroup -path "*${CGROUP_ROOT}/*" -name cgroup.procs -exec cat {} + 2>/dev/null | sort -u)
+	# shellcheck disable=SC2086 # one pid per word
 	[[ -z ${pids} ]] || kill -KILL ${pids} 2>/dev/null || true
 }
 
@@ -465,7 +465,10 @@ case ${1:-} in
 up) up ;;
 down) down ;;
 restart-kubelet) restart_kubelet ;;
-env) [[ -f ${E2E_WORK}/env ]] && cat "${E2E_WORK}/env" || die "not up" ;;
+env)
+	[[ -f ${E2E_WORK}/env ]] || die "not up"
+	cat "${E2E_WORK}/env"
+	;;
 logs) logs "${2:-200}" ;;
 *)
 	sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//' >&2

@@ -1,0 +1,560 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// TestE2E runs the scenarios in order on one deployment; each builds on the
+// state the previous one left (pod p2 holds 2 devices from scenario 2 on).
+func TestE2E(t *testing.T) {
+	c := newCluster(t)
+	start := time.Now()
+	defer func() {
+		if t.Failed() {
+			c.saveArtifacts(t, pluginNS, podNS, "cdi-e2e-bad")
+		}
+		c.teardown(t)
+		t.Logf("suite wall time %v", time.Since(start).Round(time.Second))
+	}()
+	c.teardown(t) // leftovers of an interrupted run
+
+	var node string
+	steps := []struct {
+		name string
+		f    func(t *testing.T)
+	}{
+		{"1-daemonset-capacity", func(t *testing.T) { node = c.scenarioDaemonSet(t) }},
+		{"2-pod-sees-its-devices", func(t *testing.T) { c.scenarioPod(t, node) }},
+		{"3-prestart-state", func(t *testing.T) { c.scenarioPrestart(t) }},
+		{"4-kubelet-restart", func(t *testing.T) { c.scenarioKubeletRestart(t, node) }},
+		{"5-plugin-restart", func(t *testing.T) { c.scenarioPluginRestart(t, node) }},
+		{"6-device-failure", func(t *testing.T) { c.scenarioDeviceFailure(t, node) }},
+		{"7-exhaustion", func(t *testing.T) { c.scenarioExhaustion(t) }},
+		{"8-bad-config", func(t *testing.T) { c.scenarioBadConfig(t, node) }},
+	}
+	for _, s := range steps {
+		if !t.Run(s.name, s.f) {
+			// Later scenarios build on this one.
+			t.Fatalf("scenario %s failed; later scenarios skipped", s.name)
+		}
+	}
+}
+
+func (c *cluster) pluginVars() map[string]string {
+	return map[string]string{
+		"NAMESPACE":          pluginNS,
+		"PLUGIN_NAME":        pluginNS,
+		"RESOURCE_NAME":      resourceName,
+		"NUMBER_DEVICES":     strconv.Itoa(numDevices),
+		"DEVICE_ID_PREFIX":   idPrefix,
+		"DEVICE_FILE_PREFIX": idPrefix,
+		"ENV_PREFIX":         envPrefix,
+		"ANNOTATION_PREFIX":  annotPrefix,
+		"LOG_LEVEL":          "debug",
+	}
+}
+
+func badVars(config string) map[string]string {
+	return map[string]string{"NAMESPACE": "cdi-e2e-bad", "PLUGIN_NAME": "cdi-e2e-bad", "PLUGIN_CONFIG": config}
+}
+
+// teardown removes everything the suite creates, on the cluster and the node.
+func (c *cluster) teardown(t *testing.T) {
+	ctx := context.Background()
+	for _, ns := range []string{podNS, pluginNS, "cdi-e2e-bad"} {
+		err := c.cs.CoreV1().Namespaces().Delete(ctx, ns, metav1.DeleteOptions{})
+		if err != nil && !apierrors.IsNotFound(err) {
+			t.Errorf("delete namespace %s: %v", ns, err)
+		}
+	}
+	eventually(t, 3*time.Minute, "namespaces gone", func() (bool, string) {
+		for _, ns := range []string{podNS, pluginNS, "cdi-e2e-bad"} {
+			if _, err := c.cs.CoreV1().Namespaces().Get(ctx, ns, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+				return false, ns + " still there"
+			}
+		}
+		return true, ""
+	})
+	if _, err := c.nodeSh("rm -rf /dev/" + idPrefix + "-* " + specFile + " /var/lib/cdi-device-plugin/devices/" + idPrefix + "-*"); err != nil {
+		t.Errorf("node cleanup: %v", err)
+	}
+}
+
+// Scenario 1: the DaemonSet from deploy/ comes up and the node advertises
+// the configured capacity; the CDI spec and device nodes are on the node.
+func (c *cluster) scenarioDaemonSet(t *testing.T) string {
+	c.deploy(t, "apply", c.pluginVars())
+	if _, err := c.cs.CoreV1().Namespaces().Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: podNS}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	var pod *corev1.Pod
+	d := eventually(t, 3*time.Minute, "plugin pod running", func() (bool, string) {
+		p, err := c.pluginPod(context.Background(), pluginNS)
+		if err != nil {
+			return false, err.Error()
+		}
+		pod = p
+		return true, ""
+	})
+	node := pod.Spec.NodeName
+	t.Logf("plugin pod %s running on %s after %v", pod.Name, node, d.Round(time.Millisecond))
+	ds, err := c.cs.AppsV1().DaemonSets(pluginNS).Get(context.Background(), "cdi-device-plugin", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if img := ds.Spec.Template.Spec.Containers[0].Image; img != c.pluginImage {
+		t.Errorf("DaemonSet image %q, want %q", img, c.pluginImage)
+	}
+	d = c.waitAllocatable(t, node, numDevices, 2*time.Minute)
+	capacity, _, err := c.nodeResource(context.Background(), node, resourceName)
+	if err != nil || capacity != numDevices {
+		t.Fatalf("capacity %s = %d (%v), want %d", resourceName, capacity, err, numDevices)
+	}
+	t.Logf("capacity = allocatable = %d, %v after the pod ran", numDevices, d.Round(time.Millisecond))
+
+	// The spec the runtime resolves, and the host nodes it points at.
+	var spec struct {
+		Kind    string `json:"kind"`
+		Devices []struct {
+			Name  string `json:"name"`
+			Edits struct {
+				DeviceNodes []struct {
+					Path     string `json:"path"`
+					HostPath string `json:"hostPath"`
+				} `json:"deviceNodes"`
+			} `json:"containerEdits"`
+		} `json:"devices"`
+	}
+	if err := json.Unmarshal([]byte(c.mustNodeSh(t, "cat "+specFile)), &spec); err != nil {
+		t.Fatalf("%s: %v", specFile, err)
+	}
+	if spec.Kind != "k8s.e2e.cdi.dev/sim" || len(spec.Devices) != numDevices {
+		t.Fatalf("spec kind %q with %d devices, want k8s.e2e.cdi.dev/sim with %d", spec.Kind, len(spec.Devices), numDevices)
+	}
+	for _, d := range spec.Devices {
+		if len(d.Edits.DeviceNodes) != 1 || d.Edits.DeviceNodes[0].Path != "/dev/"+nodeOf(d.Name) {
+			t.Errorf("spec device %s: nodes %+v, want /dev/%s", d.Name, d.Edits.DeviceNodes, nodeOf(d.Name))
+		}
+	}
+	for i := range numDevices {
+		p := fmt.Sprintf("/dev/%s-%d", idPrefix, i)
+		if got := strings.TrimSpace(c.mustNodeSh(t, "stat -c '%F %t:%T' "+p)); got != "character special file 1:3" {
+			t.Errorf("host node %s: %q, want a character device 1:3", p, got)
+		}
+	}
+	if mode := strings.TrimSpace(c.mustNodeSh(t, "stat -c %a "+specFile)); mode != "644" {
+		t.Errorf("spec mode %s, want 644", mode)
+	}
+	return node
+}
+
+// Scenario 2: a pod asking for 2 devices sees exactly them, with the env,
+// mounts and annotations of the CDI spec and of Allocate.
+func (c *cluster) scenarioPod(t *testing.T, node string) {
+	c.createPod(t, c.testPod("p2", 2))
+	pod := c.waitRunning(t, "p2", 0, 3*time.Minute)
+	ids := c.devicesOf(t, "p2")
+	if len(ids) != 2 || ids[0] == ids[1] {
+		t.Fatalf("%s_DEVICES = %v, want 2 distinct IDs", envPrefix, ids)
+	}
+	env := c.mustExec(t, "p2", "env")
+	nodes := strings.Fields(c.mustExec(t, "p2", "cd /dev && ls -d "+idPrefix+"-* 2>/dev/null || true"))
+	var want []string
+	for _, id := range ids {
+		want = append(want, nodeOf(id))
+	}
+	if !slices.Equal(nodes, want) {
+		t.Errorf("device nodes of the resource in the container %v, want exactly %v", nodes, want)
+	}
+	all := c.specDevices(t)
+	for _, id := range all {
+		mine := slices.Contains(ids, id)
+		line := fmt.Sprintf("%s_%s=/dev/%s", envPrefix, indexOf(id), nodeOf(id))
+		if got := strings.Contains(env, line+"\n"); got != mine {
+			t.Errorf("env has %q: %v, want %v (env:\n%s)", line, got, mine, env)
+		}
+		st := strings.TrimSpace(c.mustExec(t, "p2", "test -e "+stateRoot+"/"+id+"/state.json && echo yes || echo no"))
+		if (st == "yes") != mine {
+			t.Errorf("state mount of %s visible: %s, want %v", id, st, mine)
+		}
+		if !mine {
+			continue
+		}
+		p := "/dev/" + nodeOf(id)
+		if got := strings.TrimSpace(c.mustExec(t, "p2", "stat -c '%F %t:%T' "+p)); got != "character special file 1:3" {
+			t.Errorf("%s in the container: %q, want a character device 1:3", p, got)
+		}
+		// Usable: writable, and reads end at once (a null device).
+		if got := strings.TrimSpace(c.mustExec(t, "p2", "echo probe > "+p+" && head -c 16 "+p+" | wc -c")); got != "0" {
+			t.Errorf("%s: read %s bytes after a write, want 0", p, got)
+		}
+	}
+	mounts := c.mustExec(t, "p2", "grep ' "+stateRoot+"/' /proc/mounts || true")
+	for _, id := range ids {
+		var found bool
+		for _, l := range strings.Split(mounts, "\n") {
+			f := strings.Fields(l)
+			if len(f) >= 4 && f[1] == stateRoot+"/"+id && slices.Contains(strings.Split(f[3], ","), "ro") {
+				found = true
+			}
+		}
+		if !found {
+			t.Errorf("no read-only mount of %s/%s in the container; /proc/mounts:\n%s", stateRoot, id, mounts)
+		}
+	}
+	if strings.Count(mounts, "\n") != len(ids) {
+		t.Errorf("state mounts:\n%s\nwant one per allocated device", mounts)
+	}
+
+	// Annotations reached the runtime: the OCI spec containerd gave runc.
+	cid := strings.TrimPrefix(pod.Status.ContainerStatuses[0].ContainerID, "containerd://")
+	var oci struct {
+		Annotations map[string]string `json:"annotations"`
+		Process     struct {
+			Env []string `json:"env"`
+		} `json:"process"`
+		Linux struct {
+			Devices []struct {
+				Path  string `json:"path"`
+				Major int64  `json:"major"`
+				Minor int64  `json:"minor"`
+			} `json:"devices"`
+		} `json:"linux"`
+	}
+	bundle := filepath.Join(c.runtimeState, "io.containerd.runtime.v2.task", "k8s.io", cid, "config.json")
+	if err := json.Unmarshal([]byte(c.mustNodeSh(t, "cat "+bundle)), &oci); err != nil {
+		t.Fatalf("%s: %v", bundle, err)
+	}
+	var got []string
+	for k, v := range oci.Annotations {
+		if strings.HasPrefix(k, annotPrefix+"-") {
+			got = append(got, v)
+		}
+	}
+	slices.Sort(got)
+	if !slices.Equal(got, ids) {
+		t.Errorf("OCI annotations %s-<i> carry %v, want %v (all: %v)", annotPrefix, got, ids, oci.Annotations)
+	}
+	var devs []string
+	for _, d := range oci.Linux.Devices {
+		if strings.HasPrefix(d.Path, "/dev/"+idPrefix+"-") {
+			devs = append(devs, strings.TrimPrefix(d.Path, "/dev/"))
+		}
+	}
+	slices.Sort(devs)
+	if !slices.Equal(devs, want) {
+		t.Errorf("OCI linux.devices of the resource %v, want %v", devs, want)
+	}
+	t.Logf("p2 got %v: nodes, env, state mounts and annotations checked", ids)
+}
+
+// Scenario 3: the device state mounted in the container shows a reset and a
+// reprogram before the container started; a container restart prepares the
+// devices again (generation increases).
+func (c *cluster) scenarioPrestart(t *testing.T) {
+	ids := c.devicesOf(t, "p2")
+	pod, err := c.getPod("p2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	started := pod.Status.ContainerStatuses[0].State.Running.StartedAt.Time
+	first := parseStates(t, c.mustExec(t, "p2", "cat /tmp/state-at-start"))
+	if len(first) != len(ids) {
+		t.Fatalf("state at start covers %d devices, want %d: %v", len(first), len(ids), first)
+	}
+	for _, id := range ids {
+		st, ok := first[id]
+		switch {
+		case !ok:
+			t.Errorf("no state of %s at container start", id)
+		case st.Generation < 1 || st.ResetCount < 1:
+			t.Errorf("%s at start: generation %d, resets %d: not prepared", id, st.Generation, st.ResetCount)
+		case st.Firmware == nil || len(st.Firmware.SHA256) != 64:
+			t.Errorf("%s at start: no firmware loaded: %+v", id, st.Firmware)
+		case st.Resource != resourceName:
+			t.Errorf("%s: resource %q", id, st.Resource)
+		case st.PreparedAt.IsZero() || st.PreparedAt.After(started.Add(time.Second)):
+			// StartedAt has a resolution of one second.
+			t.Errorf("%s prepared at %v, after the container started at %v", id, st.PreparedAt, started)
+		}
+	}
+	c.mustExec(t, "p2", "touch /tmp/exit")
+	c.waitRunning(t, "p2", 1, 2*time.Minute)
+	second := parseStates(t, c.mustExec(t, "p2", "cat /tmp/state-at-start"))
+	for _, id := range ids {
+		a, b := first[id], second[id]
+		if b.Generation <= a.Generation || b.ResetCount <= a.ResetCount {
+			t.Errorf("%s after a container restart: generation %d -> %d, resets %d -> %d; want both to increase",
+				id, a.Generation, b.Generation, a.ResetCount, b.ResetCount)
+		}
+	}
+	t.Logf("generation %d -> %d across a container restart", first[ids[0]].Generation, second[ids[0]].Generation)
+}
+
+// registrations returns the running plugin pod and how often its log says
+// it registered with the kubelet.
+func (c *cluster) registrations() (string, int, error) {
+	p, err := c.pluginPod(context.Background(), pluginNS)
+	if err != nil {
+		return "", 0, err
+	}
+	l, err := c.logs(context.Background(), pluginNS, p.Name, false)
+	if err != nil {
+		return p.Name, 0, fmt.Errorf("plugin logs: %w", err)
+	}
+	return p.Name, strings.Count(l, registeredAt), nil
+}
+
+func containerOf(t *testing.T, c *cluster, name string) (string, int32) {
+	t.Helper()
+	p, err := c.getPod(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := p.Status.ContainerStatuses[0]
+	if s.State.Running == nil {
+		t.Fatalf("pod %s not running: %+v", name, s.State)
+	}
+	return s.ContainerID, s.RestartCount
+}
+
+// stillHasDevices checks that a running pod kept its container and devices.
+func (c *cluster) stillHasDevices(t *testing.T, name, cid string, restarts int32, ids []string) {
+	t.Helper()
+	cid2, r2 := containerOf(t, c, name)
+	if cid2 != cid || r2 != restarts {
+		t.Errorf("pod %s: container %s (restarts %d), was %s (restarts %d)", name, cid2, r2, cid, restarts)
+	}
+	for _, id := range ids {
+		if got := strings.TrimSpace(c.mustExec(t, name, "echo probe > /dev/"+nodeOf(id)+" && echo ok")); got != "ok" {
+			t.Errorf("pod %s: /dev/%s no longer usable", name, nodeOf(id))
+		}
+	}
+}
+
+func disjoint(a, b []string) bool {
+	for _, x := range a {
+		if slices.Contains(b, x) {
+			return false
+		}
+	}
+	return true
+}
+
+// Scenario 4: after a kubelet restart the plugin registers again, running
+// pods keep their devices, and a new pod gets devices.
+func (c *cluster) scenarioKubeletRestart(t *testing.T, node string) {
+	ids := c.devicesOf(t, "p2")
+	cid, restarts := containerOf(t, c, "p2")
+	pluginPod, before, err := c.registrations()
+	if err != nil || before < 1 {
+		t.Fatalf("plugin log shows no registration (%v)", err)
+	}
+	t0 := time.Now()
+	if out, err := hostSh(c.restartKubelet); err != nil {
+		t.Fatalf("restart kubelet: %v\n%s", err, out)
+	}
+	d := eventually(t, 2*time.Minute, "plugin registered again", func() (bool, string) {
+		name, n, err := c.registrations()
+		return err == nil && name == pluginPod && n > before, fmt.Sprintf("pod %s, %d registrations (%v)", name, n, err)
+	})
+	t.Logf("re-registered %v after the restart command began", d.Round(time.Millisecond))
+	c.waitAllocatable(t, node, numDevices, 2*time.Minute)
+	t.Logf("allocatable back to %d %v after the restart command began", numDevices, time.Since(t0).Round(time.Millisecond))
+	c.stillHasDevices(t, "p2", cid, restarts, ids)
+
+	c.createPod(t, c.testPod("p4", 2))
+	c.waitRunning(t, "p4", 0, 2*time.Minute)
+	got := c.devicesOf(t, "p4")
+	if len(got) != 2 || !disjoint(got, ids) {
+		t.Errorf("new pod got %v while p2 holds %v", got, ids)
+	}
+	c.deletePod(t, "p4")
+}
+
+// Scenario 5: deleting the plugin pod: running pods keep running, the new
+// plugin pod registers, allocations stay consistent, a new pod gets devices.
+func (c *cluster) scenarioPluginRestart(t *testing.T, node string) {
+	ids := c.devicesOf(t, "p2")
+	cid, restarts := containerOf(t, c, "p2")
+	old, _, err := c.registrations()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err = c.cs.CoreV1().Pods(pluginNS).Delete(context.Background(), old, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	d := eventually(t, 2*time.Minute, "a new plugin pod registered", func() (bool, string) {
+		p, err := c.pluginPod(context.Background(), pluginNS)
+		if err != nil {
+			return false, err.Error()
+		}
+		if p.Name == old {
+			return false, "old pod still running"
+		}
+		l, err := c.logs(context.Background(), pluginNS, p.Name, false)
+		if err != nil {
+			return false, err.Error()
+		}
+		return strings.Contains(l, registeredAt), "new pod " + p.Name + " not registered yet"
+	})
+	t.Logf("new plugin pod registered %v after the delete", d.Round(time.Millisecond))
+	c.waitAllocatable(t, node, numDevices, time.Minute)
+	c.stillHasDevices(t, "p2", cid, restarts, ids)
+	if got := c.devicesOf(t, "p2"); !slices.Equal(got, ids) {
+		t.Errorf("p2 devices %v, were %v", got, ids)
+	}
+
+	c.createPod(t, c.testPod("p5", 2))
+	c.waitRunning(t, "p5", 0, 2*time.Minute)
+	got := c.devicesOf(t, "p5")
+	if len(got) != 2 || !disjoint(got, ids) {
+		t.Errorf("new pod got %v while p2 holds %v", got, ids)
+	}
+	c.deletePod(t, "p5")
+}
+
+// Scenario 6: removing a device node on the host takes it out of
+// allocatable within seconds; a pod that would need it waits; restoring the
+// node brings it back and the pod gets it.
+func (c *cluster) scenarioDeviceFailure(t *testing.T, node string) {
+	held := c.devicesOf(t, "p2")
+	var victim string
+	for _, id := range c.specDevices(t) {
+		if !slices.Contains(held, id) {
+			victim = id
+		}
+	}
+	c.mustNodeSh(t, "rm /dev/"+nodeOf(victim))
+	d := c.waitAllocatable(t, node, numDevices-1, 30*time.Second)
+	t.Logf("removed /dev/%s: allocatable %d after %v", victim, numDevices-1, d.Round(time.Millisecond))
+
+	// The 2 devices p6 asks for are free but one is unhealthy.
+	c.createPod(t, c.testPod("p6", 2))
+	never(t, 10*time.Second, "p6 scheduled while a device is unhealthy", func() (bool, string) {
+		p, err := c.getPod("p6")
+		if err != nil {
+			return false, ""
+		}
+		return p.Spec.NodeName != "", fmt.Sprintf("on %s, phase %s", p.Spec.NodeName, p.Status.Phase)
+	})
+	c.mustNodeSh(t, "mknod -m 0666 /dev/"+nodeOf(victim)+" c 1 3")
+	d = c.waitAllocatable(t, node, numDevices, 30*time.Second)
+	t.Logf("restored /dev/%s: allocatable %d after %v", victim, numDevices, d.Round(time.Millisecond))
+	c.waitRunning(t, "p6", 0, 2*time.Minute)
+	got := c.devicesOf(t, "p6")
+	if len(got) != 2 || !disjoint(got, held) || !slices.Contains(got, victim) {
+		t.Errorf("p6 got %v; want the 2 devices p2 (%v) does not hold, %s among them", got, held, victim)
+	}
+	if out := strings.TrimSpace(c.mustExec(t, "p6", "echo probe > /dev/"+nodeOf(victim)+" && echo ok")); out != "ok" {
+		t.Errorf("restored device not usable in p6: %q", out)
+	}
+}
+
+// Scenario 7: with every device taken, a pod asking for one stays Pending;
+// when a holder goes, it runs on the freed device, never on a held one.
+func (c *cluster) scenarioExhaustion(t *testing.T) {
+	p2, p6 := c.devicesOf(t, "p2"), c.devicesOf(t, "p6")
+	if !disjoint(p2, p6) {
+		t.Fatalf("double allocation: p2 %v, p6 %v", p2, p6)
+	}
+	c.createPod(t, c.testPod("p7", 1))
+	eventually(t, time.Minute, "FailedScheduling of p7 for "+resourceName, func() (bool, string) {
+		ev, err := c.cs.CoreV1().Events(podNS).List(context.Background(), metav1.ListOptions{FieldSelector: "involvedObject.name=p7"})
+		if err != nil {
+			return false, err.Error()
+		}
+		for _, e := range ev.Items {
+			if e.Reason == "FailedScheduling" && strings.Contains(e.Message, "Insufficient "+resourceName) {
+				return true, ""
+			}
+		}
+		return false, fmt.Sprintf("%d events", len(ev.Items))
+	})
+	never(t, 5*time.Second, "p7 scheduled with all devices taken", func() (bool, string) {
+		p, err := c.getPod("p7")
+		if err != nil {
+			return false, ""
+		}
+		return p.Spec.NodeName != "" || p.Status.Phase != corev1.PodPending, fmt.Sprintf("node %q, phase %s", p.Spec.NodeName, p.Status.Phase)
+	})
+	c.deletePod(t, "p6")
+	c.waitRunning(t, "p7", 0, 2*time.Minute)
+	got := c.devicesOf(t, "p7")
+	if len(got) != 1 || !slices.Contains(p6, got[0]) {
+		t.Errorf("p7 got %v; want one of p6's freed devices %v (p2 holds %v)", got, p6, p2)
+	}
+	c.deletePod(t, "p7")
+}
+
+// Scenario 8: a bad configuration in the ConfigMap: the plugin exits with a
+// message naming the field and value, and writes no CDI spec.
+func (c *cluster) scenarioBadConfig(t *testing.T, node string) {
+	cfg := filepath.Join(t.TempDir(), "config.yaml")
+	bad := "resources:\n  - name: e2e.cdi.dev/bad\n    count: 2\n    idPrefix: ../evil\n"
+	if err := os.WriteFile(cfg, []byte(bad), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c.deploy(t, "apply", badVars(cfg))
+	var msg string
+	eventually(t, 2*time.Minute, "the bad plugin to exit with status 2", func() (bool, string) {
+		l, err := c.cs.CoreV1().Pods("cdi-e2e-bad").List(context.Background(), metav1.ListOptions{})
+		if err != nil || len(l.Items) == 0 {
+			return false, fmt.Sprint("no pod yet ", err)
+		}
+		p := l.Items[0]
+		if len(p.Status.ContainerStatuses) == 0 {
+			return false, "no container status"
+		}
+		s := p.Status.ContainerStatuses[0]
+		term := s.State.Terminated
+		prev := false
+		if term == nil {
+			term, prev = s.LastTerminationState.Terminated, true
+		}
+		if term == nil {
+			return false, fmt.Sprintf("state %+v", s.State)
+		}
+		if term.ExitCode != 2 {
+			return false, fmt.Sprintf("exit code %d", term.ExitCode)
+		}
+		log, err := c.logs(context.Background(), "cdi-e2e-bad", p.Name, prev)
+		if err != nil {
+			return false, err.Error()
+		}
+		msg = log
+		return true, ""
+	})
+	for _, want := range []string{"invalid configuration", "idPrefix", "../evil"} {
+		if !strings.Contains(msg, want) {
+			t.Errorf("plugin log lacks %q:\n%s", want, msg)
+		}
+	}
+	t.Logf("bad config log: %s", strings.TrimSpace(msg))
+	if out := strings.TrimSpace(c.mustNodeSh(t, "ls /var/run/cdi/ | grep -c bad || true")); out != "0" {
+		t.Errorf("a CDI spec of the bad resource was written: %s", c.mustNodeSh(t, "ls -l /var/run/cdi/"))
+	}
+	if capacity, _, err := c.nodeResource(context.Background(), node, "e2e.cdi.dev/bad"); err != nil || capacity != 0 {
+		t.Errorf("node capacity e2e.cdi.dev/bad = %d (%v), want none", capacity, err)
+	}
+	// The good deployment is untouched.
+	if _, a, err := c.nodeResource(context.Background(), node, resourceName); err != nil || a != numDevices {
+		t.Errorf("allocatable %s = %d (%v) after the bad deployment, want %d", resourceName, a, err, numDevices)
+	}
+	c.deploy(t, "delete", badVars(cfg))
+}
