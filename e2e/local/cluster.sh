@@ -132,7 +132,10 @@ preflight() {
 		command -v "${c}" >/dev/null || missing+=("${c}")
 	done
 	[[ -x /usr/lib/cni/bridge && -x /usr/lib/cni/host-local && -x /usr/lib/cni/loopback ]] || missing+=(containernetworking-plugins)
-	[[ -x /bin/busybox ]] || missing+=(busybox-static)
+	# The test image is /bin/busybox alone: it must be the static build.
+	if [[ ! -x /bin/busybox ]] || ldd /bin/busybox >/dev/null 2>&1; then
+		missing+=(busybox-static)
+	fi
 	[[ ${#missing[@]} -eq 0 ]] || die "missing: ${missing[*]} (apt-get install -y libseccomp-dev pkg-config containernetworking-plugins busybox-static curl iproute2 openssl)"
 	if [[ -S ${KUBELET_ROOT}/device-plugins/kubelet.sock ]] && ! running kubelet && pgrep -x kubelet >/dev/null; then
 		die "another kubelet is running on this machine; refusing to touch ${KUBELET_ROOT}"
