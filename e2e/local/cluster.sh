@@ -432,8 +432,7 @@ down() {
 	kill_pod_processes
 	stop containerd
 	# Shims of our containerd (they outlive it by design).
-	pkill -KILL -f "containerd-shim-runc-v2 .*${CTRD}" 2>/dev/null || true
-	pkill -KILL -f "${BIN}/containerd-shim-runc-v2" 2>/dev/null || true
+	pkill -KILL -f -- "containerd-shim-runc-v2.* -address ${SOCK}" 2>/dev/null || true
 	kill_pod_processes
 	stop kube-scheduler
 	stop kube-controller-manager
