@@ -64,27 +64,39 @@ start() {
 	echo $! >"${RUN}/${name}.pid"
 }
 
+# pid_alive PID: the process exists and is not a zombie. Our components are
+# reparented to PID 1 when this script exits, and a zombie that PID 1 has not
+# reaped yet still answers kill -0.
+pid_alive() {
+	local _pid _comm state
+	read -r _pid _comm state _ <"/proc/$1/stat" 2>/dev/null || return 1
+	[[ ${state} != Z ]]
+}
+
 # stop NAME: SIGTERM, then SIGKILL after 10 s.
 stop() {
 	local f=${RUN}/$1.pid pid i
 	[[ -f ${f} ]] || return 0
 	pid=$(cat "${f}")
-	if kill -0 "${pid}" 2>/dev/null; then
+	if pid_alive "${pid}"; then
 		kill -TERM "${pid}" 2>/dev/null || true
-		for ((i = 0; i < 100; i++)); do
-			kill -0 "${pid}" 2>/dev/null || break
-			sleep 0.1
+		for ((i = 0; i < 200; i++)); do
+			pid_alive "${pid}" || break
+			sleep 0.05
 		done
-		kill -KILL "${pid}" 2>/dev/null || true
-		for ((i = 0; i < 50; i++)); do
-			kill -0 "${pid}" 2>/dev/null || break
-			sleep 0.1
+		if pid_alive "${pid}"; then
+			kill -KILL "${pid}" 2>/dev/null || true
+			log "$1 did not stop within 10 s of SIGTERM: killed"
+		fi
+		for ((i = 0; i < 100; i++)); do
+			pid_alive "${pid}" || break
+			sleep 0.05
 		done
 	fi
 	rm -f "${f}"
 }
 
-running() { [[ -f ${RUN}/$1.pid ]] && kill -0 "$(cat "${RUN}/$1.pid")" 2>/dev/null; }
+running() { [[ -f ${RUN}/$1.pid ]] && pid_alive "$(cat "${RUN}/$1.pid")"; }
 
 # wait_for WHAT SECONDS CMD...: poll CMD every 0.5 s.
 wait_for() {
