@@ -21,6 +21,12 @@ finish() {
 		cp -r /var/log/pods "${E2E_ARTIFACTS}/pod-logs" 2>/dev/null || true
 		echo "==== e2e failed (status ${status}); component logs follow, all saved in ${E2E_ARTIFACTS} ====" >&2
 		"${cluster}" logs 150 >&2 || true
+		local f
+		for f in /var/log/pods/cdi-e2e*/*/*.log; do
+			[[ -f ${f} ]] || continue
+			printf '\n===== pod log %s (last 100 lines) =====\n' "${f}" >&2
+			tail -n 100 "${f}" >&2
+		done
 	fi
 	if [[ -z ${E2E_KEEP:-} ]]; then
 		"${cluster}" down || true
