@@ -16,6 +16,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
@@ -90,7 +91,8 @@ func (c *cluster) teardown(t *testing.T) {
 		}
 		return true, ""
 	})
-	if _, err := c.nodeSh("rm -rf /dev/" + idPrefix + "-* " + specFile + " /var/lib/cdi-device-plugin/devices/" + idPrefix + "-*"); err != nil {
+	if _, err := c.nodeSh("rm -rf /dev/" + idPrefix + "-* /dev/e2e-cfg-* " + specFile + " /var/run/cdi/k8s.e2e.cdi.dev-cfg.json " +
+		"/var/lib/cdi-device-plugin/devices/" + idPrefix + "-* /var/lib/cdi-device-plugin/devices/e2e-cfg-* " + cfgMountHost); err != nil {
 		t.Errorf("node cleanup: %v", err)
 	}
 }
@@ -501,7 +503,8 @@ func (c *cluster) scenarioExhaustion(t *testing.T) {
 }
 
 // Scenario 8: a bad configuration in the ConfigMap: the plugin exits with a
-// message naming the field and value, and writes no CDI spec.
+// message naming the field and value, and writes no CDI spec. Fixed, the
+// plugin serves the resource it describes, with its mounts.
 func (c *cluster) scenarioBadConfig(t *testing.T, node string) {
 	cfg := filepath.Join(t.TempDir(), "config.yaml")
 	bad := "resources:\n  - name: e2e.cdi.dev/bad\n    count: 2\n    idPrefix: ../evil\n"
@@ -554,5 +557,36 @@ func (c *cluster) scenarioBadConfig(t *testing.T, node string) {
 	if _, a, err := c.nodeResource(context.Background(), node, resourceName); err != nil || a != numDevices {
 		t.Errorf("allocatable %s = %d (%v) after the bad deployment, want %d", resourceName, a, err, numDevices)
 	}
+
+	// Fixing the ConfigMap rolls the DaemonSet (the ConfigMap's name carries
+	// a content hash); the fixed plugin serves its resource, with a mount
+	// from Allocate.
+	c.mustNodeSh(t, "mkdir -p "+cfgMountHost+" && echo "+node+" > "+cfgMountHost+"/marker")
+	good := "resources:\n  - name: " + cfgResource + "\n    count: 1\n    idPrefix: e2e-cfg\n    envPrefix: CFG\n" +
+		"    mounts:\n      - hostPath: " + cfgMountHost + "\n        containerPath: /cfg\n        readOnly: true\n"
+	if err := os.WriteFile(cfg, []byte(good), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c.deploy(t, "apply", badVars(cfg))
+	d := eventually(t, 2*time.Minute, "allocatable "+cfgResource+" = 1", func() (bool, string) {
+		_, a, err := c.nodeResource(context.Background(), node, cfgResource)
+		return err == nil && a == 1, fmt.Sprintf("allocatable %d (%v)", a, err)
+	})
+	t.Logf("fixed ConfigMap: %s allocatable after %v", cfgResource, d.Round(time.Millisecond))
+	p := c.testPod("p8", 1)
+	p.Spec.Containers[0].Resources.Limits = corev1.ResourceList{corev1.ResourceName(cfgResource): resource.MustParse("1")}
+	c.createPod(t, p)
+	c.waitRunning(t, "p8", 0, 2*time.Minute)
+	if got := strings.TrimSpace(c.mustExec(t, "p8", "cat /cfg/marker")); got != node {
+		t.Errorf("/cfg/marker in the container: %q, want %q (the Allocate mount)", got, node)
+	}
+	m := strings.Fields(c.mustExec(t, "p8", "grep ' /cfg ' /proc/mounts"))
+	if len(m) < 4 || !slices.Contains(strings.Split(m[3], ","), "ro") {
+		t.Errorf("/cfg mount not read-only: %q", m)
+	}
+	if got := strings.TrimSpace(c.mustExec(t, "p8", "echo $CFG_DEVICES; ls /dev | grep -c e2e-cfg")); got != "e2e-cfg-"+node+"-0\n1" {
+		t.Errorf("CFG_DEVICES and e2e-cfg nodes in the container: %q", got)
+	}
+	c.deletePod(t, "p8")
 	c.deploy(t, "delete", badVars(cfg))
 }

@@ -57,6 +57,10 @@ const (
 	specFile     = "/var/run/cdi/k8s.e2e.cdi.dev-sim.json"
 	stateRoot    = "/run/cdi-device-plugin"
 	registeredAt = "registered with the kubelet"
+
+	// The resource of the fixed configuration in scenario 8.
+	cfgResource  = "e2e.cdi.dev/cfg"
+	cfgMountHost = "/var/lib/cdi-e2e-cfg"
 )
 
 type cluster struct {
