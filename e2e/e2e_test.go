@@ -27,7 +27,7 @@ func TestE2E(t *testing.T) {
 	start := time.Now()
 	defer func() {
 		if t.Failed() {
-			c.saveArtifacts(t, pluginNS, podNS, "cdi-e2e-bad")
+			c.saveArtifacts(t, suiteNamespaces...)
 		}
 		c.teardown(t)
 		t.Logf("suite wall time %v", time.Since(start).Round(time.Second))
@@ -71,20 +71,20 @@ func (c *cluster) pluginVars() map[string]string {
 }
 
 func badVars(config string) map[string]string {
-	return map[string]string{"NAMESPACE": "cdi-e2e-bad", "PLUGIN_NAME": "cdi-e2e-bad", "PLUGIN_CONFIG": config}
+	return map[string]string{"NAMESPACE": badNS, "PLUGIN_NAME": badNS, "PLUGIN_CONFIG": config}
 }
 
 // teardown removes everything the suite creates, on the cluster and the node.
 func (c *cluster) teardown(t *testing.T) {
 	ctx := context.Background()
-	for _, ns := range []string{podNS, pluginNS, "cdi-e2e-bad"} {
+	for _, ns := range suiteNamespaces {
 		err := c.cs.CoreV1().Namespaces().Delete(ctx, ns, metav1.DeleteOptions{})
 		if err != nil && !apierrors.IsNotFound(err) {
 			t.Errorf("delete namespace %s: %v", ns, err)
 		}
 	}
 	eventually(t, 3*time.Minute, "namespaces gone", func() (bool, string) {
-		for _, ns := range []string{podNS, pluginNS, "cdi-e2e-bad"} {
+		for _, ns := range suiteNamespaces {
 			if _, err := c.cs.CoreV1().Namespaces().Get(ctx, ns, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
 				return false, ns + " still there"
 			}
@@ -130,21 +130,7 @@ func (c *cluster) scenarioDaemonSet(t *testing.T) string {
 	t.Logf("capacity = allocatable = %d, %v after the pod ran", numDevices, d.Round(time.Millisecond))
 
 	// The spec the runtime resolves, and the host nodes it points at.
-	var spec struct {
-		Kind    string `json:"kind"`
-		Devices []struct {
-			Name  string `json:"name"`
-			Edits struct {
-				DeviceNodes []struct {
-					Path     string `json:"path"`
-					HostPath string `json:"hostPath"`
-				} `json:"deviceNodes"`
-			} `json:"containerEdits"`
-		} `json:"devices"`
-	}
-	if err := json.Unmarshal([]byte(c.mustNodeSh(t, "cat "+specFile)), &spec); err != nil {
-		t.Fatalf("%s: %v", specFile, err)
-	}
+	spec := c.readSpec(t)
 	if spec.Kind != "k8s.e2e.cdi.dev/sim" || len(spec.Devices) != numDevices {
 		t.Fatalf("spec kind %q with %d devices, want k8s.e2e.cdi.dev/sim with %d", spec.Kind, len(spec.Devices), numDevices)
 	}
@@ -227,14 +213,9 @@ func (c *cluster) scenarioPod(t *testing.T, node string) {
 	cid := strings.TrimPrefix(pod.Status.ContainerStatuses[0].ContainerID, "containerd://")
 	var oci struct {
 		Annotations map[string]string `json:"annotations"`
-		Process     struct {
-			Env []string `json:"env"`
-		} `json:"process"`
-		Linux struct {
+		Linux       struct {
 			Devices []struct {
-				Path  string `json:"path"`
-				Major int64  `json:"major"`
-				Minor int64  `json:"minor"`
+				Path string `json:"path"`
 			} `json:"devices"`
 		} `json:"linux"`
 	}
@@ -446,13 +427,7 @@ func (c *cluster) scenarioDeviceFailure(t *testing.T, node string) {
 
 	// The 2 devices p6 asks for are free but one is unhealthy.
 	c.createPod(t, c.testPod("p6", 2))
-	never(t, 10*time.Second, "p6 scheduled while a device is unhealthy", func() (bool, string) {
-		p, err := c.getPod("p6")
-		if err != nil {
-			return false, ""
-		}
-		return p.Spec.NodeName != "", fmt.Sprintf("on %s, phase %s", p.Spec.NodeName, p.Status.Phase)
-	})
+	c.staysUnscheduled(t, "p6", 10*time.Second, "while a device is unhealthy")
 	c.mustNodeSh(t, "mknod -m 0666 /dev/"+nodeOf(victim)+" c 1 3")
 	d = c.waitAllocatable(t, node, numDevices, 30*time.Second)
 	t.Logf("restored /dev/%s: allocatable %d after %v", victim, numDevices, d.Round(time.Millisecond))
@@ -461,9 +436,7 @@ func (c *cluster) scenarioDeviceFailure(t *testing.T, node string) {
 	if len(got) != 2 || !disjoint(got, held) || !slices.Contains(got, victim) {
 		t.Errorf("p6 got %v; want the 2 devices p2 (%v) does not hold, %s among them", got, held, victim)
 	}
-	if out := strings.TrimSpace(c.mustExec(t, "p6", "echo probe > /dev/"+nodeOf(victim)+" && echo ok")); out != "ok" {
-		t.Errorf("restored device not usable in p6: %q", out)
-	}
+	c.stillUsable(t, "p6", []string{victim})
 }
 
 // Scenario 7: with every device taken, a pod asking for one stays Pending;
@@ -486,13 +459,7 @@ func (c *cluster) scenarioExhaustion(t *testing.T) {
 		}
 		return false, fmt.Sprintf("%d events", len(ev.Items))
 	})
-	never(t, 5*time.Second, "p7 scheduled with all devices taken", func() (bool, string) {
-		p, err := c.getPod("p7")
-		if err != nil {
-			return false, ""
-		}
-		return p.Spec.NodeName != "" || p.Status.Phase != corev1.PodPending, fmt.Sprintf("node %q, phase %s", p.Spec.NodeName, p.Status.Phase)
-	})
+	c.staysUnscheduled(t, "p7", 5*time.Second, "with all devices taken")
 	c.deletePod(t, "p6")
 	c.waitRunning(t, "p7", 0, 2*time.Minute)
 	got := c.devicesOf(t, "p7")
@@ -514,7 +481,7 @@ func (c *cluster) scenarioBadConfig(t *testing.T, node string) {
 	c.deploy(t, "apply", badVars(cfg))
 	var msg string
 	eventually(t, 2*time.Minute, "the bad plugin to exit with status 2", func() (bool, string) {
-		l, err := c.cs.CoreV1().Pods("cdi-e2e-bad").List(context.Background(), metav1.ListOptions{})
+		l, err := c.cs.CoreV1().Pods(badNS).List(context.Background(), metav1.ListOptions{})
 		if err != nil || len(l.Items) == 0 {
 			return false, fmt.Sprint("no pod yet ", err)
 		}
@@ -534,7 +501,7 @@ func (c *cluster) scenarioBadConfig(t *testing.T, node string) {
 		if term.ExitCode != 2 {
 			return false, fmt.Sprintf("exit code %d", term.ExitCode)
 		}
-		log, err := c.logs(context.Background(), "cdi-e2e-bad", p.Name, prev)
+		log, err := c.logs(context.Background(), badNS, p.Name, prev)
 		if err != nil {
 			return false, err.Error()
 		}

@@ -57,11 +57,15 @@ const (
 	specFile     = "/var/run/cdi/k8s.e2e.cdi.dev-sim.json"
 	stateRoot    = "/run/cdi-device-plugin"
 	registeredAt = "registered with the kubelet"
+	badNS        = "cdi-e2e-bad" // scenario 8's deployment
 
 	// The resource of the fixed configuration in scenario 8.
 	cfgResource  = "e2e.cdi.dev/cfg"
 	cfgMountHost = "/var/lib/cdi-e2e-cfg"
 )
+
+// suiteNamespaces are every namespace the suite creates.
+var suiteNamespaces = []string{podNS, pluginNS, badNS}
 
 type cluster struct {
 	cs             *kubernetes.Clientset
@@ -185,13 +189,14 @@ func eventually(t *testing.T, timeout time.Duration, what string, f func() (bool
 	return 0
 }
 
-// never checks for d that f stays false.
-func never(t *testing.T, d time.Duration, what string, f func() (bool, string)) {
+// staysUnscheduled checks for d that the pod is neither bound to a node
+// nor out of phase Pending.
+func (c *cluster) staysUnscheduled(t *testing.T, name string, d time.Duration, why string) {
 	t.Helper()
 	start := time.Now()
 	for time.Since(start) < d {
-		if ok, state := f(); ok {
-			t.Fatalf("%s after %v: %s", what, time.Since(start).Round(time.Millisecond), state)
+		if p, err := c.getPod(name); err == nil && (p.Spec.NodeName != "" || p.Status.Phase != corev1.PodPending) {
+			t.Fatalf("%s scheduled %s after %v: node %q, phase %s", name, why, time.Since(start).Round(time.Millisecond), p.Spec.NodeName, p.Status.Phase)
 		}
 		time.Sleep(250 * time.Millisecond)
 	}
@@ -349,19 +354,34 @@ func nodeOf(id string) string { return idPrefix + "-" + indexOf(id) }
 // indexOf returns the <i> of a device ID.
 func indexOf(id string) string { return id[strings.LastIndexByte(id, '-')+1:] }
 
-// specDevices returns the device names (= IDs) in the resource's CDI spec.
-func (c *cluster) specDevices(t *testing.T) []string {
+// cdiSpec is the part of the resource's CDI spec the suite reads.
+type cdiSpec struct {
+	Kind    string `json:"kind"`
+	Devices []struct {
+		Name  string `json:"name"`
+		Edits struct {
+			DeviceNodes []struct {
+				Path string `json:"path"`
+			} `json:"deviceNodes"`
+		} `json:"containerEdits"`
+	} `json:"devices"`
+}
+
+// readSpec reads the resource's CDI spec on the node.
+func (c *cluster) readSpec(t *testing.T) cdiSpec {
 	t.Helper()
-	var spec struct {
-		Devices []struct {
-			Name string `json:"name"`
-		} `json:"devices"`
-	}
+	var spec cdiSpec
 	if err := json.Unmarshal([]byte(c.mustNodeSh(t, "cat "+specFile)), &spec); err != nil {
 		t.Fatalf("%s: %v", specFile, err)
 	}
+	return spec
+}
+
+// specDevices returns the device names (= IDs) in the resource's CDI spec.
+func (c *cluster) specDevices(t *testing.T) []string {
+	t.Helper()
 	var ids []string
-	for _, d := range spec.Devices {
+	for _, d := range c.readSpec(t).Devices {
 		ids = append(ids, d.Name)
 	}
 	if len(ids) != numDevices {
@@ -388,10 +408,8 @@ func (c *cluster) devicesOf(t *testing.T, name string) []string {
 type deviceState struct {
 	Device     string    `json:"device"`
 	Resource   string    `json:"resource"`
-	Status     string    `json:"status"`
 	Generation int64     `json:"generation"`
 	ResetCount int64     `json:"resetCount"`
-	LastReset  time.Time `json:"lastReset"`
 	PreparedAt time.Time `json:"preparedAt"`
 	Firmware   *struct {
 		SHA256 string `json:"sha256"`
