@@ -10,8 +10,9 @@
 # binary is reused; a build writes to a temporary name and renames it, so an
 # interrupted build leaves nothing half-written behind.
 #
-# Prints nothing but progress on stderr; "build-binaries.sh --print-dir"
-# prints the directory the binaries live in.
+# Prints progress on stderr. "build-binaries.sh --link DIR" also links each
+# binary into DIR under its plain name (DIR/kubelet -> .../kubelet-v1.36.3),
+# so that the versions are named in this file only.
 set -euo pipefail
 
 K8S_VERSION=${K8S_VERSION:-v1.36.3}
@@ -26,10 +27,15 @@ export GOTOOLCHAIN=${GOTOOLCHAIN:-auto}
 log() { printf '[build %s] %s\n' "$(date +%T)" "$*" >&2; }
 die() { printf 'build-binaries.sh: %s\n' "$*" >&2; exit 1; }
 
-if [[ ${1:-} == --print-dir ]]; then
-	printf '%s\n' "${BIN_DIR}"
-	exit 0
-fi
+LINK_DIR=
+case ${1:-} in
+'') ;;
+--link)
+	[[ -n ${2:-} ]] || die "--link needs a directory"
+	LINK_DIR=$2
+	;;
+*) die "usage: build-binaries.sh [--link DIR]" ;;
+esac
 mkdir -p "${BIN_DIR}" "${E2E_CACHE}/src"
 
 # have NAME VERSION: true when the cached binary exists.
@@ -128,3 +134,20 @@ build_containerd
 build_etcd
 build_k8s
 log "all binaries in ${BIN_DIR} ($((SECONDS - start)) s)"
+
+# link NAME VERSION: DIR/NAME -> the cached binary.
+link() {
+	[[ -x ${BIN_DIR}/$1-$2 ]] || die "missing binary ${BIN_DIR}/$1-$2"
+	ln -sfn "${BIN_DIR}/$1-$2" "${LINK_DIR}/$1"
+}
+if [[ -n ${LINK_DIR} ]]; then
+	mkdir -p "${LINK_DIR}"
+	for n in kubelet kube-apiserver kube-controller-manager kube-scheduler kubectl; do
+		link "${n}" "${K8S_VERSION}"
+	done
+	link etcd "${ETCD_VERSION}"
+	for n in containerd ctr containerd-shim-runc-v2; do
+		link "${n}" "${CONTAINERD_VERSION}"
+	done
+	link runc "${RUNC_VERSION}"
+fi

@@ -120,21 +120,7 @@ $(tail -n 40 "${LOGS}/${n}.log" 2>/dev/null)"
 }
 
 binaries() {
-	"${REPO}/e2e/local/build-binaries.sh"
-	local cache n
-	cache=$("${REPO}/e2e/local/build-binaries.sh" --print-dir)
-	mkdir -p "${BIN}"
-	for n in kubelet kube-apiserver kube-controller-manager kube-scheduler kubectl; do
-		ln -sfn "${cache}/${n}-${K8S_VERSION:-v1.36.3}" "${BIN}/${n}"
-	done
-	ln -sfn "${cache}/etcd-${ETCD_VERSION:-v3.6.8}" "${BIN}/etcd"
-	for n in containerd ctr containerd-shim-runc-v2; do
-		ln -sfn "${cache}/${n}-${CONTAINERD_VERSION:-v2.4.2}" "${BIN}/${n}"
-	done
-	ln -sfn "${cache}/runc-${RUNC_VERSION:-v1.5.2}" "${BIN}/runc"
-	for n in "${BIN}"/*; do
-		[[ -x ${n} ]] || die "missing binary ${n}"
-	done
+	"${REPO}/e2e/local/build-binaries.sh" --link "${BIN}"
 }
 
 preflight() {
