@@ -169,19 +169,7 @@ func layer(entries []entry) ([]byte, error) {
 			}
 			continue
 		}
-		data, err := os.ReadFile(e.src)
-		if err != nil {
-			return nil, fmt.Errorf("-file %s: %w", e.dst, err)
-		}
-		st, err := os.Stat(e.src)
-		if err != nil {
-			return nil, err
-		}
-		hdr := &tar.Header{Typeflag: tar.TypeReg, Name: rel, Mode: int64(st.Mode().Perm()), Size: int64(len(data))}
-		if err := tw.WriteHeader(hdr); err != nil {
-			return nil, err
-		}
-		if _, err := tw.Write(data); err != nil {
+		if err := addFile(tw, rel, e); err != nil {
 			return nil, err
 		}
 	}
@@ -189,4 +177,27 @@ func layer(entries []entry) ([]byte, error) {
 		return nil, err
 	}
 	return buf.Bytes(), nil
+}
+
+// addFile writes the host file of e into tw as rel, with its mode.
+func addFile(tw *tar.Writer, rel string, e entry) error {
+	f, err := os.Open(e.src)
+	if err != nil {
+		return fmt.Errorf("-file %s: %w", e.dst, err)
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return fmt.Errorf("-file %s: %w", e.dst, err)
+	}
+	if !st.Mode().IsRegular() {
+		return fmt.Errorf("-file %s: %s is not a regular file", e.dst, e.src)
+	}
+	if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: rel, Mode: int64(st.Mode().Perm()), Size: st.Size()}); err != nil {
+		return err
+	}
+	if _, err := io.Copy(tw, f); err != nil {
+		return fmt.Errorf("-file %s: %w", e.dst, err)
+	}
+	return nil
 }
