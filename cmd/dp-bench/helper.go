@@ -29,6 +29,8 @@ type helperSpec struct {
 	Argv  []string `json:"argv,omitempty"`
 	Env   []string `json:"env,omitempty"`
 	Binds []bind   `json:"binds,omitempty"`
+	// Scratch is an empty directory for the overlays' upper layers.
+	Scratch string `json:"scratch,omitempty"`
 }
 
 // bind mounts Src (a host directory) at Dst as the plugin sees it.
@@ -69,8 +71,11 @@ func helperExec(s helperSpec) error {
 		if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
 			return fmt.Errorf("make / private: %w", err)
 		}
-		for _, b := range s.Binds {
-			if err := mountAt(b); err != nil {
+		if err := unix.Mount("tmpfs", s.Scratch, "tmpfs", 0, "mode=0700"); err != nil {
+			return fmt.Errorf("scratch tmpfs: %w", err)
+		}
+		for i, b := range s.Binds {
+			if err := mountAt(b, filepath.Join(s.Scratch, fmt.Sprint(i))); err != nil {
 				return err
 			}
 		}
@@ -93,10 +98,11 @@ func helperExec(s helperSpec) error {
 	return unix.Exec(path, s.Argv, s.Env)
 }
 
-// mountAt bind-mounts b.Src at b.Dst. A Dst that does not exist is made on
-// a tmpfs mounted over its deepest existing ancestor, which hides that
-// ancestor's other entries from the plugin (and only from the plugin).
-func mountAt(b bind) error {
+// mountAt bind-mounts b.Src at b.Dst. A Dst that does not exist is made in
+// an overlay over its deepest existing ancestor (upper layer in scratch),
+// so the host's directory is neither changed nor hidden; mounts below that
+// ancestor are not seen through the overlay.
+func mountAt(b bind, scratch string) error {
 	if _, err := os.Stat(b.Dst); err != nil {
 		anc := filepath.Dir(b.Dst)
 		for {
@@ -106,10 +112,17 @@ func mountAt(b bind) error {
 			anc = filepath.Dir(anc)
 		}
 		if anc == "/" {
-			return fmt.Errorf("bind %s: refusing to mount a tmpfs over /", b.Dst)
+			return fmt.Errorf("bind %s: refusing to put an overlay over /", b.Dst)
 		}
-		if err := unix.Mount("tmpfs", anc, "tmpfs", 0, "mode=0755"); err != nil {
-			return fmt.Errorf("tmpfs over %s: %w", anc, err)
+		upper, work := filepath.Join(scratch, "upper"), filepath.Join(scratch, "work")
+		for _, d := range []string{upper, work} {
+			if err := os.MkdirAll(d, 0o755); err != nil {
+				return err
+			}
+		}
+		opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s", anc, upper, work)
+		if err := unix.Mount("overlay", anc, "overlay", 0, opts); err != nil {
+			return fmt.Errorf("overlay over %s: %w", anc, err)
 		}
 		if err := os.MkdirAll(b.Dst, 0o755); err != nil {
 			return err

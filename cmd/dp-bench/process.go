@@ -30,13 +30,14 @@ type proc struct {
 }
 
 // startProc starts argv with env through the helper; binds, when any, are
-// applied in a private mount namespace.
-func startProc(argv, env []string, binds []bind) (*proc, error) {
+// applied in a private mount namespace, with scratch (an empty directory)
+// for its overlays.
+func startProc(argv, env []string, binds []bind, scratch string) (*proc, error) {
 	self, err := os.Executable()
 	if err != nil {
 		return nil, err
 	}
-	raw, err := json.Marshal(helperSpec{Mode: "exec", Argv: argv, Env: env, Binds: binds})
+	raw, err := json.Marshal(helperSpec{Mode: "exec", Argv: argv, Env: env, Binds: binds, Scratch: scratch})
 	if err != nil {
 		return nil, err
 	}

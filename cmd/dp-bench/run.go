@@ -74,7 +74,7 @@ func runTarget(ctx context.Context, t Target, s Settings) (*RunResult, error) {
 	if err != nil {
 		return nil, err
 	}
-	p, err := startProc(r.argv, r.env, r.binds)
+	p, err := startProc(r.argv, r.env, r.binds, r.scratch)
 	if err != nil {
 		return nil, err
 	}
@@ -87,7 +87,7 @@ func runTarget(ctx context.Context, t Target, s Settings) (*RunResult, error) {
 	if err != nil {
 		res.Err = err.Error()
 	}
-	if err != nil || len(res.Failed()) > 0 {
+	if res.Err != "" || len(res.Failed()) > 0 {
 		res.Log = p.Log()
 	}
 	return res, nil
@@ -100,7 +100,7 @@ func exitBaseline() (time.Duration, error) {
 	if err != nil {
 		return 0, err
 	}
-	p, err := startProc([]string{self}, []string{helperEnv + `={"mode":"exit"}`}, nil)
+	p, err := startProc([]string{self}, []string{helperEnv + `={"mode":"exit"}`}, nil, "")
 	if err != nil {
 		return 0, err
 	}
@@ -513,8 +513,9 @@ func (x *session) preferred(ctx context.Context) error {
 		available, must []string
 		size            int
 	}{
-		{"all IDs, must-include the last", x.healthy, x.healthy[len(x.healthy)-1:], min(4, len(x.healthy))},
-		{"every other ID, must-include one", alternate, alternate[len(alternate)-1:], min(2, len(alternate))},
+		// Sizes below the number available, so that "all of them" is wrong.
+		{"all IDs, must-include the last", x.healthy, x.healthy[len(x.healthy)-1:], min(4, len(x.healthy)-1)},
+		{"every other ID", alternate, nil, max(1, min(2, len(alternate)-1))},
 	}
 	var problems []string
 	for _, c := range cases {
@@ -698,7 +699,7 @@ func (x *session) idle() error {
 	if err != nil {
 		return err
 	}
-	base, err := startProc([]string{self}, []string{helperEnv + `={"mode":"sleep"}`}, nil)
+	base, err := startProc([]string{self}, []string{helperEnv + `={"mode":"sleep"}`}, nil, "")
 	if err != nil {
 		return err
 	}

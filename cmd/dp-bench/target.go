@@ -118,6 +118,7 @@ type runDirs struct {
 	binds     []bind
 	argv, env []string
 	remove    string // host path of RemoveDevice
+	scratch   string // for the mount namespace's overlays
 }
 
 // prepare makes the run's directories and files and expands the templates.
@@ -126,7 +127,7 @@ func (t Target) prepare() (*runDirs, error) {
 	if err != nil {
 		return nil, err
 	}
-	r := &runDirs{root: root}
+	r := &runDirs{root: root, scratch: filepath.Join(root, "ns")}
 	r.host = Dirs{SocketDir: filepath.Join(root, "s"), CDIDir: filepath.Join(root, "cdi"), DevDir: filepath.Join(root, "dev"), WorkDir: filepath.Join(root, "work")}
 	r.plugin = r.host
 	if t.SocketDir != "" {
@@ -141,7 +142,7 @@ func (t Target) prepare() (*runDirs, error) {
 		r.cleanup()
 		return nil, err
 	}
-	for _, d := range []string{r.host.SocketDir, r.host.CDIDir, r.host.DevDir, r.host.WorkDir} {
+	for _, d := range []string{r.host.SocketDir, r.host.CDIDir, r.host.DevDir, r.host.WorkDir, r.scratch} {
 		if err := os.Mkdir(d, 0o755); err != nil {
 			return fail(err)
 		}
