@@ -30,9 +30,24 @@ unit: ## Unit and integration tests with the race detector (needs root for mknod
 
 test: vet unit ## What CI runs: vet, gofmt, race-enabled tests
 
-bench: build ## Go benchmarks and the plugin binary against the kubelet stand-in
-	$(GO) test -run '^$$' -bench . -benchtime 200x ./plugin/ ./prestart/
-	$(BIN)/dp-bench -plugin $(BIN)/cdi-device-plugin -runs 20
+# make bench: Go benchmarks, then dp-bench runs our plugin and two peers
+# (cmd/dp-bench/peers.sh builds them once into $(BENCH_CACHE)) side by side
+# and writes docs/benchmarks.md. SQUAT_BIN overrides the generic-device-plugin binary.
+BENCH_RUNS  ?= 5
+BENCH_IDLE  ?= 10s
+BENCH_COUNT ?= 5
+BENCH_CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/cdi-device-plugin-bench
+
+bench: build ## Go benchmarks; dp-bench: our plugin and two peers side by side -> docs/benchmarks.md
+	$(GO) test -run '^$$' -bench . -benchtime 300ms -count $(BENCH_COUNT) ./plugin/ ./prestart/ ./cdi/ >$(BIN)/gobench.txt || { cat $(BIN)/gobench.txt; exit 1; }
+	cat $(BIN)/gobench.txt
+	@set -e; peers="$$(BENCH_CACHE=$(BENCH_CACHE) cmd/dp-bench/peers.sh)"; \
+	  export PLUGIN_BIN=$(BIN)/cdi-device-plugin; \
+	  export SAMPLE_BIN="$$(printf '%s\n' "$$peers" | sed -n 's/^sample-device-plugin=//p')"; \
+	  export SQUAT_BIN="$${SQUAT_BIN:-$$(printf '%s\n' "$$peers" | sed -n 's/^generic-device-plugin=//p')}"; \
+	  echo "peers: SAMPLE_BIN=$$SAMPLE_BIN SQUAT_BIN=$$SQUAT_BIN"; \
+	  $(BIN)/dp-bench -targets cmd/dp-bench/bench.yaml -runs $(BENCH_RUNS) -idle $(BENCH_IDLE) -must-pass cdi-device-plugin \
+	    -gobench $(BIN)/gobench.txt -json $(BIN)/benchmarks.json -md docs/benchmarks.md
 
 image: ## Build the container image with the Dockerfile
 	$(CONTAINER) build -t $(IMAGE) --build-arg VERSION=$(VERSION) .

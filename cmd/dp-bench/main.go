@@ -47,6 +47,7 @@ type options struct {
 	runs     int
 	jsonOut  string
 	mdOut    string
+	goBench  string
 	mustPass map[string]bool // target names whose checks must pass; nil: all
 }
 
@@ -91,6 +92,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.DurationVar(&o.settings.Connect, "connect-timeout", def.Connect, "the kubelet's call to the plugin's endpoint during Register")
 	fs.DurationVar(&o.settings.Term, "term-timeout", def.Term, "wait for the exit after SIGTERM")
 	fs.StringVar(&o.jsonOut, "json", "", "write the full report as JSON to this file")
+	fs.StringVar(&o.goBench, "gobench", "", "add the medians of this `go test -bench` output to the report")
 	fs.StringVar(&o.mdOut, "md", "", "write the tables into this Markdown file, between dp-bench's markers (the rest of the file is kept)")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -175,6 +177,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	rep := &Report{Command: "dp-bench " + strings.Join(args, " "), Machine: describeMachine(), Runs: o.runs, Settings: o.settings}
+	if o.goBench != "" {
+		if rep.GoBench, err = parseGoBench(o.goBench); err != nil {
+			fmt.Fprintf(stderr, "dp-bench: -gobench=%q: %v\n", o.goBench, err)
+			return 2
+		}
+	}
 	results := make([][]*RunResult, len(o.targets))
 	setupErr := make([]error, len(o.targets))
 	for i := 0; i < o.runs && ctx.Err() == nil; i++ {

@@ -294,3 +294,33 @@ func TestWriteMarkdownInto(t *testing.T) {
 		t.Errorf("old block kept:\n%s", s)
 	}
 }
+
+func TestReadGoBench(t *testing.T) {
+	out := `goos: linux
+pkg: example.com/m/plugin
+BenchmarkAllocate8-2   	  200	      4000 ns/op	    3528 B/op	      41 allocs/op
+BenchmarkAllocate8-2   	  200	      5000 ns/op	    3528 B/op	      41 allocs/op
+BenchmarkAllocate8-2   	  200	      9000 ns/op	    3528 B/op	      41 allocs/op
+BenchmarkPreferredAllocation/8dev-2   	  200	      2902 ns/op
+PASS
+pkg: example.com/m/cdi
+BenchmarkBuildSpec10000-2   	  20	   8712491 ns/op	 6799467 B/op	  119905 allocs/op
+`
+	got, err := readGoBench(strings.NewReader(out))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []GoBench{
+		{Package: "example.com/m/plugin", Name: "BenchmarkAllocate8", N: 3, NsPerOp: 5000, BPerOp: 3528, AllocsOp: 41},
+		{Package: "example.com/m/plugin", Name: "BenchmarkPreferredAllocation/8dev", N: 1, NsPerOp: 2902},
+		{Package: "example.com/m/cdi", Name: "BenchmarkBuildSpec10000", N: 1, NsPerOp: 8712491, BPerOp: 6799467, AllocsOp: 119905},
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("got %+v\nwant %+v", got, want)
+	}
+	var b bytes.Buffer
+	writeGoBench(&b, got)
+	if !strings.Contains(b.String(), "| BuildSpec10000 | cdi | 8.71ms | 6799467 | 119905 | 1 |") {
+		t.Errorf("table:\n%s", b.String())
+	}
+}

@@ -19,6 +19,7 @@ type Report struct {
 	Runs     int            `json:"runs"`
 	Settings Settings       `json:"settings"`
 	Targets  []TargetReport `json:"targets"`
+	GoBench  []GoBench      `json:"goBenchmarks,omitempty"`
 }
 
 // Machine describes where the numbers were taken.
@@ -254,6 +255,7 @@ func writeMarkdown(w io.Writer, rep *Report) {
 	if len(errs) > 0 {
 		fmt.Fprintf(w, "\n%s\n", strings.Join(errs, "\n"))
 	}
+	writeGoBench(w, rep.GoBench)
 	fmt.Fprintln(w)
 }
 

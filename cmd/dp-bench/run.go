@@ -705,7 +705,9 @@ func (x *session) idle() error {
 	}
 	defer base.terminate(5 * time.Second)
 	if x.s.Idle > 0 {
-		time.Sleep(100 * time.Millisecond) // the baseline's start-up is not idle
+		// Let the plugin and the baseline settle: the start-up of one and
+		// the calls just made to the other are not idleness.
+		time.Sleep(time.Second)
 		p0, err := readProc(x.p.Pid())
 		if err != nil {
 			return err
