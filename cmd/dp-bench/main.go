@@ -91,6 +91,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.DurationVar(&o.settings.Settle, "settle", def.Settle, "after a kubelet restart, how long no second registration may follow the first")
 	fs.DurationVar(&o.settings.Connect, "connect-timeout", def.Connect, "the kubelet's call to the plugin's endpoint during Register")
 	fs.DurationVar(&o.settings.Term, "term-timeout", def.Term, "wait for the exit after SIGTERM")
+	fs.StringVar(&o.settings.TmpfsDir, "tmpfs-dir", def.TmpfsDir, "where {{.DevDir}} and {{.CDIDir}} are made, a tmpfs as /dev and /run are on a node (empty: TMPDIR, like the other directories)")
 	fs.StringVar(&o.jsonOut, "json", "", "write the full report as JSON to this file")
 	fs.StringVar(&o.goBench, "gobench", "", "add the medians of this `go test -bench` output to the report")
 	fs.StringVar(&o.mdOut, "md", "", "write the tables into this Markdown file, between dp-bench's markers (the rest of the file is kept)")

@@ -178,8 +178,8 @@ func writeMarkdown(w io.Writer, rep *Report) {
 	fmt.Fprintf(w, "Generated %s by:\n\n```sh\n%s\n```\n\n", m.Date, rep.Command)
 	fmt.Fprintf(w, "Machine: %s, %d CPUs, %d GiB, %s, Linux %s, %s. Load average (1, 5, 15 min) %s before, %s after. ",
 		m.CPU, m.CPUs, m.MemoryGiB, m.OS, m.Kernel, m.Go, m.LoadBefore, m.LoadAfter)
-	fmt.Fprintf(w, "%d runs per target, interleaved (run 1 of every target, then run 2, ...); every run is a fresh process, fresh directories and a fresh kubelet stand-in. Idle window %s.\n\n",
-		rep.Runs, rep.Settings.Idle)
+	fmt.Fprintf(w, "%d runs per target, interleaved (run 1 of every target, then run 2, ...); every run is a fresh process, fresh directories and a fresh kubelet stand-in. Idle window %s. Device and CDI directories in %s, the others in %s.\n\n",
+		rep.Runs, rep.Settings.Idle, orTmp(rep.Settings.TmpfsDir), os.TempDir())
 
 	fmt.Fprintf(w, "### Contract\n\n")
 	fmt.Fprintf(w, "| check |")
@@ -257,6 +257,13 @@ func writeMarkdown(w io.Writer, rep *Report) {
 	}
 	writeGoBench(w, rep.GoBench)
 	fmt.Fprintln(w)
+}
+
+func orTmp(d string) string {
+	if d == "" {
+		return os.TempDir()
+	}
+	return d
 }
 
 func mdCell(s string) string {

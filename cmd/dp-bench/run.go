@@ -41,12 +41,15 @@ type Settings struct {
 	Connect time.Duration
 	// Term bounds the exit after SIGTERM.
 	Term time.Duration
+	// TmpfsDir holds the runs' DevDir and CDIDir ("": TMPDIR).
+	TmpfsDir string
 }
 
 // DefaultSettings suit a benchmark; tests shorten them.
 func DefaultSettings() Settings {
 	return Settings{Calls: 200, Idle: 10 * time.Second, Prompt: time.Second, Register: 30 * time.Second,
-		Restart: 30 * time.Second, Change: 15 * time.Second, Settle: time.Second, Connect: 2 * time.Second, Term: 10 * time.Second}
+		Restart: 30 * time.Second, Change: 15 * time.Second, Settle: time.Second, Connect: 2 * time.Second, Term: 10 * time.Second,
+		TmpfsDir: defaultTmpfsDir()}
 }
 
 func sprintf(format string, args ...any) string {
@@ -60,7 +63,7 @@ func sprintf(format string, args ...any) string {
 // checks the contract, measures, and stops it. Only setup errors are
 // returned; failures of the plugin are results.
 func runTarget(ctx context.Context, t Target, s Settings) (*RunResult, error) {
-	r, err := t.prepare()
+	r, err := t.prepare(s.TmpfsDir)
 	if err != nil {
 		return nil, err
 	}

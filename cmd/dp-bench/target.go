@@ -110,11 +110,12 @@ func (t Target) validate() error {
 	return nil
 }
 
-// runDirs is one run's directories on the host, and as the plugin sees them.
+// runDirs are one run's directories on the host, and as the plugin sees them.
 type runDirs struct {
 	root      string
-	host      Dirs // where dp-bench finds them
-	plugin    Dirs // what the plugin is told
+	fastRoot  string // on a tmpfs: DevDir and CDIDir, as /dev and /run on a node
+	host      Dirs   // where dp-bench finds them
+	plugin    Dirs   // what the plugin is told
 	binds     []bind
 	argv, env []string
 	remove    string // host path of RemoveDevice
@@ -122,13 +123,22 @@ type runDirs struct {
 }
 
 // prepare makes the run's directories and files and expands the templates.
-func (t Target) prepare() (*runDirs, error) {
+// DevDir and CDIDir are made in tmpfsDir (when not empty), the others in
+// TMPDIR: on a node /dev and /run are tmpfs, the kubelet's and the
+// plugin's state are on disk.
+func (t Target) prepare(tmpfsDir string) (*runDirs, error) {
 	root, err := os.MkdirTemp("", "dpb")
 	if err != nil {
 		return nil, err
 	}
-	r := &runDirs{root: root, scratch: filepath.Join(root, "ns")}
-	r.host = Dirs{SocketDir: filepath.Join(root, "s"), CDIDir: filepath.Join(root, "cdi"), DevDir: filepath.Join(root, "dev"), WorkDir: filepath.Join(root, "work")}
+	r := &runDirs{root: root, fastRoot: root, scratch: filepath.Join(root, "ns")}
+	if tmpfsDir != "" {
+		if r.fastRoot, err = os.MkdirTemp(tmpfsDir, "dpb"); err != nil {
+			r.cleanup()
+			return nil, err
+		}
+	}
+	r.host = Dirs{SocketDir: filepath.Join(root, "s"), CDIDir: filepath.Join(r.fastRoot, "cdi"), DevDir: filepath.Join(r.fastRoot, "dev"), WorkDir: filepath.Join(root, "work")}
 	r.plugin = r.host
 	if t.SocketDir != "" {
 		r.plugin.SocketDir = t.SocketDir
@@ -220,4 +230,18 @@ func (r *runDirs) toHost(p string) string {
 	return p
 }
 
-func (r *runDirs) cleanup() { _ = os.RemoveAll(r.root) }
+func (r *runDirs) cleanup() {
+	_ = os.RemoveAll(r.root)
+	if r.fastRoot != "" && r.fastRoot != r.root {
+		_ = os.RemoveAll(r.fastRoot)
+	}
+}
+
+// defaultTmpfsDir is /dev/shm when it is a tmpfs, else "" (TMPDIR).
+func defaultTmpfsDir() string {
+	var st unix.Statfs_t
+	if err := unix.Statfs("/dev/shm", &st); err == nil && st.Type == unix.TMPFS_MAGIC {
+		return "/dev/shm"
+	}
+	return ""
+}
