@@ -46,7 +46,7 @@ bench: build ## Go benchmarks; dp-bench: our plugin and two peers side by side -
 	  export SAMPLE_BIN="$$(printf '%s\n' "$$peers" | sed -n 's/^sample-device-plugin=//p')"; \
 	  export SQUAT_BIN="$${SQUAT_BIN:-$$(printf '%s\n' "$$peers" | sed -n 's/^generic-device-plugin=//p')}"; \
 	  echo "peers: SAMPLE_BIN=$$SAMPLE_BIN SQUAT_BIN=$$SQUAT_BIN"; \
-	  $(BIN)/dp-bench -targets cmd/dp-bench/bench.yaml -runs $(BENCH_RUNS) -idle $(BENCH_IDLE) -must-pass cdi-device-plugin \
+	  $(BIN)/dp-bench -targets cmd/dp-bench/bench.yaml -runs $(BENCH_RUNS) -idle $(BENCH_IDLE) -must-pass cdi-device-plugin -compare cdi-device-plugin \
 	    -gobench $(BIN)/gobench.txt -json $(BIN)/benchmarks.json -md docs/benchmarks.md
 
 image: ## Build the container image with the Dockerfile

@@ -25,6 +25,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -48,6 +49,7 @@ type options struct {
 	jsonOut  string
 	mdOut    string
 	goBench  string
+	compare  string
 	mustPass map[string]bool // target names whose checks must pass; nil: all
 }
 
@@ -93,6 +95,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.DurationVar(&o.settings.Term, "term-timeout", def.Term, "wait for the exit after SIGTERM")
 	fs.StringVar(&o.settings.TmpfsDir, "tmpfs-dir", def.TmpfsDir, "where {{.DevDir}} and {{.CDIDir}} are made, a tmpfs as /dev and /run are on a node (empty: TMPDIR, like the other directories)")
 	fs.StringVar(&o.jsonOut, "json", "", "write the full report as JSON to this file")
+	fs.StringVar(&o.compare, "compare", "", "a target name: add its per-round ratios to every other target of the same scenario")
 	fs.StringVar(&o.goBench, "gobench", "", "add the medians of this `go test -bench` output to the report")
 	fs.StringVar(&o.mdOut, "md", "", "write the tables into this Markdown file, between dp-bench's markers (the rest of the file is kept)")
 	if err := fs.Parse(args); err != nil {
@@ -143,6 +146,9 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 		}
 		o.targets = []Target{t}
 	}
+	if o.compare != "" && !slices.ContainsFunc(o.targets, func(t Target) bool { return t.Name == o.compare }) {
+		return nil, fmt.Errorf("-compare=%q: no target of that name", o.compare)
+	}
 	for n := range o.mustPass {
 		found := false
 		for _, t := range o.targets {
@@ -177,7 +183,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "dp-bench:", err)
 		return 2
 	}
-	rep := &Report{Command: "dp-bench " + strings.Join(args, " "), Machine: describeMachine(), Runs: o.runs, Settings: o.settings}
+	rep := &Report{Command: "dp-bench " + strings.Join(args, " "), Machine: describeMachine(), Runs: o.runs, Settings: o.settings, Compare: o.compare}
 	if o.goBench != "" {
 		if rep.GoBench, err = parseGoBench(o.goBench); err != nil {
 			fmt.Fprintf(stderr, "dp-bench: -gobench=%q: %v\n", o.goBench, err)

@@ -324,3 +324,30 @@ BenchmarkBuildSpec10000-2   	  20	   8712491 ns/op	 6799467 B/op	  119905 allocs
 		t.Errorf("table:\n%s", b.String())
 	}
 }
+
+// TestComparison: the ratio of the compared target to a peer is taken run
+// by run, only between targets of the same scenario.
+func TestComparison(t *testing.T) {
+	run := func(v float64) *RunResult {
+		r := newRunResult()
+		r.measure("start-registered", v, 1)
+		return r
+	}
+	rep := &Report{Compare: "ours", Targets: []TargetReport{
+		summarize(Target{Name: "ours", Scenario: "8"}, []*RunResult{run(10), run(40), run(12)}),
+		summarize(Target{Name: "peer", Scenario: "8"}, []*RunResult{run(20), run(20), run(12)}),
+		summarize(Target{Name: "other", Scenario: "2"}, []*RunResult{run(1), run(1), run(1)}),
+	}}
+	ps := pairs(rep)
+	if len(ps) != 1 || ps[0].other.Target.Name != "peer" {
+		t.Fatalf("pairs %+v", ps)
+	}
+	if r, ok := runRatio(ps[0], "start-registered"); !ok || r != 1 {
+		t.Fatalf("ratio %v %v, want the median of 0.5, 2, 1", r, ok)
+	}
+	var b bytes.Buffer
+	writeComparison(&b, rep)
+	if !strings.Contains(b.String(), "| process start → Register call | 1.00 |") {
+		t.Errorf("table:\n%s", b.String())
+	}
+}

@@ -19,7 +19,9 @@ type Report struct {
 	Runs     int            `json:"runs"`
 	Settings Settings       `json:"settings"`
 	Targets  []TargetReport `json:"targets"`
-	GoBench  []GoBench      `json:"goBenchmarks,omitempty"`
+	// Compare is the target name the others are compared with, run by run.
+	Compare string    `json:"compare,omitempty"`
+	GoBench []GoBench `json:"goBenchmarks,omitempty"`
 }
 
 // Machine describes where the numbers were taken.
@@ -255,8 +257,72 @@ func writeMarkdown(w io.Writer, rep *Report) {
 	if len(errs) > 0 {
 		fmt.Fprintf(w, "\n%s\n", strings.Join(errs, "\n"))
 	}
+	writeComparison(w, rep)
 	writeGoBench(w, rep.GoBench)
 	fmt.Fprintln(w)
+}
+
+// pair is a target compared with another of the same scenario.
+type pair struct{ ref, other TargetReport }
+
+func pairs(rep *Report) []pair {
+	var ps []pair
+	for _, ref := range rep.Targets {
+		if ref.Target.Name != rep.Compare {
+			continue
+		}
+		for _, o := range rep.Targets {
+			if o.Target.Name != rep.Compare && o.Target.Scenario == ref.Target.Scenario && o.Err == "" && ref.Err == "" {
+				ps = append(ps, pair{ref, o})
+			}
+		}
+	}
+	return ps
+}
+
+// runRatio is the median over the runs of ref's value / other's value in
+// the same run (runs of all targets are interleaved).
+func runRatio(p pair, id string) (float64, bool) {
+	var rs []float64
+	for i := 0; i < len(p.ref.Runs) && i < len(p.other.Runs); i++ {
+		a, okA := p.ref.Runs[i].Metrics[id]
+		b, okB := p.other.Runs[i].Metrics[id]
+		if okA && okB && b.Value > 0 {
+			rs = append(rs, a.Value/b.Value)
+		}
+	}
+	if len(rs) == 0 {
+		return 0, false
+	}
+	return medianF(rs), true
+}
+
+// writeComparison writes, for the -compare target, its ratio to every
+// other target of the same scenario.
+func writeComparison(w io.Writer, rep *Report) {
+	ps := pairs(rep)
+	if len(ps) == 0 {
+		return
+	}
+	fmt.Fprintf(w, "\n### %s side by side\n\nMedian over the runs of %s's value ÷ the other's value in the same round (below 1: %s is lower).\n\n| metric |", rep.Compare, rep.Compare, rep.Compare)
+	for _, p := range ps {
+		fmt.Fprintf(w, " ÷ %s |", p.other.Target.Label())
+	}
+	fmt.Fprintf(w, "\n| --- |%s\n", strings.Repeat(" --- |", len(ps)))
+	for _, md := range metricDefs {
+		if md.Unit == "" {
+			continue
+		}
+		fmt.Fprintf(w, "| %s |", md.Title)
+		for _, p := range ps {
+			if r, ok := runRatio(p, md.ID); ok {
+				fmt.Fprintf(w, " %s |", num(r))
+			} else {
+				fmt.Fprintf(w, " – |")
+			}
+		}
+		fmt.Fprintln(w)
+	}
 }
 
 func orTmp(d string) string {
