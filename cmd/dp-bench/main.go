@@ -50,6 +50,7 @@ type options struct {
 	mdOut    string
 	goBench  string
 	compare  string
+	render   string
 	mustPass map[string]bool // target names whose checks must pass; nil: all
 }
 
@@ -95,6 +96,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.DurationVar(&o.settings.Term, "term-timeout", def.Term, "wait for the exit after SIGTERM")
 	fs.StringVar(&o.settings.TmpfsDir, "tmpfs-dir", def.TmpfsDir, "where {{.DevDir}} and {{.CDIDir}} are made, a tmpfs as /dev and /run are on a node (empty: TMPDIR, like the other directories)")
 	fs.StringVar(&o.jsonOut, "json", "", "write the full report as JSON to this file")
+	fs.StringVar(&o.render, "render", "", "run nothing: print (and with -md write) the tables of a report written by -json")
 	fs.StringVar(&o.compare, "compare", "", "a target name: add its per-round ratios to every other target of the same scenario")
 	fs.StringVar(&o.goBench, "gobench", "", "add the medians of this `go test -bench` output to the report")
 	fs.StringVar(&o.mdOut, "md", "", "write the tables into this Markdown file, between dp-bench's markers (the rest of the file is kept)")
@@ -124,6 +126,11 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 		}
 	}
 	switch {
+	case o.render != "":
+		if *targets != "" || fs.NArg() > 0 {
+			return nil, fmt.Errorf("-render=%q: runs nothing, give no targets", o.render)
+		}
+		return o, nil
 	case *targets != "" && fs.NArg() > 0:
 		return nil, fmt.Errorf("-targets=%q and a plugin command %q: give one of them", *targets, fs.Arg(0))
 	case *targets != "":
@@ -182,6 +189,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		fmt.Fprintln(stderr, "dp-bench:", err)
 		return 2
+	}
+	if o.render != "" {
+		return render(o, stdout, stderr)
 	}
 	rep := &Report{Command: "dp-bench " + strings.Join(args, " "), Machine: describeMachine(), Runs: o.runs, Settings: o.settings, Compare: o.compare}
 	if o.goBench != "" {
@@ -243,6 +253,27 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if !ok {
 		fmt.Fprintln(stderr, "dp-bench: contract checks failed")
 		return 1
+	}
+	return 0
+}
+
+// render prints the tables of a JSON report and writes them to -md.
+func render(o *options, stdout, stderr io.Writer) int {
+	b, err := os.ReadFile(o.render)
+	var rep Report
+	if err == nil {
+		err = json.Unmarshal(b, &rep)
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "dp-bench: -render=%q: %v\n", o.render, err)
+		return 2
+	}
+	writeMarkdown(stdout, &rep)
+	if o.mdOut != "" {
+		if err := writeMarkdownInto(o.mdOut, &rep); err != nil {
+			fmt.Fprintln(stderr, "dp-bench: -md:", err)
+			return 1
+		}
 	}
 	return 0
 }

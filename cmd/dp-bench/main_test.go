@@ -220,6 +220,8 @@ func TestFlags(t *testing.T) {
 		{"both", []string{"-targets", "t.yaml", "--", "x"}, `-targets="t.yaml" and a plugin command "x"`},
 		{"targets missing", []string{"-targets", "/nonexistent/t.yaml"}, `-targets="/nonexistent/t.yaml": open /nonexistent/t.yaml`},
 		{"must-pass", []string{"-must-pass", "nope", "--", "x"}, `-must-pass="nope": no target named "nope"`},
+		{"compare", []string{"-compare", "nope", "--", "x"}, `-compare="nope": no target of that name`},
+		{"render", []string{"-render", "r.json", "--", "x"}, `-render="r.json": runs nothing, give no targets`},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			var stderr bytes.Buffer

@@ -352,8 +352,10 @@ func num(v float64) string {
 		return fmt.Sprintf("%.1f", v)
 	case av >= 1:
 		return fmt.Sprintf("%.2f", v)
-	default:
+	case av >= 0.01:
 		return fmt.Sprintf("%.3f", v)
+	default:
+		return fmt.Sprintf("%.1e", v)
 	}
 }
 

@@ -157,7 +157,7 @@ func (x *session) closeStream() {
 var errNotRegistered = errors.New("no accepted registration")
 
 func (x *session) run(ctx context.Context) error {
-	if err := x.register(); err != nil {
+	if err := x.register(ctx); err != nil {
 		x.res.Err = err.Error()
 		// What cannot be checked without a registration is skipped.
 		for _, c := range checkDefs {
@@ -186,7 +186,7 @@ func (x *session) run(ctx context.Context) error {
 	if err := x.change(); err != nil {
 		return err
 	}
-	if err := x.idle(); err != nil {
+	if err := x.idle(ctx); err != nil {
 		return err
 	}
 	if err := x.restart(ctx); err != nil {
@@ -197,12 +197,14 @@ func (x *session) run(ctx context.Context) error {
 }
 
 // register waits for the first Register call and the first accepted one.
-func (x *session) register() error {
+func (x *session) register(ctx context.Context) error {
 	var first kubeletsim.Registration
 	select {
 	case first = <-x.k.Calls:
 	case <-x.p.done:
 		return fmt.Errorf("the plugin exited before it registered: %v", x.p.err)
+	case <-ctx.Done():
+		return ctx.Err()
 	case <-time.After(x.s.Register):
 		return fmt.Errorf("no Register call within %s", x.s.Register)
 	}
@@ -231,6 +233,8 @@ func (x *session) register() error {
 		// A refused plugin may try again.
 		select {
 		case x.reg = <-x.k.Regs:
+		case <-ctx.Done():
+			return ctx.Err()
 		case <-time.After(x.s.Register):
 			return errNotRegistered
 		}
@@ -697,7 +701,7 @@ func rawEvent(w *fsnotify.Watcher, path string, t time.Time) (time.Duration, err
 // idle measures CPU and wake-ups over the idle window, the ListAndWatch
 // stream open and nothing else happening, next to an idle Go process over
 // the same window; then resident memory.
-func (x *session) idle() error {
+func (x *session) idle(ctx context.Context) error {
 	self, err := os.Executable()
 	if err != nil {
 		return err
@@ -710,7 +714,9 @@ func (x *session) idle() error {
 	if x.s.Idle > 0 {
 		// Let the plugin and the baseline settle: the start-up of one and
 		// the calls just made to the other are not idleness.
-		time.Sleep(time.Second)
+		if err := sleep(ctx, time.Second); err != nil {
+			return err
+		}
 		p0, err := readProc(x.p.Pid())
 		if err != nil {
 			return err
@@ -720,7 +726,9 @@ func (x *session) idle() error {
 			return err
 		}
 		t0 := time.Now()
-		time.Sleep(x.s.Idle)
+		if err := sleep(ctx, x.s.Idle); err != nil {
+			return err
+		}
 		p1, err := readProc(x.p.Pid())
 		if err != nil {
 			return err
@@ -774,6 +782,8 @@ func (x *session) restart(ctx context.Context) error {
 		x.res.fail("kubelet-restart", "the plugin exited: %v", x.p.err)
 		x.stopped = true
 		return nil
+	case <-ctx.Done():
+		return ctx.Err()
 	case <-time.After(x.s.Restart):
 		x.res.fail("kubelet-restart", "no registration within %s", x.s.Restart)
 		return nil
@@ -824,6 +834,18 @@ func exitText(err error) string {
 		return "status 0"
 	}
 	return err.Error()
+}
+
+// sleep waits d or until ctx is done.
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
 }
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }

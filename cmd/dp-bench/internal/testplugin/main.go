@@ -250,7 +250,6 @@ func (p *plugin) registerOnce(ctx context.Context) error {
 }
 
 func (p *plugin) serveLoop(ctx context.Context, w *fsnotify.Watcher) error {
-	var s *server
 	if p.fault["register-before-serve"] {
 		_ = p.registerOnce(ctx) // refused: nothing is served yet
 	}
