@@ -84,11 +84,11 @@ func serve(ctx context.Context, cfg *config.Config, log *logrus.Entry) error {
 	if err := os.MkdirAll(cfg.DevicePluginDir, 0o750); err != nil {
 		return fmt.Errorf("device plugin dir: %w", err)
 	}
-	writer, err := cdi.NewWriter(cfg.CDIDir, cfg.PluginName)
+	start := time.Now().UnixNano()
+	writer, err := cdi.NewWriter(cfg.CDIDir, cfg.PluginName, start)
 	if err != nil {
 		return err
 	}
-	start := time.Now().UnixNano()
 	var (
 		resources []*plugin.Resource
 		kinds     []cdi.Kind
