@@ -125,11 +125,17 @@ type Prestart struct {
 	// OnFailure: "unhealthy" (default) reports a device whose preparation
 	// failed as Unhealthy; "ignore" only fails the call.
 	OnFailure string `json:"onFailure,omitempty"`
-	// Recovery: "reset" (default) makes such a device Healthy again after a
-	// later successful preparation with a reset step; "never" keeps it
-	// Unhealthy until its state is cleared.
+	// Recovery: "auto" (default) makes such a device Healthy again after
+	// any later preparation that succeeds, the plugin's own background
+	// re-preparation included; "reset" only after one that includes a
+	// reset step (which the resource must have); "never" keeps it
+	// Unhealthy until its state.json is removed and the plugin restarted.
 	Recovery string `json:"recovery,omitempty"`
-	Steps    []Step `json:"steps"`
+	// RecoveryInterval is the wait before a failed device is prepared
+	// again in the background (default 30s); it doubles after every
+	// failed attempt, up to 10m.
+	RecoveryInterval Duration `json:"recoveryInterval,omitempty"`
+	Steps            []Step   `json:"steps"`
 }
 
 // Step is one preparation step.

@@ -194,6 +194,9 @@ func TestValidationErrors(t *testing.T) {
 		{name: "image on reset", file: "resources:\n- name: example.com/a\n  prestart:\n    steps: [{type: reset, image: /x}]\n", field: "resources[0].prestart.steps[0].type", value: "reset"},
 		{name: "reset on host devices", file: "resources:\n- name: example.com/a\n  hostDevices: [fuse]\n  prestart:\n    steps: [{type: reset}]\n", field: "resources[0].prestart.steps[0].type", value: "reset"},
 		{name: "onFailure", file: "resources:\n- name: example.com/a\n  prestart:\n    onFailure: panic\n    steps: [{type: reset}]\n", field: "resources[0].prestart.onFailure", value: "panic"},
+		{name: "recovery reset without a reset step", file: "resources:\n- name: example.com/a\n  hostDevices: [fuse]\n  prestart:\n    recovery: reset\n    steps: [{type: exec, command: [/bin/true]}]\n", field: "resources[0].prestart.recovery", value: "reset"},
+		{name: "recovery", file: "resources:\n- name: example.com/a\n  prestart:\n    recovery: sometimes\n    steps: [{type: reset}]\n", field: "resources[0].prestart.recovery", value: "sometimes"},
+		{name: "recovery interval", file: "resources:\n- name: example.com/a\n  prestart:\n    recoveryInterval: 2h\n    steps: [{type: reset}]\n", field: "resources[0].prestart.recoveryInterval", value: "2h0m0s"},
 		{name: "class starts with digit", file: "resources:\n- name: example.com/9a\n", field: "resources[0].name", value: "example.com/9a"},
 	}
 	for _, c := range cases {
@@ -236,7 +239,8 @@ func TestPrestartDefaults(t *testing.T) {
 	}
 	p := cfg.Resources[0].Prestart
 	if p == nil || len(p.Steps) != 2 || p.Steps[0].Type != StepReset || p.Steps[1].Type != StepReprogram || p.Steps[1].Image != "" ||
-		p.Budget.Duration != 25*time.Second || p.OnFailure != "unhealthy" || p.Recovery != "reset" {
+		p.Budget.Duration != 25*time.Second || p.OnFailure != "unhealthy" || p.Recovery != "auto" ||
+		p.RecoveryInterval.Duration != 30*time.Second {
 		t.Fatalf("env mode default: %+v", p)
 	}
 	cfg, _, err = Load(nil, envOf(map[string]string{"PRESTART_STEPS": "none"}), io.Discard)

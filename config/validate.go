@@ -6,6 +6,7 @@ import (
 	"path"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -325,10 +326,20 @@ func (c *Config) validatePrestart(f func(string) string, r *Resource) error {
 	}
 	switch p.Recovery {
 	case "":
-		p.Recovery = "reset"
-	case "reset", "never":
+		p.Recovery = "auto"
+	case "auto", "never":
+	case "reset":
+		if !slices.ContainsFunc(p.Steps, func(s Step) bool { return s.Type == StepReset }) {
+			return fieldErr(f("prestart.recovery"), p.Recovery, "needs a step of type reset, which this resource does not have: the device could never recover (use auto: any successful preparation heals it)")
+		}
 	default:
-		return fieldErr(f("prestart.recovery"), p.Recovery, "must be reset or never")
+		return fieldErr(f("prestart.recovery"), p.Recovery, "must be auto, reset or never")
+	}
+	if p.RecoveryInterval.Duration == 0 {
+		p.RecoveryInterval.Duration = prestart.DefaultRecoveryInterval
+	}
+	if p.RecoveryInterval.Duration < 0 || p.RecoveryInterval.Duration > time.Hour {
+		return fieldErr(f("prestart.recoveryInterval"), p.RecoveryInterval.String(), "must be above 0 and at most 1h")
 	}
 	for j := range p.Steps {
 		s := &p.Steps[j]

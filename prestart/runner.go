@@ -41,6 +41,38 @@ func (e *StepError) Error() string {
 
 func (e *StepError) Unwrap() error { return e.Err }
 
+// Recovery says how a device that a failed preparation made Unhealthy
+// becomes Healthy again. Every mode but never has a way out that does not
+// depend on the kubelet retrying the container that failed (its pod may be
+// gone): the runner itself prepares failed devices again in the
+// background, with a backoff, until it works.
+type Recovery string
+
+const (
+	// RecoverAuto heals a device after any later preparation that succeeds
+	// in full (a container start, or the background re-preparation).
+	RecoverAuto Recovery = "auto"
+	// RecoverReset heals it only after a successful preparation that
+	// includes a step that resets the device (a reset step).
+	RecoverReset Recovery = "reset"
+	// RecoverNever keeps it Unhealthy until an operator removes its
+	// state.json and restarts the plugin.
+	RecoverNever Recovery = "never"
+)
+
+// DefaultRecoveryInterval is the wait before a failed device is first
+// prepared again in the background; it doubles after every failed
+// attempt, up to MaxRecoveryBackoff.
+const (
+	DefaultRecoveryInterval = 30 * time.Second
+	MaxRecoveryBackoff      = 10 * time.Minute
+)
+
+// Resetter is a step that returns the device to a clean state.
+type Resetter interface {
+	Resets() bool
+}
+
 // Options configure a Runner.
 type Options struct {
 	Resource string
@@ -51,17 +83,31 @@ type Options struct {
 	Budget time.Duration
 	// MarkUnhealthy reports a device whose preparation failed as unhealthy.
 	MarkUnhealthy bool
-	// RecoverOnReset makes it healthy again after a later preparation that
-	// succeeded and included a reset.
-	RecoverOnReset bool
-	Health         HealthReporter
-	Log            *logrus.Entry
+	// Recovery (default RecoverAuto) and the first wait before a failed
+	// device is prepared again in the background (default
+	// DefaultRecoveryInterval).
+	Recovery         Recovery
+	RecoveryInterval time.Duration
+	Health           HealthReporter
+	Log              *logrus.Entry
 }
 
 // Runner prepares the devices of one resource.
 type Runner struct {
 	opts  Options
 	locks sync.Map // device name -> *sync.Mutex
+
+	mu sync.Mutex
+	// failed are the devices marked Unhealthy by a failed preparation, to
+	// be prepared again in the background.
+	failed map[string]*failure
+	kick   chan struct{}
+}
+
+type failure struct {
+	dev     device.Device
+	next    time.Time
+	backoff time.Duration
 }
 
 // NewRunner returns a runner; it touches nothing on disk.
@@ -69,12 +115,18 @@ func NewRunner(o Options) *Runner {
 	if o.Budget <= 0 {
 		o.Budget = DefaultBudget
 	}
+	if o.Recovery == "" {
+		o.Recovery = RecoverAuto
+	}
+	if o.RecoveryInterval <= 0 {
+		o.RecoveryInterval = DefaultRecoveryInterval
+	}
 	if o.Log == nil {
 		l := logrus.New()
 		l.SetOutput(io.Discard)
 		o.Log = logrus.NewEntry(l)
 	}
-	return &Runner{opts: o}
+	return &Runner{opts: o, failed: map[string]*failure{}, kick: make(chan struct{}, 1)}
 }
 
 // HasSteps reports whether PreStartContainer is needed.
@@ -83,29 +135,70 @@ func (r *Runner) HasSteps() bool { return len(r.opts.Steps) > 0 }
 // Dir is the state directory of a device.
 func (r *Runner) Dir(name string) string { return filepath.Join(r.opts.StateRoot, name) }
 
-// Init creates the state directory of every device and returns the faults
-// recorded by an earlier run (devices whose last preparation failed), so
-// health survives plugin restarts.
-func (r *Runner) Init(snap *device.Snapshot) (map[string]string, error) {
-	faults := map[string]string{}
+// Ensure gives every device of snap its state directory (mounted into its
+// containers by the CDI spec, so it must exist before the spec names it)
+// with a scratch directory and a state file. Existing state is kept.
+func (r *Runner) Ensure(snap *device.Snapshot) error {
+	if err := os.MkdirAll(r.opts.StateRoot, 0o755); err != nil {
+		return fmt.Errorf("state root: %w", err)
+	}
 	for _, d := range snap.Devices {
 		dir := r.Dir(d.Name)
-		if err := os.MkdirAll(filepath.Join(dir, ScratchDir), 0o755); err != nil {
-			return nil, fmt.Errorf("state of %s: %w", d.Name, err)
+		if _, err := os.Lstat(filepath.Join(dir, StateFile)); err == nil {
+			continue
 		}
-		st, err := LoadState(dir)
+		if err := ensureDir(dir); err != nil {
+			return fmt.Errorf("state of %s: %w", d.Name, err)
+		}
+		if err := ensureDir(filepath.Join(dir, ScratchDir)); err != nil {
+			return fmt.Errorf("state of %s: %w", d.Name, err)
+		}
+		st := State{Status: StatusNew, Device: d.Name, Resource: r.opts.Resource}
+		if err := st.Save(dir); err != nil {
+			return fmt.Errorf("state of %s: %w", d.Name, err)
+		}
+	}
+	return nil
+}
+
+// ensureDir makes dir, which must be a real directory if it exists (a
+// symlink planted there is refused).
+func ensureDir(dir string) error {
+	err := os.Mkdir(dir, 0o755)
+	if err == nil || !errors.Is(err, os.ErrExist) {
+		return err
+	}
+	fi, err := os.Lstat(dir)
+	if err != nil {
+		return err
+	}
+	if !fi.IsDir() {
+		return fmt.Errorf("%s exists and is not a directory", dir)
+	}
+	return nil
+}
+
+// Init ensures every device's state (see Ensure) and restores the faults
+// recorded by an earlier run (devices whose last preparation failed), so
+// health survives plugin restarts. It returns them by device.
+func (r *Runner) Init(snap *device.Snapshot) (map[string]string, error) {
+	if err := r.Ensure(snap); err != nil {
+		return nil, err
+	}
+	faults := map[string]string{}
+	for _, d := range snap.Devices {
+		log := r.opts.Log.WithField("device", d.Name)
+		st, err := loadOrAside(r.Dir(d.Name), log)
 		if err != nil {
 			return nil, fmt.Errorf("state of %s: %w", d.Name, err)
 		}
-		if st.Status == StatusNew {
-			st.Device, st.Resource = d.Name, r.opts.Resource
-			if err := st.Save(dir); err != nil {
-				return nil, err
-			}
-		}
 		if st.Status == StatusFailed && r.opts.MarkUnhealthy {
 			faults[d.Name] = "prestart: " + st.LastError
+			r.recordFailure(d)
 		}
+	}
+	if err := r.Ensure(snap); err != nil { // states set aside as corrupt
+		return nil, err
 	}
 	return faults, nil
 }
@@ -139,20 +232,19 @@ func (r *Runner) lock(name string) func() {
 }
 
 // prepareOne runs the steps on one device. Concurrent calls for the same
-// device (replicas shared by two containers) run one after the other. The
-// state file is written once, at the end, whatever happened.
+// device (replicas shared by two containers, or a container start during a
+// background re-preparation) run one after the other. The state file is
+// written once, at the end, whatever happened.
 func (r *Runner) prepareOne(ctx context.Context, d device.Device) error {
 	defer r.lock(d.Name)()
 	log := r.opts.Log.WithField("device", d.Name)
 	dir := r.Dir(d.Name)
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	if err := ensureDir(dir); err != nil {
 		return &StepError{Device: d.Name, Step: "state", Err: err}
 	}
-	st, err := LoadState(dir)
+	st, err := loadOrAside(dir, log)
 	if err != nil {
-		// A corrupt state file is replaced by a fresh state, not fatal.
-		log.WithError(err).Warn("unreadable device state; starting afresh")
-		st = State{}
+		return &StepError{Device: d.Name, Step: "state", Err: err}
 	}
 	st.Device, st.Resource = d.Name, r.opts.Resource
 	t := &Target{ID: d.Name, Index: d.Index, HostPath: d.HostPath, ContainerPath: d.ContainerPath,
@@ -180,7 +272,7 @@ func (r *Runner) prepareOne(ctx context.Context, d device.Device) error {
 			failed = &StepError{Device: d.Name, Step: s.Name(), Err: err}
 			break
 		}
-		if _, ok := s.(Reset); ok {
+		if rs, ok := s.(Resetter); ok && rs.Resets() {
 			didReset = true
 		}
 	}
@@ -201,15 +293,121 @@ func (r *Runner) prepareOne(ctx context.Context, d device.Device) error {
 	}
 	if failed != nil {
 		log.WithError(failed.Err).WithField("step", failed.Step).Warn("device preparation failed")
-		if r.opts.MarkUnhealthy && r.opts.Health != nil {
-			r.opts.Health.SetFault(d.Name, "prestart: "+st.LastError)
+		if r.opts.MarkUnhealthy {
+			if r.opts.Health != nil {
+				r.opts.Health.SetFault(d.Name, "prestart: "+st.LastError)
+			}
+			r.recordFailure(d)
 		}
 		return failed
 	}
 	log.WithField("generation", st.Generation).WithField("took", time.Since(start)).Debug("device prepared")
+	if !r.heals(didReset) {
+		r.mu.Lock()
+		_, isFailed := r.failed[d.Name]
+		r.mu.Unlock()
+		if isFailed {
+			r.recordFailure(d) // still unhealthy: try again later
+		}
+		return nil
+	}
+	r.mu.Lock()
+	delete(r.failed, d.Name)
+	r.mu.Unlock()
 	// Clearing a fault the device does not have is a no-op for the source.
-	if didReset && r.opts.RecoverOnReset && r.opts.Health != nil {
+	if r.opts.Health != nil {
 		r.opts.Health.SetFault(d.Name, "")
 	}
 	return nil
+}
+
+// heals reports whether a successful preparation makes a failed device
+// healthy again.
+func (r *Runner) heals(didReset bool) bool {
+	switch r.opts.Recovery {
+	case RecoverAuto:
+		return true
+	case RecoverReset:
+		return didReset
+	}
+	return false
+}
+
+// recordFailure schedules a failed device for background re-preparation:
+// after the recovery interval, then after twice the last wait.
+func (r *Runner) recordFailure(d device.Device) {
+	r.mu.Lock()
+	f := r.failed[d.Name]
+	if f == nil {
+		f = &failure{backoff: r.opts.RecoveryInterval}
+		r.failed[d.Name] = f
+	} else {
+		f.backoff = min(2*f.backoff, max(MaxRecoveryBackoff, r.opts.RecoveryInterval))
+	}
+	f.dev = d
+	f.next = time.Now().Add(f.backoff)
+	r.mu.Unlock()
+	select {
+	case r.kick <- struct{}{}:
+	default:
+	}
+}
+
+// Run prepares failed devices again in the background until ctx is done,
+// so that a device whose failed container is gone is healed too. It does
+// nothing (and wakes up never) while no device has failed, and returns at
+// once when recovery is off (never, onFailure ignore, or no steps).
+func (r *Runner) Run(ctx context.Context) error {
+	if !r.HasSteps() || !r.opts.MarkUnhealthy || r.opts.Recovery == RecoverNever {
+		return nil
+	}
+	timer := time.NewTimer(0)
+	timer.Stop()
+	defer timer.Stop()
+	for {
+		var due <-chan time.Time
+		if next, ok := r.nextAttempt(); ok {
+			timer.Reset(time.Until(next))
+			due = timer.C
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-r.kick:
+			timer.Stop()
+		case <-due:
+			r.recoverDue(ctx)
+		}
+	}
+}
+
+func (r *Runner) nextAttempt() (time.Time, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var next time.Time
+	for _, f := range r.failed {
+		if next.IsZero() || f.next.Before(next) {
+			next = f.next
+		}
+	}
+	return next, !next.IsZero()
+}
+
+// recoverDue prepares the failed devices whose time has come.
+func (r *Runner) recoverDue(ctx context.Context) {
+	now := time.Now()
+	var devs []device.Device
+	r.mu.Lock()
+	for _, f := range r.failed {
+		if !f.next.After(now) {
+			devs = append(devs, f.dev)
+		}
+	}
+	r.mu.Unlock()
+	for _, d := range devs {
+		r.opts.Log.WithField("device", d.Name).Info("preparing a failed device again")
+	}
+	if err := r.Prepare(ctx, devs); err == nil && len(devs) > 0 {
+		r.opts.Log.WithField("devices", len(devs)).Info("failed devices prepared again")
+	}
 }

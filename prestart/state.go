@@ -9,11 +9,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
 	"time"
+
+	"github.com/sirupsen/logrus"
+
+	"github.com/cdi-device-plugin/cdi-device-plugin/internal/atomicfile"
 )
 
 // Device status values.
@@ -74,43 +77,26 @@ func (s *State) Save(dir string) error {
 	if err != nil {
 		return err
 	}
-	return writeAtomic(filepath.Join(dir, StateFile), append(data, '\n'), 0o644)
+	return atomicfile.WriteBytes(filepath.Join(dir, StateFile), append(data, '\n'), 0o644)
 }
 
-// writeAtomic writes data to path through a synced temp file and rename,
-// so readers see the old or the new content, never a part.
-func writeAtomic(path string, data []byte, mode os.FileMode) error {
-	return replaceFile(path, mode, func(w io.Writer) error {
-		_, err := w.Write(data)
-		return err
-	})
-}
+// CorruptSuffix is appended to the name of an unreadable state file that
+// is kept aside for inspection.
+const CorruptSuffix = ".corrupt"
 
-// replaceFile replaces path with what fill writes: a temp file in the same
-// directory, synced, given mode, renamed over path. On any error the temp
-// file is removed and path is untouched.
-func replaceFile(path string, mode os.FileMode, fill func(io.Writer) error) error {
-	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-*")
-	if err != nil {
-		return err
+// loadOrAside reads the state in dir. An unreadable state file is not
+// fatal, wherever it is met: it is logged, kept aside as
+// state.json.corrupt (replacing an older one), and a new state is
+// returned.
+func loadOrAside(dir string, log *logrus.Entry) (State, error) {
+	st, err := LoadState(dir)
+	if err == nil {
+		return st, nil
 	}
-	tmp := f.Name()
-	werr := fill(f)
-	if werr == nil {
-		werr = f.Sync()
+	p := filepath.Join(dir, StateFile)
+	if rerr := os.Rename(p, p+CorruptSuffix); rerr != nil {
+		return State{}, fmt.Errorf("%w (and keeping it aside: %v)", err, rerr)
 	}
-	if cerr := f.Close(); werr == nil {
-		werr = cerr
-	}
-	if werr == nil {
-		werr = os.Chmod(tmp, mode)
-	}
-	if werr == nil {
-		werr = os.Rename(tmp, path)
-	}
-	if werr != nil {
-		_ = os.Remove(tmp)
-		return fmt.Errorf("write %s: %w", path, werr)
-	}
-	return nil
+	log.WithError(err).WithField("kept", p+CorruptSuffix).Warn("unreadable device state; kept aside, starting afresh")
+	return State{Status: StatusNew}, nil
 }

@@ -20,6 +20,8 @@ import (
 	"time"
 
 	"github.com/sirupsen/logrus"
+
+	"github.com/cdi-device-plugin/cdi-device-plugin/internal/atomicfile"
 )
 
 // Target is what a step works on: one device, its state directory and the
@@ -59,6 +61,9 @@ type Reset struct{ Limit time.Duration }
 
 func (Reset) Name() string             { return "reset" }
 func (r Reset) Timeout() time.Duration { return r.Limit }
+
+// Resets reports that the step returns the device to a clean state.
+func (Reset) Resets() bool { return true }
 
 // Run replaces the scratch directory by an empty one: the old one is
 // renamed away first, so a reset never leaves half-cleared data behind.
@@ -183,25 +188,26 @@ func (r *Reprogram) Run(ctx context.Context, t *Target) error {
 		defer f.Close()
 		src = f
 	}
-	got, size, err := copyHashed(ctx, fw, src)
+	size, err := copyHashed(ctx, fw, src, want, r.imageName())
 	if err != nil {
 		return err
 	}
-	// The bytes loaded are the ones checked: a file changed under us fails.
-	if got != want {
-		_ = os.Remove(fw)
-		return fmt.Errorf("image %s changed while loading: sha256 %s, expected %s", r.imageName(), got, want)
-	}
-	t.State.Firmware = &Firmware{Name: r.imageName(), SHA256: got, Size: size, At: time.Now().UTC()}
+	t.State.Firmware = &Firmware{Name: r.imageName(), SHA256: want, Size: size, At: time.Now().UTC()}
 	return nil
 }
 
-// copyHashed copies src into path (atomically, see replaceFile), hashing
-// what it writes; ctx is checked between chunks.
-func copyHashed(ctx context.Context, path string, src io.Reader) (string, int64, error) {
+// errImageChanged is returned when the bytes copied do not have the digest
+// checked before the copy.
+var errImageChanged = errors.New("changed while loading")
+
+// copyHashed copies src into path atomically, hashing what it writes; ctx
+// is checked between chunks. The bytes loaded are the ones checked: when
+// their digest is not want (the image changed under us), nothing replaces
+// the file in place.
+func copyHashed(ctx context.Context, path string, src io.Reader, want, name string) (int64, error) {
 	h := sha256.New()
 	var n int64
-	err := replaceFile(path, 0o644, func(f io.Writer) error {
+	err := atomicfile.Write(path, 0o644, func(f *os.File) error {
 		w := io.MultiWriter(f, h)
 		buf := make([]byte, 256*1024)
 		for {
@@ -216,17 +222,24 @@ func copyHashed(ctx context.Context, path string, src io.Reader) (string, int64,
 				n += int64(k)
 			}
 			if rerr == io.EOF {
-				return nil
+				break
 			}
 			if rerr != nil {
 				return rerr
 			}
 		}
+		if got := hex.EncodeToString(h.Sum(nil)); got != want {
+			return fmt.Errorf("image %s %w: sha256 %s, expected %s", name, errImageChanged, got, want)
+		}
+		return nil
 	})
-	if err != nil {
-		return "", 0, fmt.Errorf("load firmware: %w", err)
+	if errors.Is(err, errImageChanged) {
+		return 0, errors.Unwrap(err) // the path is ours, not news
 	}
-	return hex.EncodeToString(h.Sum(nil)), n, nil
+	if err != nil {
+		return 0, fmt.Errorf("load firmware: %w", err)
+	}
+	return n, nil
 }
 
 // Exec runs a command for a real device: arguments are templates over the

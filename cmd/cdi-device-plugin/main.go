@@ -218,7 +218,8 @@ func newRunner(rc *config.Resource, stateRoot string, src *device.Source, log *l
 	if p := rc.Prestart; p != nil {
 		opts.Budget = p.Budget.Duration
 		opts.MarkUnhealthy = p.OnFailure != "ignore"
-		opts.RecoverOnReset = p.Recovery != "never"
+		opts.Recovery = prestart.Recovery(p.Recovery)
+		opts.RecoveryInterval = p.RecoveryInterval.Duration
 		for _, s := range p.Steps {
 			switch s.Type {
 			case config.StepReset:
