@@ -7,9 +7,11 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"sync"
 	"time"
 
 	"github.com/fsnotify/fsnotify"
+	"github.com/sirupsen/logrus"
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -28,8 +30,11 @@ func (p *Plugin) SocketPath() string { return filepath.Join(p.opts.Dir, p.opts.S
 // Run serves the plugin and keeps it registered until ctx is done:
 // serve → register → watch. When the kubelet restarts it wipes the plugin
 // directory and creates kubelet.sock again; both are seen through fsnotify
-// and answered at once (a new socket if ours is gone, then Register). On
-// return the socket is removed.
+// and answered at once (a new socket if ours is gone, then Register).
+// Registration runs beside the loop, so a kubelet that accepts the
+// connection but hangs never keeps the loop from answering events. While
+// registered, nothing wakes the loop but events. On return the socket is
+// removed.
 func (p *Plugin) Run(ctx context.Context) error {
 	w, err := fsnotify.NewWatcher()
 	if err != nil {
@@ -43,33 +48,58 @@ func (p *Plugin) Run(ctx context.Context) error {
 	}
 	sock := p.SocketPath()
 	kubeletSock := filepath.Join(p.opts.Dir, KubeletSocket)
+	var (
+		kubeletIno uint64 // the kubelet.sock we are registered with
+		failures   int    // failed attempts since the last registration
+	)
 	for {
-		srv, serveErr, err := p.serve()
+		srv, err := p.serve()
 		if err != nil {
 			return err
 		}
-		stopServer := func() {
-			srv.stop()
-			if err := os.Remove(sock); err != nil && !errors.Is(err, os.ErrNotExist) {
-				p.log.WithError(err).Warn("removing socket")
-			}
-		}
 		ourIno := inode(sock)
-		registered := p.registerSoon(ctx) == nil
-		retry := time.NewTimer(p.opts.RetryInterval)
+		reg := &registrar{p: p, sock: kubeletSock}
+		reg.start(ctx)
+		registered := false
+		retry := time.NewTimer(0)
+		retry.Stop()
 		restart := false
 		for !restart {
 			select {
 			case <-ctx.Done():
 				retry.Stop()
-				stopServer()
+				reg.stop()
+				srv.stop(p.log)
 				return nil
-			case err := <-serveErr:
+			case err := <-srv.errc:
 				p.log.WithError(err).Warn("gRPC server stopped; serving again")
 				restart = true
+			case err := <-reg.done():
+				ino := reg.finish()
+				if err == nil {
+					registered, kubeletIno = true, ino
+					if failures > 0 {
+						p.log.WithField("attempts", failures+1).Info("registered after failed attempts")
+					}
+					failures = 0
+					break
+				}
+				l := p.log.WithError(err)
+				if failures == 0 {
+					l.Warn("registration failed; retrying when kubelet.sock appears")
+				} else {
+					l.Debug("registration failed again")
+				}
+				failures++
+				// A kubelet.sock that exists but refused us: try again
+				// later. None: its creation is the signal.
+				if inode(kubeletSock) != 0 {
+					retry.Reset(p.opts.RetryInterval)
+				}
 			case ev, ok := <-w.Events:
 				if !ok {
-					stopServer()
+					reg.stop()
+					srv.stop(p.log)
 					return errors.New("fsnotify watcher closed")
 				}
 				// Events can be stale by the time they are read: act on
@@ -82,63 +112,133 @@ func (p *Plugin) Run(ctx context.Context) error {
 						restart = true
 					}
 				case ev.Name == kubeletSock && ev.Has(fsnotify.Create):
-					if ino := inode(kubeletSock); ino != 0 && (!registered || ino != p.kubeletIno) {
-						p.log.Info("kubelet.sock created; registering again")
-						registered = p.registerSoon(ctx) == nil
+					ino := inode(kubeletSock)
+					if ino == 0 || reg.targets(ino) || (registered && ino == kubeletIno) {
+						break
 					}
+					p.log.Info("kubelet.sock created; registering again")
+					registered = false
+					retry.Stop()
+					reg.start(ctx)
 				}
 			case err := <-w.Errors:
-				p.log.WithError(err).Warn("fsnotify error")
-			case <-retry.C:
-				// A safety net for missed events: re-check the socket and
-				// retry a failed registration.
+				// An overflow may have hidden events: look at the disk.
+				p.log.WithError(err).Warn("fsnotify error; checking the sockets")
 				if _, err := os.Lstat(sock); err != nil {
 					restart = true
-					break
+				} else if ino := inode(kubeletSock); ino != 0 && !reg.targets(ino) && (!registered || ino != kubeletIno) {
+					reg.start(ctx)
 				}
-				if !registered {
-					registered = p.registerSoon(ctx) == nil
+			case <-retry.C:
+				if !registered && !reg.running() {
+					reg.start(ctx)
 				}
-				retry.Reset(p.opts.RetryInterval)
 			}
 		}
 		retry.Stop()
-		stopServer()
+		reg.stop()
+		srv.stop(p.log)
 	}
+}
+
+// registrar runs one registration attempt at a time, beside Run's loop
+// (which alone calls its methods).
+type registrar struct {
+	p    *Plugin
+	sock string
+	cur  *attempt
+}
+
+type attempt struct {
+	ino    uint64 // the kubelet.sock it registers with
+	cancel context.CancelFunc
+	errc   chan error
+}
+
+// start cancels the attempt under way, if any, and starts a new one.
+func (r *registrar) start(ctx context.Context) {
+	r.stop()
+	actx, cancel := context.WithCancel(ctx)
+	a := &attempt{ino: inode(r.sock), cancel: cancel, errc: make(chan error, 1)}
+	go func() { a.errc <- r.p.registerSoon(actx) }()
+	r.cur = a
+}
+
+// done is the channel the current attempt reports on (nil: none).
+func (r *registrar) done() <-chan error {
+	if r.cur == nil {
+		return nil
+	}
+	return r.cur.errc
+}
+
+// finish forgets the attempt whose result was received from done and
+// returns the kubelet.sock inode it registered with.
+func (r *registrar) finish() uint64 {
+	ino := r.cur.ino
+	r.cur.cancel()
+	r.cur = nil
+	return ino
+}
+
+func (r *registrar) running() bool { return r.cur != nil }
+
+// targets reports whether the attempt under way registers with the
+// kubelet.sock of inode ino.
+func (r *registrar) targets(ino uint64) bool { return r.cur != nil && r.cur.ino == ino }
+
+// stop cancels the attempt under way and waits for it.
+func (r *registrar) stop() {
+	if r.cur == nil {
+		return
+	}
+	r.cur.cancel()
+	<-r.cur.errc
+	r.cur = nil
 }
 
 // server is one incarnation of the gRPC server on our socket.
 type server struct {
 	grpc *grpc.Server
+	sock string
 	done chan struct{}
+	errc chan error
+	wg   sync.WaitGroup
 }
 
-func (s *server) stop() {
+// stop ends the streams, stops serving, waits for the serving goroutine
+// and removes the socket.
+func (s *server) stop(log *logrus.Entry) {
 	close(s.done) // ends ListAndWatch streams, so Stop does not wait on them
 	s.grpc.Stop()
+	s.wg.Wait()
+	if err := os.Remove(s.sock); err != nil && !errors.Is(err, os.ErrNotExist) {
+		log.WithError(err).Warn("removing socket")
+	}
 }
 
 // serve listens on our socket (replacing a stale file) and serves in the
 // background. The kubelet requires the socket to be served before Register.
-func (p *Plugin) serve() (*server, <-chan error, error) {
+func (p *Plugin) serve() (*server, error) {
 	sock := p.SocketPath()
 	if err := os.Remove(sock); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return nil, nil, fmt.Errorf("remove stale socket: %w", err)
+		return nil, fmt.Errorf("remove stale socket: %w", err)
 	}
 	lis, err := net.Listen("unix", sock)
 	if err != nil {
-		return nil, nil, fmt.Errorf("listen on %s: %w", sock, err)
+		return nil, fmt.Errorf("listen on %s: %w", sock, err)
 	}
-	s := &server{grpc: grpc.NewServer(), done: make(chan struct{})}
+	s := &server{grpc: grpc.NewServer(), sock: sock, done: make(chan struct{}), errc: make(chan error, 1)}
 	pluginapi.RegisterDevicePluginServer(s.grpc, &stream{Plugin: p, done: s.done})
-	errc := make(chan error, 1)
+	s.wg.Add(1)
 	go func() {
+		defer s.wg.Done()
 		if err := s.grpc.Serve(lis); err != nil {
-			errc <- err
+			s.errc <- err
 		}
 	}()
 	p.log.WithField("socket", sock).Debug("serving")
-	return s, errc, nil
+	return s, nil
 }
 
 // stream binds ListAndWatch to one server incarnation.
@@ -156,13 +256,11 @@ func (s *stream) ListAndWatch(_ *pluginapi.Empty, st pluginapi.DevicePlugin_List
 func (p *Plugin) registerSoon(ctx context.Context) error {
 	kubeletSock := filepath.Join(p.opts.Dir, KubeletSocket)
 	if _, err := os.Stat(kubeletSock); err != nil {
-		return p.registerFailed(fmt.Errorf("register: %w", err))
+		return fmt.Errorf("register: %w", err)
 	}
 	var err error
 	for delay := 5 * time.Millisecond; delay < time.Second; delay *= 2 {
-		ino := inode(kubeletSock)
 		if err = p.register(ctx); err == nil {
-			p.kubeletIno = ino
 			return nil
 		}
 		select {
@@ -171,7 +269,7 @@ func (p *Plugin) registerSoon(ctx context.Context) error {
 		case <-time.After(delay):
 		}
 	}
-	return p.registerFailed(err)
+	return err
 }
 
 // register tells the kubelet about our socket.
@@ -195,11 +293,6 @@ func (p *Plugin) register(ctx context.Context) error {
 	}
 	p.log.WithField("socket", p.opts.SocketName).Info("registered with the kubelet")
 	return nil
-}
-
-func (p *Plugin) registerFailed(err error) error {
-	p.log.WithError(err).Warn("registration failed; will retry when kubelet.sock appears")
-	return err
 }
 
 // inode returns the inode number of p, 0 when it does not exist.

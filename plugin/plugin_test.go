@@ -3,6 +3,8 @@ package plugin
 import (
 	"context"
 	"errors"
+	"maps"
+	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -13,6 +15,7 @@ import (
 	"time"
 
 	"github.com/sirupsen/logrus"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
@@ -512,5 +515,89 @@ func TestPreStartContainer(t *testing.T) {
 	_, err = c.PreStartContainer(ctx, &pluginapi.PreStartContainerRequest{DevicesIds: []string{"sim-1::0"}})
 	if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "device sim-1: step reset: disk on fire") {
 		t.Fatalf("failure: %v", err)
+	}
+}
+
+// hangingKubelet accepts connections on kubelet.sock but never answers
+// Register, as a wedged kubelet would.
+type hangingKubelet struct {
+	pluginapi.UnimplementedRegistrationServer
+	srv *grpc.Server
+}
+
+func (hangingKubelet) Register(ctx context.Context, _ *pluginapi.RegisterRequest) (*pluginapi.Empty, error) {
+	<-ctx.Done()
+	return nil, ctx.Err()
+}
+
+func startHangingKubelet(t *testing.T, dir string) *hangingKubelet {
+	t.Helper()
+	lis, err := net.Listen("unix", filepath.Join(dir, KubeletSocket))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := &hangingKubelet{srv: grpc.NewServer()}
+	pluginapi.RegisterRegistrationServer(h.srv, h)
+	go func() { _ = h.srv.Serve(lis) }()
+	t.Cleanup(h.srv.Stop)
+	return h
+}
+
+// TestHungRegistrationDoesNotBlock (issue 8 item 10): while a Register
+// call hangs, the plugin still serves a new socket when its own is
+// removed, and registers at once with a kubelet that comes back.
+func TestHungRegistrationDoesNotBlock(t *testing.T) {
+	dir := shortDir(t)
+	h := startHangingKubelet(t, dir)
+	p := newPlugin(t, dir, snapshot(2, 0, 1), nil)
+	runPlugin(t, p)
+	sock := filepath.Join(dir, "test-sim.sock")
+	waitFile := func(what string, d time.Duration) {
+		t.Helper()
+		deadline := time.Now().Add(d)
+		for {
+			if _, err := os.Stat(sock); err == nil {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: socket not served within %s", what, d)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	waitFile("start", 2*time.Second)
+	time.Sleep(100 * time.Millisecond) // Register is hanging now
+	if err := os.Remove(sock); err != nil {
+		t.Fatal(err)
+	}
+	waitFile("socket removed while Register hangs", time.Second)
+
+	// The kubelet restarts properly: one registration, promptly.
+	h.srv.Stop()
+	_ = os.Remove(filepath.Join(dir, KubeletSocket))
+	k := startKubelet(t, dir)
+	if _, err := k.WaitRegistration(2 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestAnnotationsWithReplicas (item 11): with replicas, the per-device
+// annotation does not depend on the order of the requested IDs.
+func TestAnnotationsWithReplicas(t *testing.T) {
+	p := newPlugin(t, shortDir(t), snapshot(2, 0, 2), func(o *Options) { o.AnnotationPrefix = "example.com/dev" })
+	a, err := allocate(t, p, []string{"sim-0::0", "sim-0::1", "sim-1::1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := allocate(t, p, []string{"sim-1::1", "sim-0::1", "sim-0::0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	x, y := a.ContainerResponses[0].Annotations, b.ContainerResponses[0].Annotations
+	if len(x) != 2 || !maps.Equal(x, y) {
+		t.Fatalf("annotations depend on request order: %v vs %v", x, y)
+	}
+	if x["example.com/dev-0"] != "sim-0::0,sim-0::1" || x["example.com/dev-1"] != "sim-1::1" {
+		t.Fatalf("annotations %v", x)
 	}
 }

@@ -5,6 +5,7 @@ package plugin
 
 import (
 	"context"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -63,10 +64,6 @@ type Plugin struct {
 	state    atomic.Pointer[view]
 	// updateMu serialises Update, so views are published in order.
 	updateMu sync.Mutex
-
-	// kubeletIno is the inode of the kubelet.sock we last registered with
-	// (used by Run's goroutine only).
-	kubeletIno uint64
 }
 
 // view is everything the RPCs need, computed once per snapshot, so that
@@ -80,8 +77,11 @@ type view struct {
 	changed  chan struct{} // closed when a newer view replaces this one
 }
 
-// New returns a plugin advertising the devices of snap.
+// New returns a plugin advertising the devices of snap (none when nil).
 func New(opts Options, snap *device.Snapshot) (*Plugin, error) {
+	if snap == nil {
+		snap = &device.Snapshot{}
+	}
 	if opts.RetryInterval <= 0 {
 		opts.RetryInterval = 5 * time.Second
 	}
@@ -236,9 +236,16 @@ func (p *Plugin) allocateContainer(v *view, ids []string) (*pluginapi.ContainerA
 		r.Annotations[p.annotKey] = value
 	}
 	if p.opts.AnnotationPrefix != "" {
+		// One annotation per physical device: the IDs requested of it
+		// (replicas), sorted, so the value does not depend on their order.
+		byDev := make(map[int][]string, len(phys))
 		for _, id := range ids {
-			d := v.snap.Devices[v.ids[id]]
-			r.Annotations[p.opts.AnnotationPrefix+"-"+strconv.Itoa(d.Index)] = id
+			i := v.ids[id]
+			byDev[i] = append(byDev[i], id)
+		}
+		for i, group := range byDev {
+			slices.Sort(group)
+			r.Annotations[p.opts.AnnotationPrefix+"-"+strconv.Itoa(v.snap.Devices[i].Index)] = strings.Join(slices.Compact(group), ",")
 		}
 	}
 	if p.opts.DeviceSpecs {
