@@ -86,6 +86,19 @@ type Config struct {
 
 	// ConfigFile is the file the configuration was read from, if any.
 	ConfigFile string `json:"-"`
+	// Namespace is the namespace of the plugin's pod (POD_NAMESPACE, from
+	// the downward API), empty outside a pod.
+	Namespace string `json:"-"`
+}
+
+// Owner identifies this deployment of the plugin in the specs it writes:
+// the plugin name, qualified by the pod's namespace when it has one, so
+// that two deployments never remove each other's specs.
+func (c *Config) Owner() string {
+	if c.Namespace == "" {
+		return c.PluginName
+	}
+	return c.Namespace + "/" + c.PluginName
 }
 
 // Resource is one extended resource advertised by the plugin.
@@ -307,6 +320,9 @@ func Load(args []string, env Env, output io.Writer) (*Config, bool, error) {
 	}
 	if v, ok := env("PLUGIN_NAME"); ok && v != "" {
 		cfg.PluginName = v
+	}
+	if v, ok := env("POD_NAMESPACE"); ok {
+		cfg.Namespace = v
 	}
 	if cfg.ConfigFile == "" {
 		r, err := resourceFromEnv(env)

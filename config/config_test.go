@@ -197,6 +197,7 @@ func TestValidationErrors(t *testing.T) {
 		{name: "recovery reset without a reset step", file: "resources:\n- name: example.com/a\n  hostDevices: [fuse]\n  prestart:\n    recovery: reset\n    steps: [{type: exec, command: [/bin/true]}]\n", field: "resources[0].prestart.recovery", value: "reset"},
 		{name: "recovery", file: "resources:\n- name: example.com/a\n  prestart:\n    recovery: sometimes\n    steps: [{type: reset}]\n", field: "resources[0].prestart.recovery", value: "sometimes"},
 		{name: "recovery interval", file: "resources:\n- name: example.com/a\n  prestart:\n    recoveryInterval: 2h\n    steps: [{type: reset}]\n", field: "resources[0].prestart.recoveryInterval", value: "2h0m0s"},
+		{name: "pod namespace", env: map[string]string{"POD_NAMESPACE": "Not_A_Namespace"}, field: "POD_NAMESPACE", value: "Not_A_Namespace"},
 		{name: "class starts with digit", file: "resources:\n- name: example.com/9a\n", field: "resources[0].name", value: "example.com/9a"},
 	}
 	for _, c := range cases {

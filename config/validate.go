@@ -74,6 +74,9 @@ func (c *Config) defaultAndValidate() error {
 	if !nameRe.MatchString(c.PluginName) || len(c.PluginName) > 63 {
 		return fieldErr("PLUGIN_NAME", c.PluginName, "must be 1-63 characters of letters, digits, '-', '_' or '.', starting and ending with a letter or digit")
 	}
+	if c.Namespace != "" && (len(c.Namespace) > 63 || !dnsLabelRe.MatchString(c.Namespace)) {
+		return fieldErr("POD_NAMESPACE", c.Namespace, "must be a Kubernetes namespace name (a DNS label)")
+	}
 	for field, p := range map[string]string{
 		"device-plugin-dir": c.DevicePluginDir, "cdi-dir": c.CDIDir,
 		"dev-root": c.DevRoot, "state-dir": c.StateDir,

@@ -85,7 +85,7 @@ func serve(ctx context.Context, cfg *config.Config, log *logrus.Entry) error {
 		return fmt.Errorf("device plugin dir: %w", err)
 	}
 	start := time.Now().UnixNano()
-	writer, err := cdi.NewWriter(cfg.CDIDir, cfg.PluginName, start)
+	writer, err := cdi.NewWriter(cfg.CDIDir, cfg.Owner(), start)
 	if err != nil {
 		return err
 	}
@@ -151,6 +151,8 @@ func prepare(cfg *config.Config, rc *config.Resource, writer *cdi.Writer, start 
 			rel, _ := config.HostGlob(g) // validated
 			opts.HostGlobs = append(opts.HostGlobs, rel)
 		}
+		// Host devices keep their IDs and indexes across restarts.
+		opts.Registry = filepath.Join(cfg.StateDir, "resources", kind.SpecName()+".json")
 	}
 	src, err := device.NewSource(opts)
 	if err != nil {
@@ -175,14 +177,12 @@ func prepare(cfg *config.Config, rc *config.Resource, writer *cdi.Writer, start 
 		for name, reason := range faults {
 			src.SetFault(name, reason)
 		}
-		snap = src.Refresh()
+		src.Refresh()
 	}
-	specRes := cdi.Resource{Name: rc.Name, Kind: kind, EnvPrefix: rc.EnvPrefix, StateRoot: stateRoot}
-	spec := plugin.SpecWriterFunc(func(s *device.Snapshot) error { return writer.Write(specRes, s) })
-	if err := spec.Write(snap); err != nil {
-		return nil, kind, fmt.Errorf("%s: %w", rc.Name, err)
+	spec := stateSpec{
+		Spec:   writer.Spec(cdi.Resource{Name: rc.Name, Kind: kind, EnvPrefix: rc.EnvPrefix, StateRoot: stateRoot}),
+		runner: runner,
 	}
-	log.WithField("spec", writer.Path(kind)).WithField("devices", len(snap.Devices)).Info("CDI spec written")
 	var preparer plugin.Preparer // a nil interface, not a nil *Runner
 	if runner.HasSteps() {
 		preparer = runner
@@ -205,11 +205,27 @@ func prepare(cfg *config.Config, rc *config.Resource, writer *cdi.Writer, start 
 		Mounts:           mounts,
 		Preparer:         preparer,
 		Log:              log,
-	}, snap)
+	}, nil)
 	if err != nil {
 		return nil, kind, fmt.Errorf("%s: %w", rc.Name, err)
 	}
-	return &plugin.Resource{Source: src, Spec: spec, Plugin: p, Written: snap, Log: log}, kind, nil
+	log.WithField("spec", spec.Path()).WithField("devices", len(snap.Devices)).Info("resource prepared")
+	return &plugin.Resource{Source: src, Spec: spec, Plugin: p, Recovery: runner, Log: log}, kind, nil
+}
+
+// stateSpec is a resource's CDI spec whose writes first give every device
+// its state directory, which the spec mounts: the spec never names a
+// directory that does not exist (hot-plugged devices included).
+type stateSpec struct {
+	*cdi.Spec
+	runner *prestart.Runner
+}
+
+func (s stateSpec) Write(snap *device.Snapshot) error {
+	if err := s.runner.Ensure(snap); err != nil {
+		return err
+	}
+	return s.Spec.Write(snap)
 }
 
 // newRunner builds the prestart runner of a resource from its steps.

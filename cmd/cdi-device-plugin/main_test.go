@@ -74,6 +74,7 @@ type running struct {
 	reg     kubeletsim.Registration
 	c       *kubeletsim.Client
 	updates <-chan kubeletsim.Update
+	last    *kubeletsim.Update // the last update read by wait
 	stderr  *syncBuffer
 	stop    func() int // cancels the run, returns its exit status
 }
