@@ -10,6 +10,13 @@
 #   e2e/local/cluster.sh check            only the checks up makes before it touches anything
 #   e2e/local/cluster.sh down             stop everything up made and clean up (also after a failed run)
 #   e2e/local/cluster.sh restart-kubelet  stop and start the kubelet (e2e scenario "kubelet restart")
+#   e2e/local/cluster.sh plugin-host start VAR=VALUE... | stop
+#                                         the plugin binary as a host process with those settings, as a
+#                                         systemd unit ordered before containerd and the kubelet runs it
+#   e2e/local/cluster.sh simulate-reboot  what a node reboot does: everything stops, mounts, network
+#                                         namespaces, containerd's state and the tmpfs /var/run/cdi and
+#                                         simulated /dev nodes are gone; then the host plugin (if it ran),
+#                                         containerd and the kubelet start again, in that order
 #   e2e/local/cluster.sh env              print the variables the e2e suite needs (after up)
 #   e2e/local/cluster.sh logs [N]         print the last N (default 200) lines of every component log
 #
@@ -366,6 +373,8 @@ export E2E_TEST_IMAGE=${TEST_IMAGE}
 export E2E_NODE_SHELL=
 export E2E_RUNTIME_STATE=${CTRD}/state
 export E2E_RESTART_KUBELET='${REPO}/e2e/local/cluster.sh restart-kubelet'
+export E2E_PLUGIN_HOST='${REPO}/e2e/local/cluster.sh plugin-host'
+export E2E_REBOOT='${REPO}/e2e/local/cluster.sh simulate-reboot'
 EOV
 }
 
@@ -400,6 +409,76 @@ restart_kubelet() {
 	kubelet_up
 }
 
+# plugin_host start VAR=VALUE... | stop: see the usage at the top.
+plugin_host() {
+	local kv
+	[[ -f ${MARKER} ]] || die "the node is not up"
+	case ${1:-} in
+	start)
+		shift
+		stop plugin-host
+		: >"${E2E_WORK}/plugin-host.env"
+		for kv in "$@"; do
+			[[ ${kv} =~ ^[A-Z_][A-Z0-9_]*= ]] || die "plugin-host start: ${kv}: want VAR=VALUE"
+			printf '%s\n' "${kv}" >>"${E2E_WORK}/plugin-host.env"
+		done
+		plugin_host_up
+		;;
+	stop) stop plugin-host ;;
+	*) die "usage: cluster.sh plugin-host start VAR=VALUE... | stop" ;;
+	esac
+}
+
+plugin_host_up() {
+	local envs=()
+	mapfile -t envs <"${E2E_WORK}/plugin-host.env"
+	start plugin-host env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin "${envs[@]}" "${E2E_WORK}/images/cdi-device-plugin"
+	sleep 0.2
+	alive plugin-host
+}
+
+# remove_sim_nodes: the simulated device nodes that the CDI specs name (a
+# reboot empties /dev, a tmpfs; real nodes come back with their drivers).
+remove_sim_nodes() {
+	local spec p
+	for spec in /var/run/cdi/*.json; do
+		[[ -f ${spec} && ! -L ${spec} ]] || continue
+		grep -Eo '"hostPath": ?"/dev/[^"]*"' "${spec}" | sed 's/.*"\([^"]*\)"$/\1/' | while read -r p; do
+			if sim_node "${p}"; then rm -f -- "${p}"; fi
+		done
+	done
+}
+
+simulate_reboot() {
+	local host_plugin='' t0=${SECONDS}
+	running kubelet || die "the kubelet is not running"
+	running plugin-host && host_plugin=1
+	log "simulated reboot: stopping everything"
+	stop kubelet
+	kill_pod_processes
+	stop containerd
+	pkill -KILL -f -- "containerd-shim-runc-v2.* -address ${SOCK}" 2>/dev/null || true
+	kill_pod_processes
+	stop plugin-host
+	# What does not survive a reboot.
+	unmount_under "${KUBELET_ROOT}"
+	unmount_under "${CTRD}"
+	remove_netns
+	ip link delete "${BRIDGE}" 2>/dev/null || true
+	remove_cgroups
+	rm -rf "${CTRD}/state"
+	remove_sim_nodes
+	find /var/run/cdi -mindepth 1 -delete 2>/dev/null || true
+	log "down after $((SECONDS - t0)) s; starting ${host_plugin:+the host plugin, }containerd, then the kubelet"
+	cgroups
+	if [[ -n ${host_plugin} ]]; then
+		plugin_host_up
+	fi
+	containerd_up
+	kubelet_up
+	log "kubelet started again $((SECONDS - t0)) s after the simulated reboot began"
+}
+
 # Processes in the pods' cgroups, which the shims may leave behind.
 kill_pod_processes() {
 	local pids
@@ -416,6 +495,15 @@ unmount_under() {
 		while read -r m; do
 			umount -l "${m}" 2>/dev/null || true
 		done
+}
+
+remove_netns() {
+	local ns
+	for ns in /var/run/netns/cni-*; do
+		[[ -e ${ns} ]] || continue
+		umount "${ns}" 2>/dev/null || true
+		rm -f "${ns}"
+	done
 }
 
 remove_cgroups() {
@@ -441,7 +529,7 @@ sweep_plugin_leftovers() {
 	local spec p
 	for spec in /var/run/cdi/*.json; do
 		[[ -f ${spec} && ! -L ${spec} ]] || continue
-		grep -Eq '"cdi-device-plugin/owner": ?"([a-z0-9-]+/)?(cdi-e2e|cdi-e2e-bad|demo)"' "${spec}" || continue
+		grep -Eq '"cdi-device-plugin/owner": ?"([a-z0-9-]+/)?(cdi-e2e|cdi-e2e-bad|cdi-e2e-host|demo)"' "${spec}" || continue
 		grep -Eo '"hostPath": ?"[^"]*"' "${spec}" | sed 's/.*"\([^"]*\)"$/\1/' | while read -r p; do
 			case ${p} in
 			/dev/*) if sim_node "${p}"; then rm -f -- "${p}"; fi ;;
@@ -474,19 +562,15 @@ down() {
 	stop kube-controller-manager
 	stop kube-apiserver
 	stop etcd
+	stop plugin-host
 	unmount_under "${KUBELET_ROOT}"
 	unmount_under "${CTRD}"
-	local ns
-	for ns in /var/run/netns/cni-*; do
-		[[ -e ${ns} ]] || continue
-		umount "${ns}" 2>/dev/null || true
-		rm -f "${ns}"
-	done
+	remove_netns
 	ip link delete "${BRIDGE}" 2>/dev/null || true
 	remove_cgroups
 	sweep_plugin_leftovers
 	rm -rf "${KUBELET_ROOT}" /var/log/pods /var/log/containers /var/lib/cni/networks/e2e "${CNI_CONF}" \
-		"${E2E_WORK}/etcd" "${CTRD}" "${PKI}" "${E2E_WORK}/env"
+		"${E2E_WORK}/etcd" "${CTRD}" "${PKI}" "${E2E_WORK}/env" "${E2E_WORK}/plugin-host.env"
 	rm -f "${MARKER}"
 	[[ -n ${quiet} ]] || log "stopped and cleaned up"
 }
@@ -505,6 +589,11 @@ up) up ;;
 check) preflight ;;
 down) down ;;
 restart-kubelet) restart_kubelet ;;
+plugin-host)
+	shift
+	plugin_host "$@"
+	;;
+simulate-reboot) simulate_reboot ;;
 env)
 	[[ -f ${E2E_WORK}/env ]] || die "not up"
 	cat "${E2E_WORK}/env"
