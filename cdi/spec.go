@@ -115,7 +115,7 @@ func BuildSpec(owner string, started int64, r Resource, snap *device.Snapshot) (
 		Annotations: map[string]string{
 			OwnerAnnotation: owner, ResourceAnnotation: r.Name, StartedAnnotation: strconv.FormatInt(started, 10),
 		},
-		Devices:     make([]specs.Device, 0, len(snap.Devices)),
+		Devices: make([]specs.Device, 0, len(snap.Devices)),
 	}
 	for _, d := range snap.Devices {
 		if err := parser.ValidateDeviceName(d.Name); err != nil {
