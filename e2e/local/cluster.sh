@@ -454,18 +454,9 @@ simulate_reboot() {
 	running kubelet || die "the kubelet is not running"
 	running plugin-host && host_plugin=1
 	log "simulated reboot: stopping everything"
-	stop kubelet
-	kill_pod_processes
-	stop containerd
-	pkill -KILL -f -- "containerd-shim-runc-v2.* -address ${SOCK}" 2>/dev/null || true
-	kill_pod_processes
-	stop plugin-host
+	stop_node_processes
 	# What does not survive a reboot.
-	unmount_under "${KUBELET_ROOT}"
-	unmount_under "${CTRD}"
-	remove_netns
-	ip link delete "${BRIDGE}" 2>/dev/null || true
-	remove_cgroups
+	drop_node_runtime
 	rm -rf "${CTRD}/state"
 	remove_sim_nodes
 	find /var/run/cdi -mindepth 1 -delete 2>/dev/null || true
@@ -495,6 +486,28 @@ unmount_under() {
 		while read -r m; do
 			umount -l "${m}" 2>/dev/null || true
 		done
+}
+
+# stop_node_processes: the kubelet, the pods' processes, containerd and its
+# shims, the host plugin.
+stop_node_processes() {
+	stop kubelet
+	kill_pod_processes
+	stop containerd
+	# Shims of our containerd (they outlive it by design).
+	pkill -KILL -f -- "containerd-shim-runc-v2.* -address ${SOCK}" 2>/dev/null || true
+	kill_pod_processes
+	stop plugin-host
+}
+
+# drop_node_runtime: the pods' mounts, network namespaces, the bridge and
+# the cgroups (what a reboot loses, and down removes).
+drop_node_runtime() {
+	unmount_under "${KUBELET_ROOT}"
+	unmount_under "${CTRD}"
+	remove_netns
+	ip link delete "${BRIDGE}" 2>/dev/null || true
+	remove_cgroups
 }
 
 remove_netns() {
@@ -552,22 +565,12 @@ down() {
 	fi
 	[[ -n ${quiet} ]] || log "stopping"
 	mkdir -p "${RUN}"
-	stop kubelet
-	kill_pod_processes
-	stop containerd
-	# Shims of our containerd (they outlive it by design).
-	pkill -KILL -f -- "containerd-shim-runc-v2.* -address ${SOCK}" 2>/dev/null || true
-	kill_pod_processes
+	stop_node_processes
 	stop kube-scheduler
 	stop kube-controller-manager
 	stop kube-apiserver
 	stop etcd
-	stop plugin-host
-	unmount_under "${KUBELET_ROOT}"
-	unmount_under "${CTRD}"
-	remove_netns
-	ip link delete "${BRIDGE}" 2>/dev/null || true
-	remove_cgroups
+	drop_node_runtime
 	sweep_plugin_leftovers
 	rm -rf "${KUBELET_ROOT}" /var/log/pods /var/log/containers /var/lib/cni/networks/e2e "${CNI_CONF}" \
 		"${E2E_WORK}/etcd" "${CTRD}" "${PKI}" "${E2E_WORK}/env" "${E2E_WORK}/plugin-host.env"
