@@ -188,17 +188,21 @@ func (r *Runner) Init(snap *device.Snapshot) (map[string]string, error) {
 	faults := map[string]string{}
 	for _, d := range snap.Devices {
 		log := r.opts.Log.WithField("device", d.Name)
-		st, err := loadOrAside(r.Dir(d.Name), log)
+		dir := r.Dir(d.Name)
+		st, err := loadOrAside(dir, log)
 		if err != nil {
 			return nil, fmt.Errorf("state of %s: %w", d.Name, err)
+		}
+		if st.Device == "" { // set aside as corrupt: a fresh state in its place
+			st.Device, st.Resource = d.Name, r.opts.Resource
+			if err := st.Save(dir); err != nil {
+				return nil, fmt.Errorf("state of %s: %w", d.Name, err)
+			}
 		}
 		if st.Status == StatusFailed && r.opts.MarkUnhealthy {
 			faults[d.Name] = "prestart: " + st.LastError
 			r.recordFailure(d)
 		}
-	}
-	if err := r.Ensure(snap); err != nil { // states set aside as corrupt
-		return nil, err
 	}
 	return faults, nil
 }
