@@ -18,10 +18,7 @@ func TestHelperWriteSpec(t *testing.T) {
 	if dir == "" {
 		t.Skip("helper for TestSpecWriteIsDurable")
 	}
-	w, err := NewWriter(dir, "test-plugin", 1)
-	if err != nil {
-		t.Fatal(err)
-	}
+	w := NewWriter(dir, "test-plugin", 1)
 	snap := &device.Snapshot{Devices: []device.Device{{Name: "fpga-0", HostPath: "/dev/null", ContainerPath: "/dev/fpga-0", Type: device.Char, Major: 1, Minor: 3}}}
 	if err := w.Write(testResource(t), snap); err != nil {
 		t.Fatal(err)

@@ -58,15 +58,18 @@ func NewKind(vendor, class string) (Kind, error) {
 	return Kind{Vendor: vendor, Class: class}, nil
 }
 
-// KindForResource derives the kind of an extended resource: the vendor is
-// "k8s." + the resource domain and the class the name part, so the plugin's
+// KindFor derives the kind of an extended resource <domain>/<name>: the
+// vendor is "k8s." + the domain and the class the name, so the plugin's
 // specs never clash with a device vendor's own specs.
+func KindFor(domain, name string) (Kind, error) { return NewKind("k8s."+domain, name) }
+
+// KindForResource is KindFor of a whole resource name.
 func KindForResource(resource string) (Kind, error) {
 	domain, name, ok := strings.Cut(resource, "/")
 	if !ok {
 		return Kind{}, fmt.Errorf("resource %q has no domain", resource)
 	}
-	return NewKind("k8s."+domain, name)
+	return KindFor(domain, name)
 }
 
 func (k Kind) String() string { return k.Vendor + "/" + k.Class }
@@ -75,11 +78,11 @@ func (k Kind) String() string { return k.Vendor + "/" + k.Class }
 func (k Kind) SpecName() string { return cdi.GenerateSpecName(k.Vendor, k.Class) }
 
 // QualifiedName is the fully qualified CDI name of a device.
-func (k Kind) QualifiedName(device string) (string, error) {
-	if err := parser.ValidateDeviceName(device); err != nil {
+func (k Kind) QualifiedName(name string) (string, error) {
+	if err := parser.ValidateDeviceName(name); err != nil {
 		return "", err
 	}
-	return parser.QualifiedName(k.Vendor, k.Class, device), nil
+	return parser.QualifiedName(k.Vendor, k.Class, name), nil
 }
 
 // Resource is what the spec needs to know about a resource.
@@ -159,15 +162,12 @@ type Writer struct {
 	started int64
 }
 
-// NewWriter returns a writer for dir. owner marks the specs as ours (it
-// must be unique per deployment); started is when this process started
-// (Unix ns), so that a newer process's spec is never overwritten by an
-// older one.
-func NewWriter(dir, owner string, started int64) (*Writer, error) {
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return nil, fmt.Errorf("CDI dir: %w", err)
-	}
-	return &Writer{dir: dir, owner: owner, started: started}, nil
+// NewWriter returns a writer for dir; it touches nothing on disk. owner
+// marks the specs as ours (it must be unique per deployment); started is
+// when this process started (Unix ns), so that a newer process's spec is
+// never overwritten by an older one.
+func NewWriter(dir, owner string, started int64) *Writer {
+	return &Writer{dir: dir, owner: owner, started: started}
 }
 
 // Path is the file the spec of kind k is written to.
@@ -207,7 +207,8 @@ func (s *Spec) Write(snap *device.Snapshot) error {
 	if err != nil {
 		return err
 	}
-	for _, d := range spec.Devices {
+	for i := range spec.Devices {
+		d := &spec.Devices[i]
 		for _, m := range d.ContainerEdits.Mounts {
 			if fi, err := os.Stat(m.HostPath); err != nil || !fi.IsDir() {
 				return fmt.Errorf("device %s: mount source %s: %w", d.Name, m.HostPath, ErrMissingPath)
@@ -242,13 +243,13 @@ func (s *Spec) Write(snap *device.Snapshot) error {
 type Status int
 
 const (
-	// Intact: the file holds what we last wrote.
+	// Intact means the file holds what we last wrote.
 	Intact Status = iota
-	// Missing: there is no file (removed, or a reboot emptied the dir).
+	// Missing means there is no file (removed, or a reboot emptied the dir).
 	Missing
-	// Changed: the file holds something else: it must be written again.
+	// Changed means the file holds something else: it must be written again.
 	Changed
-	// Superseded: a process that started after us (another instance of
+	// Superseded means a process that started after us (another instance of
 	// this deployment during a rolling update, or another deployment
 	// serving the same resource) wrote the file: leave it.
 	Superseded
@@ -316,7 +317,9 @@ func (s *Spec) Watch(ctx context.Context, changed chan<- struct{}) error {
 	}
 	evs := make(chan []inotify.Event)
 	errc := make(chan error, 1)
+	readerDone := make(chan struct{})
 	go func() {
+		defer close(readerDone)
 		buf := make([]byte, 64*1024)
 		for {
 			es, err := w.Read(buf)
@@ -331,8 +334,8 @@ func (s *Spec) Watch(ctx context.Context, changed chan<- struct{}) error {
 		}
 	}()
 	defer func() {
-		_ = w.Close()
-		<-errc // the reader has returned
+		_ = w.Close() // makes the reader's Read fail: it returns
+		<-readerDone
 	}()
 	retry := time.NewTimer(0)
 	retry.Stop()
@@ -342,7 +345,6 @@ func (s *Spec) Watch(ctx context.Context, changed chan<- struct{}) error {
 		case <-ctx.Done():
 			return nil
 		case err := <-errc:
-			errc <- err
 			return fmt.Errorf("watching %s: %w", s.w.dir, err)
 		case es := <-evs:
 			for _, e := range es {
@@ -376,6 +378,9 @@ func (w *Writer) RemoveStale(keep []Kind) ([]string, error) {
 		kept[k.String()] = true
 	}
 	entries, err := os.ReadDir(w.dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
 	if err != nil {
 		return nil, err
 	}

@@ -59,10 +59,7 @@ func TestRoundTrip(t *testing.T) {
 	if err != nil {
 		t.Skipf("cannot create device nodes here (%v): run as root", err)
 	}
-	w, err := NewWriter(cdiDir, "test-plugin", 1)
-	if err != nil {
-		t.Fatal(err)
-	}
+	w := NewWriter(cdiDir, "test-plugin", 1)
 	res := testResource(t)
 	if err := w.Write(res, snap); err != nil {
 		t.Fatal(err)
@@ -126,10 +123,7 @@ func TestRoundTrip(t *testing.T) {
 
 func TestRewriteAndRemoveStale(t *testing.T) {
 	dir := t.TempDir()
-	w, err := NewWriter(dir, "me", 1)
-	if err != nil {
-		t.Fatal(err)
-	}
+	w := NewWriter(dir, "me", 1)
 	snap := func(n int) *device.Snapshot {
 		s := &device.Snapshot{Replicas: 1}
 		for i := 0; i < n; i++ {
@@ -146,7 +140,7 @@ func TestRewriteAndRemoveStale(t *testing.T) {
 		}
 	}
 	// Somebody else's spec in the same directory.
-	other, _ := NewWriter(dir, "someone-else", 1)
+	other := NewWriter(dir, "someone-else", 1)
 	oKind, _ := NewKind("vendor.com", "gpu")
 	if err := other.Write(Resource{Name: "vendor.com/gpu", Kind: oKind}, snap(1)); err != nil {
 		t.Fatal(err)
@@ -182,7 +176,7 @@ func TestCheck(t *testing.T) {
 	dir := t.TempDir()
 	snap := &device.Snapshot{Devices: []device.Device{{Name: "fpga-0", HostPath: "/dev/null", ContainerPath: "/dev/fpga-0", Type: device.Char, Major: 1, Minor: 3}}}
 	res := testResource(t)
-	w, _ := NewWriter(dir, "ns/plugin", 100)
+	w := NewWriter(dir, "ns/plugin", 100)
 	s := w.Spec(res)
 	if st, _ := s.Check(); st != Missing {
 		t.Fatalf("before the first write: %v", st)
@@ -193,7 +187,7 @@ func TestCheck(t *testing.T) {
 	if st, why := s.Check(); st != Intact {
 		t.Fatalf("after our write: %v %s", st, why)
 	}
-	older, _ := NewWriter(dir, "ns/plugin", 50)
+	older := NewWriter(dir, "ns/plugin", 50)
 	if err := older.Write(res, snap); err != nil {
 		t.Fatal(err)
 	}
@@ -206,7 +200,7 @@ func TestCheck(t *testing.T) {
 	if st, _ := s.Check(); st != Changed {
 		t.Fatalf("garbage: %v", st)
 	}
-	newer, _ := NewWriter(dir, "other-ns/plugin", 200)
+	newer := NewWriter(dir, "other-ns/plugin", 200)
 	if err := newer.Write(res, snap); err != nil {
 		t.Fatal(err)
 	}
@@ -221,7 +215,7 @@ func TestWriteRefusesMissingMountSource(t *testing.T) {
 	dir, state := t.TempDir(), t.TempDir()
 	res := testResource(t)
 	res.StateRoot = state
-	w, _ := NewWriter(dir, "me", 1)
+	w := NewWriter(dir, "me", 1)
 	snap := &device.Snapshot{Devices: []device.Device{{Name: "fpga-0", HostPath: "/dev/null", ContainerPath: "/dev/fpga-0", Type: device.Char, Major: 1, Minor: 3}}}
 	if err := w.Write(res, snap); !errors.Is(err, ErrMissingPath) {
 		t.Fatalf("got %v, want ErrMissingPath", err)

@@ -12,7 +12,9 @@ import (
 type NodeType string
 
 const (
-	Char  NodeType = "c"
+	// Char is a character device.
+	Char NodeType = "c"
+	// Block is a block device.
 	Block NodeType = "b"
 )
 
@@ -51,9 +53,9 @@ type Snapshot struct {
 	Replicas int
 }
 
-// DeviceID is the ID of a physical device: <prefix>-<node>-<suffix>, or
+// ID is the ID of a physical device: <prefix>-<node>-<suffix>, or
 // <prefix>-<suffix> without a node name.
-func DeviceID(prefix, node, suffix string) string {
+func ID(prefix, node, suffix string) string {
 	if node == "" {
 		return prefix + "-" + suffix
 	}

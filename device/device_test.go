@@ -109,7 +109,7 @@ func TestEnsureNodeRefusesSymlinkedParent(t *testing.T) {
 	}
 }
 
-func newSim(t *testing.T, root string, n int, numa int) *Source {
+func newSim(t *testing.T, root string, n, numa int) *Source {
 	t.Helper()
 	s, err := NewSource(Options{DevRoot: root, IDPrefix: "sim", NodeName: "node1", Count: n, FilePrefix: "sim", Type: Char, Major: 1, Minor: 3, NUMANodes: numa, Replicas: 1})
 	if err != nil {

@@ -130,15 +130,15 @@ func mkdirInRoot(root, rel string) error {
 // hostNode stats a host device node at p. Symlinks are followed, but the
 // target must stay inside root.
 func hostNode(root, p string) (NodeType, uint32, uint32, error) {
-	real, err := filepath.EvalSymlinks(p)
+	target, err := filepath.EvalSymlinks(p)
 	if err != nil {
 		return "", 0, 0, err
 	}
-	if !strings.HasPrefix(real, root+string(os.PathSeparator)) {
-		return "", 0, 0, fmt.Errorf("%q resolves to %q: %w", p, real, ErrEscape)
+	if !strings.HasPrefix(target, root+string(os.PathSeparator)) {
+		return "", 0, 0, fmt.Errorf("%q resolves to %q: %w", p, target, ErrEscape)
 	}
 	var st unix.Stat_t
-	if err := unix.Stat(real, &st); err != nil {
+	if err := unix.Stat(target, &st); err != nil {
 		return "", 0, 0, err
 	}
 	t, ok := nodeType(st.Mode)

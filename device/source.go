@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"sort"
@@ -16,7 +15,13 @@ import (
 	"tags.cncf.io/container-device-interface/pkg/parser"
 
 	"github.com/cdi-device-plugin/cdi-device-plugin/internal/inotify"
+	"github.com/cdi-device-plugin/cdi-device-plugin/internal/logs"
 )
+
+// ErrDeviceName is returned by NewSource when the device IDs it would make
+// are not valid CDI device names (an ID prefix or node name the CDI
+// library refuses).
+var ErrDeviceName = errors.New("not a valid CDI device name")
 
 // Options configure the source of one resource.
 type Options struct {
@@ -81,12 +86,16 @@ func NewSource(o Options) (*Source, error) {
 		o.Replicas = 1
 	}
 	if o.Log == nil {
-		l := logrus.New()
-		l.SetOutput(io.Discard)
-		o.Log = logrus.NewEntry(l)
+		o.Log = logs.Discard()
 	}
 	if len(o.HostGlobs) == 0 && o.Count < 1 {
 		return nil, errors.New("a source needs a count or host globs")
+	}
+	// The longest ID must be a valid CDI device name (host device IDs are
+	// checked one by one as they appear).
+	longest := ID(o.IDPrefix, o.NodeName, strconv.Itoa(max(o.Count-1, 0)))
+	if err := parser.ValidateDeviceName(longest); err != nil {
+		return nil, fmt.Errorf("device IDs like %q: %w: %w", longest, ErrDeviceName, err)
 	}
 	return &Source{opts: o, root: root, log: o.Log, known: map[string]Device{}, faults: map[string]string{}, poke: make(chan struct{}, 1)}, nil
 }
@@ -154,7 +163,7 @@ func (s *Source) Snapshot() *Snapshot {
 func (s *Source) simRel(i int) string { return s.opts.FilePrefix + "-" + strconv.Itoa(i) }
 
 func (s *Source) deviceName(suffix string) string {
-	return DeviceID(s.opts.IDPrefix, s.opts.NodeName, suffix)
+	return ID(s.opts.IDPrefix, s.opts.NodeName, suffix)
 }
 
 // scan builds a snapshot from the disk as it is now, and the faults.

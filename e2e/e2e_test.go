@@ -41,7 +41,7 @@ func TestE2E(t *testing.T) {
 		f    func(t *testing.T)
 	}{
 		{"1-daemonset-capacity", func(t *testing.T) { node = c.scenarioDaemonSet(t) }},
-		{"2-pod-sees-its-devices", func(t *testing.T) { c.scenarioPod(t, node) }},
+		{"2-pod-sees-its-devices", func(t *testing.T) { c.scenarioPod(t) }},
 		{"3-prestart-state", func(t *testing.T) { c.scenarioPrestart(t) }},
 		{"4-kubelet-restart", func(t *testing.T) { c.scenarioKubeletRestart(t, node) }},
 		{"5-plugin-restart", func(t *testing.T) { c.scenarioPluginRestart(t, node) }},
@@ -162,7 +162,7 @@ func (c *cluster) scenarioDaemonSet(t *testing.T) string {
 
 // Scenario 2: a pod asking for 2 devices sees exactly them, with the env,
 // mounts and annotations of the CDI spec and of Allocate.
-func (c *cluster) scenarioPod(t *testing.T, node string) {
+func (c *cluster) scenarioPod(t *testing.T) {
 	c.createPod(t, c.testPod("p2", 2))
 	pod := c.waitRunning(t, "p2", 0, 3*time.Minute)
 	ids := c.devicesOf(t, "p2")
@@ -461,8 +461,8 @@ func (c *cluster) scenarioExhaustion(t *testing.T) {
 		if err != nil {
 			return false, err.Error()
 		}
-		for _, e := range ev.Items {
-			if e.Reason == "FailedScheduling" && strings.Contains(e.Message, "Insufficient "+resourceName) {
+		for i := range ev.Items {
+			if e := &ev.Items[i]; e.Reason == "FailedScheduling" && strings.Contains(e.Message, "Insufficient "+resourceName) {
 				return true, ""
 			}
 		}
@@ -646,8 +646,8 @@ func (c *cluster) admissionErrors(name string) []string {
 		return []string{err.Error()}
 	}
 	var out []string
-	for _, e := range ev.Items {
-		if e.Reason == "UnexpectedAdmissionError" {
+	for i := range ev.Items {
+		if e := &ev.Items[i]; e.Reason == "UnexpectedAdmissionError" {
 			out = append(out, e.Message)
 		}
 	}
@@ -762,7 +762,8 @@ func (c *cluster) deploymentPod(t *testing.T, app, not string) string {
 			return false, err.Error()
 		}
 		var states []string
-		for _, p := range l.Items {
+		for i := range l.Items {
+			p := &l.Items[i]
 			states = append(states, p.Name+":"+string(p.Status.Phase))
 			if p.Name != not && p.DeletionTimestamp == nil && len(p.Status.ContainerStatuses) == 1 && p.Status.ContainerStatuses[0].Ready {
 				name = p.Name

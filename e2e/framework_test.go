@@ -489,7 +489,8 @@ func (c *cluster) saveArtifacts(t *testing.T, namespaces ...string) {
 		if ev, err := c.cs.CoreV1().Events(ns).List(ctx, metav1.ListOptions{}); err == nil {
 			write(ns+"-events.json", ev)
 		}
-		for _, p := range pods.Items {
+		for i := range pods.Items {
+			p := &pods.Items[i]
 			for _, prev := range []bool{false, true} {
 				if l, err := c.logs(ctx, ns, p.Name, prev); err == nil && l != "" {
 					write(fmt.Sprintf("%s-%s-previous=%v.log", ns, p.Name, prev), l)

@@ -152,15 +152,19 @@ type registrar struct {
 type attempt struct {
 	ino    uint64 // the kubelet.sock it registers with
 	cancel context.CancelFunc
-	errc   chan error
+	errc   chan error    // its result
+	done   chan struct{} // closed when its goroutine has returned
 }
 
 // start cancels the attempt under way, if any, and starts a new one.
 func (r *registrar) start(ctx context.Context) {
 	r.stop()
 	actx, cancel := context.WithCancel(ctx)
-	a := &attempt{ino: inode(r.sock), cancel: cancel, errc: make(chan error, 1)}
-	go func() { a.errc <- r.p.registerSoon(actx) }()
+	a := &attempt{ino: inode(r.sock), cancel: cancel, errc: make(chan error, 1), done: make(chan struct{})}
+	go func() {
+		defer close(a.done)
+		a.errc <- r.p.registerSoon(actx)
+	}()
 	r.cur = a
 }
 
@@ -193,7 +197,7 @@ func (r *registrar) stop() {
 		return
 	}
 	r.cur.cancel()
-	<-r.cur.errc
+	<-r.cur.done
 	r.cur = nil
 }
 
@@ -229,7 +233,7 @@ func (p *Plugin) serve() (*server, error) {
 		return nil, fmt.Errorf("listen on %s: %w", sock, err)
 	}
 	s := &server{grpc: grpc.NewServer(), sock: sock, done: make(chan struct{}), errc: make(chan error, 1)}
-	pluginapi.RegisterDevicePluginServer(s.grpc, &stream{Plugin: p, done: s.done})
+	pluginapi.RegisterDevicePluginServer(s.grpc, &handler{p: p, stop: s.done})
 	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()
@@ -241,14 +245,32 @@ func (p *Plugin) serve() (*server, error) {
 	return s, nil
 }
 
-// stream binds ListAndWatch to one server incarnation.
-type stream struct {
-	*Plugin
-	done chan struct{}
+// handler serves the device plugin API for one incarnation of the server:
+// its ListAndWatch streams end when that incarnation stops.
+type handler struct {
+	pluginapi.UnimplementedDevicePluginServer
+	p    *Plugin
+	stop <-chan struct{}
 }
 
-func (s *stream) ListAndWatch(_ *pluginapi.Empty, st pluginapi.DevicePlugin_ListAndWatchServer) error {
-	return s.listAndWatch(st, s.done)
+func (h *handler) GetDevicePluginOptions(ctx context.Context, e *pluginapi.Empty) (*pluginapi.DevicePluginOptions, error) {
+	return h.p.GetDevicePluginOptions(ctx, e)
+}
+
+func (h *handler) ListAndWatch(_ *pluginapi.Empty, st pluginapi.DevicePlugin_ListAndWatchServer) error {
+	return h.p.listAndWatch(st, h.stop)
+}
+
+func (h *handler) Allocate(ctx context.Context, r *pluginapi.AllocateRequest) (*pluginapi.AllocateResponse, error) {
+	return h.p.Allocate(ctx, r)
+}
+
+func (h *handler) GetPreferredAllocation(ctx context.Context, r *pluginapi.PreferredAllocationRequest) (*pluginapi.PreferredAllocationResponse, error) {
+	return h.p.GetPreferredAllocation(ctx, r)
+}
+
+func (h *handler) PreStartContainer(ctx context.Context, r *pluginapi.PreStartContainerRequest) (*pluginapi.PreStartContainerResponse, error) {
+	return h.p.PreStartContainer(ctx, r)
 }
 
 // registerSoon registers, retrying quickly for about a second: a

@@ -21,6 +21,7 @@ import (
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"github.com/cdi-device-plugin/cdi-device-plugin/cdi"
+	"github.com/cdi-device-plugin/cdi-device-plugin/config"
 	"github.com/cdi-device-plugin/cdi-device-plugin/device"
 	"github.com/cdi-device-plugin/cdi-device-plugin/internal/kubeletsim"
 )
@@ -82,7 +83,7 @@ func (w tWriter) Write(p []byte) (int, error) {
 
 func newPlugin(t *testing.T, dir string, snap *device.Snapshot, mod func(*Options)) *Plugin {
 	t.Helper()
-	o := Options{ResourceName: resourceName, PluginName: "test", Dir: dir, SocketName: "test-sim.sock", Kind: testKind(t), CDICRI: true, Log: testLog(t)}
+	o := Options{ResourceName: resourceName, PluginName: "test", Dir: dir, SocketName: "test-sim.sock", Kind: testKind(t), Log: testLog(t)}
 	if mod != nil {
 		mod(&o)
 	}
@@ -267,16 +268,16 @@ func TestAllocateStrategies(t *testing.T) {
 	mounts := []*pluginapi.Mount{{HostPath: "/opt/fw", ContainerPath: "/fw", ReadOnly: true}}
 	cases := []struct {
 		name                string
-		cri, annot, specs   bool
+		strategies          config.Strategies
 		wantCDI             []string
 		wantCDIAnnotation   string
 		wantSpecs           []string
 		wantPerDeviceEnvVar bool
 	}{
-		{name: "cdi-cri", cri: true, wantCDI: []string{"k8s.example.com/sim=sim-1", "k8s.example.com/sim=sim-3"}},
-		{name: "cdi-annotations", annot: true, wantCDIAnnotation: "k8s.example.com/sim=sim-1,k8s.example.com/sim=sim-3"},
-		{name: "device-specs", specs: true, wantSpecs: []string{"/dev/sim-1", "/dev/sim-3"}, wantPerDeviceEnvVar: true},
-		{name: "all", cri: true, annot: true, specs: true,
+		{name: "cdi-cri", strategies: config.Strategies{config.StrategyCDICRI}, wantCDI: []string{"k8s.example.com/sim=sim-1", "k8s.example.com/sim=sim-3"}},
+		{name: "cdi-annotations", strategies: config.Strategies{config.StrategyCDIAnnotations}, wantCDIAnnotation: "k8s.example.com/sim=sim-1,k8s.example.com/sim=sim-3"},
+		{name: "device-specs", strategies: config.Strategies{config.StrategyDeviceSpecs}, wantSpecs: []string{"/dev/sim-1", "/dev/sim-3"}, wantPerDeviceEnvVar: true},
+		{name: "all", strategies: config.Strategies{config.StrategyCDICRI, config.StrategyCDIAnnotations, config.StrategyDeviceSpecs},
 			wantCDI:           []string{"k8s.example.com/sim=sim-1", "k8s.example.com/sim=sim-3"},
 			wantCDIAnnotation: "k8s.example.com/sim=sim-1,k8s.example.com/sim=sim-3",
 			wantSpecs:         []string{"/dev/sim-1", "/dev/sim-3"}},
@@ -284,7 +285,7 @@ func TestAllocateStrategies(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			p := newPlugin(t, shortDir(t), snapshot(4, 0, 1), func(o *Options) {
-				o.CDICRI, o.CDIAnnotations, o.DeviceSpecs = c.cri, c.annot, c.specs
+				o.Strategies = c.strategies
 				o.EnvPrefix, o.AnnotationPrefix, o.Mounts = "SIM", "example.com/sim", mounts
 			})
 			resp, err := allocate(t, p, []string{"sim-1", "sim-3"}, []string{"sim-0"})
@@ -502,8 +503,11 @@ func TestPreStartContainer(t *testing.T) {
 	if _, err := c.PreStartContainer(ctx, &pluginapi.PreStartContainerRequest{DevicesIds: []string{"sim-1::0", "sim-2::1", "sim-1::1"}}); err != nil {
 		t.Fatal(err)
 	}
-	if len(rec.calls) != 1 || strings.Join(rec.calls[0], ",") != "sim-1,sim-2" {
-		t.Fatalf("calls %v", rec.calls)
+	rec.mu.Lock()
+	calls := slices.Clone(rec.calls)
+	rec.mu.Unlock()
+	if len(calls) != 1 || strings.Join(calls[0], ",") != "sim-1,sim-2" {
+		t.Fatalf("calls %v", calls)
 	}
 	_, err = c.PreStartContainer(ctx, &pluginapi.PreStartContainerRequest{DevicesIds: []string{"sim-7::0"}})
 	if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "sim-7::0") {

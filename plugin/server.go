@@ -5,6 +5,9 @@ package plugin
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -19,7 +22,9 @@ import (
 	cdiapi "tags.cncf.io/container-device-interface/pkg/cdi"
 
 	"github.com/cdi-device-plugin/cdi-device-plugin/cdi"
+	"github.com/cdi-device-plugin/cdi-device-plugin/config"
 	"github.com/cdi-device-plugin/cdi-device-plugin/device"
+	"github.com/cdi-device-plugin/cdi-device-plugin/internal/logs"
 )
 
 // Options configure the plugin of one resource.
@@ -30,14 +35,14 @@ type Options struct {
 	PluginName string
 	// Dir is the kubelet device plugin directory (kubelet.sock lives there).
 	Dir string
-	// SocketName is our socket's file name in Dir.
+	// SocketName is our socket's file name in Dir (see SocketName).
 	SocketName string
 	// Kind is the CDI kind of the resource's devices.
 	Kind cdi.Kind
 	// EnvPrefix, AnnotationPrefix: see the README.
 	EnvPrefix, AnnotationPrefix string
-	// Device list strategies; at least one is set.
-	CDICRI, CDIAnnotations, DeviceSpecs bool
+	// Strategies say how Allocate hands devices over (default cdi-cri).
+	Strategies config.Strategies
 	// Mounts are added to every container allocation.
 	Mounts []*pluginapi.Mount
 	// Preparer runs before every container start; nil: PreStartContainer
@@ -55,9 +60,8 @@ type Preparer interface {
 }
 
 // Plugin is the device plugin server of one resource.
+// Its RPC methods are served through a handler per server incarnation.
 type Plugin struct {
-	pluginapi.UnimplementedDevicePluginServer
-
 	opts     Options
 	log      *logrus.Entry
 	annotKey string
@@ -77,6 +81,27 @@ type view struct {
 	changed  chan struct{} // closed when a newer view replaces this one
 }
 
+// Errors of New for settings that the configuration cannot check alone.
+var (
+	// ErrSocketPath: the socket path would be longer than a unix socket
+	// path may be.
+	ErrSocketPath = errors.New("socket path too long")
+	// ErrAnnotationKey: the plugin and resource names give no valid CDI
+	// annotation key (cdi-annotations strategy).
+	ErrAnnotationKey = errors.New("no valid CDI annotation key")
+)
+
+// maxSocketPath is the longest unix socket path Linux accepts (108 bytes
+// including the terminating NUL).
+const maxSocketPath = 107
+
+// SocketName is the socket file of a resource for a process started at
+// start (Unix ns): unique per process start.
+func SocketName(plugin, resource string, start int64) string {
+	r := strings.NewReplacer("/", "_", ".", "_").Replace(resource)
+	return fmt.Sprintf("%s-%s-%d.sock", plugin, r, start)
+}
+
 // New returns a plugin advertising the devices of snap (none when nil).
 func New(opts Options, snap *device.Snapshot) (*Plugin, error) {
 	if snap == nil {
@@ -86,14 +111,19 @@ func New(opts Options, snap *device.Snapshot) (*Plugin, error) {
 		opts.RetryInterval = 5 * time.Second
 	}
 	if opts.Log == nil {
-		l := logrus.New()
-		opts.Log = logrus.NewEntry(l)
+		opts.Log = logs.Discard()
+	}
+	if len(opts.Strategies) == 0 {
+		opts.Strategies = config.Strategies{config.StrategyCDICRI}
+	}
+	if sock := filepath.Join(opts.Dir, opts.SocketName); len(sock) > maxSocketPath {
+		return nil, fmt.Errorf("%w: %q is longer than %d bytes", ErrSocketPath, sock, maxSocketPath)
 	}
 	p := &Plugin{opts: opts, log: opts.Log}
-	if opts.CDIAnnotations {
+	if opts.Strategies.Includes(config.StrategyCDIAnnotations) {
 		key, err := cdiapi.AnnotationKey(opts.PluginName, opts.ResourceName)
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("%w for plugin %q and resource %q: %w", ErrAnnotationKey, opts.PluginName, opts.ResourceName, err)
 		}
 		p.annotKey = key
 	}
@@ -159,12 +189,8 @@ func (p *Plugin) options() *pluginapi.DevicePluginOptions {
 	return &pluginapi.DevicePluginOptions{PreStartRequired: p.opts.Preparer != nil, GetPreferredAllocationAvailable: true}
 }
 
-// ListAndWatch sends the full list at once and again on every change.
-func (p *Plugin) ListAndWatch(_ *pluginapi.Empty, stream pluginapi.DevicePlugin_ListAndWatchServer) error {
-	return p.listAndWatch(stream, nil)
-}
-
-// listAndWatch serves one stream until it ends or stop is closed.
+// listAndWatch sends the full list at once and again on every change, until
+// the stream ends or stop (the serving incarnation's) is closed.
 func (p *Plugin) listAndWatch(stream pluginapi.DevicePlugin_ListAndWatchServer, stop <-chan struct{}) error {
 	for {
 		v := p.state.Load()
@@ -196,10 +222,11 @@ func (p *Plugin) Allocate(_ context.Context, req *pluginapi.AllocateRequest) (*p
 	return resp, nil
 }
 
-func (p *Plugin) allocateContainer(v *view, ids []string) (*pluginapi.ContainerAllocateResponse, error) {
-	if len(ids) == 0 {
-		return nil, status.Errorf(codes.InvalidArgument, "%s: empty container request", p.opts.ResourceName)
-	}
+// physical returns the physical devices (indexes in v.snap.Devices) of the
+// kubelet IDs, each once, in request order: replicas of one device are one
+// device. Unknown IDs, and unhealthy ones when healthy is set, are refused
+// with InvalidArgument naming the ID.
+func (p *Plugin) physical(v *view, ids []string, healthy bool) ([]int, error) {
 	phys := make([]int, 0, len(ids))
 	seen := make(map[int]bool, len(ids))
 	for _, id := range ids {
@@ -207,7 +234,7 @@ func (p *Plugin) allocateContainer(v *view, ids []string) (*pluginapi.ContainerA
 		if !ok {
 			return nil, status.Errorf(codes.InvalidArgument, "%s: unknown device ID %q", p.opts.ResourceName, id)
 		}
-		if d := v.snap.Devices[i]; !d.Healthy {
+		if d := v.snap.Devices[i]; healthy && !d.Healthy {
 			return nil, status.Errorf(codes.InvalidArgument, "%s: device ID %q is unhealthy: %s", p.opts.ResourceName, id, d.Reason)
 		}
 		if !seen[i] {
@@ -215,20 +242,32 @@ func (p *Plugin) allocateContainer(v *view, ids []string) (*pluginapi.ContainerA
 			phys = append(phys, i)
 		}
 	}
+	return phys, nil
+}
+
+func (p *Plugin) allocateContainer(v *view, ids []string) (*pluginapi.ContainerAllocateResponse, error) {
+	if len(ids) == 0 {
+		return nil, status.Errorf(codes.InvalidArgument, "%s: empty container request", p.opts.ResourceName)
+	}
+	phys, err := p.physical(v, ids, true)
+	if err != nil {
+		return nil, err
+	}
+	strategies := p.opts.Strategies
 	r := &pluginapi.ContainerAllocateResponse{Mounts: p.opts.Mounts}
 	names := make([]string, len(phys))
 	for k, i := range phys {
 		names[k] = v.cdiNames[i]
 	}
-	if p.opts.CDICRI {
+	if strategies.Includes(config.StrategyCDICRI) {
 		for _, n := range names {
 			r.CdiDevices = append(r.CdiDevices, &pluginapi.CDIDevice{Name: n})
 		}
 	}
-	if p.opts.CDIAnnotations || p.opts.AnnotationPrefix != "" {
+	if p.annotKey != "" || p.opts.AnnotationPrefix != "" {
 		r.Annotations = map[string]string{}
 	}
-	if p.opts.CDIAnnotations {
+	if p.annotKey != "" {
 		value, err := cdiapi.AnnotationValue(names)
 		if err != nil {
 			return nil, status.Errorf(codes.Internal, "%s: CDI annotation: %v", p.opts.ResourceName, err)
@@ -248,7 +287,7 @@ func (p *Plugin) allocateContainer(v *view, ids []string) (*pluginapi.ContainerA
 			r.Annotations[p.opts.AnnotationPrefix+"-"+strconv.Itoa(v.snap.Devices[i].Index)] = strings.Join(slices.Compact(group), ",")
 		}
 	}
-	if p.opts.DeviceSpecs {
+	if strategies.Includes(config.StrategyDeviceSpecs) {
 		for _, i := range phys {
 			d := v.snap.Devices[i]
 			r.Devices = append(r.Devices, &pluginapi.DeviceSpec{ContainerPath: d.ContainerPath, HostPath: d.HostPath, Permissions: "rw"})
@@ -258,7 +297,7 @@ func (p *Plugin) allocateContainer(v *view, ids []string) (*pluginapi.ContainerA
 		r.Envs = map[string]string{p.opts.EnvPrefix + "_DEVICES": strings.Join(ids, ",")}
 		// Without a CDI strategy the runtime never sees the spec's
 		// per-device variables: send them here.
-		if !p.opts.CDICRI && !p.opts.CDIAnnotations {
+		if !strategies.AnyCDI() {
 			for _, i := range phys {
 				k, val := cdi.DeviceEnv(p.opts.EnvPrefix, v.snap.Devices[i])
 				r.Envs[k] = val
@@ -290,17 +329,13 @@ func (p *Plugin) PreStartContainer(ctx context.Context, req *pluginapi.PreStartC
 		return &pluginapi.PreStartContainerResponse{}, nil
 	}
 	v := p.state.Load()
-	devs := make([]device.Device, 0, len(req.DevicesIds))
-	seen := make(map[int]bool, len(req.DevicesIds))
-	for _, id := range req.DevicesIds {
-		i, ok := v.ids[id]
-		if !ok {
-			return nil, status.Errorf(codes.InvalidArgument, "%s: unknown device ID %q", p.opts.ResourceName, id)
-		}
-		if !seen[i] {
-			seen[i] = true
-			devs = append(devs, v.snap.Devices[i])
-		}
+	phys, err := p.physical(v, req.DevicesIds, false)
+	if err != nil {
+		return nil, err
+	}
+	devs := make([]device.Device, len(phys))
+	for k, i := range phys {
+		devs[k] = v.snap.Devices[i]
 	}
 	if err := p.opts.Preparer.Prepare(ctx, devs); err != nil {
 		return nil, status.Errorf(codes.FailedPrecondition, "%s: %v", p.opts.ResourceName, err)

@@ -1,6 +1,7 @@
 package prestart
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -18,6 +19,7 @@ import (
 	"github.com/sirupsen/logrus"
 	"github.com/sirupsen/logrus/hooks/test"
 
+	"github.com/cdi-device-plugin/cdi-device-plugin/config"
 	"github.com/cdi-device-plugin/cdi-device-plugin/device"
 )
 
@@ -69,7 +71,7 @@ func newRunner(t *testing.T, steps ...Step) (*Runner, *faults, *test.Hook) {
 	l.SetLevel(logrus.DebugLevel)
 	f := &faults{}
 	r := NewRunner(Options{Resource: "example.com/sim", StateRoot: t.TempDir(), Steps: steps, Budget: 5 * time.Second,
-		MarkUnhealthy: true, Recovery: RecoverReset, Health: f, Log: logrus.NewEntry(l)})
+		MarkUnhealthy: true, Recovery: config.RecoverReset, Health: f, Log: logrus.NewEntry(l)})
 	if _, err := r.Init(&device.Snapshot{Devices: devs(2)}); err != nil {
 		t.Fatal(err)
 	}
@@ -453,7 +455,7 @@ func TestDigestMismatchKeepsFirmware(t *testing.T) {
 	if err != nil {
 		t.Fatalf("firmware in place was removed: %v", err)
 	}
-	if string(after) != string(before) {
+	if !bytes.Equal(after, before) {
 		t.Fatal("firmware in place was replaced")
 	}
 	if s := state(t, r, "sim-0"); s.Firmware == nil || s.Firmware.SHA256 != sum {
@@ -522,7 +524,7 @@ func (f failing) Run(context.Context, *Target) error {
 // backoff, and healed as soon as that works; nobody retries the container.
 // With recovery never, it stays unhealthy and nothing runs.
 func TestBackgroundRecovery(t *testing.T) {
-	for _, mode := range []Recovery{RecoverAuto, RecoverNever} {
+	for _, mode := range []config.Recovery{config.RecoverAuto, config.RecoverNever} {
 		t.Run(string(mode), func(t *testing.T) {
 			flag := filepath.Join(t.TempDir(), "ready")
 			f := &faults{}
@@ -556,10 +558,10 @@ func TestBackgroundRecovery(t *testing.T) {
 				time.Sleep(10 * time.Millisecond)
 			}
 			healed := f.get("sim-0") == ""
-			if mode == RecoverAuto && (!healed || attempts < 2) {
+			if mode == config.RecoverAuto && (!healed || attempts < 2) {
 				t.Fatalf("healed %v after %d reports: %v", healed, attempts, f.reports())
 			}
-			if mode == RecoverNever && (healed || len(f.reports()) != 1) {
+			if mode == config.RecoverNever && (healed || len(f.reports()) != 1) {
 				t.Fatalf("recovery never: healed %v, reports %v", healed, f.reports())
 			}
 		})

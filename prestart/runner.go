@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"sync"
@@ -12,16 +11,10 @@ import (
 
 	"github.com/sirupsen/logrus"
 
+	"github.com/cdi-device-plugin/cdi-device-plugin/config"
 	"github.com/cdi-device-plugin/cdi-device-plugin/device"
+	"github.com/cdi-device-plugin/cdi-device-plugin/internal/logs"
 )
-
-// DefaultBudget is the time one PreStartContainer call may take: below the
-// kubelet's 30 s limit, so our error, not the kubelet's timeout, reaches
-// the user.
-const DefaultBudget = 25 * time.Second
-
-// DefaultStepTimeout bounds a step without its own timeout.
-const DefaultStepTimeout = 10 * time.Second
 
 // HealthReporter receives preparation faults (device.Source): a non-empty
 // reason makes the device unhealthy, "" clears it.
@@ -41,32 +34,10 @@ func (e *StepError) Error() string {
 
 func (e *StepError) Unwrap() error { return e.Err }
 
-// Recovery says how a device that a failed preparation made Unhealthy
-// becomes Healthy again. Every mode but never has a way out that does not
-// depend on the kubelet retrying the container that failed (its pod may be
-// gone): the runner itself prepares failed devices again in the
-// background, with a backoff, until it works.
-type Recovery string
-
-const (
-	// RecoverAuto heals a device after any later preparation that succeeds
-	// in full (a container start, or the background re-preparation).
-	RecoverAuto Recovery = "auto"
-	// RecoverReset heals it only after a successful preparation that
-	// includes a step that resets the device (a reset step).
-	RecoverReset Recovery = "reset"
-	// RecoverNever keeps it Unhealthy until an operator removes its
-	// state.json and restarts the plugin.
-	RecoverNever Recovery = "never"
-)
-
-// DefaultRecoveryInterval is the wait before a failed device is first
-// prepared again in the background; it doubles after every failed
-// attempt, up to MaxRecoveryBackoff.
-const (
-	DefaultRecoveryInterval = 30 * time.Second
-	MaxRecoveryBackoff      = 10 * time.Minute
-)
+// MaxRecoveryBackoff bounds the wait between background re-preparations of
+// a failed device: the first comes after Options.RecoveryInterval, and the
+// wait doubles after every failed attempt.
+const MaxRecoveryBackoff = 10 * time.Minute
 
 // Resetter is a step that returns the device to a clean state.
 type Resetter interface {
@@ -83,10 +54,10 @@ type Options struct {
 	Budget time.Duration
 	// MarkUnhealthy reports a device whose preparation failed as unhealthy.
 	MarkUnhealthy bool
-	// Recovery (default RecoverAuto) and the first wait before a failed
-	// device is prepared again in the background (default
-	// DefaultRecoveryInterval).
-	Recovery         Recovery
+	// Recovery (default config.DefaultRecovery) and the first wait before a
+	// failed device is prepared again in the background (default
+	// config.DefaultRecoveryInterval); see config.Recovery.
+	Recovery         config.Recovery
 	RecoveryInterval time.Duration
 	Health           HealthReporter
 	Log              *logrus.Entry
@@ -113,18 +84,16 @@ type failure struct {
 // NewRunner returns a runner; it touches nothing on disk.
 func NewRunner(o Options) *Runner {
 	if o.Budget <= 0 {
-		o.Budget = DefaultBudget
+		o.Budget = config.DefaultBudget
 	}
 	if o.Recovery == "" {
-		o.Recovery = RecoverAuto
+		o.Recovery = config.DefaultRecovery
 	}
 	if o.RecoveryInterval <= 0 {
-		o.RecoveryInterval = DefaultRecoveryInterval
+		o.RecoveryInterval = config.DefaultRecoveryInterval
 	}
 	if o.Log == nil {
-		l := logrus.New()
-		l.SetOutput(io.Discard)
-		o.Log = logrus.NewEntry(l)
+		o.Log = logs.Discard()
 	}
 	return &Runner{opts: o, failed: map[string]*failure{}, kick: make(chan struct{}, 1)}
 }
@@ -259,7 +228,7 @@ func (r *Runner) prepareOne(ctx context.Context, d device.Device) error {
 	for _, s := range r.opts.Steps {
 		limit := s.Timeout()
 		if limit <= 0 {
-			limit = DefaultStepTimeout
+			limit = config.DefaultStepTimeout
 		}
 		sctx, cancel := context.WithTimeout(ctx, limit)
 		err := s.Run(sctx, t)
@@ -329,9 +298,9 @@ func (r *Runner) prepareOne(ctx context.Context, d device.Device) error {
 // healthy again.
 func (r *Runner) heals(didReset bool) bool {
 	switch r.opts.Recovery {
-	case RecoverAuto:
+	case config.RecoverAuto:
 		return true
-	case RecoverReset:
+	case config.RecoverReset:
 		return didReset
 	}
 	return false
@@ -362,7 +331,7 @@ func (r *Runner) recordFailure(d device.Device) {
 // nothing (and wakes up never) while no device has failed, and returns at
 // once when recovery is off (never, onFailure ignore, or no steps).
 func (r *Runner) Run(ctx context.Context) error {
-	if !r.HasSteps() || !r.opts.MarkUnhealthy || r.opts.Recovery == RecoverNever {
+	if !r.HasSteps() || !r.opts.MarkUnhealthy || r.opts.Recovery == config.RecoverNever {
 		return nil
 	}
 	timer := time.NewTimer(0)

@@ -95,7 +95,7 @@ func loadOrAside(dir string, log *logrus.Entry) (State, error) {
 	}
 	p := filepath.Join(dir, StateFile)
 	if rerr := os.Rename(p, p+CorruptSuffix); rerr != nil {
-		return State{}, fmt.Errorf("%w (and keeping it aside: %v)", err, rerr)
+		return State{}, fmt.Errorf("%w (and keeping it aside: %w)", err, rerr)
 	}
 	log.WithError(err).WithField("kept", p+CorruptSuffix).Warn("unreadable device state; kept aside, starting afresh")
 	return State{Status: StatusNew}, nil

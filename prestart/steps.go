@@ -59,7 +59,10 @@ const FirmwareFile = "firmware.bin"
 // set to ready.
 type Reset struct{ Limit time.Duration }
 
-func (Reset) Name() string             { return "reset" }
+// Name is "reset".
+func (Reset) Name() string { return "reset" }
+
+// Timeout bounds one reset.
 func (r Reset) Timeout() time.Duration { return r.Limit }
 
 // Resets reports that the step returns the device to a clean state.
@@ -106,13 +109,16 @@ type Reprogram struct {
 
 // imageDigest remembers an image file's digest while the file is unchanged.
 type imageDigest struct {
-	dev, ino        uint64
-	size            int64
-	mtime, ctime    syscall.Timespec
-	sha256, imgName string
+	dev, ino     uint64
+	size         int64
+	mtime, ctime syscall.Timespec
+	sha256       string
 }
 
-func (*Reprogram) Name() string             { return "reprogram" }
+// Name is "reprogram".
+func (*Reprogram) Name() string { return "reprogram" }
+
+// Timeout bounds one load.
 func (r *Reprogram) Timeout() time.Duration { return r.Limit }
 
 // BuiltinImageName names the image used when none is configured.
@@ -164,6 +170,7 @@ func (r *Reprogram) digest() (string, error) {
 	return key.sha256, nil
 }
 
+// Run loads the image into the device, unless it already holds it.
 func (r *Reprogram) Run(ctx context.Context, t *Target) error {
 	want, err := r.digest()
 	if err != nil {
@@ -244,8 +251,9 @@ func copyHashed(ctx context.Context, path string, src io.Reader, want, name stri
 
 // Exec runs a command for a real device: arguments are templates over the
 // device ({{.ID}}, {{.HostPath}}, {{.ContainerPath}}, {{.Resource}},
-// {{.Index}}), no shell is involved, the environment holds only PATH and
-// the configured variables, and the output goes to the log.
+// {{.Index}}, {{.StateDir}}), no shell is involved, the environment holds
+// only PATH and the configured variables, the working directory is the
+// device's state directory, and the output goes to the log.
 type Exec struct {
 	Command []*template.Template
 	Env     map[string]string
@@ -274,7 +282,10 @@ func NewExec(command []string, env map[string]string, limit time.Duration) (*Exe
 	return e, nil
 }
 
-func (*Exec) Name() string             { return "exec" }
+// Name is "exec".
+func (*Exec) Name() string { return "exec" }
+
+// Timeout bounds one run of the command.
 func (e *Exec) Timeout() time.Duration { return e.Limit }
 
 type tplData struct {
@@ -305,6 +316,8 @@ func (b *limitedBuffer) Write(p []byte) (int, error) {
 	return b.buf.Write(p)
 }
 
+// Run runs the command for the device, killing its process group when ctx
+// ends.
 func (e *Exec) Run(ctx context.Context, t *Target) error {
 	data := templateData(t)
 	args := make([]string, len(e.Command))

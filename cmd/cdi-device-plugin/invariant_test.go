@@ -7,6 +7,7 @@ package main
 // in-process against the kubelet stand-in, with real files and sockets.
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -217,7 +218,7 @@ func TestSpecRestored(t *testing.T) {
 			deadline := time.Now().Add(5 * time.Second)
 			for {
 				got, _ := os.ReadFile(spec)
-				if string(got) == string(want) {
+				if bytes.Equal(got, want) {
 					break
 				}
 				if time.Now().After(deadline) {

@@ -12,10 +12,12 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 
 	"github.com/sirupsen/logrus"
+	"golang.org/x/sync/errgroup"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"github.com/cdi-device-plugin/cdi-device-plugin/cdi"
@@ -37,16 +39,16 @@ func main() {
 // run runs the plugin until ctx is done and returns the exit status: 0 on
 // a clean shutdown, 2 for bad configuration, 1 for any other failure.
 func run(ctx context.Context, args []string, env config.Env, stderr io.Writer) int {
-	cfg, showVersion, err := config.Load(args, env, stderr)
+	cfg, err := config.Load(args, env, stderr)
 	switch {
 	case errors.Is(err, flag.ErrHelp):
+		return 0
+	case errors.Is(err, config.ErrVersion):
+		fmt.Fprintln(stderr, "cdi-device-plugin", version)
 		return 0
 	case err != nil:
 		fmt.Fprintln(stderr, "cdi-device-plugin:", err)
 		return 2
-	case showVersion:
-		fmt.Fprintln(stderr, "cdi-device-plugin", version)
-		return 0
 	}
 	log := newLogger(cfg, stderr)
 	if err := serve(ctx, cfg, log); err != nil {
@@ -63,9 +65,8 @@ func run(ctx context.Context, args []string, env config.Env, stderr io.Writer) i
 func newLogger(cfg *config.Config, out io.Writer) *logrus.Entry {
 	l := logrus.New()
 	l.SetOutput(out)
-	lvl, _ := logrus.ParseLevel(cfg.LogLevel) // validated
-	l.SetLevel(lvl)
-	if cfg.LogFormat == "json" {
+	l.SetLevel(cfg.Level)
+	if cfg.LogFormat == config.LogJSON {
 		l.SetFormatter(&logrus.JSONFormatter{TimestampFormat: time.RFC3339Nano})
 	} else {
 		l.SetFormatter(&logrus.TextFormatter{FullTimestamp: true, TimestampFormat: time.RFC3339Nano})
@@ -73,33 +74,35 @@ func newLogger(cfg *config.Config, out io.Writer) *logrus.Entry {
 	return logrus.NewEntry(l).WithField("plugin", cfg.PluginName)
 }
 
-// serve prepares every resource (nodes, spec), removes our stale specs and
-// runs the resources until ctx is done. Specs and device nodes are kept on
-// shutdown: a container restarting while the plugin is being upgraded must
-// still resolve its CDI names.
+// serve builds every resource first (the constructors check what the
+// configuration alone could not, before anything is written), then
+// prepares them (nodes, device state), removes our stale specs and runs
+// the resources until ctx is done. Specs and device nodes are kept on
+// shutdown: a container restarting while the plugin is being upgraded
+// must still resolve its CDI names.
 func serve(ctx context.Context, cfg *config.Config, log *logrus.Entry) error {
 	if fi, err := os.Stat(cfg.DevRoot); err != nil || !fi.IsDir() {
 		return &config.FieldError{Field: "dev-root", Value: cfg.DevRoot, Reason: "must be an existing directory"}
 	}
-	if err := os.MkdirAll(cfg.DevicePluginDir, 0o750); err != nil {
-		return fmt.Errorf("device plugin dir: %w", err)
-	}
 	start := time.Now().UnixNano()
-	writer, err := cdi.NewWriter(cfg.CDIDir, cfg.Owner(), start)
-	if err != nil {
-		return err
-	}
-	var (
-		resources []*plugin.Resource
-		kinds     []cdi.Kind
-	)
+	writer := cdi.NewWriter(cfg.CDIDir, cfg.Owner(), start)
+	parts := make([]*part, len(cfg.Resources))
+	kinds := make([]cdi.Kind, len(cfg.Resources))
 	for i := range cfg.Resources {
-		r, kind, err := prepare(cfg, &cfg.Resources[i], writer, start, log)
+		p, err := build(cfg, i, writer, start, log)
 		if err != nil {
 			return err
 		}
-		resources = append(resources, r)
-		kinds = append(kinds, kind)
+		parts[i], kinds[i] = p, p.kind
+	}
+
+	if err := os.MkdirAll(cfg.DevicePluginDir, 0o750); err != nil {
+		return fmt.Errorf("device plugin dir: %w", err)
+	}
+	for _, p := range parts {
+		if err := p.prepare(); err != nil {
+			return err
+		}
 	}
 	removed, err := writer.RemoveStale(kinds)
 	for _, p := range removed {
@@ -109,27 +112,35 @@ func serve(ctx context.Context, cfg *config.Config, log *logrus.Entry) error {
 		log.WithError(err).Warn("removing stale CDI specs")
 	}
 
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	errc := make(chan error, len(resources))
-	for _, r := range resources {
-		go func() { errc <- r.Run(ctx) }()
+	g, ctx := errgroup.WithContext(ctx)
+	for _, p := range parts {
+		g.Go(func() error { return p.resource.Run(ctx) })
 	}
-	var first error
-	for range resources {
-		if err := <-errc; err != nil && first == nil {
-			first = err
-			cancel()
-		}
-	}
-	return first
+	return g.Wait()
 }
 
-func prepare(cfg *config.Config, rc *config.Resource, writer *cdi.Writer, start int64, log *logrus.Entry) (*plugin.Resource, cdi.Kind, error) {
+// part is one configured resource, built.
+type part struct {
+	name   string
+	kind   cdi.Kind
+	src    *device.Source
+	runner *prestart.Runner
+	spec   stateSpec
+	// resource runs it all once prepared.
+	resource *plugin.Resource
+	log      *logrus.Entry
+}
+
+// build constructs the parts of resource i without touching the disk.
+// Errors of the constructors are errors of the configuration, named by the
+// field the user wrote.
+func build(cfg *config.Config, i int, writer *cdi.Writer, start int64, log *logrus.Entry) (*part, error) {
+	rc := &cfg.Resources[i]
+	field := func(name string) string { return cfg.ResourceField(i, name) }
 	log = log.WithField("resource", rc.Name)
-	kind, err := cdi.KindForResource(rc.Name)
+	kind, err := cdi.KindFor(rc.Domain, rc.Class)
 	if err != nil {
-		return nil, kind, err // validated already
+		return nil, &config.FieldError{Field: field("name"), Value: rc.Name, Reason: "does not give a valid CDI kind: " + err.Error()}
 	}
 	opts := device.Options{
 		DevRoot:  cfg.DevRoot,
@@ -140,48 +151,25 @@ func prepare(cfg *config.Config, rc *config.Resource, writer *cdi.Writer, start 
 	if rc.Simulated() {
 		opts.Count = rc.DeviceCount()
 		opts.FilePrefix = rc.DeviceFilePrefix
-		opts.Type = device.Char
-		if rc.DeviceNode.Type == "block" {
-			opts.Type = device.Block
-		}
+		opts.Type = device.NodeType(rc.DeviceNode.Type.CDI())
 		opts.Major, opts.Minor = *rc.DeviceNode.Major, *rc.DeviceNode.Minor
 		opts.NUMANodes = rc.NUMANodes
 	} else {
-		for _, g := range rc.HostDevices {
-			rel, _ := config.HostGlob(g) // validated
-			opts.HostGlobs = append(opts.HostGlobs, rel)
-		}
+		opts.HostGlobs = rc.HostGlobs
 		// Host devices keep their IDs and indexes across restarts.
 		opts.Registry = filepath.Join(cfg.StateDir, "resources", kind.SpecName()+".json")
 	}
 	src, err := device.NewSource(opts)
-	if err != nil {
-		return nil, kind, err
+	if errors.Is(err, device.ErrDeviceName) {
+		return nil, &config.FieldError{Field: field("idPrefix"), Value: rc.IDPrefix, Reason: err.Error()}
 	}
-	snap, err := src.Prepare()
 	if err != nil {
-		return nil, kind, fmt.Errorf("%s: %w", rc.Name, err)
+		return nil, fmt.Errorf("%s: %w", rc.Name, err)
 	}
 	stateRoot := filepath.Join(cfg.StateDir, "devices")
-	runner, err := newRunner(rc, stateRoot, src, log)
+	runner, err := newRunner(cfg, i, stateRoot, src, log)
 	if err != nil {
-		return nil, kind, fmt.Errorf("%s: %w", rc.Name, err)
-	}
-	// Every device has a state directory (mounted into its containers);
-	// a failed preparation recorded by an earlier run keeps it unhealthy.
-	faults, err := runner.Init(snap)
-	if err != nil {
-		return nil, kind, fmt.Errorf("%s: %w", rc.Name, err)
-	}
-	if len(faults) > 0 {
-		for name, reason := range faults {
-			src.SetFault(name, reason)
-		}
-		src.Refresh()
-	}
-	spec := stateSpec{
-		Spec:   writer.Spec(cdi.Resource{Name: rc.Name, Kind: kind, EnvPrefix: rc.EnvPrefix, StateRoot: stateRoot}),
-		runner: runner,
+		return nil, err
 	}
 	var preparer plugin.Preparer // a nil interface, not a nil *Runner
 	if runner.HasSteps() {
@@ -195,22 +183,55 @@ func prepare(cfg *config.Config, rc *config.Resource, writer *cdi.Writer, start 
 		ResourceName:     rc.Name,
 		PluginName:       cfg.PluginName,
 		Dir:              cfg.DevicePluginDir,
-		SocketName:       config.SocketName(cfg.PluginName, rc.Name, start),
+		SocketName:       plugin.SocketName(cfg.PluginName, rc.Name, start),
 		Kind:             kind,
 		EnvPrefix:        rc.EnvPrefix,
 		AnnotationPrefix: rc.AnnotationPrefix,
-		CDICRI:           cfg.Has(config.StrategyCDICRI),
-		CDIAnnotations:   cfg.Has(config.StrategyCDIAnnotations),
-		DeviceSpecs:      cfg.Has(config.StrategyDeviceSpecs),
+		Strategies:       cfg.DeviceListStrategy,
 		Mounts:           mounts,
 		Preparer:         preparer,
 		Log:              log,
 	}, nil)
-	if err != nil {
-		return nil, kind, fmt.Errorf("%s: %w", rc.Name, err)
+	switch {
+	case errors.Is(err, plugin.ErrSocketPath):
+		return nil, &config.FieldError{Field: "device-plugin-dir", Value: cfg.DevicePluginDir, Reason: err.Error()}
+	case errors.Is(err, plugin.ErrAnnotationKey):
+		return nil, &config.FieldError{Field: field("name"), Value: rc.Name, Reason: err.Error()}
+	case err != nil:
+		return nil, fmt.Errorf("%s: %w", rc.Name, err)
 	}
-	log.WithField("spec", spec.Path()).WithField("devices", len(snap.Devices)).Info("resource prepared")
-	return &plugin.Resource{Source: src, Spec: spec, Plugin: p, Recovery: runner, Log: log}, kind, nil
+	spec := stateSpec{
+		Spec:   writer.Spec(cdi.Resource{Name: rc.Name, Kind: kind, EnvPrefix: rc.EnvPrefix, StateRoot: stateRoot}),
+		runner: runner,
+	}
+	return &part{
+		name: rc.Name, kind: kind, src: src, runner: runner, spec: spec, log: log,
+		resource: &plugin.Resource{Source: src, Spec: spec, Plugin: p, Recovery: runner, Log: log},
+	}, nil
+}
+
+// prepare creates the simulated nodes (or finds the host devices), gives
+// every device its state and restores the faults an earlier run recorded.
+// The spec is written by the resource, before it registers.
+func (p *part) prepare() error {
+	snap, err := p.src.Prepare()
+	if err != nil {
+		return fmt.Errorf("%s: %w", p.name, err)
+	}
+	// Every device has a state directory (mounted into its containers);
+	// a failed preparation recorded by an earlier run keeps it unhealthy.
+	faults, err := p.runner.Init(snap)
+	if err != nil {
+		return fmt.Errorf("%s: %w", p.name, err)
+	}
+	if len(faults) > 0 {
+		for name, reason := range faults {
+			p.src.SetFault(name, reason)
+		}
+		p.src.Refresh()
+	}
+	p.log.WithField("spec", p.spec.Path()).WithField("devices", len(snap.Devices)).Info("resource prepared")
+	return nil
 }
 
 // stateSpec is a resource's CDI spec whose writes first give every device
@@ -228,15 +249,17 @@ func (s stateSpec) Write(snap *device.Snapshot) error {
 	return s.Spec.Write(snap)
 }
 
-// newRunner builds the prestart runner of a resource from its steps.
-func newRunner(rc *config.Resource, stateRoot string, src *device.Source, log *logrus.Entry) (*prestart.Runner, error) {
+// newRunner builds the prestart runner of resource i from its steps; a
+// command that does not parse is an error of its field.
+func newRunner(cfg *config.Config, i int, stateRoot string, src *device.Source, log *logrus.Entry) (*prestart.Runner, error) {
+	rc := &cfg.Resources[i]
 	opts := prestart.Options{Resource: rc.Name, StateRoot: stateRoot, Health: src, Log: log}
 	if p := rc.Prestart; p != nil {
 		opts.Budget = p.Budget.Duration
-		opts.MarkUnhealthy = p.OnFailure != "ignore"
-		opts.Recovery = prestart.Recovery(p.Recovery)
+		opts.MarkUnhealthy = p.OnFailure.MarksUnhealthy()
+		opts.Recovery = p.Recovery
 		opts.RecoveryInterval = p.RecoveryInterval.Duration
-		for _, s := range p.Steps {
+		for j, s := range p.Steps {
 			switch s.Type {
 			case config.StepReset:
 				opts.Steps = append(opts.Steps, prestart.Reset{Limit: s.Timeout.Duration})
@@ -245,7 +268,9 @@ func newRunner(rc *config.Resource, stateRoot string, src *device.Source, log *l
 			case config.StepExec:
 				e, err := prestart.NewExec(s.Command, s.Env, s.Timeout.Duration)
 				if err != nil {
-					return nil, err
+					return nil, &config.FieldError{
+						Field: cfg.ResourceField(i, fmt.Sprintf("prestart.steps[%d].command", j)), Value: strings.Join(s.Command, " "), Reason: err.Error(),
+					}
 				}
 				opts.Steps = append(opts.Steps, e)
 			}

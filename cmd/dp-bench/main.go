@@ -110,7 +110,7 @@ func once(bin string, n int, res, base map[string][]time.Duration) (err error) {
 	// Baseline: the cost of starting the binary at all.
 	t0 := time.Now()
 	if out, err := exec.Command(bin, "--version").CombinedOutput(); err != nil {
-		return fmt.Errorf("%s --version: %v: %s", bin, err, out)
+		return fmt.Errorf("%s --version: %w: %s", bin, err, out)
 	}
 	execCost := time.Since(t0)
 
@@ -137,7 +137,7 @@ func once(bin string, n int, res, base map[string][]time.Duration) (err error) {
 	defer func() {
 		_ = cmd.Process.Signal(unix.SIGTERM)
 		if werr := cmd.Wait(); werr != nil && err == nil {
-			err = fmt.Errorf("plugin exit: %v: %s", werr, logs.String())
+			err = fmt.Errorf("plugin exit: %w: %s", werr, logs.String())
 		}
 	}()
 	reg, err := k.WaitRegistration(10 * time.Second)
@@ -365,7 +365,7 @@ func prestartBench(ctx context.Context, c *kubeletsim.Client, updates <-chan kub
 	}
 	t0 = time.Now()
 	if _, err := c.PreStartContainer(ctx, req); err == nil || !strings.Contains(err.Error(), "step reprogram") {
-		return fmt.Errorf("corrupt image accepted: %v", err)
+		return fmt.Errorf("corrupt image not refused at the reprogram step (error: %w)", err)
 	}
 	u, err := kubeletsim.WaitFor(updates, 5*time.Second, func(u kubeletsim.Update) bool {
 		return u.Health(ids[0]) == pluginapi.Unhealthy && u.Health(ids[1]) == pluginapi.Unhealthy

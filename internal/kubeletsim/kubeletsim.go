@@ -41,7 +41,10 @@ type Kubelet struct {
 // Start serves <dir>/kubelet.sock.
 func Start(dir string) (*Kubelet, error) {
 	k := &Kubelet{dir: dir, Regs: make(chan Registration, 64)}
-	return k, k.start()
+	if err := k.start(); err != nil {
+		return nil, err
+	}
+	return k, nil
 }
 
 // Socket is the kubelet.sock path.
@@ -64,7 +67,7 @@ func (k *Kubelet) start() error {
 
 // Register validates like the kubelet (version, endpoint inside the dir,
 // the endpoint served) and records the call.
-func (k *Kubelet) Register(ctx context.Context, r *pluginapi.RegisterRequest) (*pluginapi.Empty, error) {
+func (k *Kubelet) Register(_ context.Context, r *pluginapi.RegisterRequest) (*pluginapi.Empty, error) {
 	if r.Version != pluginapi.Version {
 		return nil, fmt.Errorf("unsupported version %q", r.Version)
 	}
