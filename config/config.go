@@ -47,6 +47,10 @@ func fieldErr(field, value, format string, args ...any) error {
 	return &FieldError{Field: field, Value: value, Reason: fmt.Sprintf(format, args...)}
 }
 
+// Version is the version of the configuration file format this plugin
+// reads; a file without a version is read as this one.
+const Version = "v1"
+
 // Strategy is a device list strategy: how Allocate hands devices over.
 type Strategy string
 
@@ -172,6 +176,8 @@ const (
 
 // Config is the parsed configuration of one plugin process.
 type Config struct {
+	// Version is the file format's version (Version when absent).
+	Version            string     `json:"version,omitempty"`
 	PluginName         string     `json:"pluginName,omitempty"`
 	DevicePluginDir    string     `json:"devicePluginDir,omitempty"`
 	CDIDir             string     `json:"cdiDir,omitempty"`
@@ -451,11 +457,15 @@ func Load(args []string, env Env, output io.Writer) (*Config, error) {
 		if err := yaml.UnmarshalStrict(data, cfg); err != nil {
 			return nil, &FieldError{Field: "config", Value: path, Reason: err.Error()}
 		}
+		if cfg.Version != "" && cfg.Version != Version {
+			return nil, fieldErr("version", cfg.Version, "unknown configuration version; this plugin reads %s", Version)
+		}
 		if len(cfg.Resources) == 0 {
 			return nil, fieldErr("resources", path, "the config file lists no resources")
 		}
 		cfg.ConfigFile = path
 	}
+	cfg.Version = Version
 	for _, f := range flagDefs {
 		if v, ok := pick(f); ok {
 			f.set(cfg, v)

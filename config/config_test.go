@@ -36,7 +36,7 @@ func TestDefaultsFromSimpleEnv(t *testing.T) {
 		cfg.CDIDir != DefaultCDIDir || cfg.DevRoot != DefaultDevRoot || cfg.StateDir != DefaultStateDir {
 		t.Fatalf("defaults: %+v", cfg)
 	}
-	if !reflect.DeepEqual(cfg.DeviceListStrategy, Strategies{StrategyCDICRI}) || cfg.Level != logrus.InfoLevel {
+	if !reflect.DeepEqual(cfg.DeviceListStrategy, Strategies{StrategyCDICRI}) || cfg.Level != logrus.InfoLevel || cfg.Version != Version {
 		t.Fatalf("strategy %v", cfg.DeviceListStrategy)
 	}
 	if len(cfg.Resources) != 1 {
@@ -191,6 +191,7 @@ func TestValidationErrors(t *testing.T) {
 		{name: "recovery", file: "resources:\n- name: example.com/a\n  prestart:\n    recovery: sometimes\n    steps: [{type: reset}]\n", field: "resources[0].prestart.recovery", value: "sometimes"},
 		{name: "recovery interval", file: "resources:\n- name: example.com/a\n  prestart:\n    recoveryInterval: 2h\n    steps: [{type: reset}]\n", field: "resources[0].prestart.recoveryInterval", value: "2h0m0s"},
 		{name: "pod namespace", env: map[string]string{"POD_NAMESPACE": "Not_A_Namespace"}, field: "POD_NAMESPACE", value: "Not_A_Namespace"},
+		{name: "config version", file: "version: v2\nresources:\n- name: example.com/a\n", field: "version", value: "v2"},
 		{name: "class starts with digit", file: "resources:\n- name: example.com/9a\n", field: "resources[0].name", value: "example.com/9a"},
 	}
 	for _, c := range cases {

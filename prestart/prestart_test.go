@@ -602,3 +602,34 @@ func TestRecoveryAfterRestoredFault(t *testing.T) {
 		t.Fatalf("%+v", s)
 	}
 }
+
+// TestStateVersion: state.json carries its format version; a file without
+// one (an older plugin's) is read, one of an unknown version is refused
+// with an error naming it, and left as it is.
+func TestStateVersion(t *testing.T) {
+	r, _, _ := newRunner(t, Reset{})
+	dir := r.Dir("sim-0")
+	if s := state(t, r, "sim-0"); s.Version != StateVersion {
+		t.Fatalf("written without its version: %+v", s)
+	}
+	if err := os.WriteFile(filepath.Join(dir, StateFile), []byte(`{"device":"sim-0","status":"ready","generation":3}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if s := state(t, r, "sim-0"); s.Generation != 3 {
+		t.Fatalf("unversioned state: %+v", s)
+	}
+	newer := []byte(`{"version":2,"device":"sim-0","status":"ready"}`)
+	if err := os.WriteFile(filepath.Join(dir, StateFile), newer, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, err := r.Init(&device.Snapshot{Devices: devs(1)})
+	if !errors.Is(err, ErrStateVersion) || !strings.Contains(err.Error(), "version 2") {
+		t.Fatalf("unknown version: %v", err)
+	}
+	if err := r.Prepare(context.Background(), devs(1)); !errors.Is(err, ErrStateVersion) {
+		t.Fatalf("prepare with an unknown version: %v", err)
+	}
+	if got, _ := os.ReadFile(filepath.Join(dir, StateFile)); !bytes.Equal(got, newer) {
+		t.Fatalf("state of an unknown version replaced: %s", got)
+	}
+}

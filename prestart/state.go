@@ -37,8 +37,17 @@ type Firmware struct {
 	At     time.Time `json:"loadedAt"`
 }
 
+// StateVersion is the version of the state file format. A file without a
+// version was written by an older plugin, in this format.
+const StateVersion = 1
+
+// ErrStateVersion is returned for a state file of another format version
+// (a newer plugin's, before a downgrade): it is neither read nor replaced.
+var ErrStateVersion = errors.New("unknown device state version")
+
 // State is a device's state as written to <dir>/state.json.
 type State struct {
+	Version  int    `json:"version"`
 	Device   string `json:"device"`
 	Resource string `json:"resource"`
 	Status   string `json:"status"`
@@ -67,11 +76,16 @@ func LoadState(dir string) (State, error) {
 	if err := json.Unmarshal(data, &s); err != nil {
 		return State{}, fmt.Errorf("%s: %w", filepath.Join(dir, StateFile), err)
 	}
+	if s.Version != 0 && s.Version != StateVersion {
+		return State{}, fmt.Errorf("%s: version %d: %w (this plugin reads version %d)", filepath.Join(dir, StateFile), s.Version, ErrStateVersion, StateVersion)
+	}
+	s.Version = StateVersion
 	return s, nil
 }
 
 // Save writes the state atomically: a synced temp file renamed in place.
 func (s *State) Save(dir string) error {
+	s.Version = StateVersion
 	s.UpdatedAt = time.Now().UTC()
 	data, err := json.MarshalIndent(s, "", "  ")
 	if err != nil {
@@ -90,8 +104,8 @@ const CorruptSuffix = ".corrupt"
 // returned.
 func loadOrAside(dir string, log *logrus.Entry) (State, error) {
 	st, err := LoadState(dir)
-	if err == nil {
-		return st, nil
+	if err == nil || errors.Is(err, ErrStateVersion) {
+		return st, err
 	}
 	p := filepath.Join(dir, StateFile)
 	if rerr := os.Rename(p, p+CorruptSuffix); rerr != nil {
