@@ -162,6 +162,7 @@ const (
 	DefaultOnFailure                     = OnFailureUnhealthy
 	DefaultRecovery                      = RecoverAuto
 	DefaultPrestartStepsInEnvMode        = "reset,reprogram"
+	DefaultPodResourcesSocket            = "/var/lib/kubelet/pod-resources/kubelet.sock"
 
 	// MaxCount bounds the number of devices of one resource, MaxReplicas the
 	// replicas of one device: a typo must not create a million nodes.
@@ -187,6 +188,12 @@ type Config struct {
 	LogLevel           string     `json:"logLevel,omitempty"`
 	LogFormat          LogFormat  `json:"logFormat,omitempty"`
 	DeviceListStrategy Strategies `json:"deviceListStrategy,omitempty"`
+	// MetricsAddress is where /metrics, /healthz and /readyz are served
+	// (host:port); empty: not served.
+	MetricsAddress string `json:"metricsAddress,omitempty"`
+	// PodResourcesSocket is the kubelet's PodResources API, read for the
+	// pod_device_assignment metric.
+	PodResourcesSocket string     `json:"podResourcesSocket,omitempty"`
 	Resources          []Resource `json:"resources,omitempty"`
 
 	// Level is LogLevel parsed.
@@ -361,6 +368,10 @@ var flagDefs = []flagDef{
 		func(c *Config, v string) { c.LogLevel = v }},
 	{"log-format", "LOG_FORMAT", "log format: text or json (default text)",
 		func(c *Config, v string) { c.LogFormat = LogFormat(v) }},
+	{"metrics-address", "METRICS_ADDRESS", "host:port to serve /metrics, /healthz and /readyz on (default: not served)",
+		func(c *Config, v string) { c.MetricsAddress = v }},
+	{"pod-resources-socket", "POD_RESOURCES_SOCKET", "the kubelet's PodResources socket, for the pod_device_assignment metric (default " + DefaultPodResourcesSocket + ")",
+		func(c *Config, v string) { c.PodResourcesSocket = v }},
 	{"device-list-strategy", "DEVICE_LIST_STRATEGY", "comma-separated: cdi-cri, cdi-annotations, device-specs (default cdi-cri)",
 		func(c *Config, v string) {
 			c.DeviceListStrategy = nil

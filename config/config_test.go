@@ -191,6 +191,8 @@ func TestValidationErrors(t *testing.T) {
 		{name: "recovery", file: "resources:\n- name: example.com/a\n  prestart:\n    recovery: sometimes\n    steps: [{type: reset}]\n", field: "resources[0].prestart.recovery", value: "sometimes"},
 		{name: "recovery interval", file: "resources:\n- name: example.com/a\n  prestart:\n    recoveryInterval: 2h\n    steps: [{type: reset}]\n", field: "resources[0].prestart.recoveryInterval", value: "2h0m0s"},
 		{name: "pod namespace", env: map[string]string{"POD_NAMESPACE": "Not_A_Namespace"}, field: "POD_NAMESPACE", value: "Not_A_Namespace"},
+		{name: "metrics address", env: map[string]string{"METRICS_ADDRESS": "9400"}, field: "metrics-address", value: "9400"},
+		{name: "pod resources socket", args: []string{"--pod-resources-socket", "kubelet.sock"}, field: "pod-resources-socket", value: "kubelet.sock"},
 		{name: "config version", file: "version: v2\nresources:\n- name: example.com/a\n", field: "version", value: "v2"},
 		{name: "class starts with digit", file: "resources:\n- name: example.com/9a\n", field: "resources[0].name", value: "example.com/9a"},
 	}

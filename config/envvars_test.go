@@ -34,7 +34,8 @@ func TestEnvVarsDocumentedAndDeployable(t *testing.T) {
 	deployed := strings.Fields(string(m[1]))
 	// Set by the DaemonSet itself (paths in step with its volumes, the
 	// downward API) or by deploy.sh from PLUGIN_CONFIG.
-	bySelf := []string{"CONFIG_FILE", "DEVICE_PLUGIN_DIR", "CDI_DIR", "DEV_ROOT", "STATE_DIR", "NODE_NAME", "POD_NAMESPACE"}
+	bySelf := []string{"CONFIG_FILE", "DEVICE_PLUGIN_DIR", "CDI_DIR", "DEV_ROOT", "STATE_DIR", "NODE_NAME", "POD_NAMESPACE",
+		"METRICS_ADDRESS", "POD_RESOURCES_SOCKET"}
 	var names []string
 	for _, e := range EnvVars() {
 		names = append(names, e.Name)

@@ -2,6 +2,7 @@ package config
 
 import (
 	"fmt"
+	"net"
 	"os"
 	"path"
 	"path/filepath"
@@ -74,6 +75,7 @@ func (c *Config) defaultAndValidate() error {
 	def(&c.StateDir, DefaultStateDir)
 	def(&c.LogLevel, DefaultLogLevel)
 	def(&c.LogFormat, DefaultLogFormat)
+	def(&c.PodResourcesSocket, DefaultPodResourcesSocket)
 	if len(c.DeviceListStrategy) == 0 {
 		c.DeviceListStrategy = Strategies{StrategyCDICRI}
 	}
@@ -86,7 +88,7 @@ func (c *Config) defaultAndValidate() error {
 	}
 	for _, d := range []struct{ field, path string }{
 		{"device-plugin-dir", c.DevicePluginDir}, {"cdi-dir", c.CDIDir},
-		{"dev-root", c.DevRoot}, {"state-dir", c.StateDir},
+		{"dev-root", c.DevRoot}, {"state-dir", c.StateDir}, {"pod-resources-socket", c.PodResourcesSocket},
 	} {
 		if err := cleanAbs(d.field, d.path); err != nil {
 			return err
@@ -94,6 +96,12 @@ func (c *Config) defaultAndValidate() error {
 	}
 	if c.NodeName != "" && (len(c.NodeName) > 253 || !validDNSSubdomain(c.NodeName)) {
 		return fieldErr("node-name", c.NodeName, "must be a DNS subdomain (lowercase letters, digits, '-' and '.')")
+	}
+	if c.MetricsAddress != "" {
+		_, port, err := net.SplitHostPort(c.MetricsAddress)
+		if n, perr := strconv.Atoi(port); err != nil || perr != nil || n < 0 || n > 65535 {
+			return fieldErr("metrics-address", c.MetricsAddress, "must be host:port, like :9400 or 127.0.0.1:9400")
+		}
 	}
 	lvl, err := logrus.ParseLevel(c.LogLevel)
 	if err != nil {

@@ -70,12 +70,17 @@ func (p *Plugin) Run(ctx context.Context) error {
 				retry.Stop()
 				reg.stop()
 				srv.stop(p.log)
+				p.registered.Store(false)
 				return nil
+			case reply := <-p.pings:
+				close(reply)
 			case err := <-srv.errc:
 				p.log.WithError(err).Warn("gRPC server stopped; serving again")
 				restart = true
 			case err := <-reg.done():
 				ino := reg.finish()
+				p.opts.Metrics.Registered(p.opts.ResourceName, err)
+				p.registered.Store(err == nil)
 				if err == nil {
 					registered, kubeletIno = true, ino
 					if failures > 0 {
@@ -117,7 +122,9 @@ func (p *Plugin) Run(ctx context.Context) error {
 						break
 					}
 					p.log.Info("kubelet.sock created; registering again")
+					p.opts.Metrics.KubeletRestart(p.opts.ResourceName)
 					registered = false
+					p.registered.Store(false)
 					retry.Stop()
 					reg.start(ctx)
 				}
@@ -138,6 +145,7 @@ func (p *Plugin) Run(ctx context.Context) error {
 		retry.Stop()
 		reg.stop()
 		srv.stop(p.log)
+		p.registered.Store(false)
 	}
 }
 

@@ -473,6 +473,8 @@ type recorder struct {
 	err   error
 }
 
+func (*recorder) Steps() []string { return []string{"record"} }
+
 func (r *recorder) Prepare(_ context.Context, devs []device.Device) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()

@@ -3,7 +3,9 @@ package plugin
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/sirupsen/logrus"
@@ -11,6 +13,7 @@ import (
 
 	"github.com/cdi-device-plugin/cdi-device-plugin/cdi"
 	"github.com/cdi-device-plugin/cdi-device-plugin/device"
+	"github.com/cdi-device-plugin/cdi-device-plugin/metrics"
 )
 
 // DeviceSource publishes snapshots of a resource's devices (device.Source).
@@ -54,15 +57,44 @@ type Resource struct {
 	// Recovery, optional, runs beside the others.
 	Recovery Background
 	Log      *logrus.Entry
+	// Metrics, when set, counts the spec writes.
+	Metrics *metrics.Metrics
 	// RetryMin and RetryMax bound the backoff between failed spec writes
 	// (defaults DefaultRetryMin, DefaultRetryMax).
 	RetryMin, RetryMax time.Duration
+
+	once  sync.Once
+	pings chan chan struct{} // answered by the follower's loop
 }
+
+func (r *Resource) init() { r.once.Do(func() { r.pings = make(chan chan struct{}) }) }
+
+// Alive reports whether the resource's loops (the one that keeps the spec
+// in step, the plugin's registration loop) answer within ctx.
+func (r *Resource) Alive(ctx context.Context) error {
+	r.init()
+	reply := make(chan struct{})
+	select {
+	case r.pings <- reply:
+	case <-ctx.Done():
+		return fmt.Errorf("the spec loop does not answer: %w", ctx.Err())
+	}
+	select {
+	case <-reply:
+	case <-ctx.Done():
+		return fmt.Errorf("the spec loop does not answer: %w", ctx.Err())
+	}
+	return r.Plugin.Alive(ctx)
+}
+
+// Ready reports whether the kubelet uses the resource's plugin.
+func (r *Resource) Ready() error { return r.Plugin.Ready() }
 
 // Run writes the spec of the current devices and publishes them, then runs
 // every part until ctx is done or one fails; every part has returned when
 // Run returns.
 func (r *Resource) Run(ctx context.Context) error {
+	r.init()
 	f := &follower{r: r, retryMin: r.RetryMin, retryMax: r.RetryMax, retry: time.NewTimer(0)}
 	f.retry.Stop()
 	defer f.retry.Stop()
@@ -123,6 +155,9 @@ func (f *follower) loop(ctx context.Context, updates <-chan *device.Snapshot, ch
 			f.check()
 		case <-f.retry.C:
 			f.write()
+		case reply := <-f.r.pings:
+			close(reply)
+			continue
 		}
 		if err := f.publish(); err != nil {
 			return err
@@ -159,7 +194,9 @@ func (f *follower) write() {
 	if f.yielded {
 		return
 	}
-	if err := f.r.Spec.Write(f.pending); err != nil {
+	err := f.r.Spec.Write(f.pending)
+	f.r.Metrics.SpecWritten(f.r.Plugin.opts.ResourceName, err)
+	if err != nil {
 		f.r.Log.WithError(err).WithField("retry in", f.backoff).
 			Error("writing the CDI spec failed; the devices it does not describe are reported unhealthy until it works")
 		f.why = err

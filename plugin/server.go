@@ -25,6 +25,7 @@ import (
 	"github.com/cdi-device-plugin/cdi-device-plugin/config"
 	"github.com/cdi-device-plugin/cdi-device-plugin/device"
 	"github.com/cdi-device-plugin/cdi-device-plugin/internal/logs"
+	"github.com/cdi-device-plugin/cdi-device-plugin/metrics"
 )
 
 // Options configure the plugin of one resource.
@@ -52,11 +53,15 @@ type Options struct {
 	// kubelet.sock event arrives (default 5 s).
 	RetryInterval time.Duration
 	Log           *logrus.Entry
+	// Metrics, when set, records the calls, registrations and devices.
+	Metrics *metrics.Metrics
 }
 
 // Preparer prepares devices before a container start (prestart.Runner).
 type Preparer interface {
 	Prepare(ctx context.Context, devs []device.Device) error
+	// Steps names the steps, in order.
+	Steps() []string
 }
 
 // Plugin is the device plugin server of one resource.
@@ -68,6 +73,13 @@ type Plugin struct {
 	state    atomic.Pointer[view]
 	// updateMu serialises Update, so views are published in order.
 	updateMu sync.Mutex
+
+	// registered: the last registration with the current kubelet worked;
+	// streams: open ListAndWatch streams (what readiness looks at).
+	registered atomic.Bool
+	streams    atomic.Int32
+	// pings are answered by Run's loop (liveness).
+	pings chan chan struct{}
 }
 
 // view is everything the RPCs need, computed once per snapshot, so that
@@ -119,7 +131,7 @@ func New(opts Options, snap *device.Snapshot) (*Plugin, error) {
 	if sock := filepath.Join(opts.Dir, opts.SocketName); len(sock) > maxSocketPath {
 		return nil, fmt.Errorf("%w: %q is longer than %d bytes", ErrSocketPath, sock, maxSocketPath)
 	}
-	p := &Plugin{opts: opts, log: opts.Log}
+	p := &Plugin{opts: opts, log: opts.Log, pings: make(chan chan struct{})}
 	if opts.Strategies.Includes(config.StrategyCDIAnnotations) {
 		key, err := cdiapi.AnnotationKey(opts.PluginName, opts.ResourceName)
 		if err != nil {
@@ -177,7 +189,56 @@ func (p *Plugin) Update(snap *device.Snapshot) error {
 	}
 	old := p.state.Swap(v)
 	close(old.changed)
+	p.record(old.snap, snap)
 	return nil
+}
+
+// record counts the devices by health and the devices whose health
+// changed, with the reason.
+func (p *Plugin) record(old, cur *device.Snapshot) {
+	m := p.opts.Metrics
+	if m == nil {
+		return
+	}
+	healthy := cur.Healthy()
+	m.Devices(p.opts.ResourceName, healthy, len(cur.Devices)-healthy)
+	was := make(map[string]bool, len(old.Devices))
+	for _, d := range old.Devices {
+		was[d.Name] = d.Healthy
+	}
+	for _, d := range cur.Devices {
+		if h, known := was[d.Name]; (known && h != d.Healthy) || (!known && !d.Healthy) {
+			m.HealthTransition(p.opts.ResourceName, d.Healthy, d.Reason)
+		}
+	}
+}
+
+// Ready reports whether the kubelet uses the plugin: the registration with
+// the current kubelet worked and a ListAndWatch stream is open.
+func (p *Plugin) Ready() error {
+	switch {
+	case !p.registered.Load():
+		return errors.New("not registered with the kubelet")
+	case p.streams.Load() == 0:
+		return errors.New("registered, but the kubelet has no ListAndWatch stream open")
+	}
+	return nil
+}
+
+// Alive reports whether Run's loop answers within ctx.
+func (p *Plugin) Alive(ctx context.Context) error {
+	reply := make(chan struct{})
+	select {
+	case p.pings <- reply:
+	case <-ctx.Done():
+		return fmt.Errorf("the registration loop does not answer: %w", ctx.Err())
+	}
+	select {
+	case <-reply:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("the registration loop does not answer: %w", ctx.Err())
+	}
 }
 
 // GetDevicePluginOptions advertises what is implemented.
@@ -192,6 +253,12 @@ func (p *Plugin) options() *pluginapi.DevicePluginOptions {
 // listAndWatch sends the full list at once and again on every change, until
 // the stream ends or stop (the serving incarnation's) is closed.
 func (p *Plugin) listAndWatch(stream pluginapi.DevicePlugin_ListAndWatchServer, stop <-chan struct{}) error {
+	p.streams.Add(1)
+	p.opts.Metrics.Stream(p.opts.ResourceName, 1)
+	defer func() {
+		p.streams.Add(-1)
+		p.opts.Metrics.Stream(p.opts.ResourceName, -1)
+	}()
 	for {
 		v := p.state.Load()
 		if err := stream.Send(&pluginapi.ListAndWatchResponse{Devices: v.list}); err != nil {
@@ -209,9 +276,25 @@ func (p *Plugin) listAndWatch(stream pluginapi.DevicePlugin_ListAndWatchServer, 
 
 // Allocate answers with CDI names, env, mounts and annotations of the
 // requested devices. It does no I/O.
-func (p *Plugin) Allocate(_ context.Context, req *pluginapi.AllocateRequest) (*pluginapi.AllocateResponse, error) {
+func (p *Plugin) Allocate(_ context.Context, req *pluginapi.AllocateRequest) (resp *pluginapi.AllocateResponse, err error) {
+	start := time.Now()
+	defer func() {
+		p.opts.Metrics.ObserveRPC(p.opts.ResourceName, "Allocate", time.Since(start), err)
+		l := p.log.WithField("took", time.Since(start))
+		for _, c := range req.ContainerRequests {
+			l = l.WithField("devices", strings.Join(c.DevicesIds, ","))
+			if err != nil {
+				l.WithError(err).Warn("allocate refused")
+			} else {
+				l.Info("allocate")
+			}
+		}
+		if resp != nil && p.log.Logger.IsLevelEnabled(logrus.DebugLevel) {
+			p.log.WithField("response", resp.String()).Debug("allocate answer")
+		}
+	}()
 	v := p.state.Load()
-	resp := &pluginapi.AllocateResponse{ContainerResponses: make([]*pluginapi.ContainerAllocateResponse, 0, len(req.ContainerRequests))}
+	resp = &pluginapi.AllocateResponse{ContainerResponses: make([]*pluginapi.ContainerAllocateResponse, 0, len(req.ContainerRequests))}
 	for _, creq := range req.ContainerRequests {
 		cresp, err := p.allocateContainer(v, creq.DevicesIds)
 		if err != nil {
@@ -309,9 +392,16 @@ func (p *Plugin) allocateContainer(v *view, ids []string) (*pluginapi.ContainerA
 
 // GetPreferredAllocation picks devices: must-includes first, then one NUMA
 // node where possible, replicas spread over distinct physical devices.
-func (p *Plugin) GetPreferredAllocation(_ context.Context, req *pluginapi.PreferredAllocationRequest) (*pluginapi.PreferredAllocationResponse, error) {
+func (p *Plugin) GetPreferredAllocation(_ context.Context, req *pluginapi.PreferredAllocationRequest) (resp *pluginapi.PreferredAllocationResponse, err error) {
+	start := time.Now()
+	defer func() {
+		p.opts.Metrics.ObserveRPC(p.opts.ResourceName, "GetPreferredAllocation", time.Since(start), err)
+		if resp != nil && p.log.Logger.IsLevelEnabled(logrus.DebugLevel) {
+			p.log.WithField("response", resp.String()).Debug("preferred allocation")
+		}
+	}()
 	v := p.state.Load()
-	resp := &pluginapi.PreferredAllocationResponse{}
+	resp = &pluginapi.PreferredAllocationResponse{}
 	for _, creq := range req.ContainerRequests {
 		ids, err := preferred(v, creq.AvailableDeviceIDs, creq.MustIncludeDeviceIDs, int(creq.AllocationSize))
 		if err != nil {
@@ -324,10 +414,21 @@ func (p *Plugin) GetPreferredAllocation(_ context.Context, req *pluginapi.Prefer
 
 // PreStartContainer prepares the container's devices (each physical device
 // once, replicas included) and fails with the device, step and cause.
-func (p *Plugin) PreStartContainer(ctx context.Context, req *pluginapi.PreStartContainerRequest) (*pluginapi.PreStartContainerResponse, error) {
+func (p *Plugin) PreStartContainer(ctx context.Context, req *pluginapi.PreStartContainerRequest) (_ *pluginapi.PreStartContainerResponse, err error) {
 	if p.opts.Preparer == nil {
 		return &pluginapi.PreStartContainerResponse{}, nil
 	}
+	start := time.Now()
+	defer func() {
+		p.opts.Metrics.ObserveRPC(p.opts.ResourceName, "PreStartContainer", time.Since(start), err)
+		l := p.log.WithField("devices", strings.Join(req.DevicesIds, ",")).
+			WithField("steps", strings.Join(p.opts.Preparer.Steps(), ",")).WithField("took", time.Since(start))
+		if err != nil {
+			l.WithError(err).Warn("prestart failed")
+		} else {
+			l.Info("prestart")
+		}
+	}()
 	v := p.state.Load()
 	phys, err := p.physical(v, req.DevicesIds, false)
 	if err != nil {

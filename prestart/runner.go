@@ -14,6 +14,7 @@ import (
 	"github.com/cdi-device-plugin/cdi-device-plugin/config"
 	"github.com/cdi-device-plugin/cdi-device-plugin/device"
 	"github.com/cdi-device-plugin/cdi-device-plugin/internal/logs"
+	"github.com/cdi-device-plugin/cdi-device-plugin/metrics"
 )
 
 // HealthReporter receives preparation faults (device.Source): a non-empty
@@ -61,6 +62,8 @@ type Options struct {
 	RecoveryInterval time.Duration
 	Health           HealthReporter
 	Log              *logrus.Entry
+	// Metrics, when set, counts the failed steps.
+	Metrics *metrics.Metrics
 }
 
 // Runner prepares the devices of one resource.
@@ -96,6 +99,15 @@ func NewRunner(o Options) *Runner {
 		o.Log = logs.Discard()
 	}
 	return &Runner{opts: o, failed: map[string]*failure{}, kick: make(chan struct{}, 1)}
+}
+
+// Steps names the steps, in order.
+func (r *Runner) Steps() []string {
+	names := make([]string, len(r.opts.Steps))
+	for i, s := range r.opts.Steps {
+		names[i] = s.Name()
+	}
+	return names
 }
 
 // HasSteps reports whether PreStartContainer is needed.
@@ -265,6 +277,7 @@ func (r *Runner) prepareOne(ctx context.Context, d device.Device) error {
 		log.WithError(err).Error("writing device state")
 	}
 	if failed != nil {
+		r.opts.Metrics.StepFailed(r.opts.Resource, failed.Step)
 		log.WithError(failed.Err).WithField("step", failed.Step).Warn("device preparation failed")
 		if r.opts.MarkUnhealthy {
 			if r.opts.Health != nil {

@@ -9,6 +9,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -23,6 +24,7 @@ import (
 	"github.com/cdi-device-plugin/cdi-device-plugin/cdi"
 	"github.com/cdi-device-plugin/cdi-device-plugin/config"
 	"github.com/cdi-device-plugin/cdi-device-plugin/device"
+	"github.com/cdi-device-plugin/cdi-device-plugin/metrics"
 	"github.com/cdi-device-plugin/cdi-device-plugin/plugin"
 	"github.com/cdi-device-plugin/cdi-device-plugin/prestart"
 )
@@ -50,8 +52,14 @@ func run(ctx context.Context, args []string, env config.Env, stderr io.Writer) i
 		fmt.Fprintln(stderr, "cdi-device-plugin:", err)
 		return 2
 	}
-	log := newLogger(cfg, stderr)
-	if err := serve(ctx, cfg, log); err != nil {
+	logger := logrus.New()
+	logger.SetOutput(stderr)
+	logger.SetLevel(cfg.Level)
+	logger.SetFormatter(formatter(cfg.LogFormat))
+	log := logrus.NewEntry(logger).WithField("plugin", cfg.PluginName)
+	// A reload reads the same flags and environment, and the file again.
+	load := func() (*config.Config, error) { return config.Load(args, env, io.Discard) }
+	if err := serve(ctx, cfg, load, logger, log); err != nil {
 		log.WithError(err).Error("exiting")
 		if errors.Is(err, config.ErrInvalid) {
 			return 2
@@ -62,60 +70,69 @@ func run(ctx context.Context, args []string, env config.Env, stderr io.Writer) i
 	return 0
 }
 
-func newLogger(cfg *config.Config, out io.Writer) *logrus.Entry {
-	l := logrus.New()
-	l.SetOutput(out)
-	l.SetLevel(cfg.Level)
-	if cfg.LogFormat == config.LogJSON {
-		l.SetFormatter(&logrus.JSONFormatter{TimestampFormat: time.RFC3339Nano})
-	} else {
-		l.SetFormatter(&logrus.TextFormatter{FullTimestamp: true, TimestampFormat: time.RFC3339Nano})
+func formatter(f config.LogFormat) logrus.Formatter {
+	if f == config.LogJSON {
+		return &logrus.JSONFormatter{TimestampFormat: time.RFC3339Nano}
 	}
-	return logrus.NewEntry(l).WithField("plugin", cfg.PluginName)
+	return &logrus.TextFormatter{FullTimestamp: true, TimestampFormat: time.RFC3339Nano}
 }
 
 // serve builds every resource first (the constructors check what the
 // configuration alone could not, before anything is written), then
 // prepares them (nodes, device state), removes our stale specs and runs
-// the resources until ctx is done. Specs and device nodes are kept on
-// shutdown: a container restarting while the plugin is being upgraded
-// must still resolve its CDI names.
-func serve(ctx context.Context, cfg *config.Config, log *logrus.Entry) error {
+// the resources until ctx is done; with a metrics address, it serves the
+// metrics and probes; with a config file, it applies the file's changes.
+// Specs and device nodes are kept on shutdown: a container restarting
+// while the plugin is being upgraded must still resolve its CDI names.
+func serve(ctx context.Context, cfg *config.Config, load func() (*config.Config, error), logger *logrus.Logger, log *logrus.Entry) error {
 	if fi, err := os.Stat(cfg.DevRoot); err != nil || !fi.IsDir() {
 		return &config.FieldError{Field: "dev-root", Value: cfg.DevRoot, Reason: "must be an existing directory"}
 	}
-	start := time.Now().UnixNano()
-	writer := cdi.NewWriter(cfg.CDIDir, cfg.Owner(), start)
-	parts := make([]*part, len(cfg.Resources))
-	kinds := make([]cdi.Kind, len(cfg.Resources))
-	for i := range cfg.Resources {
-		p, err := build(cfg, i, writer, start, log)
-		if err != nil {
-			return err
-		}
-		parts[i], kinds[i] = p, p.kind
+	var (
+		m      *metrics.Metrics
+		server *metrics.Server
+	)
+	if cfg.MetricsAddress != "" {
+		m = metrics.New(version)
+		server = metrics.NewServer(m)
 	}
-
+	start := time.Now().UnixNano()
+	s := newSupervisor(logger, log, m, server, cdi.NewWriter(cfg.CDIDir, cfg.Owner(), start), start)
 	if err := os.MkdirAll(cfg.DevicePluginDir, 0o750); err != nil {
 		return fmt.Errorf("device plugin dir: %w", err)
 	}
-	for _, p := range parts {
-		if err := p.prepare(); err != nil {
-			return err
-		}
-	}
-	removed, err := writer.RemoveStale(kinds)
-	for _, p := range removed {
-		log.WithField("spec", p).Info("removed the CDI spec of a resource no longer configured")
-	}
-	if err != nil {
-		log.WithError(err).Warn("removing stale CDI specs")
-	}
-
 	g, ctx := errgroup.WithContext(ctx)
-	for _, p := range parts {
-		g.Go(func() error { return p.resource.Run(ctx) })
+	if _, err := s.apply(ctx, cfg); err != nil {
+		s.stopAll()
+		return err
 	}
+	if server != nil {
+		m.WatchPodResources(cfg.PodResourcesSocket, s.servedResources)
+		ln, err := net.Listen("tcp", cfg.MetricsAddress)
+		if err != nil {
+			s.stopAll()
+			return fmt.Errorf("metrics address: %w", err)
+		}
+		log.WithField("address", ln.Addr().String()).Info("serving /metrics, /healthz and /readyz")
+		g.Go(func() error { return server.Serve(ctx, ln) })
+	}
+	reloads := make(chan struct{}, 1)
+	if cfg.ConfigFile != "" {
+		g.Go(func() error { return watchConfig(ctx, cfg.ConfigFile, reloads) })
+	}
+	g.Go(func() error {
+		defer s.stopAll()
+		for {
+			select {
+			case <-ctx.Done():
+				return nil
+			case err := <-s.failed:
+				return err
+			case <-reloads:
+				s.reload(ctx, load)
+			}
+		}
+	})
 	return g.Wait()
 }
 
@@ -134,7 +151,7 @@ type part struct {
 // build constructs the parts of resource i without touching the disk.
 // Errors of the constructors are errors of the configuration, named by the
 // field the user wrote.
-func build(cfg *config.Config, i int, writer *cdi.Writer, start int64, log *logrus.Entry) (*part, error) {
+func build(cfg *config.Config, i int, writer *cdi.Writer, start int64, log *logrus.Entry, m *metrics.Metrics) (*part, error) {
 	rc := &cfg.Resources[i]
 	field := func(name string) string { return cfg.ResourceField(i, name) }
 	log = log.WithField("resource", rc.Name)
@@ -167,7 +184,7 @@ func build(cfg *config.Config, i int, writer *cdi.Writer, start int64, log *logr
 		return nil, fmt.Errorf("%s: %w", rc.Name, err)
 	}
 	stateRoot := filepath.Join(cfg.StateDir, "devices")
-	runner, err := newRunner(cfg, i, stateRoot, src, log)
+	runner, err := newRunner(cfg, i, stateRoot, src, log, m)
 	if err != nil {
 		return nil, err
 	}
@@ -191,6 +208,7 @@ func build(cfg *config.Config, i int, writer *cdi.Writer, start int64, log *logr
 		Mounts:           mounts,
 		Preparer:         preparer,
 		Log:              log,
+		Metrics:          m,
 	}, nil)
 	switch {
 	case errors.Is(err, plugin.ErrSocketPath):
@@ -206,7 +224,7 @@ func build(cfg *config.Config, i int, writer *cdi.Writer, start int64, log *logr
 	}
 	return &part{
 		name: rc.Name, kind: kind, src: src, runner: runner, spec: spec, log: log,
-		resource: &plugin.Resource{Source: src, Spec: spec, Plugin: p, Recovery: runner, Log: log},
+		resource: &plugin.Resource{Source: src, Spec: spec, Plugin: p, Recovery: runner, Log: log, Metrics: m},
 	}, nil
 }
 
@@ -251,9 +269,9 @@ func (s stateSpec) Write(snap *device.Snapshot) error {
 
 // newRunner builds the prestart runner of resource i from its steps; a
 // command that does not parse is an error of its field.
-func newRunner(cfg *config.Config, i int, stateRoot string, src *device.Source, log *logrus.Entry) (*prestart.Runner, error) {
+func newRunner(cfg *config.Config, i int, stateRoot string, src *device.Source, log *logrus.Entry, m *metrics.Metrics) (*prestart.Runner, error) {
 	rc := &cfg.Resources[i]
-	opts := prestart.Options{Resource: rc.Name, StateRoot: stateRoot, Health: src, Log: log}
+	opts := prestart.Options{Resource: rc.Name, StateRoot: stateRoot, Health: src, Log: log, Metrics: m}
 	if p := rc.Prestart; p != nil {
 		opts.Budget = p.Budget.Duration
 		opts.MarkUnhealthy = p.OnFailure.MarksUnhealthy()

@@ -71,6 +71,7 @@ func (s *syncBuffer) String() string {
 // running is the plugin run in-process against the kubelet stand-in,
 // registered, with a ListAndWatch stream open.
 type running struct {
+	kubelet *kubeletsim.Kubelet
 	reg     kubeletsim.Registration
 	c       *kubeletsim.Client
 	updates <-chan kubeletsim.Update
@@ -87,7 +88,7 @@ func startRun(t *testing.T, d dirs, args []string, env map[string]string) *runni
 	}
 	t.Cleanup(k.Stop)
 	ctx, cancel := context.WithCancel(context.Background())
-	r := &running{stderr: &syncBuffer{}}
+	r := &running{kubelet: k, stderr: &syncBuffer{}}
 	done := make(chan int, 1)
 	go func() { done <- run(ctx, d.args(args...), envOf(env), r.stderr) }()
 	var once sync.Once
