@@ -109,6 +109,7 @@ func (s *Source) Prepare() (*Snapshot, error) {
 		}
 	}
 	if len(s.opts.HostGlobs) == 0 {
+		created := 0
 		for i := 0; i < s.opts.Count; i++ {
 			rel := s.simRel(i)
 			wrote, err := EnsureNode(s.root, rel, s.opts.Type, s.opts.Major, s.opts.Minor)
@@ -116,8 +117,12 @@ func (s *Source) Prepare() (*Snapshot, error) {
 				return nil, fmt.Errorf("device node %s: %w", rel, err)
 			}
 			if wrote {
-				s.log.WithField("device", s.deviceName(strconv.Itoa(i))).Infof("created device node %s", filepath.Join(s.root, rel))
+				created++
+				s.log.WithField("device", s.deviceName(strconv.Itoa(i))).Debugf("created device node %s", filepath.Join(s.root, rel))
 			}
+		}
+		if created > 0 {
+			s.log.WithField("created", created).WithField("devices", s.opts.Count).Info("device nodes created or repaired")
 		}
 	}
 	return s.Refresh(), nil

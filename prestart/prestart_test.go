@@ -72,6 +72,11 @@ func newRunner(t *testing.T, steps ...Step) (*Runner, *faults, *test.Hook) {
 	f := &faults{}
 	r := NewRunner(Options{Resource: "example.com/sim", StateRoot: t.TempDir(), Steps: steps, Budget: 5 * time.Second,
 		MarkUnhealthy: true, Recovery: config.RecoverReset, Health: f, Log: logrus.NewEntry(l)})
+	// As the plugin does: the spec's writer ensures the state directories,
+	// then the faults of an earlier run are restored.
+	if err := r.Ensure(&device.Snapshot{Devices: devs(2)}); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := r.Init(&device.Snapshot{Devices: devs(2)}); err != nil {
 		t.Fatal(err)
 	}
@@ -110,16 +115,34 @@ func ino(t *testing.T, p string) uint64 {
 	return st.Ino
 }
 
-func TestInitCreatesState(t *testing.T) {
+// TestEnsureWritesOnlyDirectories: a device's state directory exists
+// before the spec mounts it, and nothing else is written at start: a
+// device without a state file is new; its state appears with its first
+// preparation. A symlink planted where a state directory goes is refused.
+func TestEnsureWritesOnlyDirectories(t *testing.T) {
 	r, _, _ := newRunner(t, Reset{})
 	for _, d := range devs(2) {
-		s := state(t, r, d.Name)
-		if s.Status != StatusNew || s.Device != d.Name || s.Resource != "example.com/sim" || s.Generation != 0 {
+		entries, err := os.ReadDir(r.Dir(d.Name))
+		if err != nil || len(entries) != 0 {
+			t.Fatalf("%s: %v %v", d.Name, entries, err)
+		}
+		if s := state(t, r, d.Name); s.Status != StatusNew || s.Generation != 0 {
 			t.Fatalf("%+v", s)
 		}
-		if fi, err := os.Stat(filepath.Join(r.Dir(d.Name), ScratchDir)); err != nil || !fi.IsDir() {
-			t.Fatalf("scratch: %v", err)
-		}
+	}
+	if err := r.Prepare(context.Background(), devs(1)); err != nil {
+		t.Fatal(err)
+	}
+	if s := state(t, r, "sim-0"); s.Status != StatusReady || s.Device != "sim-0" || s.Resource != "example.com/sim" || s.Generation != 1 {
+		t.Fatalf("after the first preparation: %+v", s)
+	}
+	outside := t.TempDir()
+	planted := device.Device{Name: "sim-9"}
+	if err := os.Symlink(outside, r.Dir(planted.Name)); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Ensure(&device.Snapshot{Devices: []device.Device{planted}}); err == nil {
+		t.Fatal("a symlinked state directory was accepted")
 	}
 }
 
@@ -127,6 +150,9 @@ func TestReset(t *testing.T) {
 	r, _, _ := newRunner(t, Reset{})
 	d := devs(1)
 	junk := filepath.Join(r.Dir("sim-0"), ScratchDir, "junk")
+	if err := os.MkdirAll(filepath.Dir(junk), 0o755); err != nil {
+		t.Fatal(err)
+	}
 	if err := os.WriteFile(junk, []byte("left by the last workload"), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -609,6 +635,9 @@ func TestRecoveryAfterRestoredFault(t *testing.T) {
 func TestStateVersion(t *testing.T) {
 	r, _, _ := newRunner(t, Reset{})
 	dir := r.Dir("sim-0")
+	if err := r.Prepare(context.Background(), devs(1)); err != nil {
+		t.Fatal(err)
+	}
 	if s := state(t, r, "sim-0"); s.Version != StateVersion {
 		t.Fatalf("written without its version: %+v", s)
 	}

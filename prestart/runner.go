@@ -116,26 +116,16 @@ func (r *Runner) HasSteps() bool { return len(r.opts.Steps) > 0 }
 // Dir is the state directory of a device.
 func (r *Runner) Dir(name string) string { return filepath.Join(r.opts.StateRoot, name) }
 
-// Ensure gives every device of snap its state directory (mounted into its
-// containers by the CDI spec, so it must exist before the spec names it)
-// with a scratch directory and a state file. Existing state is kept.
+// Ensure gives every device of snap its state directory, which the CDI
+// spec mounts into its containers, so it must exist before the spec names
+// it. Nothing else is written: a device without a state.json is new, and
+// its state file appears with its first preparation.
 func (r *Runner) Ensure(snap *device.Snapshot) error {
 	if err := os.MkdirAll(r.opts.StateRoot, 0o755); err != nil {
 		return fmt.Errorf("state root: %w", err)
 	}
 	for _, d := range snap.Devices {
-		dir := r.Dir(d.Name)
-		if _, err := os.Lstat(filepath.Join(dir, StateFile)); err == nil {
-			continue
-		}
-		if err := ensureDir(dir); err != nil {
-			return fmt.Errorf("state of %s: %w", d.Name, err)
-		}
-		if err := ensureDir(filepath.Join(dir, ScratchDir)); err != nil {
-			return fmt.Errorf("state of %s: %w", d.Name, err)
-		}
-		st := State{Status: StatusNew, Device: d.Name, Resource: r.opts.Resource}
-		if err := st.Save(dir); err != nil {
+		if err := ensureDir(r.Dir(d.Name)); err != nil {
 			return fmt.Errorf("state of %s: %w", d.Name, err)
 		}
 	}
@@ -159,26 +149,17 @@ func ensureDir(dir string) error {
 	return nil
 }
 
-// Init ensures every device's state (see Ensure) and restores the faults
-// recorded by an earlier run (devices whose last preparation failed), so
-// health survives plugin restarts. It returns them by device.
+// Init restores the faults recorded by an earlier run (devices whose last
+// preparation failed), so health survives plugin restarts, and returns them
+// by device. It writes nothing (the spec's writer ensures the directories,
+// see Ensure), but sets aside an unreadable state file.
 func (r *Runner) Init(snap *device.Snapshot) (map[string]string, error) {
-	if err := r.Ensure(snap); err != nil {
-		return nil, err
-	}
 	faults := map[string]string{}
 	for _, d := range snap.Devices {
 		log := r.opts.Log.WithField("device", d.Name)
-		dir := r.Dir(d.Name)
-		st, err := loadOrAside(dir, log)
+		st, err := loadOrAside(r.Dir(d.Name), log)
 		if err != nil {
 			return nil, fmt.Errorf("state of %s: %w", d.Name, err)
-		}
-		if st.Device == "" { // set aside as corrupt: a fresh state in its place
-			st.Device, st.Resource = d.Name, r.opts.Resource
-			if err := st.Save(dir); err != nil {
-				return nil, fmt.Errorf("state of %s: %w", d.Name, err)
-			}
 		}
 		if st.Status == StatusFailed && r.opts.MarkUnhealthy {
 			faults[d.Name] = "prestart: " + st.LastError

@@ -136,14 +136,25 @@ func waitResolves(t *testing.T, r *running, d dirs, timeout time.Duration, ids .
 // appears after start gets a spec entry whose state-dir mount source
 // exists, so a container given it can start.
 func TestHotPluggedHostDeviceResolves(t *testing.T) {
-	d := newDirs(t)
-	needRoot(t, d)
-	mknod(t, d, "ttyR0", 4, 64)
-	r := startRun(t, d, []string{"--config", writeConfig(t, serialConfig)}, nil)
-	waitResolves(t, r, d, 5*time.Second, "ser-ttyR0")
+	for _, c := range []struct{ name, cfg string }{
+		{"without steps", serialConfig},
+		// With steps, the spec mounts each device's state directory.
+		{"with an exec step", serialConfig + "  prestart:\n    steps: [{type: exec, command: [/bin/true]}]\n"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			d := newDirs(t)
+			needRoot(t, d)
+			mknod(t, d, "ttyR0", 4, 64)
+			r := startRun(t, d, []string{"--config", writeConfig(t, c.cfg)}, nil)
+			spec := waitResolves(t, r, d, 5*time.Second, "ser-ttyR0")
+			if mounted := len(spec.Mounts) == 1; mounted != strings.Contains(c.cfg, "exec") {
+				t.Fatalf("state mounts %+v", spec.Mounts)
+			}
 
-	mknod(t, d, "ttyR1", 4, 65)
-	waitResolves(t, r, d, 5*time.Second, "ser-ttyR1")
+			mknod(t, d, "ttyR1", 4, 65)
+			waitResolves(t, r, d, 5*time.Second, "ser-ttyR1")
+		})
+	}
 }
 
 // TestSpecWriteFailureHoldsDevicesBack (item 2): while the spec cannot be

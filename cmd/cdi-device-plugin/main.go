@@ -218,10 +218,13 @@ func build(cfg *config.Config, i int, writer *cdi.Writer, start int64, log *logr
 	case err != nil:
 		return nil, fmt.Errorf("%s: %w", rc.Name, err)
 	}
-	spec := stateSpec{
-		Spec:   writer.Spec(cdi.Resource{Name: rc.Name, Kind: kind, EnvPrefix: rc.EnvPrefix, StateRoot: stateRoot}),
-		runner: runner,
+	// The device state is mounted into containers when there is state to
+	// show: a resource with prestart steps.
+	specRes := cdi.Resource{Name: rc.Name, Kind: kind, EnvPrefix: rc.EnvPrefix}
+	if runner.HasSteps() {
+		specRes.StateRoot = stateRoot
 	}
+	spec := stateSpec{Spec: writer.Spec(specRes), runner: runner}
 	return &part{
 		name: rc.Name, kind: kind, src: src, runner: runner, spec: spec, log: log,
 		resource: &plugin.Resource{Source: src, Spec: spec, Plugin: p, Recovery: runner, Log: log, Metrics: m},
@@ -253,7 +256,7 @@ func (p *part) prepare() error {
 }
 
 // stateSpec is a resource's CDI spec whose writes first give every device
-// its state directory, which the spec mounts: the spec never names a
+// its state directory when the spec mounts it: the spec never names a
 // directory that does not exist (hot-plugged devices included).
 type stateSpec struct {
 	*cdi.Spec
@@ -261,8 +264,10 @@ type stateSpec struct {
 }
 
 func (s stateSpec) Write(snap *device.Snapshot) error {
-	if err := s.runner.Ensure(snap); err != nil {
-		return err
+	if s.runner.HasSteps() {
+		if err := s.runner.Ensure(snap); err != nil {
+			return err
+		}
 	}
 	return s.Spec.Write(snap)
 }
