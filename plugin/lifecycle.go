@@ -49,7 +49,7 @@ func (p *Plugin) Run(ctx context.Context) error {
 	sock := p.SocketPath()
 	kubeletSock := filepath.Join(p.opts.Dir, KubeletSocket)
 	var (
-		kubeletIno uint64 // the kubelet.sock we are registered with
+		kubeletIno fileID // the kubelet.sock we are registered with
 		failures   int    // failed attempts since the last registration
 	)
 	for {
@@ -82,6 +82,10 @@ func (p *Plugin) Run(ctx context.Context) error {
 				p.opts.Metrics.Registered(p.opts.ResourceName, err)
 				p.registered.Store(err == nil)
 				if err == nil {
+					if !kubeletIno.none() && ino != kubeletIno {
+						// Registered with another kubelet than before.
+						p.opts.Metrics.KubeletRestart(p.opts.ResourceName)
+					}
 					registered, kubeletIno = true, ino
 					if failures > 0 {
 						p.log.WithField("attempts", failures+1).Info("registered after failed attempts")
@@ -98,7 +102,7 @@ func (p *Plugin) Run(ctx context.Context) error {
 				failures++
 				// A kubelet.sock that exists but refused us: try again
 				// later. None: its creation is the signal.
-				if inode(kubeletSock) != 0 {
+				if !inode(kubeletSock).none() {
 					retry.Reset(p.opts.RetryInterval)
 				}
 			case ev, ok := <-w.Events:
@@ -112,17 +116,16 @@ func (p *Plugin) Run(ctx context.Context) error {
 				// new socket and one registration.
 				switch {
 				case ev.Name == sock && ev.Has(fsnotify.Remove|fsnotify.Rename):
-					if inode(sock) != ourIno || ourIno == 0 {
+					if inode(sock) != ourIno || ourIno.none() {
 						p.log.Info("our socket was removed (kubelet restart?); serving again")
 						restart = true
 					}
 				case ev.Name == kubeletSock && ev.Has(fsnotify.Create):
 					ino := inode(kubeletSock)
-					if ino == 0 || reg.targets(ino) || (registered && ino == kubeletIno) {
+					if ino.none() || reg.targets(ino) || (registered && ino == kubeletIno) {
 						break
 					}
 					p.log.Info("kubelet.sock created; registering again")
-					p.opts.Metrics.KubeletRestart(p.opts.ResourceName)
 					registered = false
 					p.registered.Store(false)
 					retry.Stop()
@@ -133,7 +136,7 @@ func (p *Plugin) Run(ctx context.Context) error {
 				p.log.WithError(err).Warn("fsnotify error; checking the sockets")
 				if _, err := os.Lstat(sock); err != nil {
 					restart = true
-				} else if ino := inode(kubeletSock); ino != 0 && !reg.targets(ino) && (!registered || ino != kubeletIno) {
+				} else if ino := inode(kubeletSock); !ino.none() && !reg.targets(ino) && (!registered || ino != kubeletIno) {
 					reg.start(ctx)
 				}
 			case <-retry.C:
@@ -158,7 +161,7 @@ type registrar struct {
 }
 
 type attempt struct {
-	ino    uint64 // the kubelet.sock it registers with
+	ino    fileID // the kubelet.sock it registers with
 	cancel context.CancelFunc
 	errc   chan error    // its result
 	done   chan struct{} // closed when its goroutine has returned
@@ -186,7 +189,7 @@ func (r *registrar) done() <-chan error {
 
 // finish forgets the attempt whose result was received from done and
 // returns the kubelet.sock inode it registered with.
-func (r *registrar) finish() uint64 {
+func (r *registrar) finish() fileID {
 	ino := r.cur.ino
 	r.cur.cancel()
 	r.cur = nil
@@ -197,7 +200,7 @@ func (r *registrar) running() bool { return r.cur != nil }
 
 // targets reports whether the attempt under way registers with the
 // kubelet.sock of inode ino.
-func (r *registrar) targets(ino uint64) bool { return r.cur != nil && r.cur.ino == ino }
+func (r *registrar) targets(ino fileID) bool { return r.cur != nil && r.cur.ino == ino }
 
 // stop cancels the attempt under way and waits for it.
 func (r *registrar) stop() {
@@ -325,11 +328,21 @@ func (p *Plugin) register(ctx context.Context) error {
 	return nil
 }
 
-// inode returns the inode number of p, 0 when it does not exist.
-func inode(p string) uint64 {
+// fileID tells one file from another that replaced it at the same path:
+// an inode number alone can be reused at once (a kubelet restart removes
+// kubelet.sock and creates a new one, often with the same number).
+type fileID struct {
+	ino   uint64
+	ctime unix.Timespec
+}
+
+func (f fileID) none() bool { return f == fileID{} }
+
+// inode identifies the file at p, the zero fileID when it does not exist.
+func inode(p string) fileID {
 	var st unix.Stat_t
 	if err := unix.Lstat(p, &st); err != nil {
-		return 0
+		return fileID{}
 	}
-	return st.Ino
+	return fileID{ino: st.Ino, ctime: st.Ctim}
 }

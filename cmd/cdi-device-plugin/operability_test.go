@@ -172,7 +172,18 @@ func TestMetricsAndProbes(t *testing.T) {
 		`cdi_device_plugin_device_health_transitions_total{health="unhealthy",reason="prestart",` + res + `}`: 1,
 		`cdi_device_plugin_devices{health="unhealthy",` + res + `}`:                                           2,
 	} {
-		waitHTTP(t, addr, "/metrics", 5*time.Second, hasMetric(series, want))
+		deadline := time.Now().Add(5 * time.Second)
+		for {
+			_, body, err := get(addr, "/metrics")
+			got := metric(body, series)
+			if err == nil && got == want {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s = %v, want %v (%v)", series, got, want, err)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
 	}
 	// One info line per call, naming the devices; details at debug only.
 	log := stderr.String()
