@@ -188,6 +188,9 @@ type Spec struct {
 
 	mu   sync.Mutex
 	last []byte
+	// empty: the last write had no device, so there is no file (the CDI
+	// library refuses a spec without devices).
+	empty bool
 }
 
 // Path is the spec's file.
@@ -198,14 +201,28 @@ func (s *Spec) Path() string { return s.path }
 var ErrMissingPath = errors.New("the spec would name a missing path")
 
 // Write builds the spec from snap and replaces the file atomically: the
-// CDI library validates the exact bytes first, the file appears complete
-// with mode 0644, and its content is durable when Write returns. Every
-// mount source the spec names must exist (ErrMissingPath otherwise): a
-// bind mount from a missing directory fails the container.
+// spec is checked with the CDI library's rules first, the file appears
+// complete with mode 0644, and its content is durable when Write returns.
+// Every mount source the spec names must exist (ErrMissingPath otherwise):
+// a bind mount from a missing directory fails the container. Without
+// devices there is no spec (the CDI library refuses an empty one): the
+// file is removed.
 func (s *Spec) Write(snap *device.Snapshot) error {
+	if len(snap.Devices) == 0 {
+		if err := os.Remove(s.path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("remove the CDI spec of no devices: %w", err)
+		}
+		s.mu.Lock()
+		s.last, s.empty = nil, true
+		s.mu.Unlock()
+		return nil
+	}
 	spec, err := BuildSpec(s.w.owner, s.w.started, s.r, snap)
 	if err != nil {
 		return err
+	}
+	if err := validate(spec); err != nil {
+		return fmt.Errorf("CDI spec %s: %w", s.path, err)
 	}
 	for i := range spec.Devices {
 		d := &spec.Devices[i]
@@ -222,20 +239,54 @@ func (s *Spec) Write(snap *device.Snapshot) error {
 	if err := os.MkdirAll(s.w.dir, 0o755); err != nil {
 		return fmt.Errorf("CDI dir: %w", err)
 	}
-	err = atomicfile.Write(s.path, specMode, func(f *os.File) error {
-		if _, err := f.Write(data); err != nil {
-			return err
-		}
-		// What containerd will read: parsed and validated by the library.
-		_, err := cdi.ReadSpec(f.Name(), 0)
-		return err
-	})
-	if err != nil {
+	if err := atomicfile.WriteBytes(s.path, data, specMode); err != nil {
 		return fmt.Errorf("write CDI spec: %w", err)
 	}
 	s.mu.Lock()
-	s.last = data
+	s.last, s.empty = data, false
 	s.mu.Unlock()
+	return nil
+}
+
+// validate checks spec as the CDI library checks a spec it reads (version,
+// vendor and class, container edits, device names, at least one device,
+// no device twice), with the library's own validators, without encoding
+// and parsing it again. Spec annotations are our constant keys.
+func validate(spec *specs.Spec) error {
+	if err := specs.ValidateVersion(spec); err != nil {
+		return err
+	}
+	vendor, class := parser.ParseQualifier(spec.Kind)
+	if err := parser.ValidateVendorName(vendor); err != nil {
+		return err
+	}
+	if err := parser.ValidateClassName(class); err != nil {
+		return err
+	}
+	if err := (&cdi.ContainerEdits{ContainerEdits: &spec.ContainerEdits}).Validate(); err != nil {
+		return err
+	}
+	if len(spec.Devices) == 0 {
+		return errors.New("no devices")
+	}
+	seen := make(map[string]bool, len(spec.Devices))
+	for i := range spec.Devices {
+		d := &spec.Devices[i]
+		if err := parser.ValidateDeviceName(d.Name); err != nil {
+			return err
+		}
+		if seen[d.Name] {
+			return fmt.Errorf("device %q twice", d.Name)
+		}
+		seen[d.Name] = true
+		edits := &cdi.ContainerEdits{ContainerEdits: &d.ContainerEdits}
+		if len(d.ContainerEdits.DeviceNodes)+len(d.ContainerEdits.Env)+len(d.ContainerEdits.Mounts) == 0 {
+			return fmt.Errorf("device %q: no container edits", d.Name)
+		}
+		if err := edits.Validate(); err != nil {
+			return fmt.Errorf("device %q: %w", d.Name, err)
+		}
+	}
 	return nil
 }
 
@@ -272,12 +323,15 @@ func (st Status) String() string {
 // Check compares the file on disk with what we last wrote.
 func (s *Spec) Check() (Status, string) {
 	data, err := os.ReadFile(s.path)
+	s.mu.Lock()
+	last, empty := s.last, s.empty
+	s.mu.Unlock()
 	if errors.Is(err, fs.ErrNotExist) {
+		if empty {
+			return Intact, ""
+		}
 		return Missing, "removed"
 	}
-	s.mu.Lock()
-	last := s.last
-	s.mu.Unlock()
 	if err == nil && last != nil && bytes.Equal(data, last) {
 		return Intact, ""
 	}
@@ -311,6 +365,10 @@ func (s *Spec) Watch(ctx context.Context, changed chan<- struct{}) error {
 		}
 	}
 	name := filepath.Base(s.path)
+	if err := os.MkdirAll(s.w.dir, 0o755); err != nil { // none yet: no spec was written
+		_ = w.Close()
+		return fmt.Errorf("CDI dir: %w", err)
+	}
 	if err := w.Add(s.w.dir); err != nil {
 		_ = w.Close()
 		return err

@@ -157,6 +157,26 @@ func TestHotPluggedHostDeviceResolves(t *testing.T) {
 	}
 }
 
+// TestNoHostDeviceAtStart: a host resource that matches nothing at start
+// registers with no device and no spec (the CDI library refuses an empty
+// one); the first device that appears gets a spec and resolves.
+func TestNoHostDeviceAtStart(t *testing.T) {
+	d := newDirs(t)
+	needRoot(t, d)
+	r := startRun(t, d, []string{"--config", writeConfig(t, serialConfig)}, nil)
+	if u, err := r.wait(5*time.Second, func(kubeletsim.Update) bool { return true }); err != nil || len(u.Devices) != 0 {
+		t.Fatalf("first list %+v %v", u.Devices, err)
+	}
+	if _, err := os.Stat(filepath.Join(d.cdi, "k8s.example.com-serial.json")); !os.IsNotExist(err) {
+		t.Fatalf("a spec without devices: %v", err)
+	}
+	mknod(t, d, "ttyR0", 4, 64)
+	waitResolves(t, r, d, 5*time.Second, "ser-ttyR0")
+	if strings.Contains(r.stderr.String(), "level=error") {
+		t.Fatalf("errors logged:\n%s", r.stderr.String())
+	}
+}
+
 // TestSpecWriteFailureHoldsDevicesBack (item 2): while the spec cannot be
 // written, a new device is not advertised Healthy (its CDI name would not
 // resolve) and cannot be allocated; the write is retried, and once it
