@@ -70,3 +70,14 @@ func BenchmarkUpdate(b *testing.B) {
 		}
 	}
 }
+
+func BenchmarkPreferred10k(b *testing.B) {
+	p, ids := benchPlugin(b, 2500, 2, 4)
+	v := p.state.Load()
+	b.ResetTimer()
+	for b.Loop() {
+		if _, err := preferred(v, ids, nil, 8); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
