@@ -15,6 +15,9 @@ func preferred(v *view, available, must []string, size int) ([]string, error) {
 	if size <= 0 {
 		return nil, fmt.Errorf("allocation size %d", size)
 	}
+	// No answer holds more IDs than there are; the kubelet's size is
+	// capped there before anything is sized by it.
+	size = min(size, len(v.list))
 	chosen := make([]string, 0, size)
 	taken := make(map[string]bool, size)
 	physUse := map[int]int{}

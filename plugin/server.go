@@ -282,7 +282,7 @@ func (p *Plugin) Allocate(_ context.Context, req *pluginapi.AllocateRequest) (re
 		p.opts.Metrics.ObserveRPC(p.opts.ResourceName, "Allocate", time.Since(start), err)
 		l := p.log.WithField("took", time.Since(start))
 		for _, c := range req.ContainerRequests {
-			l = l.WithField("devices", strings.Join(c.DevicesIds, ","))
+			l = l.WithField("devices", idList(c.DevicesIds))
 			if err != nil {
 				l.WithError(err).Warn("allocate refused")
 			} else {
@@ -293,6 +293,9 @@ func (p *Plugin) Allocate(_ context.Context, req *pluginapi.AllocateRequest) (re
 			p.log.WithField("response", resp.String()).Debug("allocate answer")
 		}
 	}()
+	if len(req.ContainerRequests) == 0 {
+		return nil, status.Errorf(codes.InvalidArgument, "%s: no container requests", p.opts.ResourceName)
+	}
 	v := p.state.Load()
 	resp = &pluginapi.AllocateResponse{ContainerResponses: make([]*pluginapi.ContainerAllocateResponse, 0, len(req.ContainerRequests))}
 	for _, creq := range req.ContainerRequests {
@@ -307,18 +310,26 @@ func (p *Plugin) Allocate(_ context.Context, req *pluginapi.AllocateRequest) (re
 
 // physical returns the physical devices (indexes in v.snap.Devices) of the
 // kubelet IDs, each once, in request order: replicas of one device are one
-// device. Unknown IDs, and unhealthy ones when healthy is set, are refused
-// with InvalidArgument naming the ID.
+// device. No IDs, an unknown ID, an ID twice, and an unhealthy one when
+// healthy is set, are refused with InvalidArgument naming the ID.
 func (p *Plugin) physical(v *view, ids []string, healthy bool) ([]int, error) {
+	if len(ids) == 0 {
+		return nil, status.Errorf(codes.InvalidArgument, "%s: no device IDs", p.opts.ResourceName)
+	}
 	phys := make([]int, 0, len(ids))
 	seen := make(map[int]bool, len(ids))
+	asked := make(map[string]bool, len(ids))
 	for _, id := range ids {
 		i, ok := v.ids[id]
 		if !ok {
-			return nil, status.Errorf(codes.InvalidArgument, "%s: unknown device ID %q", p.opts.ResourceName, id)
+			return nil, status.Errorf(codes.InvalidArgument, "%s: unknown device ID %s", p.opts.ResourceName, quoteID(id))
 		}
+		if asked[id] {
+			return nil, status.Errorf(codes.InvalidArgument, "%s: device ID %s requested twice", p.opts.ResourceName, quoteID(id))
+		}
+		asked[id] = true
 		if d := v.snap.Devices[i]; healthy && !d.Healthy {
-			return nil, status.Errorf(codes.InvalidArgument, "%s: device ID %q is unhealthy: %s", p.opts.ResourceName, id, d.Reason)
+			return nil, status.Errorf(codes.InvalidArgument, "%s: device ID %s is unhealthy: %s", p.opts.ResourceName, quoteID(id), d.Reason)
 		}
 		if !seen[i] {
 			seen[i] = true
@@ -326,6 +337,26 @@ func (p *Plugin) physical(v *view, ids []string, healthy bool) ([]int, error) {
 		}
 	}
 	return phys, nil
+}
+
+// maxIDInMessage bounds how much of an ID an error or log line shows.
+const maxIDInMessage = 128
+
+// quoteID quotes an ID for a message, cut to maxIDInMessage bytes.
+func quoteID(id string) string {
+	if len(id) > maxIDInMessage {
+		id = id[:maxIDInMessage] + "..."
+	}
+	return strconv.Quote(id)
+}
+
+// idList is the IDs of a request for a log line: at most 16 of them.
+func idList(ids []string) string {
+	const most = 16
+	if len(ids) <= most {
+		return strings.Join(ids, ",")
+	}
+	return strings.Join(ids[:most], ",") + ",... (" + strconv.Itoa(len(ids)) + " IDs)"
 }
 
 func (p *Plugin) allocateContainer(v *view, ids []string) (*pluginapi.ContainerAllocateResponse, error) {
@@ -421,7 +452,7 @@ func (p *Plugin) PreStartContainer(ctx context.Context, req *pluginapi.PreStartC
 	start := time.Now()
 	defer func() {
 		p.opts.Metrics.ObserveRPC(p.opts.ResourceName, "PreStartContainer", time.Since(start), err)
-		l := p.log.WithField("devices", strings.Join(req.DevicesIds, ",")).
+		l := p.log.WithField("devices", idList(req.DevicesIds)).
 			WithField("steps", strings.Join(p.opts.Preparer.Steps(), ",")).WithField("took", time.Since(start))
 		if err != nil {
 			l.WithError(err).Warn("prestart failed")
