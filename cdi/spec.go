@@ -196,6 +196,9 @@ type Spec struct {
 // Path is the spec's file.
 func (s *Spec) Path() string { return s.path }
 
+// TempPattern is the glob of the temp files a killed write may have left.
+func (s *Spec) TempPattern() string { return atomicfile.TempPattern(s.path) }
+
 // ErrMissingPath is returned when the spec would name a path that does not
 // exist (a state directory to mount).
 var ErrMissingPath = errors.New("the spec would name a missing path")

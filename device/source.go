@@ -14,6 +14,7 @@ import (
 	"github.com/sirupsen/logrus"
 	"tags.cncf.io/container-device-interface/pkg/parser"
 
+	"github.com/cdi-device-plugin/cdi-device-plugin/internal/atomicfile"
 	"github.com/cdi-device-plugin/cdi-device-plugin/internal/inotify"
 	"github.com/cdi-device-plugin/cdi-device-plugin/internal/logs"
 )
@@ -163,6 +164,15 @@ func (s *Source) Snapshot() *Snapshot {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.current
+}
+
+// TempPattern is the glob of the temp nodes a killed run may have left
+// beside the simulated nodes; "" for host devices.
+func (s *Source) TempPattern() string {
+	if s.opts.Count == 0 {
+		return ""
+	}
+	return atomicfile.TempPattern(filepath.Join(s.root, s.opts.FilePrefix+"-*"))
 }
 
 func (s *Source) simRel(i int) string { return s.opts.FilePrefix + "-" + strconv.Itoa(i) }

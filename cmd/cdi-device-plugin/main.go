@@ -24,6 +24,7 @@ import (
 	"github.com/cdi-device-plugin/cdi-device-plugin/cdi"
 	"github.com/cdi-device-plugin/cdi-device-plugin/config"
 	"github.com/cdi-device-plugin/cdi-device-plugin/device"
+	"github.com/cdi-device-plugin/cdi-device-plugin/internal/atomicfile"
 	"github.com/cdi-device-plugin/cdi-device-plugin/metrics"
 	"github.com/cdi-device-plugin/cdi-device-plugin/plugin"
 	"github.com/cdi-device-plugin/cdi-device-plugin/prestart"
@@ -116,6 +117,17 @@ func serve(ctx context.Context, cfg *config.Config, load func() (*config.Config,
 		log.WithField("address", ln.Addr().String()).Info("serving /metrics, /healthz and /readyz")
 		g.Go(func() error { return server.Serve(ctx, ln) })
 	}
+	temps := []string{filepath.Join(cfg.StateDir, "devices", "*", ".*.tmp-*")}
+	for _, in := range s.running {
+		temps = append(temps, in.part.spec.TempPattern())
+		if p := in.part.src.TempPattern(); p != "" {
+			temps = append(temps, p)
+		}
+	}
+	g.Go(func() error {
+		sweepTemps(temps, time.Unix(0, start), log)
+		return nil
+	})
 	reloads := make(chan struct{}, 1)
 	if cfg.ConfigFile != "" {
 		g.Go(func() error { return watchConfig(ctx, cfg.ConfigFile, reloads) })
@@ -134,6 +146,21 @@ func serve(ctx context.Context, cfg *config.Config, load func() (*config.Config,
 		}
 	})
 	return g.Wait()
+}
+
+// sweepTemps removes the temp files that runs killed mid-write left in
+// our directories (spec, nodes, device state): those older than this
+// process. It runs beside the resources, after their start-up work.
+func sweepTemps(patterns []string, since time.Time, log *logrus.Entry) {
+	for _, pattern := range patterns {
+		removed, err := atomicfile.RemoveStaleTemps(pattern, since)
+		for _, p := range removed {
+			log.WithField("file", p).Info("removed a temp file of an interrupted write")
+		}
+		if err != nil {
+			log.WithError(err).Warn("removing temp files of interrupted writes")
+		}
+	}
 }
 
 // part is one configured resource, built.

@@ -4,9 +4,12 @@
 package atomicfile
 
 import (
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
+	"time"
 )
 
 // Write replaces path with what fill writes to f: a temp file in the same
@@ -62,4 +65,34 @@ func SyncDir(dir string) error {
 		err = cerr
 	}
 	return err
+}
+
+// TempPattern is the glob of the temp files that Write makes for path.
+func TempPattern(path string) string {
+	return filepath.Join(filepath.Dir(path), "."+filepath.Base(path)+".tmp-*")
+}
+
+// RemoveStaleTemps removes the files matching pattern (a TempPattern, or
+// a glob of them) that were last changed before since: the temp files of
+// a process killed mid-write. Newer ones may be writes in flight. It
+// returns what it removed.
+func RemoveStaleTemps(pattern string, since time.Time) ([]string, error) {
+	matches, err := filepath.Glob(pattern)
+	if err != nil {
+		return nil, err
+	}
+	var removed []string
+	var errs []error
+	for _, p := range matches {
+		fi, err := os.Lstat(p)
+		if err != nil || !fi.ModTime().Before(since) {
+			continue
+		}
+		if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			errs = append(errs, err)
+			continue
+		}
+		removed = append(removed, p)
+	}
+	return removed, errors.Join(errs...)
 }
