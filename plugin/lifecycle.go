@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
@@ -253,7 +255,37 @@ func (p *Plugin) serve() (*server, error) {
 		}
 	}()
 	p.log.WithField("socket", sock).Debug("serving")
+	p.removeDeadSockets()
 	return s, nil
+}
+
+// removeDeadSockets removes the sockets of this resource that earlier runs
+// of the plugin left when they were killed: nobody accepts connections on
+// them. A live one (another instance during a rolling update) is kept.
+func (p *Plugin) removeDeadSockets() {
+	prefix := socketPrefix(p.opts.PluginName, p.opts.ResourceName)
+	entries, err := os.ReadDir(p.opts.Dir)
+	if err != nil {
+		return
+	}
+	for _, e := range entries {
+		name := e.Name()
+		if e.Type() != fs.ModeSocket || name == p.opts.SocketName || !strings.HasPrefix(name, prefix) || !strings.HasSuffix(name, ".sock") {
+			continue
+		}
+		path := filepath.Join(p.opts.Dir, name)
+		conn, err := net.DialTimeout("unix", path, time.Second)
+		if err == nil {
+			_ = conn.Close()
+			continue
+		}
+		if !errors.Is(err, unix.ECONNREFUSED) {
+			continue
+		}
+		if err := os.Remove(path); err == nil {
+			p.log.WithField("socket", name).Info("removed the socket of a plugin run that was killed")
+		}
+	}
 }
 
 // handler serves the device plugin API for one incarnation of the server:

@@ -110,8 +110,11 @@ const maxSocketPath = 107
 // SocketName is the socket file of a resource for a process started at
 // start (Unix ns): unique per process start.
 func SocketName(plugin, resource string, start int64) string {
-	r := strings.NewReplacer("/", "_", ".", "_").Replace(resource)
-	return fmt.Sprintf("%s-%s-%d.sock", plugin, r, start)
+	return socketPrefix(plugin, resource) + strconv.FormatInt(start, 10) + ".sock"
+}
+
+func socketPrefix(plugin, resource string) string {
+	return plugin + "-" + strings.NewReplacer("/", "_", ".", "_").Replace(resource) + "-"
 }
 
 // New returns a plugin advertising the devices of snap (none when nil).
