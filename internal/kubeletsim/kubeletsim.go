@@ -56,6 +56,9 @@ func (k *Kubelet) start() error {
 	if err != nil {
 		return err
 	}
+	// A Serve that starts after Stop closes the listener; closing must
+	// not unlink the path, which a restart has given to the next socket.
+	lis.(*net.UnixListener).SetUnlinkOnClose(false)
 	srv := grpc.NewServer()
 	pluginapi.RegisterRegistrationServer(srv, k)
 	k.mu.Lock()
