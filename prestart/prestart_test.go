@@ -662,3 +662,38 @@ func TestStateVersion(t *testing.T) {
 		t.Fatalf("state of an unknown version replaced: %s", got)
 	}
 }
+
+// TestExecMetacharactersLiteral: shell metacharacters in an exec step's
+// arguments, templated ones included, reach the command literally: no
+// shell runs, nothing they would do happens.
+func TestExecMetacharactersLiteral(t *testing.T) {
+	dir := t.TempDir()
+	args := []string{
+		"a; touch " + dir + "/pwned",
+		"$(touch " + dir + "/pwned)",
+		"`touch " + dir + "/pwned`",
+		"{{.ID}} && touch " + dir + "/pwned | cat > " + dir + "/pwned",
+		"$HOME * ~ \\n '\"",
+	}
+	e, err := NewExec(append([]string{"/bin/echo"}, args...), nil, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, _, hook := newRunner(t, e)
+	if err := r.Prepare(context.Background(), devs(1)); err != nil {
+		t.Fatal(err)
+	}
+	var out string
+	for _, en := range hook.AllEntries() {
+		if o, ok := en.Data["output"].(string); ok {
+			out += o
+		}
+	}
+	args[3] = strings.Replace(args[3], "{{.ID}}", "sim-0", 1)
+	if want := strings.Join(args, " "); strings.TrimSpace(out) != want {
+		t.Errorf("echo printed %q, want the arguments as written: %q", out, want)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "pwned")); err == nil {
+		t.Error("a shell ran: pwned exists")
+	}
+}
