@@ -283,9 +283,12 @@ func HostSuffix(rel string) string {
 	if !strings.ContainsAny(rel, "/_:") {
 		return rel
 	}
+	// Byte by byte: a name that is not UTF-8 keeps its bytes (ranging
+	// over runes would turn every invalid byte into U+FFFD, and two such
+	// paths into one ID).
 	var b strings.Builder
-	for _, r := range rel {
-		switch r {
+	for i := 0; i < len(rel); i++ {
+		switch c := rel[i]; c {
 		case '/':
 			b.WriteByte('_')
 		case '_':
@@ -293,7 +296,7 @@ func HostSuffix(rel string) string {
 		case ':':
 			b.WriteString("::")
 		default:
-			b.WriteRune(r)
+			b.WriteByte(c)
 		}
 	}
 	return b.String()
