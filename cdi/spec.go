@@ -239,7 +239,7 @@ func (s *Spec) Write(snap *device.Snapshot) error {
 	if err != nil {
 		return fmt.Errorf("CDI spec %s: %w", s.path, err)
 	}
-	if err := os.MkdirAll(s.w.dir, 0o755); err != nil {
+	if err := makeDir(s.w.dir); err != nil {
 		return fmt.Errorf("CDI dir: %w", err)
 	}
 	if err := atomicfile.WriteBytes(s.path, data, specMode); err != nil {
@@ -249,6 +249,18 @@ func (s *Spec) Write(snap *device.Snapshot) error {
 	s.last, s.empty = data, false
 	s.mu.Unlock()
 	return nil
+}
+
+// makeDir creates the CDI directory if it is missing, with mode 0755
+// whatever the umask: every CDI consumer on the node reads it.
+func makeDir(dir string) error {
+	if _, err := os.Stat(dir); !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	return os.Chmod(dir, 0o755)
 }
 
 // validate checks spec as the CDI library checks a spec it reads (version,
@@ -368,7 +380,7 @@ func (s *Spec) Watch(ctx context.Context, changed chan<- struct{}) error {
 		}
 	}
 	name := filepath.Base(s.path)
-	if err := os.MkdirAll(s.w.dir, 0o755); err != nil { // none yet: no spec was written
+	if err := makeDir(s.w.dir); err != nil { // none yet: no spec was written
 		_ = w.Close()
 		return fmt.Errorf("CDI dir: %w", err)
 	}

@@ -112,8 +112,9 @@ func (s *Source) saveRegistry() {
 	slices.SortFunc(f.Devices, func(a, b registryEntry) int { return a.Index - b.Index })
 	data, err := json.MarshalIndent(f, "", "  ")
 	if err == nil {
-		if err = os.MkdirAll(filepath.Dir(s.opts.Registry), 0o755); err == nil {
-			err = atomicfile.WriteBytes(s.opts.Registry, append(data, '\n'), 0o644)
+		// Only the plugin reads its registry.
+		if err = os.MkdirAll(filepath.Dir(s.opts.Registry), 0o700); err == nil {
+			err = atomicfile.WriteBytes(s.opts.Registry, append(data, '\n'), 0o600)
 		}
 	}
 	if err != nil {

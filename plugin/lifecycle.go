@@ -245,6 +245,12 @@ func (p *Plugin) serve() (*server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("listen on %s: %w", sock, err)
 	}
+	// Only the kubelet (root) connects. The directory is the kubelet's,
+	// 0750 or narrower, so the moment before this chmod exposes nothing.
+	if err := os.Chmod(sock, 0o600); err != nil {
+		_ = lis.Close()
+		return nil, fmt.Errorf("socket mode: %w", err)
+	}
 	s := &server{grpc: grpc.NewServer(), sock: sock, done: make(chan struct{}), errc: make(chan error, 1)}
 	pluginapi.RegisterDevicePluginServer(s.grpc, &handler{p: p, stop: s.done})
 	s.wg.Add(1)

@@ -121,7 +121,9 @@ func (r *Runner) Dir(name string) string { return filepath.Join(r.opts.StateRoot
 // it. Nothing else is written: a device without a state.json is new, and
 // its state file appears with its first preparation.
 func (r *Runner) Ensure(snap *device.Snapshot) error {
-	if err := os.MkdirAll(r.opts.StateRoot, 0o755); err != nil {
+	// The state root is the plugin's alone; a device's directory is
+	// mounted into its containers, read by whatever user they run as.
+	if err := os.MkdirAll(r.opts.StateRoot, 0o700); err != nil {
 		return fmt.Errorf("state root: %w", err)
 	}
 	for _, d := range snap.Devices {
@@ -132,11 +134,14 @@ func (r *Runner) Ensure(snap *device.Snapshot) error {
 	return nil
 }
 
-// ensureDir makes dir, which must be a real directory if it exists (a
-// symlink planted there is refused).
+// ensureDir makes dir with mode 0755 whatever the umask, and refuses one
+// that exists and is not a real directory (a symlink planted there).
 func ensureDir(dir string) error {
 	err := os.Mkdir(dir, 0o755)
-	if err == nil || !errors.Is(err, os.ErrExist) {
+	if err == nil {
+		return os.Chmod(dir, 0o755)
+	}
+	if !errors.Is(err, os.ErrExist) {
 		return err
 	}
 	fi, err := os.Lstat(dir)

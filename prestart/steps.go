@@ -76,7 +76,7 @@ func (Reset) Run(ctx context.Context, t *Target) error {
 	if err := os.Rename(scratch, old); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("clear scratch: %w", err)
 	}
-	if err := os.Mkdir(scratch, 0o755); err != nil {
+	if err := ensureDir(scratch); err != nil {
 		return fmt.Errorf("clear scratch: %w", err)
 	}
 	if err := os.RemoveAll(old); err != nil {
