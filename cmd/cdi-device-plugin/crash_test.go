@@ -74,7 +74,7 @@ func checkDisk(t *testing.T, d dirs) (temps []string) {
 				return nil
 			}
 			switch name := e.Name(); {
-			case strings.Contains(name, ".tmp-"):
+			case strings.Contains(name, ".tmp-") || strings.HasPrefix(name, prestart.ScratchDir+".old-"):
 				temps = append(temps, p)
 			case strings.HasSuffix(name, prestart.CorruptSuffix):
 				t.Fatalf("state set aside as corrupt after a kill: %s", p)

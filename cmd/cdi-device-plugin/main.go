@@ -117,7 +117,10 @@ func serve(ctx context.Context, cfg *config.Config, load func() (*config.Config,
 		log.WithField("address", ln.Addr().String()).Info("serving /metrics, /healthz and /readyz")
 		g.Go(func() error { return server.Serve(ctx, ln) })
 	}
-	temps := []string{filepath.Join(cfg.StateDir, "devices", "*", ".*.tmp-*")}
+	temps := []string{
+		filepath.Join(cfg.StateDir, "devices", "*", ".*.tmp-*"),
+		filepath.Join(cfg.StateDir, "devices", "*", prestart.ScratchDir+".old-*"), // a reset's
+	}
 	for _, in := range s.running {
 		temps = append(temps, in.part.spec.TempPattern())
 		if p := in.part.src.TempPattern(); p != "" {

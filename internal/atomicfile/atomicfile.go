@@ -6,7 +6,6 @@ package atomicfile
 import (
 	"errors"
 	"fmt"
-	"io/fs"
 	"os"
 	"path/filepath"
 	"time"
@@ -72,10 +71,10 @@ func TempPattern(path string) string {
 	return filepath.Join(filepath.Dir(path), "."+filepath.Base(path)+".tmp-*")
 }
 
-// RemoveStaleTemps removes the files matching pattern (a TempPattern, or
-// a glob of them) that were last changed before since: the temp files of
-// a process killed mid-write. Newer ones may be writes in flight. It
-// returns what it removed.
+// RemoveStaleTemps removes the files (or directories) matching pattern (a
+// TempPattern, or a glob of them) that were last changed before since:
+// what a process killed mid-write left. Newer ones may be writes in
+// flight. It returns what it removed.
 func RemoveStaleTemps(pattern string, since time.Time) ([]string, error) {
 	matches, err := filepath.Glob(pattern)
 	if err != nil {
@@ -88,7 +87,7 @@ func RemoveStaleTemps(pattern string, since time.Time) ([]string, error) {
 		if err != nil || !fi.ModTime().Before(since) {
 			continue
 		}
-		if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		if err := os.RemoveAll(p); err != nil {
 			errs = append(errs, err)
 			continue
 		}
