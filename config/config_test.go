@@ -194,6 +194,13 @@ func TestValidationErrors(t *testing.T) {
 		{name: "metrics address", env: map[string]string{"METRICS_ADDRESS": "9400"}, field: "metrics-address", value: "9400"},
 		{name: "pod resources socket", args: []string{"--pod-resources-socket", "kubelet.sock"}, field: "pod-resources-socket", value: "kubelet.sock"},
 		{name: "config version", file: "version: v2\nresources:\n- name: example.com/a\n", field: "version", value: "v2"},
+		{name: "negative count in file", file: "resources:\n- name: example.com/a\n  count: -3\n", field: "resources[0].count", value: "-3"},
+		{name: "huge count in file", file: "resources:\n- name: example.com/a\n  count: 4294967296\n", field: "resources[0].count"},
+		{name: "huge replicas", file: "resources:\n- name: example.com/a\n  replicas: 1000000\n", field: "resources[0].replicas", value: "1000000"},
+		{name: "state dir escapes", args: []string{"--state-dir", "/var/lib/x/../../etc"}, field: "state-dir", value: "/var/lib/x/../../etc"},
+		{name: "file prefix escapes in file", file: "resources:\n- name: example.com/a\n  deviceFilePrefix: a/../../b\n", field: "resources[0].deviceFilePrefix", value: "a/../../b"},
+		{name: "resource name with a space", file: "resources:\n- name: example.com/a b\n", field: "resources[0].name", value: "example.com/a b"},
+		{name: "NUL in a name", env: map[string]string{"RESOURCE_NAME": "example.com/a\x00b"}, field: "RESOURCE_NAME", value: "example.com/a\x00b"},
 		{name: "class starts with digit", file: "resources:\n- name: example.com/9a\n", field: "resources[0].name", value: "example.com/9a"},
 	}
 	for _, c := range cases {
