@@ -30,7 +30,8 @@ func checkLoaded(t *testing.T, cfg *Config, err error) {
 	if len(cfg.Resources) == 0 {
 		t.Fatal("no resources")
 	}
-	for _, r := range cfg.Resources {
+	for i := range cfg.Resources {
+		r := &cfg.Resources[i]
 		if r.Domain == "" || r.Class == "" || r.Name != r.Domain+"/"+r.Class {
 			t.Fatalf("resource name %q", r.Name)
 		}
