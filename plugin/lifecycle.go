@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/fsnotify/fsnotify"
@@ -102,9 +103,15 @@ func (p *Plugin) Run(ctx context.Context) error {
 					l.Debug("registration failed again")
 				}
 				failures++
-				// A kubelet.sock that exists but refused us: try again
-				// later. None: its creation is the signal.
-				if !inode(kubeletSock).none() {
+				// The kubelet.sock the attempt dialed refused us: try
+				// again later. None now: its creation is the signal.
+				// Another one (created after the attempt looked; its
+				// creation event was taken for the attempt): at once.
+				switch now := inode(kubeletSock); {
+				case now.none():
+				case now != ino:
+					reg.start(ctx)
+				default:
 					retry.Reset(p.opts.RetryInterval)
 				}
 			case ev, ok := <-w.Events:
@@ -123,8 +130,12 @@ func (p *Plugin) Run(ctx context.Context) error {
 						restart = true
 					}
 				case ev.Name == kubeletSock && ev.Has(fsnotify.Create):
+					// An attempt that has not dialed yet dials this one
+					// (or fails for want of it, and is started again
+					// when it reports); one that dialed another kubelet
+					// cannot reach this one and is replaced.
 					ino := inode(kubeletSock)
-					if ino.none() || reg.targets(ino) || (registered && ino == kubeletIno) {
+					if ino.none() || reg.targets(ino) || reg.targets(fileID{}) || (registered && ino == kubeletIno) {
 						break
 					}
 					p.log.Info("kubelet.sock created; registering again")
@@ -163,7 +174,7 @@ type registrar struct {
 }
 
 type attempt struct {
-	ino    fileID // the kubelet.sock it registers with
+	dialed atomic.Pointer[fileID] // the kubelet.sock it dialed last; nil: none yet
 	cancel context.CancelFunc
 	errc   chan error    // its result
 	done   chan struct{} // closed when its goroutine has returned
@@ -173,10 +184,10 @@ type attempt struct {
 func (r *registrar) start(ctx context.Context) {
 	r.stop()
 	actx, cancel := context.WithCancel(ctx)
-	a := &attempt{ino: inode(r.sock), cancel: cancel, errc: make(chan error, 1), done: make(chan struct{})}
+	a := &attempt{cancel: cancel, errc: make(chan error, 1), done: make(chan struct{})}
 	go func() {
 		defer close(a.done)
-		a.errc <- r.p.registerSoon(actx)
+		a.errc <- r.p.registerSoon(actx, func(ino fileID) { a.dialed.Store(&ino) })
 	}()
 	r.cur = a
 }
@@ -190,19 +201,27 @@ func (r *registrar) done() <-chan error {
 }
 
 // finish forgets the attempt whose result was received from done and
-// returns the kubelet.sock inode it registered with.
+// returns the kubelet.sock it dialed last (none: it found none).
 func (r *registrar) finish() fileID {
-	ino := r.cur.ino
+	ino := r.cur.ino()
 	r.cur.cancel()
 	r.cur = nil
 	return ino
 }
 
+// ino is the kubelet.sock the attempt dialed last; none before it dials.
+func (a *attempt) ino() fileID {
+	if p := a.dialed.Load(); p != nil {
+		return *p
+	}
+	return fileID{}
+}
+
 func (r *registrar) running() bool { return r.cur != nil }
 
-// targets reports whether the attempt under way registers with the
-// kubelet.sock of inode ino.
-func (r *registrar) targets(ino fileID) bool { return r.cur != nil && r.cur.ino == ino }
+// targets reports whether the attempt under way dialed the kubelet.sock
+// ino (none: it has not dialed yet).
+func (r *registrar) targets(ino fileID) bool { return r.cur != nil && r.cur.ino() == ino }
 
 // stop cancels the attempt under way and waits for it.
 func (r *registrar) stop() {
@@ -247,7 +266,9 @@ func (p *Plugin) serve() (*server, error) {
 	}
 	// Only the kubelet (root) connects. The directory is the kubelet's,
 	// 0750 or narrower, so the moment before this chmod exposes nothing.
-	if err := os.Chmod(sock, 0o600); err != nil {
+	// A socket removed meanwhile (a kubelet restart wiping the directory)
+	// is no error: its removal is seen and it is served again.
+	if err := os.Chmod(sock, 0o600); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		_ = lis.Close()
 		return nil, fmt.Errorf("socket mode: %w", err)
 	}
@@ -324,13 +345,15 @@ func (h *handler) PreStartContainer(ctx context.Context, r *pluginapi.PreStartCo
 
 // registerSoon registers, retrying quickly for about a second: a
 // kubelet.sock that was just created may not accept connections yet.
-func (p *Plugin) registerSoon(ctx context.Context) error {
+// dialing is told which kubelet.sock each try dials.
+func (p *Plugin) registerSoon(ctx context.Context, dialing func(fileID)) error {
 	kubeletSock := filepath.Join(p.opts.Dir, KubeletSocket)
 	if _, err := os.Stat(kubeletSock); err != nil {
 		return fmt.Errorf("register: %w", err)
 	}
 	var err error
 	for delay := 5 * time.Millisecond; delay < time.Second; delay *= 2 {
+		dialing(inode(kubeletSock))
 		if err = p.register(ctx); err == nil {
 			return nil
 		}
