@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -435,4 +436,66 @@ func (c *cluster) scenarioRollingUpdate(t *testing.T, node string) {
 	t.Logf("rolled %s -> %s in %v; allocatable below %d: %v", old.Name, newPod, rolled.Round(time.Millisecond), numDevices, dips)
 	c.stillHasDevices(t, "p2", cid, restarts, ids)
 	c.newPodGetsTheRest(t, "p11", ids)
+}
+
+// The Helm-installed deployment.
+const (
+	helmNS  = "cdi-e2e-helm"
+	helmRes = "e2e.cdi.dev/helm"
+)
+
+func init() { suiteNamespaces = append(suiteNamespaces, helmNS) }
+
+// helmCmd runs the pinned helm (HELM, set by make e2e) against the cluster.
+func (c *cluster) helmCmd(t *testing.T, args ...string) string {
+	t.Helper()
+	h := os.Getenv("HELM")
+	if h == "" {
+		t.Fatal("HELM is not set (make e2e builds helm and sets it)")
+	}
+	cmd := exec.Command(h, append(args, "--kubeconfig", os.Getenv("KUBECONFIG"))...)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("helm %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return string(out)
+}
+
+// Scenario: the plugin installed with the Helm chart (deploy/helm) serves
+// its resource: capacity appears, a pod gets the device, the pod spec the
+// chart runs is the unprivileged one, its readiness probe (/readyz) passes;
+// helm uninstall removes it.
+func (c *cluster) scenarioHelm(t *testing.T, node string) {
+	repo, tag := c.pluginImage, "latest"
+	if i := strings.LastIndexByte(repo, ':'); i > strings.LastIndexByte(repo, '/') {
+		repo, tag = repo[:i], repo[i+1:]
+	}
+	out := c.helmCmd(t, "install", "cdp", filepath.Join(c.repo, "deploy", "helm", "cdi-device-plugin"),
+		"--namespace", helmNS, "--create-namespace", "--wait", "--timeout", "2m",
+		"--set", "image.repository="+repo, "--set", "image.tag="+tag,
+		"--set", "env.PLUGIN_NAME="+helmNS, "--set", "env.RESOURCE_NAME="+helmRes, "--set-string", "env.NUMBER_DEVICES=2",
+		"--set", "env.DEVICE_ID_PREFIX=e2e-helm", "--set", "env.ENV_PREFIX=HELM")
+	t.Logf("helm install:\n%s", strings.TrimSpace(out))
+	t.Cleanup(func() {
+		c.helmCmd(t, "uninstall", "cdp", "--namespace", helmNS, "--wait")
+		_, _ = c.nodeSh("rm -rf /dev/e2e-helm-* /var/run/cdi/k8s.e2e.cdi.dev-helm.json /var/lib/cdi-device-plugin/devices/e2e-helm-*")
+	})
+	c.waitAllocatableOf(t, node, helmRes, 2, 2*time.Minute)
+	p, err := c.pluginPod(context.Background(), helmNS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !p.Status.ContainerStatuses[0].Ready {
+		t.Errorf("helm-installed plugin pod %s not ready", p.Name)
+	}
+	if sc := p.Spec.Containers[0].SecurityContext; sc == nil || (sc.Privileged != nil && *sc.Privileged) || sc.Capabilities == nil ||
+		!slices.Equal(sc.Capabilities.Add, []corev1.Capability{"MKNOD"}) {
+		t.Errorf("helm-installed plugin pod is not the unprivileged one: %+v", sc)
+	}
+	c.createPod(t, c.testPodOf("hm1", helmRes, 1))
+	c.waitRunning(t, "hm1", 0, 2*time.Minute)
+	if got := c.devicesOfEnv(t, "hm1", "HELM"); len(got) != 1 || !strings.HasPrefix(got[0], "e2e-helm-") {
+		t.Errorf("hm1 got %v, want one e2e-helm device", got)
+	}
+	c.deletePod(t, "hm1")
 }
