@@ -5,10 +5,11 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/cdi-device-plugin/cdi-device-plugin/internal/atomicfile"
 )
 
 // ErrEscape is returned for a path that would leave the dev root.
@@ -105,7 +106,7 @@ func EnsureNode(root, rel string, t NodeType, major, minor uint32) (bool, error)
 			return false, nil
 		}
 	}
-	tmp := filepath.Join(filepath.Dir(p), "."+filepath.Base(p)+".tmp-"+strconv.Itoa(os.Getpid()))
+	tmp := atomicfile.TempName(p)
 	_ = os.Remove(tmp)
 	if err := unix.Mknod(tmp, mode|nodeMode, int(unix.Mkdev(major, minor))); err != nil {
 		return false, fmt.Errorf("mknod %s: %w", tmp, err)

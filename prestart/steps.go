@@ -72,7 +72,7 @@ func (Reset) Resets() bool { return true }
 // renamed away first, so a reset never leaves half-cleared data behind.
 func (Reset) Run(ctx context.Context, t *Target) error {
 	scratch := filepath.Join(t.Dir, ScratchDir)
-	old := scratch + ".old-" + strconv.FormatInt(time.Now().UnixNano(), 10)
+	old := scratch + ".old-" + atomicfile.Tag() + "-" + strconv.FormatInt(time.Now().UnixNano(), 36)
 	if err := os.Rename(scratch, old); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("clear scratch: %w", err)
 	}

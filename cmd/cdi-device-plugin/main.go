@@ -128,7 +128,7 @@ func serve(ctx context.Context, cfg *config.Config, load func() (*config.Config,
 		}
 	}
 	g.Go(func() error {
-		sweepTemps(temps, time.Unix(0, start), log)
+		sweepTemps(temps, log)
 		return nil
 	})
 	reloads := make(chan struct{}, 1)
@@ -152,11 +152,11 @@ func serve(ctx context.Context, cfg *config.Config, load func() (*config.Config,
 }
 
 // sweepTemps removes the temp files that runs killed mid-write left in
-// our directories (spec, nodes, device state): those older than this
-// process. It runs beside the resources, after their start-up work.
-func sweepTemps(patterns []string, since time.Time, log *logrus.Entry) {
+// our directories (spec, nodes, device state): those not of this process.
+// It runs beside the resources, after their start-up work.
+func sweepTemps(patterns []string, log *logrus.Entry) {
 	for _, pattern := range patterns {
-		removed, err := atomicfile.RemoveStaleTemps(pattern, since)
+		removed, err := atomicfile.RemoveStaleTemps(pattern)
 		for _, p := range removed {
 			log.WithField("file", p).Info("removed a temp file of an interrupted write")
 		}

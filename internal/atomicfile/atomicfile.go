@@ -8,8 +8,24 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"time"
 )
+
+// tag is in the name of every temp file this process makes: its pid and
+// start time, since a plugin in a container is pid 1 in every run.
+var tag = strconv.Itoa(os.Getpid()) + "." + strconv.FormatInt(time.Now().UnixNano(), 36)
+
+// Tag marks the temp names of this process (see RemoveStaleTemps). Code
+// that makes temp files by other means than Write puts it in their names.
+func Tag() string { return tag }
+
+// TempName is the temp file name for path of this process, for a caller
+// that creates it itself (a device node). It matches TempPattern(path).
+func TempName(path string) string {
+	return filepath.Join(filepath.Dir(path), "."+filepath.Base(path)+".tmp-"+tag)
+}
 
 // Write replaces path with what fill writes to f: a temp file in the same
 // directory, given mode, synced, renamed over path, then the directory
@@ -17,7 +33,7 @@ import (
 // temp file is removed and path is untouched.
 func Write(path string, mode os.FileMode, fill func(f *os.File) error) error {
 	dir := filepath.Dir(path)
-	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*")
+	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-"+tag+"-*")
 	if err != nil {
 		return fmt.Errorf("write %s: %w", path, err)
 	}
@@ -72,10 +88,12 @@ func TempPattern(path string) string {
 }
 
 // RemoveStaleTemps removes the files (or directories) matching pattern (a
-// TempPattern, or a glob of them) that were last changed before since:
-// what a process killed mid-write left. Newer ones may be writes in
-// flight. It returns what it removed.
-func RemoveStaleTemps(pattern string, since time.Time) ([]string, error) {
+// TempPattern, or a glob of them) that another process made: what a run
+// killed mid-write left. This process's own, which carry Tag, may be
+// writes in flight and are left alone; time stamps cannot tell them apart
+// (the kernel's file clock lags time.Now by up to a tick). Only one plugin
+// runs on a node's directories at a time. It returns what it removed.
+func RemoveStaleTemps(pattern string) ([]string, error) {
 	matches, err := filepath.Glob(pattern)
 	if err != nil {
 		return nil, err
@@ -83,8 +101,7 @@ func RemoveStaleTemps(pattern string, since time.Time) ([]string, error) {
 	var removed []string
 	var errs []error
 	for _, p := range matches {
-		fi, err := os.Lstat(p)
-		if err != nil || !fi.ModTime().Before(since) {
+		if strings.Contains(filepath.Base(p), tag) {
 			continue
 		}
 		if err := os.RemoveAll(p); err != nil {
