@@ -5,10 +5,15 @@ IMAGE     ?= cdi-device-plugin:latest
 VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 CONTAINER ?= docker
 LDFLAGS   := -s -w -X main.version=$(VERSION)
+# The linter, built with go install at this version into GOBIN (outside the
+# clone, so CI's cache keeps it) when missing or at another version.
+GOLANGCI_LINT_VERSION ?= v2.15.0
+GOBIN     ?= $(shell $(GO) env GOPATH)/bin
+GOLANGCI_LINT := $(GOBIN)/golangci-lint
 
 export IMAGE
 
-.PHONY: all build run test unit vet bench image deploy undeploy render clean e2e e2e-kind e2e-up e2e-down demo demo-down
+.PHONY: all build run test unit vet lint bench image deploy undeploy render clean e2e e2e-kind e2e-up e2e-down demo demo-down
 
 all: build
 
@@ -19,11 +24,18 @@ build: ## Build the plugin and the bench tool into $(BIN)/
 run: build ## Build and run the plugin (as root) with the settings in the environment
 	$(BIN)/cdi-device-plugin $(RUN_ARGS)
 
-vet: ## go vet and a gofmt check
+vet: lint ## go vet, a gofmt check and golangci-lint (.golangci.yml)
 	$(GO) vet ./...
 	$(GO) vet -tags e2e ./e2e/
 	@out="$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))"; \
 	  if [ -n "$$out" ]; then echo "not gofmt-formatted:"; echo "$$out"; exit 1; fi
+
+lint: ## golangci-lint, installed at GOLANGCI_LINT_VERSION when needed
+	@if ! "$(GOLANGCI_LINT)" version 2>/dev/null | grep -q "version $(GOLANGCI_LINT_VERSION:v%=%) "; then \
+	  echo "installing golangci-lint $(GOLANGCI_LINT_VERSION) into $(GOBIN)"; \
+	  GOBIN="$(GOBIN)" GOFLAGS=-buildvcs=false $(GO) install github.com/golangci/golangci-lint/v2/cmd/golangci-lint@$(GOLANGCI_LINT_VERSION); \
+	fi
+	"$(GOLANGCI_LINT)" run ./...
 
 unit: ## Unit and integration tests with the race detector (needs root for mknod)
 	$(GO) test -race -count=1 ./...

@@ -24,7 +24,7 @@ func BenchmarkBuildSpec10000(b *testing.B) {
 	}
 	b.ReportAllocs()
 	for b.Loop() {
-		spec, err := BuildSpec("bench", r, snap)
+		spec, err := BuildSpec("bench", 1, r, snap)
 		if err != nil {
 			b.Fatal(err)
 		}

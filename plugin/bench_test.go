@@ -6,6 +6,7 @@ import (
 
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
+	"github.com/cdi-device-plugin/cdi-device-plugin/config"
 	"github.com/cdi-device-plugin/cdi-device-plugin/device"
 )
 
@@ -13,7 +14,7 @@ func benchPlugin(b *testing.B, n, numa, replicas int) (*Plugin, []string) {
 	b.Helper()
 	snap := snapshot(n, numa, replicas)
 	p, err := New(Options{ResourceName: resourceName, PluginName: "bench", Dir: b.TempDir(), SocketName: "b.sock",
-		Kind: testKind(b), CDICRI: true, CDIAnnotations: true, EnvPrefix: "SIM", AnnotationPrefix: "example.com/sim"}, snap)
+		Kind: testKind(b), Strategies: config.Strategies{config.StrategyCDICRI, config.StrategyCDIAnnotations}, EnvPrefix: "SIM", AnnotationPrefix: "example.com/sim"}, snap)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -83,6 +84,17 @@ func BenchmarkUpdate(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		if err := p.Update(snap); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func BenchmarkPreferred10k(b *testing.B) {
+	p, ids := benchPlugin(b, 2500, 2, 4)
+	v := p.state.Load()
+	b.ResetTimer()
+	for b.Loop() {
+		if _, err := preferred(v, ids, nil, 8); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -158,8 +158,8 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	}
 	for n := range o.mustPass {
 		found := false
-		for _, t := range o.targets {
-			found = found || t.Name == n
+		for i := range o.targets {
+			found = found || o.targets[i].Name == n
 		}
 		if !found {
 			return nil, fmt.Errorf("-must-pass=%q: no target named %q", *must, n)
@@ -203,11 +203,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	results := make([][]*RunResult, len(o.targets))
 	setupErr := make([]error, len(o.targets))
 	for i := 0; i < o.runs && ctx.Err() == nil; i++ {
-		for j, t := range o.targets {
+		for j := range o.targets {
+			t := &o.targets[j]
 			if setupErr[j] != nil || ctx.Err() != nil {
 				continue
 			}
-			res, err := runTarget(ctx, t, o.settings)
+			res, err := runTarget(ctx, *t, o.settings)
 			if err != nil {
 				setupErr[j] = err
 				fmt.Fprintf(stderr, "dp-bench: %s: not run: %v\n", t.Label(), err)
@@ -223,8 +224,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	rep.Machine.LoadAfter = loadavg()
 	ok := true
-	for j, t := range o.targets {
-		tr := summarize(t, results[j])
+	for j := range o.targets {
+		t := &o.targets[j]
+		tr := summarize(*t, results[j])
 		if setupErr[j] != nil {
 			tr.Err = setupErr[j].Error()
 		}

@@ -83,11 +83,11 @@ func runAll(t *testing.T, targets []Target) []*RunResult {
 	res := make([]*RunResult, len(targets))
 	errs := make([]error, len(targets))
 	var wg sync.WaitGroup
-	for i, tg := range targets {
+	for i := range targets {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			res[i], errs[i] = runTarget(context.Background(), tg, testSettings())
+			res[i], errs[i] = runTarget(context.Background(), targets[i], testSettings())
 		}()
 	}
 	wg.Wait()

@@ -67,7 +67,7 @@ func startProc(argv, env []string, binds []bind, scratch string) (*proc, error) 
 	var buf [8]byte
 	if _, err := io.ReadFull(r, buf[:]); err != nil {
 		<-p.done
-		return nil, fmt.Errorf("start %s: %v: %s", argv[0], p.err, p.out.String())
+		return nil, fmt.Errorf("start %s: %w: %s", argv[0], p.err, p.out.String())
 	}
 	now := time.Now()
 	var ts unix.Timespec

@@ -185,13 +185,14 @@ func writeMarkdown(w io.Writer, rep *Report) {
 
 	fmt.Fprintf(w, "### Contract\n\n")
 	fmt.Fprintf(w, "| check |")
-	for _, t := range rep.Targets {
-		fmt.Fprintf(w, " %s |", t.Target.Label())
+	for i := range rep.Targets {
+		fmt.Fprintf(w, " %s |", rep.Targets[i].Target.Label())
 	}
 	fmt.Fprintf(w, "\n| --- |%s\n", strings.Repeat(" --- |", len(rep.Targets)))
 	for _, c := range checkDefs {
 		fmt.Fprintf(w, "| %s |", c.Title)
-		for _, t := range rep.Targets {
+		for i := range rep.Targets {
+			t := &rep.Targets[i]
 			cr, ok := t.Checks[c.ID]
 			switch {
 			case t.Err != "":
@@ -211,8 +212,8 @@ func writeMarkdown(w io.Writer, rep *Report) {
 
 	fmt.Fprintf(w, "\n### Measurements\n\nEach cell: median over the runs; in brackets the baseline's median and the median of the per-run ratios (value / baseline).\n\n")
 	fmt.Fprintf(w, "| metric | baseline |")
-	for _, t := range rep.Targets {
-		fmt.Fprintf(w, " %s |", t.Target.Label())
+	for i := range rep.Targets {
+		fmt.Fprintf(w, " %s |", rep.Targets[i].Target.Label())
 	}
 	fmt.Fprintf(w, "\n| --- | --- |%s\n", strings.Repeat(" --- |", len(rep.Targets)))
 	for _, md := range metricDefs {
@@ -221,8 +222,8 @@ func writeMarkdown(w io.Writer, rep *Report) {
 			title += " (" + md.Unit + ")"
 		}
 		fmt.Fprintf(w, "| %s | %s |", title, md.Baseline)
-		for _, t := range rep.Targets {
-			a, ok := t.Metrics[md.ID]
+		for i := range rep.Targets {
+			a, ok := rep.Targets[i].Metrics[md.ID]
 			if !ok {
 				fmt.Fprintf(w, " – |")
 				continue
@@ -244,13 +245,14 @@ func writeMarkdown(w io.Writer, rep *Report) {
 		fmt.Fprintln(w)
 	}
 	var errs []string
-	for _, t := range rep.Targets {
+	for i := range rep.Targets {
+		t := &rep.Targets[i]
 		if t.Err != "" {
 			errs = append(errs, fmt.Sprintf("- %s: not run: %s", t.Target.Label(), t.Err))
 		}
-		for i, r := range t.Runs {
+		for j, r := range t.Runs {
 			if r.Err != "" {
-				errs = append(errs, fmt.Sprintf("- %s, run %d stopped early: %s", t.Target.Label(), i+1, r.Err))
+				errs = append(errs, fmt.Sprintf("- %s, run %d stopped early: %s", t.Target.Label(), j+1, r.Err))
 			}
 		}
 	}
@@ -263,15 +265,17 @@ func writeMarkdown(w io.Writer, rep *Report) {
 }
 
 // pair is a target compared with another of the same scenario.
-type pair struct{ ref, other TargetReport }
+type pair struct{ ref, other *TargetReport }
 
 func pairs(rep *Report) []pair {
 	var ps []pair
-	for _, ref := range rep.Targets {
+	for i := range rep.Targets {
+		ref := &rep.Targets[i]
 		if ref.Target.Name != rep.Compare {
 			continue
 		}
-		for _, o := range rep.Targets {
+		for j := range rep.Targets {
+			o := &rep.Targets[j]
 			if o.Target.Name != rep.Compare && o.Target.Scenario == ref.Target.Scenario && o.Err == "" && ref.Err == "" {
 				ps = append(ps, pair{ref, o})
 			}
@@ -305,8 +309,8 @@ func writeComparison(w io.Writer, rep *Report) {
 		return
 	}
 	fmt.Fprintf(w, "\n### %s side by side\n\nMedian over the runs of %s's value ÷ the other's value in the same round (below 1: %s is lower).\n\n| metric |", rep.Compare, rep.Compare, rep.Compare)
-	for _, p := range ps {
-		fmt.Fprintf(w, " ÷ %s |", p.other.Target.Label())
+	for i := range ps {
+		fmt.Fprintf(w, " ÷ %s |", ps[i].other.Target.Label())
 	}
 	fmt.Fprintf(w, "\n| --- |%s\n", strings.Repeat(" --- |", len(ps)))
 	for _, md := range metricDefs {
@@ -314,8 +318,8 @@ func writeComparison(w io.Writer, rep *Report) {
 			continue
 		}
 		fmt.Fprintf(w, "| %s |", md.Title)
-		for _, p := range ps {
-			if r, ok := runRatio(p, md.ID); ok {
+		for i := range ps {
+			if r, ok := runRatio(ps[i], md.ID); ok {
 				fmt.Fprintf(w, " %s |", num(r))
 			} else {
 				fmt.Fprintf(w, " – |")

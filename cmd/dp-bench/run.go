@@ -202,7 +202,7 @@ func (x *session) register(ctx context.Context) error {
 	select {
 	case first = <-x.k.Calls:
 	case <-x.p.done:
-		return fmt.Errorf("the plugin exited before it registered: %v", x.p.err)
+		return fmt.Errorf("the plugin exited before it registered: %w", x.p.err)
 	case <-ctx.Done():
 		return ctx.Err()
 	case <-time.After(x.s.Register):
@@ -437,7 +437,7 @@ func (x *session) allocate(ctx context.Context, ids []string) error {
 	req := allocReq(ids)
 	a, b, err := x.timed(ctx, func() error { _, err := x.c.Allocate(ctx, req); return err })
 	if err != nil {
-		return fmt.Errorf("Allocate: %w", err)
+		return fmt.Errorf("the Allocate call: %w", err)
 	}
 	x.res.measure("allocate", us(a), us(b))
 	return nil
@@ -710,7 +710,7 @@ func (x *session) idle(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	defer base.terminate(5 * time.Second)
+	defer func() { _, _ = base.terminate(5 * time.Second) }()
 	if x.s.Idle > 0 {
 		// Let the plugin and the baseline settle: the start-up of one and
 		// the calls just made to the other are not idleness.

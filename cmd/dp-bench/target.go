@@ -79,8 +79,8 @@ func loadTargets(path string) ([]Target, error) {
 	if len(f.Targets) == 0 {
 		return nil, fmt.Errorf("%s: no targets", path)
 	}
-	for i, t := range f.Targets {
-		if err := t.validate(); err != nil {
+	for i := range f.Targets {
+		if err := f.Targets[i].validate(); err != nil {
 			return nil, fmt.Errorf("%s: targets[%d]: %w", path, i, err)
 		}
 	}

@@ -76,7 +76,10 @@ func StartWith(dir string, opts Options) (*Kubelet, error) {
 		opts.ConnectTimeout = 10 * time.Second
 	}
 	k := &Kubelet{dir: dir, opts: opts, Regs: make(chan Registration, 64), Calls: make(chan Registration, 64)}
-	return k, k.start()
+	if err := k.start(); err != nil {
+		return nil, err
+	}
+	return k, nil
 }
 
 // Dir is the plugin directory.
@@ -91,6 +94,9 @@ func (k *Kubelet) start() error {
 	if err != nil {
 		return err
 	}
+	// A Serve that starts after Stop closes the listener; closing must
+	// not unlink the path, which a restart has given to the next socket.
+	lis.(*net.UnixListener).SetUnlinkOnClose(false)
 	srv := grpc.NewServer()
 	pluginapi.RegisterRegistrationServer(srv, k)
 	k.mu.Lock()
