@@ -182,11 +182,44 @@ func (p *Plugin) newView(snap *device.Snapshot) (*view, error) {
 	return v, nil
 }
 
+// nextView is the view of snap after old. When only health changed (the
+// same devices, the same replicas) it shares old's immutable parts (ID
+// maps, CDI names, the device messages of the devices whose health did
+// not change) and makes new messages for the others only: a health change
+// costs a copy of the list's pointers, not a rebuild of every ID.
+func (p *Plugin) nextView(old *view, snap *device.Snapshot) (*view, error) {
+	if old == nil || old.snap.Replicas != snap.Replicas || !device.SameDevices(old.snap, snap) {
+		return p.newView(snap)
+	}
+	v := &view{snap: snap, ids: old.ids, order: old.order, list: old.list, cdiNames: old.cdiNames, changed: make(chan struct{})}
+	perDevice := max(snap.Replicas, 1)
+	cloned := false
+	for i := range snap.Devices {
+		if snap.Devices[i].Healthy == old.snap.Devices[i].Healthy {
+			continue
+		}
+		if !cloned {
+			v.list, cloned = slices.Clone(old.list), true
+		}
+		health := pluginapi.Healthy
+		if !snap.Devices[i].Healthy {
+			health = pluginapi.Unhealthy
+		}
+		// The replicas of device i are its perDevice entries from
+		// i*perDevice on (newView lists them so).
+		for k := i * perDevice; k < (i+1)*perDevice; k++ {
+			was := old.list[k]
+			v.list[k] = &pluginapi.Device{ID: was.ID, Health: health, Topology: was.Topology}
+		}
+	}
+	return v, nil
+}
+
 // Update publishes a new snapshot to ListAndWatch streams and Allocate.
 func (p *Plugin) Update(snap *device.Snapshot) error {
 	p.updateMu.Lock()
 	defer p.updateMu.Unlock()
-	v, err := p.newView(snap)
+	v, err := p.nextView(p.state.Load(), snap)
 	if err != nil {
 		return err
 	}
@@ -205,6 +238,15 @@ func (p *Plugin) record(old, cur *device.Snapshot) {
 	}
 	healthy := cur.Healthy()
 	m.Devices(p.opts.ResourceName, healthy, len(cur.Devices)-healthy)
+	if device.SameDevices(old, cur) {
+		// The same devices in the same order: no map needed.
+		for i, d := range cur.Devices {
+			if old.Devices[i].Healthy != d.Healthy {
+				m.HealthTransition(p.opts.ResourceName, d.Healthy, d.Reason)
+			}
+		}
+		return
+	}
 	was := make(map[string]bool, len(old.Devices))
 	for _, d := range old.Devices {
 		was[d.Name] = d.Healthy
