@@ -6,12 +6,15 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"github.com/sirupsen/logrus"
+	"golang.org/x/sys/unix"
 	"tags.cncf.io/container-device-interface/pkg/parser"
 
 	"github.com/cdi-device-plugin/cdi-device-plugin/internal/atomicfile"
@@ -71,6 +74,8 @@ type Source struct {
 	faults map[string]string
 	// poke asks Run to publish after a fault changed.
 	poke chan struct{}
+	// fullScans counts the rescans of every device Run made (tests).
+	fullScans atomic.Int64
 }
 
 // NewSource checks the options; it touches nothing on disk but resolving
@@ -362,21 +367,33 @@ func (s *Source) Run(ctx context.Context, out chan *Snapshot) error {
 	s.publish(out)
 
 	// The reader ends when the watcher is closed; it is joined before Run
-	// returns.
+	// returns. It queues the events it reads (all of them, or "too many:
+	// rescan everything") and signals on events.
 	events := make(chan error, 1)
+	var (
+		evMu    sync.Mutex
+		pending []inotify.Event
+		flood   bool
+	)
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
 		buf := make([]byte, 64*1024)
 		for {
-			if _, err := w.Read(buf); err != nil {
+			evs, err := w.Read(buf)
+			if err != nil {
 				select {
 				case events <- err:
 				case <-ctx.Done(): // Run is gone; the close caused this
 				}
 				return
 			}
+			evMu.Lock()
+			if pending = append(pending, evs...); len(pending) > maxPendingEvents {
+				pending, flood = nil, true
+			}
+			evMu.Unlock()
 			select {
 			case events <- nil:
 			default: // a rescan is already pending
@@ -400,14 +417,128 @@ func (s *Source) Run(ctx context.Context, out chan *Snapshot) error {
 				}
 				return fmt.Errorf("watching devices: %w", err)
 			}
+			evMu.Lock()
+			evs, full := pending, flood
+			pending, flood = nil, false
+			evMu.Unlock()
 			addWatches()
-			s.publish(out)
+			s.publishEvents(out, evs, full)
 		}
 	}
 }
 
-// publish rescans and sends the snapshot if it differs from the last one.
+// maxPendingEvents bounds the events queued between two publishes; past
+// it every device is rescanned.
+const maxPendingEvents = 4096
+
+// publishEvents publishes what the events change. Events naming simulated
+// nodes re-check those nodes alone; any other event that may matter (the
+// directory itself, another directory, an overflow, host devices)
+// rescans every device. Entries of the nodes' directory that are no
+// node (temp files, other devices) change nothing.
+func (s *Source) publishEvents(out chan *Snapshot, evs []inotify.Event, full bool) {
+	if full || len(s.opts.HostGlobs) > 0 {
+		s.publish(out)
+		return
+	}
+	nodeDir := filepath.Dir(filepath.Join(s.root, s.opts.FilePrefix))
+	var idx []int
+	for _, e := range evs {
+		if e.Mask&unix.IN_Q_OVERFLOW != 0 || e.Dir != nodeDir || e.Name == "" {
+			s.publish(out)
+			return
+		}
+		if i, ok := s.simIndex(e.Name); ok && !slices.Contains(idx, i) {
+			idx = append(idx, i)
+		}
+	}
+	if len(idx) > 0 {
+		s.publishNodes(out, idx)
+	}
+}
+
+// simIndex is the index of the simulated node named name in its
+// directory (<base of FilePrefix>-<i>, 0 <= i < Count).
+func (s *Source) simIndex(name string) (int, bool) {
+	rest, ok := strings.CutPrefix(name, filepath.Base(s.opts.FilePrefix)+"-")
+	if !ok {
+		return 0, false
+	}
+	i, err := strconv.Atoi(rest)
+	if err != nil || i < 0 || i >= s.opts.Count || strconv.Itoa(i) != rest {
+		return 0, false
+	}
+	return i, true
+}
+
+// publishNodes re-checks the simulated nodes idx and publishes the
+// snapshot with their health if it changed: the other devices are
+// copied from the current snapshot, not looked at again.
+func (s *Source) publishNodes(out chan *Snapshot, idx []int) {
+	s.mu.Lock()
+	prev := s.current
+	s.mu.Unlock()
+	if prev == nil || len(prev.Devices) != s.opts.Count {
+		s.publish(out)
+		return
+	}
+	status := make([]string, len(idx))
+	for k, i := range idx {
+		d := prev.Devices[i]
+		status[k] = nodeStatus(d.HostPath, d.Type, d.Major, d.Minor)
+	}
+	s.mu.Lock()
+	if s.current != prev {
+		s.mu.Unlock()
+		s.publish(out) // not ours to patch: someone else replaced it
+		return
+	}
+	var snap *Snapshot
+	for k, i := range idx {
+		d := prev.Devices[i]
+		d.Reason = status[k]
+		d.Healthy = d.Reason == ""
+		if f := s.faults[d.Name]; f != "" && d.Healthy {
+			d.Healthy, d.Reason = false, f
+		}
+		if d.Healthy == prev.Devices[i].Healthy && d.Reason == prev.Devices[i].Reason {
+			continue
+		}
+		if snap == nil {
+			snap = &Snapshot{Replicas: prev.Replicas, Devices: slices.Clone(prev.Devices)}
+		}
+		snap.Devices[i] = d
+	}
+	if snap == nil {
+		s.mu.Unlock()
+		return
+	}
+	s.current = snap
+	s.mu.Unlock()
+	for _, i := range idx {
+		s.logHealth(prev, snap, i)
+	}
+	SendLatest(out, snap)
+}
+
+// logHealth logs device i of snap when its health differs from prev's.
+func (s *Source) logHealth(prev, snap *Snapshot, i int) {
+	d := snap.Devices[i]
+	if prev != nil && i < len(prev.Devices) && prev.Devices[i].Name == d.Name && prev.Devices[i].Healthy == d.Healthy {
+		return
+	}
+	l := s.log.WithField("device", d.Name)
+	if d.Healthy {
+		l.Info("device healthy")
+	} else {
+		l.WithField("reason", d.Reason).Warn("device unhealthy")
+	}
+}
+
+// publish rescans every device and sends the snapshot if it differs from
+// the last one.
 func (s *Source) publish(out chan *Snapshot) {
+	s.fullScans.Add(1)
 	snap := s.scan()
 	s.mu.Lock()
 	prev := s.current
@@ -417,16 +548,8 @@ func (s *Source) publish(out chan *Snapshot) {
 	}
 	s.current = snap
 	s.mu.Unlock()
-	for i, d := range snap.Devices {
-		if prev != nil && i < len(prev.Devices) && prev.Devices[i].Name == d.Name && prev.Devices[i].Healthy == d.Healthy {
-			continue
-		}
-		l := s.log.WithField("device", d.Name)
-		if d.Healthy {
-			l.Info("device healthy")
-		} else {
-			l.WithField("reason", d.Reason).Warn("device unhealthy")
-		}
+	for i := range snap.Devices {
+		s.logHealth(prev, snap, i)
 	}
 	SendLatest(out, snap)
 }

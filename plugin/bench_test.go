@@ -2,8 +2,13 @@ package plugin
 
 import (
 	"context"
+	"os"
+	"path/filepath"
 	"testing"
+	"time"
 
+	"github.com/sirupsen/logrus"
+	"google.golang.org/protobuf/proto"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"github.com/cdi-device-plugin/cdi-device-plugin/config"
@@ -29,6 +34,28 @@ func benchPlugin(b *testing.B, n, numa, replicas int) (*Plugin, []string) {
 
 func BenchmarkAllocate8(b *testing.B) {
 	p, ids := benchPlugin(b, 8, 0, 1)
+	req := &pluginapi.AllocateRequest{ContainerRequests: []*pluginapi.ContainerAllocateRequest{{DevicesIds: ids}}}
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := p.Allocate(context.Background(), req); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkAllocate8Logged: as BenchmarkAllocate8 with the info line per
+// call written to a file, as the plugin runs by default.
+func BenchmarkAllocate8Logged(b *testing.B) {
+	p, ids := benchPlugin(b, 8, 0, 1)
+	f, err := os.Create(filepath.Join(b.TempDir(), "log"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer f.Close()
+	l := logrus.New()
+	l.SetOutput(f)
+	l.SetFormatter(&logrus.TextFormatter{FullTimestamp: true, TimestampFormat: time.RFC3339Nano})
+	p.log = logrus.NewEntry(l).WithField("plugin", "bench").WithField("resource", resourceName)
 	req := &pluginapi.AllocateRequest{ContainerRequests: []*pluginapi.ContainerAllocateRequest{{DevicesIds: ids}}}
 	b.ReportAllocs()
 	for b.Loop() {
@@ -78,12 +105,56 @@ func BenchmarkPreferredAllocation(b *testing.B) {
 	}
 }
 
-func BenchmarkUpdate(b *testing.B) {
-	p, _ := benchPlugin(b, 64, 2, 1)
-	snap := snapshot(64, 2, 1)
+// BenchmarkUpdateHealth10000IDs: one device's health flips at 10,000 IDs
+// (a node removed and put back): the new view and the bytes ListAndWatch
+// sends for it.
+func BenchmarkUpdateHealth10000IDs(b *testing.B) {
+	p, _ := benchPlugin(b, 2500, 4, 4)
+	p.state.Load().message()
+	healthy := p.state.Load().snap
+	sick := withHealth(healthy, 3, false, "missing")
+	next := sick
 	b.ReportAllocs()
 	for b.Loop() {
-		if err := p.Update(snap); err != nil {
+		if err := p.Update(next); err != nil {
+			b.Fatal(err)
+		}
+		p.state.Load().message()
+		if next == sick {
+			next = healthy
+		} else {
+			next = sick
+		}
+	}
+}
+
+// BenchmarkUpdateDevices10000IDs: the device set changes (a view built
+// from scratch).
+func BenchmarkUpdateDevices10000IDs(b *testing.B) {
+	p, _ := benchPlugin(b, 2500, 4, 4)
+	a, c := p.state.Load().snap, snapshot(2501, 4, 4)
+	next := c
+	b.ReportAllocs()
+	for b.Loop() {
+		if err := p.Update(next); err != nil {
+			b.Fatal(err)
+		}
+		if next == c {
+			next = a
+		} else {
+			next = c
+		}
+	}
+}
+
+// BenchmarkListAndWatchMessage10000IDs encodes the ListAndWatch message of
+// 10,000 IDs, as gRPC does for every send.
+func BenchmarkListAndWatchMessage10000IDs(b *testing.B) {
+	p, _ := benchPlugin(b, 2500, 4, 4)
+	msg := &pluginapi.ListAndWatchResponse{Devices: p.state.Load().list}
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := proto.Marshal(msg); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -95,6 +166,22 @@ func BenchmarkPreferred10k(b *testing.B) {
 	b.ResetTimer()
 	for b.Loop() {
 		if _, err := preferred(v, ids, nil, 8); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkListAndWatchDecode10000IDs decodes it, as the kubelet does.
+func BenchmarkListAndWatchDecode10000IDs(b *testing.B) {
+	p, _ := benchPlugin(b, 2500, 4, 4)
+	msg, err := proto.Marshal(&pluginapi.ListAndWatchResponse{Devices: p.state.Load().list})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		var r pluginapi.ListAndWatchResponse
+		if err := proto.Unmarshal(msg, &r); err != nil {
 			b.Fatal(err)
 		}
 	}

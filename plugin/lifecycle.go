@@ -272,7 +272,8 @@ func (p *Plugin) serve() (*server, error) {
 		_ = lis.Close()
 		return nil, fmt.Errorf("socket mode: %w", err)
 	}
-	s := &server{grpc: grpc.NewServer(), sock: sock, done: make(chan struct{}), errc: make(chan error, 1)}
+	// The codec sends ListAndWatch's pre-encoded lists as they are.
+	s := &server{grpc: grpc.NewServer(grpc.ForceServerCodecV2(wireCodec{})), sock: sock, done: make(chan struct{}), errc: make(chan error, 1)}
 	pluginapi.RegisterDevicePluginServer(s.grpc, &handler{p: p, stop: s.done})
 	s.wg.Add(1)
 	go func() {

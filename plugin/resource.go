@@ -226,7 +226,8 @@ func (f *follower) publish() error {
 // gate returns snap with every healthy device that written does not
 // describe (as it is in snap) reported unhealthy, for the reason why.
 func gate(snap, written *device.Snapshot, why error) *device.Snapshot {
-	if snap == written {
+	if snap == written || (written != nil && device.SameDevices(snap, written)) {
+		// Every device is described as it is (health aside).
 		return snap
 	}
 	described := map[string]device.Device{}

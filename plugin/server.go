@@ -91,6 +91,29 @@ type view struct {
 	list     []*pluginapi.Device
 	cdiNames []string
 	changed  chan struct{} // closed when a newer view replaces this one
+
+	// wire is list encoded, made by the first send (or patched from the
+	// previous view's by nextView).
+	wire     atomic.Pointer[wireList]
+	wireOnce sync.Once
+}
+
+// message is what ListAndWatch sends for the view: the encoded list
+// (wireCodec sends its bytes), or the message itself if it cannot be
+// encoded (gRPC then fails the send with the reason).
+func (v *view) message() any {
+	v.wireOnce.Do(func() {
+		if v.wire.Load() != nil {
+			return
+		}
+		if w, err := encodeList(v.list); err == nil {
+			v.wire.Store(w)
+		}
+	})
+	if w := v.wire.Load(); w != nil {
+		return w
+	}
+	return &pluginapi.ListAndWatchResponse{Devices: v.list}
 }
 
 // Errors of New for settings that the configuration cannot check alone.
@@ -182,11 +205,54 @@ func (p *Plugin) newView(snap *device.Snapshot) (*view, error) {
 	return v, nil
 }
 
+// nextView is the view of snap after old. When only health changed (the
+// same devices, the same replicas) it shares old's immutable parts (ID
+// maps, CDI names, the device messages of the devices whose health did
+// not change) and makes new messages for the others only: a health change
+// costs a copy of the list's pointers, not a rebuild of every ID.
+func (p *Plugin) nextView(old *view, snap *device.Snapshot) (*view, error) {
+	if old == nil || old.snap.Replicas != snap.Replicas || !device.SameDevices(old.snap, snap) {
+		return p.newView(snap)
+	}
+	v := &view{snap: snap, ids: old.ids, order: old.order, list: old.list, cdiNames: old.cdiNames, changed: make(chan struct{})}
+	perDevice := max(snap.Replicas, 1)
+	cloned := false
+	var changed []int // list entries
+	for i := range snap.Devices {
+		if snap.Devices[i].Healthy == old.snap.Devices[i].Healthy {
+			continue
+		}
+		if !cloned {
+			v.list, cloned = slices.Clone(old.list), true
+		}
+		health := pluginapi.Healthy
+		if !snap.Devices[i].Healthy {
+			health = pluginapi.Unhealthy
+		}
+		// The replicas of device i are its perDevice entries from
+		// i*perDevice on (newView lists them so).
+		for k := i * perDevice; k < (i+1)*perDevice; k++ {
+			was := old.list[k]
+			v.list[k] = &pluginapi.Device{ID: was.ID, Health: health, Topology: was.Topology}
+			changed = append(changed, k)
+		}
+	}
+	// The bytes follow the list: the old view's as they are, or patched.
+	if w := old.wire.Load(); w != nil {
+		if len(changed) == 0 {
+			v.wire.Store(w)
+		} else if pw, err := w.patch(v.list, changed); err == nil {
+			v.wire.Store(pw)
+		}
+	}
+	return v, nil
+}
+
 // Update publishes a new snapshot to ListAndWatch streams and Allocate.
 func (p *Plugin) Update(snap *device.Snapshot) error {
 	p.updateMu.Lock()
 	defer p.updateMu.Unlock()
-	v, err := p.newView(snap)
+	v, err := p.nextView(p.state.Load(), snap)
 	if err != nil {
 		return err
 	}
@@ -205,6 +271,15 @@ func (p *Plugin) record(old, cur *device.Snapshot) {
 	}
 	healthy := cur.Healthy()
 	m.Devices(p.opts.ResourceName, healthy, len(cur.Devices)-healthy)
+	if device.SameDevices(old, cur) {
+		// The same devices in the same order: no map needed.
+		for i, d := range cur.Devices {
+			if old.Devices[i].Healthy != d.Healthy {
+				m.HealthTransition(p.opts.ResourceName, d.Healthy, d.Reason)
+			}
+		}
+		return
+	}
 	was := make(map[string]bool, len(old.Devices))
 	for _, d := range old.Devices {
 		was[d.Name] = d.Healthy
@@ -264,7 +339,7 @@ func (p *Plugin) listAndWatch(stream pluginapi.DevicePlugin_ListAndWatchServer, 
 	}()
 	for {
 		v := p.state.Load()
-		if err := stream.Send(&pluginapi.ListAndWatchResponse{Devices: v.list}); err != nil {
+		if err := stream.SendMsg(v.message()); err != nil {
 			return err
 		}
 		select {
@@ -282,14 +357,21 @@ func (p *Plugin) listAndWatch(stream pluginapi.DevicePlugin_ListAndWatchServer, 
 func (p *Plugin) Allocate(_ context.Context, req *pluginapi.AllocateRequest) (resp *pluginapi.AllocateResponse, err error) {
 	start := time.Now()
 	defer func() {
-		p.opts.Metrics.ObserveRPC(p.opts.ResourceName, "Allocate", time.Since(start), err)
-		l := p.log.WithField("took", time.Since(start))
-		for _, c := range req.ContainerRequests {
-			l = l.WithField("devices", idList(c.DevicesIds))
-			if err != nil {
-				l.WithError(err).Warn("allocate refused")
-			} else {
-				l.Info("allocate")
+		took := time.Since(start)
+		p.opts.Metrics.ObserveRPC(p.opts.ResourceName, "Allocate", took, err)
+		// One line per container request, built only when it is written
+		// (each WithField would copy the entry's fields again).
+		level, msg := logrus.InfoLevel, "allocate"
+		if err != nil {
+			level, msg = logrus.WarnLevel, "allocate refused"
+		}
+		if p.log.Logger.IsLevelEnabled(level) {
+			for _, c := range req.ContainerRequests {
+				f := logrus.Fields{"took": took, "devices": idList(c.DevicesIds)}
+				if err != nil {
+					f[logrus.ErrorKey] = err
+				}
+				p.log.WithFields(f).Log(level, msg)
 			}
 		}
 		if resp != nil && p.log.Logger.IsLevelEnabled(logrus.DebugLevel) {

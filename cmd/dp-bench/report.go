@@ -223,8 +223,7 @@ func writeMarkdown(w io.Writer, rep *Report) {
 		}
 		fmt.Fprintf(w, "| %s | %s |", title, md.Baseline)
 		for i := range rep.Targets {
-			t := &rep.Targets[i]
-			a, ok := t.Metrics[md.ID]
+			a, ok := rep.Targets[i].Metrics[md.ID]
 			if !ok {
 				fmt.Fprintf(w, " – |")
 				continue
@@ -246,14 +245,14 @@ func writeMarkdown(w io.Writer, rep *Report) {
 		fmt.Fprintln(w)
 	}
 	var errs []string
-	for j := range rep.Targets {
-		t := &rep.Targets[j]
+	for i := range rep.Targets {
+		t := &rep.Targets[i]
 		if t.Err != "" {
 			errs = append(errs, fmt.Sprintf("- %s: not run: %s", t.Target.Label(), t.Err))
 		}
-		for i, r := range t.Runs {
+		for j, r := range t.Runs {
 			if r.Err != "" {
-				errs = append(errs, fmt.Sprintf("- %s, run %d stopped early: %s", t.Target.Label(), i+1, r.Err))
+				errs = append(errs, fmt.Sprintf("- %s, run %d stopped early: %s", t.Target.Label(), j+1, r.Err))
 			}
 		}
 	}
@@ -266,7 +265,7 @@ func writeMarkdown(w io.Writer, rep *Report) {
 }
 
 // pair is a target compared with another of the same scenario.
-type pair struct{ ref, other TargetReport }
+type pair struct{ ref, other *TargetReport }
 
 func pairs(rep *Report) []pair {
 	var ps []pair
@@ -278,7 +277,7 @@ func pairs(rep *Report) []pair {
 		for j := range rep.Targets {
 			o := &rep.Targets[j]
 			if o.Target.Name != rep.Compare && o.Target.Scenario == ref.Target.Scenario && o.Err == "" && ref.Err == "" {
-				ps = append(ps, pair{*ref, *o})
+				ps = append(ps, pair{ref, o})
 			}
 		}
 	}

@@ -437,7 +437,7 @@ func (x *session) allocate(ctx context.Context, ids []string) error {
 	req := allocReq(ids)
 	a, b, err := x.timed(ctx, func() error { _, err := x.c.Allocate(ctx, req); return err })
 	if err != nil {
-		return fmt.Errorf("allocate: %w", err)
+		return fmt.Errorf("the Allocate call: %w", err)
 	}
 	x.res.measure("allocate", us(a), us(b))
 	return nil
