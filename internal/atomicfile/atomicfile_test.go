@@ -30,7 +30,7 @@ func TestSweepSparesWritesInFlight(t *testing.T) {
 		if err != nil {
 			return err
 		}
-		_, err = f.Write([]byte("{}"))
+		_, err = f.WriteString("{}")
 		return err
 	})
 	if err != nil {
