@@ -2,6 +2,7 @@
 GO        ?= go
 BIN       ?= bin
 IMAGE     ?= cdi-device-plugin:latest
+HOST_INSTALLER_IMAGE ?= cdi-device-plugin-host-installer:latest
 VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 CONTAINER ?= docker
 LDFLAGS   := -s -w -X main.version=$(VERSION)
@@ -24,7 +25,7 @@ ENV_SRC    := deploy/systemd/cdi-device-plugin.env
 
 export IMAGE
 
-.PHONY: all build install uninstall run test unit vet lint bench image deploy undeploy render clean e2e e2e-kind e2e-up e2e-down demo demo-down
+.PHONY: all build install uninstall image-host-installer run test unit vet lint bench image deploy undeploy render clean e2e e2e-kind e2e-up e2e-down demo demo-down
 
 all: build
 
@@ -92,6 +93,9 @@ bench: build ## Go benchmarks; dp-bench: our plugin and two peers side by side -
 
 image: ## Build the container image with the Dockerfile
 	$(CONTAINER) build -t $(IMAGE) --build-arg VERSION=$(VERSION) .
+
+image-host-installer: ## The host installer's image (deploy/host-installer) from the plugin image $(IMAGE)
+	$(CONTAINER) build -f deploy/host-installer/Dockerfile --build-arg PLUGIN_IMAGE=$(IMAGE) -t $(HOST_INSTALLER_IMAGE) .
 
 render: ## Print the DaemonSet manifests deploy would apply
 	deploy/deploy.sh render
