@@ -95,7 +95,7 @@ image: ## Build the container image with the Dockerfile
 	$(CONTAINER) build -t $(IMAGE) --build-arg VERSION=$(VERSION) .
 
 image-host-installer: ## The host installer's image (deploy/host-installer) from the plugin image $(IMAGE)
-	$(CONTAINER) build -f deploy/host-installer/Dockerfile --build-arg PLUGIN_IMAGE=$(IMAGE) -t $(HOST_INSTALLER_IMAGE) .
+	$(CONTAINER) build -f deploy/host-installer/Dockerfile --build-arg PLUGIN_IMAGE=$(IMAGE) -t $(HOST_INSTALLER_IMAGE) deploy
 
 render: ## Print the DaemonSet manifests deploy would apply
 	deploy/deploy.sh render

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -203,6 +204,34 @@ func TestKustomization(t *testing.T) {
 	for _, want := range []string{"kind: DaemonSet", "namespace: cdi-device-plugin-host", "mountPath: /host", "path: /\n", "privileged: true"} {
 		if !strings.Contains(string(out), want) {
 			t.Errorf("rendered manifests lack %q", want)
+		}
+	}
+}
+
+// The Dockerfile's build context is deploy/ (the root's .dockerignore
+// leaves deploy/ out): every file it copies is there, and it copies what
+// install.sh reads.
+func TestDockerfileSources(t *testing.T) {
+	b, err := os.ReadFile("Dockerfile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var copied []string
+	for _, l := range strings.Split(string(b), "\n") {
+		f := strings.Fields(l)
+		if len(f) < 3 || f[0] != "COPY" || strings.HasPrefix(f[1], "--from") {
+			continue
+		}
+		for _, src := range f[1 : len(f)-1] {
+			if _, err := os.Stat(filepath.Join("..", src)); err != nil {
+				t.Errorf("COPY %s: not in the build context deploy/: %v", src, err)
+			}
+			copied = append(copied, filepath.Base(src))
+		}
+	}
+	for _, want := range []string{"install.sh", "cdi-device-plugin.service", "cdi-device-plugin.env"} {
+		if !slices.Contains(copied, want) {
+			t.Errorf("the image lacks %s (copies %v)", want, copied)
 		}
 	}
 }
