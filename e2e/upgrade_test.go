@@ -143,7 +143,7 @@ func (c *cluster) scenarioUpgrade(t *testing.T, node string) {
 	})
 
 	c.waitRunning(t, "u2", -1, 2*time.Minute)
-	t.Logf("u2, created with the update, running %v after it", time.Since(t0).Round(100*time.Millisecond))
+	t.Logf("u2, created with the update, seen running %v after it (checked after the rollout)", time.Since(t0).Round(100*time.Millisecond))
 	got := c.devicesOf(t, "u2")
 	if len(got) != 1 || !disjoint(got, held) {
 		t.Errorf("u2 got %v while u1 holds %v", got, held)
