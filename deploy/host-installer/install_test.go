@@ -143,7 +143,7 @@ func TestInstallScript(t *testing.T) {
 			check("same image again", calls, start, err)
 
 			// The node's own env file is kept.
-			if err := os.WriteFile(filepath.Join(n.root, "etc/default/cdi-device-plugin"), []byte("NUMBER_DEVICES=8\n"), 0o644); err != nil {
+			if err := os.WriteFile(filepath.Join(n.root, "etc", "default", "cdi-device-plugin"), []byte("NUMBER_DEVICES=8\n"), 0o644); err != nil {
 				t.Fatal(err)
 			}
 			calls, err = n.install(t, s.sh, s.path)
@@ -170,9 +170,12 @@ func TestInstallScript(t *testing.T) {
 			if !strings.Contains(n.read(t, "usr/local/bin/cdi-device-plugin"), "v2") {
 				t.Fatal("binary not upgraded")
 			}
-			if m, _ := filepath.Glob(filepath.Join(n.root, "*/*/*.new.*")); len(m) > 0 {
-				t.Fatalf("temp files left: %v", m)
-			}
+			_ = filepath.WalkDir(n.root, func(p string, _ os.DirEntry, _ error) error {
+				if strings.Contains(filepath.Base(p), ".new.") {
+					t.Errorf("temp file left: %s", p)
+				}
+				return nil
+			})
 
 			// Another BINDIR: the unit points at it.
 			calls, err = n.install(t, s.sh, s.path, "BINDIR=/opt/bin")

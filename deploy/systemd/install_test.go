@@ -184,7 +184,7 @@ func TestUnitVerifies(t *testing.T) {
 	}
 	prefix := t.TempDir()
 	mk(t, "install", "PREFIX="+prefix, "SYSCONFDIR="+prefix+"/etc", "BIN="+fakeBin(t, "verify"))
-	unit := filepath.Join(prefix, "lib/systemd/system/cdi-device-plugin.service")
+	unit := filepath.Join(prefix, "lib", "systemd", "system", "cdi-device-plugin.service")
 	var stderr bytes.Buffer
 	cmd := exec.Command("systemd-analyze", "verify", unit)
 	cmd.Stderr = &stderr
