@@ -200,6 +200,11 @@ func TestUnitVerifies(t *testing.T) {
 	if err != nil || len(ours) > 0 {
 		t.Fatalf("systemd-analyze verify: %v\n%s", err, strings.Join(ours, "\n"))
 	}
+	// Its hardening does not regress: systemd's exposure rating (0 best,
+	// 10 worst) stays at 4.0 or better.
+	if out, err := exec.Command("systemd-analyze", "security", "--offline=true", "--threshold=40", unit).CombinedOutput(); err != nil {
+		t.Errorf("systemd-analyze security: exposure above 4.0 (%v):\n%s", err, out)
+	}
 	// The unit is ordered as the host mode needs.
 	text := read(t, unit)
 	for _, want := range []string{"Before=kubelet.service", "After=local-fs.target", "Restart=always", "WantedBy=multi-user.target"} {
