@@ -3,14 +3,17 @@
 package e2e
 
 import (
+	"bufio"
 	"context"
 	"fmt"
 	"os"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
@@ -78,13 +81,50 @@ func (w *allocWatch) zeroDips() (dips []time.Duration, samples int) {
 	return dips, len(w.samples)
 }
 
+// logTimes reads the log of a plugin pod, following it until it ends (or
+// ctx is done) when follow is set, and delivers the time of the first line containing each marker
+// (logrus' time="..." field); a marker never logged is absent.
+func (c *cluster) logTimes(ctx context.Context, pod string, follow bool, markers ...string) <-chan map[string]time.Time {
+	out := make(chan map[string]time.Time, 1)
+	go func() {
+		got := map[string]time.Time{}
+		defer func() { out <- got }()
+		r, err := c.cs.CoreV1().Pods(pluginNS).GetLogs(pod, &corev1.PodLogOptions{Follow: follow}).Stream(ctx)
+		if err != nil {
+			return
+		}
+		defer func() { _ = r.Close() }()
+		sc := bufio.NewScanner(r)
+		sc.Buffer(make([]byte, 64*1024), 1024*1024)
+		for sc.Scan() {
+			line := sc.Text()
+			for _, m := range markers {
+				if _, seen := got[m]; seen || !strings.Contains(line, m) {
+					continue
+				}
+				if i := strings.Index(line, `time="`); i >= 0 {
+					if j := strings.IndexByte(line[i+6:], '"'); j > 0 {
+						if ts, err := time.Parse(time.RFC3339Nano, line[i+6:i+6+j]); err == nil {
+							got[m] = ts
+						}
+					}
+				}
+			}
+		}
+	}()
+	return out
+}
+
 // Scenario 11 (issue 12, "plugin upgrade"): the DaemonSet is rolled to
 // another tag of the plugin image while pod u1 holds 2 devices and pod u2,
 // asking for 1, is created during the rollout. u1 keeps its container and
 // its devices, u2 runs with a device u1 does not hold, the new plugin pod
 // registers, and the node's allocatable is 0 at most once, for no longer
 // than the plugin's restart (rollout start to the new pod's registration)
-// plus one node status report.
+// plus one node status report. The window in which the kubelet itself has
+// no healthy device of the resource (the old plugin's shutdown to the new
+// one's registration, from their logs) is logged: the API's allocatable,
+// reported every few seconds, can miss it.
 func (c *cluster) scenarioUpgrade(t *testing.T, node string) {
 	next := os.Getenv("E2E_PLUGIN_IMAGE_NEXT")
 	if next == "" {
@@ -101,6 +141,12 @@ func (c *cluster) scenarioUpgrade(t *testing.T, node string) {
 		t.Fatal(err)
 	}
 
+	// The old plugin's shutdown, from its own log: from then until the new
+	// one registers, the kubelet holds the resource's devices unhealthy
+	// (its device manager marks them so when a plugin disconnects).
+	logCtx, stopLogs := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer stopLogs()
+	oldLog := c.logTimes(logCtx, old, true, "shut down cleanly")
 	w := c.watchAllocatable(node, resourceName)
 	time.Sleep(time.Second) // a baseline
 	ctx := context.Background()
@@ -132,6 +178,21 @@ func (c *cluster) scenarioUpgrade(t *testing.T, node string) {
 	})
 	restart := time.Since(t0)
 	t.Logf("rolled %s -> %s: new plugin pod %s registered %v after the update", from, next, newPod, restart.Round(time.Millisecond))
+	newLog := <-c.logTimes(logCtx, newPod, false, registeredAt)
+	oldTimes := <-oldLog
+	down, up := oldTimes["shut down cleanly"], newLog[registeredAt]
+	switch {
+	case down.IsZero() || up.IsZero():
+		t.Errorf("plugin logs: old pod %s shut down at %v, new pod %s registered at %v", old, down, newPod, up)
+	case up.Before(down):
+		t.Logf("the new plugin registered %v before the old one shut down", down.Sub(up).Round(time.Millisecond))
+	default:
+		gap := up.Sub(down)
+		t.Logf("no plugin registered for %v (old plugin's shutdown to the new one's registration, from their logs)", gap.Round(time.Millisecond))
+		if gap > restart {
+			t.Errorf("gap %v longer than the whole restart %v", gap, restart)
+		}
+	}
 	eventually(t, 2*time.Minute, "the rollout done", func() (bool, string) {
 		d, err := dsc.Get(ctx, "cdi-device-plugin", metav1.GetOptions{})
 		if err != nil {
