@@ -2,6 +2,7 @@
 GO        ?= go
 BIN       ?= bin
 IMAGE     ?= cdi-device-plugin:latest
+HOST_INSTALLER_IMAGE ?= cdi-device-plugin-host-installer:latest
 VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 CONTAINER ?= docker
 LDFLAGS   := -s -w -X main.version=$(VERSION)
@@ -17,15 +18,44 @@ TOOLS_CACHE  ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/cdi-device-plugin-tools
 HELM         ?= $(TOOLS_CACHE)/helm-$(HELM_VERSION)/helm
 export HELM
 
+# make install: the binary, the systemd unit and (when absent) its
+# environment file, below DESTDIR. The unit's paths follow BINDIR and
+# SYSCONFDIR.
+PREFIX     ?= /usr/local
+BINDIR     ?= $(PREFIX)/bin
+UNITDIR    ?= $(PREFIX)/lib/systemd/system
+SYSCONFDIR ?= /etc
+ENVFILE    := $(SYSCONFDIR)/default/cdi-device-plugin
+UNIT_SRC   := deploy/systemd/cdi-device-plugin.service
+ENV_SRC    := deploy/systemd/cdi-device-plugin.env
+
 export IMAGE
 
-.PHONY: all build run test unit vet lint helm bench image deploy undeploy render clean e2e e2e-kind e2e-up e2e-down demo demo-down
+.PHONY: all build install uninstall image-host-installer run test unit vet lint helm bench image deploy undeploy render clean e2e e2e-kind e2e-up e2e-down demo demo-down
 
 all: build
 
 build: ## Build the plugin and the bench tool into $(BIN)/
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o $(BIN)/cdi-device-plugin ./cmd/cdi-device-plugin
 	CGO_ENABLED=0 $(GO) build -trimpath -o $(BIN)/dp-bench ./cmd/dp-bench
+
+install: ## Install the binary (build it first), the systemd unit and, unless present, its env file (DESTDIR, PREFIX)
+	@test -x $(BIN)/cdi-device-plugin || { echo "no $(BIN)/cdi-device-plugin: run make build first"; exit 1; }
+	install -D -m 0755 $(BIN)/cdi-device-plugin $(DESTDIR)$(BINDIR)/cdi-device-plugin
+	@mkdir -p $(DESTDIR)$(UNITDIR)
+	sed -e 's|/usr/local/bin/cdi-device-plugin|$(BINDIR)/cdi-device-plugin|' -e 's|/etc/default/cdi-device-plugin|$(ENVFILE)|' \
+	  $(UNIT_SRC) >$(DESTDIR)$(UNITDIR)/.cdi-device-plugin.service.tmp
+	chmod 0644 $(DESTDIR)$(UNITDIR)/.cdi-device-plugin.service.tmp
+	mv -f $(DESTDIR)$(UNITDIR)/.cdi-device-plugin.service.tmp $(DESTDIR)$(UNITDIR)/cdi-device-plugin.service
+	@if [ -e $(DESTDIR)$(ENVFILE) ]; then echo "kept $(DESTDIR)$(ENVFILE) (the shipped one is $(ENV_SRC))"; \
+	  else echo "install -D -m 0644 $(ENV_SRC) $(DESTDIR)$(ENVFILE)"; install -D -m 0644 $(ENV_SRC) $(DESTDIR)$(ENVFILE); fi
+	@if [ -z "$(DESTDIR)" ]; then echo "now: systemctl daemon-reload && systemctl enable --now cdi-device-plugin"; fi
+
+uninstall: ## Remove what install put there; the env file only when it is unchanged (DESTDIR, PREFIX)
+	rm -f $(DESTDIR)$(BINDIR)/cdi-device-plugin $(DESTDIR)$(UNITDIR)/cdi-device-plugin.service
+	@if [ -e $(DESTDIR)$(ENVFILE) ]; then \
+	  if cmp -s $(ENV_SRC) $(DESTDIR)$(ENVFILE); then echo "rm -f $(DESTDIR)$(ENVFILE)"; rm -f $(DESTDIR)$(ENVFILE); \
+	  else echo "kept $(DESTDIR)$(ENVFILE): it was edited"; fi; fi
 
 run: build ## Build and run the plugin (as root) with the settings in the environment
 	$(BIN)/cdi-device-plugin $(RUN_ARGS)
@@ -75,6 +105,9 @@ bench: build ## Go benchmarks; dp-bench: our plugin and two peers side by side -
 
 image: ## Build the container image with the Dockerfile
 	$(CONTAINER) build -t $(IMAGE) --build-arg VERSION=$(VERSION) .
+
+image-host-installer: ## The host installer's image (deploy/host-installer) from the plugin image $(IMAGE)
+	$(CONTAINER) build -f deploy/host-installer/Dockerfile --build-arg PLUGIN_IMAGE=$(IMAGE) -t $(HOST_INSTALLER_IMAGE) deploy
 
 render: ## Print the DaemonSet manifests deploy would apply
 	deploy/deploy.sh render

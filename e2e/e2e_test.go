@@ -14,7 +14,6 @@ import (
 	"testing"
 	"time"
 
-	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -56,6 +55,7 @@ func TestE2E(t *testing.T) {
 		{"9e-rolling-update", func(t *testing.T) { c.scenarioRollingUpdate(t, node) }},
 		{"9f-helm-install", func(t *testing.T) { c.scenarioHelm(t, node) }},
 		{"10-node-reboot", func(t *testing.T) { c.scenarioReboot(t, node) }},
+		{"11-plugin-upgrade", func(t *testing.T) { c.scenarioUpgrade(t, node) }},
 	}
 	for _, s := range steps {
 		if !t.Run(s.name, s.f) {
@@ -610,8 +610,11 @@ const (
 
 // initPod is a pod whose init container holds a host device and appends
 // the device's generation to a file that the main container shows.
-func (c *cluster) initPod(name string) *corev1.Pod {
-	p := c.testPodOf(name, hostResource, 0)
+func (c *cluster) initPod(name string) *corev1.Pod { return c.initPodOf(name, hostResource) }
+
+// initPodOf is initPod for a device of resource res.
+func (c *cluster) initPodOf(name, res string) *corev1.Pod {
+	p := c.testPodOf(name, res, 0)
 	p.Spec.Containers[0].Resources = corev1.ResourceRequirements{}
 	p.Spec.Containers[0].VolumeMounts = []corev1.VolumeMount{{Name: "shared", MountPath: "/shared"}}
 	p.Spec.Volumes = []corev1.Volume{{Name: "shared", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}}
@@ -621,7 +624,7 @@ func (c *cluster) initPod(name string) *corev1.Pod {
 		ImagePullPolicy: corev1.PullIfNotPresent,
 		Command: []string{"sh", "-c", `for d in ` + stateRoot + `/*/; do
   sed -n 's/.*"generation": *\([0-9]*\).*/\1/p' "$d/state.json"; done >> /shared/init-generations`},
-		Resources:    corev1.ResourceRequirements{Limits: corev1.ResourceList{hostResource: *resource.NewQuantity(1, resource.DecimalSI)}},
+		Resources:    corev1.ResourceRequirements{Limits: corev1.ResourceList{corev1.ResourceName(res): *resource.NewQuantity(1, resource.DecimalSI)}},
 		VolumeMounts: []corev1.VolumeMount{{Name: "shared", MountPath: "/shared"}},
 	}}
 	return p
@@ -675,43 +678,44 @@ func (c *cluster) generations(t *testing.T, name string) map[string]int64 {
 // Scenario 10: a node reboot (simulated: everything stops; mounts,
 // containerd's state, the CDI specs and the simulated /dev nodes are
 // gone; then the host plugin, containerd and the kubelet start, in that
-// order). Host mode: the pods that held devices (a bare pod, a pod whose
-// init container holds one) run again with the same devices, prepared
-// again, never rejected at admission. DaemonSet mode: a Deployment's pod
-// is replaced and runs with a device; the bare pod p2, re-admitted before
-// the plugin pod could register, is rejected by the kubelet.
+// order). Each mode has a bare pod, a Deployment's pod and a bare pod
+// whose init container holds a device. Host mode: all three run again,
+// the same pods with the same devices, prepared again, never rejected at
+// admission. DaemonSet mode: the kubelet re-admits the pods before the
+// plugin pod could register: the Deployment's pod is rejected and
+// replaced, and the replacement runs with a device; the bare pods (p2 and
+// the init pod di1) are rejected for good. The figures logged are the
+// times from the kubelet's start to each pod running again.
 func (c *cluster) scenarioReboot(t *testing.T, node string) {
 	if c.reboot == "" || c.pluginHost == "" {
 		t.Skip("E2E_REBOOT and E2E_PLUGIN_HOST are not set: no reboot on this cluster")
 	}
 	vars := []string{"PLUGIN_NAME=cdi-e2e-host", "RESOURCE_NAME=" + hostResource, "NUMBER_DEVICES=4",
-		"DEVICE_ID_PREFIX=" + hostIDPrefix, "ENV_PREFIX=" + hostEnv, "LOG_LEVEL=debug", "NODE_NAME=" + node}
+		"DEVICE_ID_PREFIX=" + hostIDPrefix, "DEVICE_FILE_PREFIX=" + hostIDPrefix, "ENV_PREFIX=" + hostEnv,
+		"LOG_LEVEL=debug", "NODE_NAME=" + node}
 	if out, err := hostSh(c.pluginHost + " start " + strings.Join(vars, " ")); err != nil {
 		t.Fatalf("start the host plugin: %v\n%s", err, out)
 	}
 	c.waitAllocatableOf(t, node, hostResource, 4, time.Minute)
+	// Host mode: 2 + 1 (init) + 1 of the 4 host devices.
 	c.createPod(t, c.testPodOf("h1", hostResource, 2))
 	c.createPod(t, c.initPod("h2"))
-	deploy := c.testPod("d1", 1)
-	one := int32(1)
-	if _, err := c.cs.AppsV1().Deployments(podNS).Create(context.Background(), &appsv1.Deployment{
-		ObjectMeta: metav1.ObjectMeta{Name: "d1", Namespace: podNS},
-		Spec: appsv1.DeploymentSpec{
-			Replicas: &one,
-			Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "d1"}},
-			Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{"app": "d1"}}, Spec: deploy.Spec},
-		},
-	}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	c.createDeployment(t, "hd1", c.testPodOf("hd1", hostResource, 1))
+	// DaemonSet mode: p2 holds 2 of the 4 devices since scenario 2.
+	c.createDeployment(t, "d1", c.testPod("d1", 1))
+	c.createPod(t, c.initPodOf("di1", resourceName))
 	c.waitRunning(t, "h1", 0, 2*time.Minute)
 	c.waitRunning(t, "h2", 0, 2*time.Minute)
+	c.waitRunning(t, "di1", 0, 2*time.Minute)
+	hd1 := c.deploymentPod(t, "hd1", "")
 	d1 := c.deploymentPod(t, "d1", "")
 	held := c.devicesOfEnv(t, "h1", hostEnv)
+	hd1Held := c.devicesOfEnv(t, hd1, hostEnv)
 	gen := c.generations(t, "h1")
 	initGens := c.initGenerations(t, "h2")
 	_, h1Restarts := containerOf(t, c, "h1")
 	_, h2Restarts := containerOf(t, c, "h2")
+	_, hd1Restarts := containerOf(t, c, hd1)
 
 	t0 := time.Now()
 	if out, err := hostSh(c.reboot); err != nil {
@@ -719,13 +723,32 @@ func (c *cluster) scenarioReboot(t *testing.T, node string) {
 	}
 	t.Logf("simulated reboot: kubelet started again after %v", time.Since(t0).Round(time.Millisecond))
 	t1 := time.Now()
+	again := func(name string, restarts int32) func(map[string]*corev1.Pod) bool {
+		return func(pods map[string]*corev1.Pod) bool { return runningAgain(pods[name], restarts+1) }
+	}
+	times := c.watchMilestones(t1, map[string]func(map[string]*corev1.Pod) bool{
+		"host bare pod h1":           again("h1", h1Restarts),
+		"host init pod h2":           again("h2", h2Restarts),
+		"host deployment pod " + hd1: again(hd1, hd1Restarts),
+		"daemonset deployment's new pod": func(pods map[string]*corev1.Pod) bool {
+			for name, p := range pods {
+				if strings.HasPrefix(name, "d1-") && name != d1 && runningAgain(p, 0) {
+					return true
+				}
+			}
+			return false
+		},
+	})
 
 	// Host mode: the same pods run again, with the same devices, prepared again.
 	c.waitRunning(t, "h1", h1Restarts+1, 3*time.Minute)
-	t.Logf("host mode: h1 running again %v after the kubelet started", time.Since(t1).Round(time.Millisecond))
 	c.waitRunning(t, "h2", h2Restarts+1, 3*time.Minute)
+	c.waitRunning(t, hd1, hd1Restarts+1, 3*time.Minute)
 	if got := c.devicesOfEnv(t, "h1", hostEnv); !slices.Equal(got, held) {
 		t.Errorf("h1 devices %v after the reboot, were %v", got, held)
+	}
+	if got := c.devicesOfEnv(t, hd1, hostEnv); !slices.Equal(got, hd1Held) {
+		t.Errorf("%s devices %v after the reboot, were %v", hd1, got, hd1Held)
 	}
 	for id, g := range c.generations(t, "h1") {
 		if g <= gen[id] {
@@ -735,7 +758,7 @@ func (c *cluster) scenarioReboot(t *testing.T, node string) {
 	if after := c.initGenerations(t, "h2"); len(after) <= len(initGens) || after[len(after)-1] <= initGens[len(initGens)-1] {
 		t.Errorf("h2's init container: generations %v, were %v: not run again on a prepared device", after, initGens)
 	}
-	for _, p := range []string{"h1", "h2"} {
+	for _, p := range []string{"h1", "h2", hd1} {
 		if errs := c.admissionErrors(p); len(errs) > 0 {
 			t.Errorf("%s: %v", p, errs)
 		}
@@ -744,17 +767,17 @@ func (c *cluster) scenarioReboot(t *testing.T, node string) {
 	// DaemonSet mode.
 	c.waitAllocatable(t, node, numDevices, 3*time.Minute)
 	d1b := c.deploymentPod(t, "d1", d1)
-	t.Logf("DaemonSet mode: the Deployment's pod %s replaced %s, running %v after the kubelet started", d1b, d1, time.Since(t1).Round(time.Millisecond))
-	eventually(t, 2*time.Minute, "p2 rejected at admission", func() (bool, string) {
-		p, err := c.getPod("p2")
-		if err != nil {
-			return false, err.Error()
-		}
-		return p.Status.Phase == corev1.PodFailed && p.Status.Reason == "UnexpectedAdmissionError",
-			fmt.Sprintf("phase %s, reason %q, message %q", p.Status.Phase, p.Status.Reason, p.Status.Message)
-	})
-	p2, _ := c.getPod("p2")
-	t.Logf("DaemonSet mode: bare pod p2 %s: %s", p2.Status.Reason, p2.Status.Message)
+	if got := c.devicesOf(t, d1b); len(got) != 1 {
+		t.Errorf("the Deployment's new pod %s has devices %v, want 1", d1b, got)
+	}
+	if errs := c.admissionErrors(d1); len(errs) == 0 {
+		t.Errorf("DaemonSet mode: the Deployment's old pod %s was not rejected at admission", d1)
+	}
+	t.Logf("DaemonSet mode: the Deployment's pod %s replaced %s", d1b, d1)
+	for _, p := range []string{"p2", "di1"} {
+		t.Logf("DaemonSet mode: bare pod %s: UnexpectedAdmissionError: %s", p, c.rejectedAtAdmission(t, p))
+	}
+	t.Logf("reboot figures, from the kubelet's start to running again: %s", times.report())
 }
 
 // deploymentPod waits for a running, ready pod of the deployment other

@@ -25,6 +25,9 @@
 //	E2E_REBOOT           a shell command that simulates a node reboot and
 //	                     starts the host plugin, containerd and the kubelet
 //	                     again, in that order (optional)
+//	E2E_PLUGIN_IMAGE_NEXT another tag of the plugin image, present on the node,
+//	                     that the upgrade scenario rolls the DaemonSet to
+//	                     (optional: without it that scenario is skipped)
 //	E2E_ARTIFACTS        where logs and objects are saved when a test fails
 package e2e
 

@@ -11,8 +11,12 @@
 #   e2e/local/cluster.sh down             stop everything up made and clean up (also after a failed run)
 #   e2e/local/cluster.sh restart-kubelet  stop and start the kubelet (e2e scenario "kubelet restart")
 #   e2e/local/cluster.sh plugin-host start VAR=VALUE... | stop
-#                                         the plugin binary as a host process with those settings, as a
-#                                         systemd unit ordered before containerd and the kubelet runs it
+#                                         the plugin binary as a host process, run as systemd would run
+#                                         deploy/systemd/cdi-device-plugin.service: its Environment=, then
+#                                         its env file (deploy/systemd's example with VAR=VALUE... appended),
+#                                         its ExecStart, its CapabilityBoundingSet and NoNewPrivileges
+#   e2e/local/cluster.sh unit-command ENVFILE
+#                                         print that command, one word a line (for its test)
 #   e2e/local/cluster.sh simulate-reboot  what a node reboot does: everything stops, mounts, network
 #                                         namespaces, containerd's state and the tmpfs /var/run/cdi and
 #                                         simulated /dev nodes are gone; then the host plugin (if it ran),
@@ -50,6 +54,8 @@ KUBELET_ROOT=${E2E_KUBELET_ROOT:-/var/lib/kubelet}
 PAUSE_IMAGE=registry.k8s.io/pause:3.10.2
 TEST_IMAGE=e2e.local/busybox:debian
 PLUGIN_IMAGE=docker.io/library/cdi-device-plugin:e2e
+# The same image under a second tag: e2e scenario 11 rolls the DaemonSet to it.
+PLUGIN_IMAGE_NEXT=docker.io/library/cdi-device-plugin:e2e-next
 
 RUN=${E2E_WORK}/run     # pid files
 LOGS=${E2E_WORK}/logs
@@ -58,6 +64,9 @@ BIN=${E2E_WORK}/bin     # unversioned names of the cached binaries
 CTRD=${E2E_WORK}/containerd
 SOCK=${CTRD}/containerd.sock
 MARKER=${E2E_WORK}/made-by-cluster-sh
+# The host install that plugin-host follows.
+UNIT=${REPO}/deploy/systemd/cdi-device-plugin.service
+UNIT_ENV=${REPO}/deploy/systemd/cdi-device-plugin.env
 
 log() { printf '[cluster %s] %s\n' "$(date +%T)" "$*" >&2; }
 die() { printf 'cluster.sh: %s\n' "$*" >&2; exit 1; }
@@ -286,6 +295,7 @@ images() {
 	for a in busybox pause plugin; do
 		"${BIN}/ctr" -a "${SOCK}" -n k8s.io images import "${img}/${a}.tar" >/dev/null
 	done
+	"${BIN}/ctr" -a "${SOCK}" -n k8s.io images tag --force "${PLUGIN_IMAGE}" "${PLUGIN_IMAGE_NEXT}" >/dev/null
 }
 
 control_plane() {
@@ -369,6 +379,7 @@ export KUBECONFIG=${E2E_WORK}/admin.kubeconfig
 export KUBECTL=${BIN}/kubectl
 export PATH=${BIN}:\${PATH}
 export E2E_PLUGIN_IMAGE=${PLUGIN_IMAGE}
+export E2E_PLUGIN_IMAGE_NEXT=${PLUGIN_IMAGE_NEXT}
 export E2E_TEST_IMAGE=${TEST_IMAGE}
 export E2E_NODE_SHELL=
 export E2E_RUNTIME_STATE=${CTRD}/state
@@ -417,7 +428,10 @@ plugin_host() {
 	start)
 		shift
 		stop plugin-host
-		: >"${E2E_WORK}/plugin-host.env"
+		{
+			cat "${UNIT_ENV}"
+			echo "# e2e: plugin-host start"
+		} >"${E2E_WORK}/plugin-host.env"
 		for kv in "$@"; do
 			[[ ${kv} =~ ^[A-Z_][A-Z0-9_]*= ]] || die "plugin-host start: ${kv}: want VAR=VALUE"
 			printf '%s\n' "${kv}" >>"${E2E_WORK}/plugin-host.env"
@@ -429,10 +443,56 @@ plugin_host() {
 	esac
 }
 
+# envfile_vars FILE: the assignments of a systemd EnvironmentFile, one
+# VAR=VALUE a line: blank lines and #/; comments skipped, whitespace around
+# the name and the value dropped, one pair of enclosing quotes removed.
+envfile_vars() {
+	local line k v
+	while IFS= read -r line || [[ -n ${line} ]]; do
+		line=${line#"${line%%[![:space:]]*}"}
+		[[ -z ${line} || ${line} == '#'* || ${line} == ';'* ]] && continue
+		[[ ${line} =~ ^([A-Za-z_][A-Za-z0-9_]*)[[:space:]]*=[[:space:]]*(.*)$ ]] || die "$1: not VAR=VALUE: ${line}"
+		k=${BASH_REMATCH[1]} v=${BASH_REMATCH[2]}
+		v=${v%"${v##*[![:space:]]}"}
+		if [[ ${v} =~ ^\"(.*)\"$ || ${v} =~ ^\'(.*)\'$ ]]; then
+			v=${BASH_REMATCH[1]}
+		fi
+		printf '%s=%s\n' "${k}" "${v}"
+	done <"$1"
+}
+
+# unit_values KEY: the values of KEY= in the unit, one a line.
+unit_values() { sed -n "s/^$1=//p" "${UNIT}"; }
+
+# unit_command ENVFILE: the command systemd would run for the unit with
+# ENVFILE as its EnvironmentFile, one word a line: a clean environment
+# (systemd's PATH, the unit's Environment=, then the file, which overrides
+# them), the unit's capability bounding set and NoNewPrivileges (setpriv),
+# and its ExecStart with our build of the binary in place of the installed
+# one. %H (the host name) is the only specifier the unit uses.
+unit_command() {
+	local envfile=$1 exec caps=() c bounding=-all
+	exec=$(unit_values ExecStart)
+	[[ ${exec} == /usr/local/bin/cdi-device-plugin* ]] || die "${UNIT}: ExecStart=${exec}: expected /usr/local/bin/cdi-device-plugin"
+	read -r -a caps <<<"$(unit_values CapabilityBoundingSet)"
+	for c in "${caps[@]}"; do
+		c=${c#CAP_}
+		bounding+=",+${c,,}"
+	done
+	printf '%s\n' env -i PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+	unit_values Environment | sed "s/%H/$(hostname)/g"
+	envfile_vars "${envfile}"
+	printf '%s\n' setpriv --bounding-set "${bounding}" --inh-caps -all
+	[[ $(unit_values NoNewPrivileges) == yes ]] && echo --no-new-privs
+	# shellcheck disable=SC2086 # ExecStart's words
+	printf '%s\n' "${E2E_WORK}/images/cdi-device-plugin" ${exec#/usr/local/bin/cdi-device-plugin}
+}
+
 plugin_host_up() {
-	local envs=()
-	mapfile -t envs <"${E2E_WORK}/plugin-host.env"
-	start plugin-host env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin "${envs[@]}" "${E2E_WORK}/images/cdi-device-plugin"
+	local cmd=()
+	mapfile -t cmd < <(unit_command "${E2E_WORK}/plugin-host.env")
+	[[ ${#cmd[@]} -gt 0 ]] || die "no command for the host plugin"
+	start plugin-host "${cmd[@]}"
 	sleep 0.2
 	alive plugin-host
 }
@@ -597,6 +657,7 @@ plugin-host)
 	plugin_host "$@"
 	;;
 simulate-reboot) simulate_reboot ;;
+unit-command) unit_command "${2:?usage: cluster.sh unit-command ENVFILE}" ;;
 env)
 	[[ -f ${E2E_WORK}/env ]] || die "not up"
 	cat "${E2E_WORK}/env"

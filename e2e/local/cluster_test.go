@@ -48,3 +48,66 @@ func TestClusterScriptGuards(t *testing.T) {
 		})
 	}
 }
+
+// TestPluginHostFollowsTheUnit: the host plugin of e2e scenario 10 runs as
+// systemd would run deploy/systemd/cdi-device-plugin.service: a clean
+// environment with the unit's Environment= first and its env file after
+// (EnvironmentFile format: comments, quotes; a later line wins), the
+// unit's capability bounding set and NoNewPrivileges, its ExecStart.
+func TestPluginHostFollowsTheUnit(t *testing.T) {
+	work := t.TempDir()
+	envFile := filepath.Join(t.TempDir(), "env")
+	if err := os.WriteFile(envFile, []byte(`# a comment
+  ; another
+RESOURCE_NAME=example.com/a
+NUMBER_DEVICES = "4"
+ENV_PREFIX='SIM'
+
+RESOURCE_NAME=example.com/b
+NODE_NAME=node-x
+`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c := exec.Command("bash", "cluster.sh", "unit-command", envFile)
+	c.Env = append(os.Environ(), "E2E_WORK="+work)
+	out, err := c.Output()
+	if err != nil {
+		t.Fatalf("unit-command: %v", err)
+	}
+	got := strings.Split(strings.TrimSpace(string(out)), "\n")
+
+	unit, err := os.ReadFile("../../deploy/systemd/cdi-device-plugin.service")
+	if err != nil {
+		t.Fatal(err)
+	}
+	host, err := os.Hostname()
+	if err != nil {
+		t.Fatal(err)
+	}
+	bounding := "-all"
+	var noNewPrivs bool
+	for _, l := range strings.Split(string(unit), "\n") {
+		if v, ok := strings.CutPrefix(l, "CapabilityBoundingSet="); ok {
+			for _, c := range strings.Fields(v) {
+				bounding += ",+" + strings.ToLower(strings.TrimPrefix(c, "CAP_"))
+			}
+		}
+		noNewPrivs = noNewPrivs || l == "NoNewPrivileges=yes"
+	}
+	if !strings.Contains(bounding, "+mknod") || !noNewPrivs {
+		t.Fatalf("the unit changed: bounding set %q, NoNewPrivileges=yes %v", bounding, noNewPrivs)
+	}
+	want := []string{"env", "-i", "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+		"NODE_NAME=" + host, // the unit's Environment=NODE_NAME=%H
+		"RESOURCE_NAME=example.com/a", "NUMBER_DEVICES=4", "ENV_PREFIX=SIM", "RESOURCE_NAME=example.com/b", "NODE_NAME=node-x",
+		"setpriv", "--bounding-set", bounding, "--inh-caps", "-all", "--no-new-privs",
+		filepath.Join(work, "images", "cdi-device-plugin")}
+	if strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Fatalf("command\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	// env applies its assignments in order, as systemd does: the later wins.
+	envOut, err := exec.Command("env", "-i", "A=1", "A=2", "env").Output()
+	if err != nil || strings.TrimSpace(string(envOut)) != "A=2" {
+		t.Fatalf("env with A twice: %q %v", envOut, err)
+	}
+}
