@@ -200,11 +200,14 @@ choose_engine() {
 			# Rootful podman raises the containers' nofile/nproc hard limits,
 			# which needs CAP_SYS_RESOURCE; conmon's hard NPROC is 32768.
 			# Debian's crun also refuses hybrid cgroup v1 hosts: use runc.
-			local conf=${work_dir}/containers.conf
+			# Kept in the cache, for podman commands on a KIND_KEEP=1 cluster.
+			local conf=${E2E_CACHE}/kind/containers.conf
+			mkdir -p "${conf%/*}"
 			{
 				printf '[containers]\ndefault_ulimits = ["nofile=20000:20000", "nproc=32768:32768"]\n'
 				if command -v runc >/dev/null; then printf '[engine]\nruntime = "runc"\n'; fi
-			} >"${conf}"
+			} >"${conf}.tmp.$$"
+			mv -f "${conf}.tmp.$$" "${conf}"
 			export CONTAINERS_CONF=${conf}
 			log "retrying podman with CONTAINERS_CONF=${conf} (lower default ulimits, runc)"
 			privileged podman && { engine=podman; return 0; }
