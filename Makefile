@@ -5,10 +5,15 @@ IMAGE     ?= cdi-device-plugin:latest
 VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 CONTAINER ?= docker
 LDFLAGS   := -s -w -X main.version=$(VERSION)
+# The linter, built with go install at this version into GOBIN (outside the
+# clone, so CI's cache keeps it) when missing or at another version.
+GOLANGCI_LINT_VERSION ?= v2.15.0
+GOBIN     ?= $(shell $(GO) env GOPATH)/bin
+GOLANGCI_LINT := $(GOBIN)/golangci-lint
 
 export IMAGE
 
-.PHONY: all build run test unit vet bench image deploy undeploy render clean e2e e2e-kind e2e-up e2e-down demo demo-down
+.PHONY: all build run test unit vet lint bench image deploy undeploy render clean e2e e2e-kind e2e-up e2e-down demo demo-down
 
 all: build
 
@@ -19,20 +24,42 @@ build: ## Build the plugin and the bench tool into $(BIN)/
 run: build ## Build and run the plugin (as root) with the settings in the environment
 	$(BIN)/cdi-device-plugin $(RUN_ARGS)
 
-vet: ## go vet and a gofmt check
+vet: lint ## go vet, a gofmt check and golangci-lint (.golangci.yml)
 	$(GO) vet ./...
 	$(GO) vet -tags e2e ./e2e/
 	@out="$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))"; \
 	  if [ -n "$$out" ]; then echo "not gofmt-formatted:"; echo "$$out"; exit 1; fi
+
+lint: ## golangci-lint, installed at GOLANGCI_LINT_VERSION when needed
+	@if ! "$(GOLANGCI_LINT)" version 2>/dev/null | grep -q "version $(GOLANGCI_LINT_VERSION:v%=%) "; then \
+	  echo "installing golangci-lint $(GOLANGCI_LINT_VERSION) into $(GOBIN)"; \
+	  GOBIN="$(GOBIN)" GOFLAGS=-buildvcs=false $(GO) install github.com/golangci/golangci-lint/v2/cmd/golangci-lint@$(GOLANGCI_LINT_VERSION); \
+	fi
+	"$(GOLANGCI_LINT)" run ./...
 
 unit: ## Unit and integration tests with the race detector (needs root for mknod)
 	$(GO) test -race -count=1 ./...
 
 test: vet unit ## What CI runs: vet, gofmt, race-enabled tests
 
-bench: build ## Go benchmarks and the plugin binary against the kubelet stand-in
-	$(GO) test -run '^$$' -bench . -benchtime 200x ./plugin/ ./prestart/
-	$(BIN)/dp-bench -plugin $(BIN)/cdi-device-plugin -runs 20
+# make bench: Go benchmarks, then dp-bench runs our plugin and two peers
+# (cmd/dp-bench/peers.sh builds them once into $(BENCH_CACHE)) side by side
+# and writes docs/benchmarks.md. SQUAT_BIN overrides the generic-device-plugin binary.
+BENCH_RUNS  ?= 5
+BENCH_IDLE  ?= 10s
+BENCH_COUNT ?= 5
+BENCH_CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/cdi-device-plugin-bench
+
+bench: build ## Go benchmarks; dp-bench: our plugin and two peers side by side -> docs/benchmarks.md
+	$(GO) test -run '^$$' -bench . -benchtime 300ms -count $(BENCH_COUNT) ./plugin/ ./prestart/ ./cdi/ >$(BIN)/gobench.txt || { cat $(BIN)/gobench.txt; exit 1; }
+	cat $(BIN)/gobench.txt
+	@set -e; peers="$$(BENCH_CACHE=$(BENCH_CACHE) cmd/dp-bench/peers.sh)"; \
+	  export PLUGIN_BIN=$(BIN)/cdi-device-plugin; \
+	  export SAMPLE_BIN="$$(printf '%s\n' "$$peers" | sed -n 's/^sample-device-plugin=//p')"; \
+	  export SQUAT_BIN="$${SQUAT_BIN:-$$(printf '%s\n' "$$peers" | sed -n 's/^generic-device-plugin=//p')}"; \
+	  echo "peers: SAMPLE_BIN=$$SAMPLE_BIN SQUAT_BIN=$$SQUAT_BIN"; \
+	  $(BIN)/dp-bench -targets cmd/dp-bench/bench.yaml -runs $(BENCH_RUNS) -idle $(BENCH_IDLE) -must-pass cdi-device-plugin -compare cdi-device-plugin \
+	    -gobench $(BIN)/gobench.txt -json $(BIN)/benchmarks.json -md docs/benchmarks.md
 
 image: ## Build the container image with the Dockerfile
 	$(CONTAINER) build -t $(IMAGE) --build-arg VERSION=$(VERSION) .

@@ -3,24 +3,39 @@
 package cdi
 
 import (
+	"bytes"
+	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+	"tags.cncf.io/container-device-interface/pkg/cdi"
 
 	"github.com/cdi-device-plugin/cdi-device-plugin/device"
-	"tags.cncf.io/container-device-interface/pkg/cdi"
+	"github.com/cdi-device-plugin/cdi-device-plugin/internal/atomicfile"
+	"github.com/cdi-device-plugin/cdi-device-plugin/internal/inotify"
 	"tags.cncf.io/container-device-interface/pkg/parser"
 	specs "tags.cncf.io/container-device-interface/specs-go"
 )
 
 // Spec-level annotations that mark a spec as ours.
 const (
+	// OwnerAnnotation names the deployment that wrote the spec: the plugin
+	// name, qualified by the namespace when it runs in a pod.
 	OwnerAnnotation    = "cdi-device-plugin/owner"
 	ResourceAnnotation = "cdi-device-plugin/resource"
+	// StartedAnnotation is when the writing process started (Unix ns):
+	// of two processes writing the same spec, the newer one wins.
+	StartedAnnotation = "cdi-device-plugin/started"
 )
 
 // specMode is the mode of written specs: containerd and tools running as
@@ -43,15 +58,18 @@ func NewKind(vendor, class string) (Kind, error) {
 	return Kind{Vendor: vendor, Class: class}, nil
 }
 
-// KindForResource derives the kind of an extended resource: the vendor is
-// "k8s." + the resource domain and the class the name part, so the plugin's
+// KindFor derives the kind of an extended resource <domain>/<name>: the
+// vendor is "k8s." + the domain and the class the name, so the plugin's
 // specs never clash with a device vendor's own specs.
+func KindFor(domain, name string) (Kind, error) { return NewKind("k8s."+domain, name) }
+
+// KindForResource is KindFor of a whole resource name.
 func KindForResource(resource string) (Kind, error) {
 	domain, name, ok := strings.Cut(resource, "/")
 	if !ok {
 		return Kind{}, fmt.Errorf("resource %q has no domain", resource)
 	}
-	return NewKind("k8s."+domain, name)
+	return KindFor(domain, name)
 }
 
 func (k Kind) String() string { return k.Vendor + "/" + k.Class }
@@ -60,11 +78,11 @@ func (k Kind) String() string { return k.Vendor + "/" + k.Class }
 func (k Kind) SpecName() string { return cdi.GenerateSpecName(k.Vendor, k.Class) }
 
 // QualifiedName is the fully qualified CDI name of a device.
-func (k Kind) QualifiedName(device string) (string, error) {
-	if err := parser.ValidateDeviceName(device); err != nil {
+func (k Kind) QualifiedName(name string) (string, error) {
+	if err := parser.ValidateDeviceName(name); err != nil {
 		return "", err
 	}
-	return parser.QualifiedName(k.Vendor, k.Class, device), nil
+	return parser.QualifiedName(k.Vendor, k.Class, name), nil
 }
 
 // Resource is what the spec needs to know about a resource.
@@ -92,12 +110,15 @@ func DeviceEnv(envPrefix string, d device.Device) (string, string) {
 	return envPrefix + "_" + strconv.Itoa(d.Index), d.ContainerPath
 }
 
-// BuildSpec turns a snapshot into a CDI spec owned by owner.
-func BuildSpec(owner string, r Resource, snap *device.Snapshot) (*specs.Spec, error) {
+// BuildSpec turns a snapshot into a CDI spec owned by owner, written by a
+// process started at started (Unix ns).
+func BuildSpec(owner string, started int64, r Resource, snap *device.Snapshot) (*specs.Spec, error) {
 	spec := &specs.Spec{
-		Kind:        r.Kind.String(),
-		Annotations: map[string]string{OwnerAnnotation: owner, ResourceAnnotation: r.Name},
-		Devices:     make([]specs.Device, 0, len(snap.Devices)),
+		Kind: r.Kind.String(),
+		Annotations: map[string]string{
+			OwnerAnnotation: owner, ResourceAnnotation: r.Name, StartedAnnotation: strconv.FormatInt(started, 10),
+		},
+		Devices: make([]specs.Device, 0, len(snap.Devices)),
 	}
 	for _, d := range snap.Devices {
 		if err := parser.ValidateDeviceName(d.Name); err != nil {
@@ -133,48 +154,292 @@ func BuildSpec(owner string, r Resource, snap *device.Snapshot) (*specs.Spec, er
 	return spec, nil
 }
 
-// Writer writes and removes the specs of one plugin in one directory.
+// Writer writes and removes the specs of one plugin deployment in one
+// directory.
 type Writer struct {
-	dir   string
-	owner string
-	cache *cdi.Cache
+	dir     string
+	owner   string
+	started int64
 }
 
-// NewWriter returns a writer for dir; owner marks the specs as ours.
-func NewWriter(dir, owner string) (*Writer, error) {
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return nil, fmt.Errorf("CDI dir: %w", err)
-	}
-	c, err := cdi.NewCache(cdi.WithSpecDirs(dir), cdi.WithAutoRefresh(false))
-	if err != nil {
-		return nil, fmt.Errorf("CDI cache for %s: %w", dir, err)
-	}
-	return &Writer{dir: dir, owner: owner, cache: c}, nil
+// NewWriter returns a writer for dir; it touches nothing on disk. owner
+// marks the specs as ours (it must be unique per deployment); started is
+// when this process started (Unix ns), so that a newer process's spec is
+// never overwritten by an older one.
+func NewWriter(dir, owner string, started int64) *Writer {
+	return &Writer{dir: dir, owner: owner, started: started}
 }
 
 // Path is the file the spec of kind k is written to.
 func (w *Writer) Path(k Kind) string { return filepath.Join(w.dir, k.SpecName()+".json") }
 
-// Write builds and atomically writes the spec of r from snap, mode 0644.
-func (w *Writer) Write(r Resource, snap *device.Snapshot) error {
-	spec, err := BuildSpec(w.owner, r, snap)
+// Spec returns the spec file of resource r.
+func (w *Writer) Spec(r Resource) *Spec { return &Spec{w: w, r: r, path: w.Path(r.Kind)} }
+
+// Write builds and writes the spec of r from snap (see Spec.Write).
+func (w *Writer) Write(r Resource, snap *device.Snapshot) error { return w.Spec(r).Write(snap) }
+
+// Spec is the spec file of one resource. It remembers what it wrote, so
+// that a change by someone else can be told from our own write.
+type Spec struct {
+	w    *Writer
+	r    Resource
+	path string
+
+	mu   sync.Mutex
+	last []byte
+	// empty: the last write had no device, so there is no file (the CDI
+	// library refuses a spec without devices).
+	empty bool
+}
+
+// Path is the spec's file.
+func (s *Spec) Path() string { return s.path }
+
+// TempPattern is the glob of the temp files a killed write may have left.
+func (s *Spec) TempPattern() string { return atomicfile.TempPattern(s.path) }
+
+// ErrMissingPath is returned when the spec would name a path that does not
+// exist (a state directory to mount).
+var ErrMissingPath = errors.New("the spec would name a missing path")
+
+// Write builds the spec from snap and replaces the file atomically: the
+// spec is checked with the CDI library's rules first, the file appears
+// complete with mode 0644, and its content is durable when Write returns.
+// Every mount source the spec names must exist (ErrMissingPath otherwise):
+// a bind mount from a missing directory fails the container. Without
+// devices there is no spec (the CDI library refuses an empty one): the
+// file is removed.
+func (s *Spec) Write(snap *device.Snapshot) error {
+	if len(snap.Devices) == 0 {
+		if err := os.Remove(s.path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("remove the CDI spec of no devices: %w", err)
+		}
+		s.mu.Lock()
+		s.last, s.empty = nil, true
+		s.mu.Unlock()
+		return nil
+	}
+	spec, err := BuildSpec(s.w.owner, s.w.started, s.r, snap)
 	if err != nil {
 		return err
 	}
-	name := r.Kind.SpecName() + ".json"
-	// WriteSpec validates, writes a temp file and renames it in place.
-	if err := w.cache.WriteSpec(spec, name); err != nil {
-		return fmt.Errorf("write CDI spec %s: %w", name, err)
+	if err := validate(spec); err != nil {
+		return fmt.Errorf("CDI spec %s: %w", s.path, err)
 	}
-	if err := os.Chmod(filepath.Join(w.dir, name), specMode); err != nil {
-		return fmt.Errorf("chmod CDI spec %s: %w", name, err)
+	for i := range spec.Devices {
+		d := &spec.Devices[i]
+		for _, m := range d.ContainerEdits.Mounts {
+			if fi, err := os.Stat(m.HostPath); err != nil || !fi.IsDir() {
+				return fmt.Errorf("device %s: mount source %s: %w", d.Name, m.HostPath, ErrMissingPath)
+			}
+		}
+	}
+	data, err := json.Marshal(spec)
+	if err != nil {
+		return fmt.Errorf("CDI spec %s: %w", s.path, err)
+	}
+	if err := makeDir(s.w.dir); err != nil {
+		return fmt.Errorf("CDI dir: %w", err)
+	}
+	if err := atomicfile.WriteBytes(s.path, data, specMode); err != nil {
+		return fmt.Errorf("write CDI spec: %w", err)
+	}
+	s.mu.Lock()
+	s.last, s.empty = data, false
+	s.mu.Unlock()
+	return nil
+}
+
+// makeDir creates the CDI directory if it is missing, with mode 0755
+// whatever the umask: every CDI consumer on the node reads it.
+func makeDir(dir string) error {
+	if _, err := os.Stat(dir); !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	return os.Chmod(dir, 0o755)
+}
+
+// validate checks spec as the CDI library checks a spec it reads (version,
+// vendor and class, container edits, device names, at least one device,
+// no device twice), with the library's own validators, without encoding
+// and parsing it again. Spec annotations are our constant keys.
+func validate(spec *specs.Spec) error {
+	if err := specs.ValidateVersion(spec); err != nil {
+		return err
+	}
+	vendor, class := parser.ParseQualifier(spec.Kind)
+	if err := parser.ValidateVendorName(vendor); err != nil {
+		return err
+	}
+	if err := parser.ValidateClassName(class); err != nil {
+		return err
+	}
+	if err := (&cdi.ContainerEdits{ContainerEdits: &spec.ContainerEdits}).Validate(); err != nil {
+		return err
+	}
+	if len(spec.Devices) == 0 {
+		return errors.New("no devices")
+	}
+	seen := make(map[string]bool, len(spec.Devices))
+	for i := range spec.Devices {
+		d := &spec.Devices[i]
+		if err := parser.ValidateDeviceName(d.Name); err != nil {
+			return err
+		}
+		if seen[d.Name] {
+			return fmt.Errorf("device %q twice", d.Name)
+		}
+		seen[d.Name] = true
+		edits := &cdi.ContainerEdits{ContainerEdits: &d.ContainerEdits}
+		if len(d.ContainerEdits.DeviceNodes)+len(d.ContainerEdits.Env)+len(d.ContainerEdits.Mounts) == 0 {
+			return fmt.Errorf("device %q: no container edits", d.Name)
+		}
+		if err := edits.Validate(); err != nil {
+			return fmt.Errorf("device %q: %w", d.Name, err)
+		}
 	}
 	return nil
 }
 
-// Remove deletes the spec of kind k; a missing spec is not an error.
-func (w *Writer) Remove(k Kind) error {
-	return w.cache.RemoveSpec(k.SpecName() + ".json")
+// Status is what Check found on disk.
+type Status int
+
+const (
+	// Intact means the file holds what we last wrote.
+	Intact Status = iota
+	// Missing means there is no file (removed, or a reboot emptied the dir).
+	Missing
+	// Changed means the file holds something else: it must be written again.
+	Changed
+	// Superseded means a process that started after us (another instance of
+	// this deployment during a rolling update, or another deployment
+	// serving the same resource) wrote the file: leave it.
+	Superseded
+)
+
+func (st Status) String() string {
+	switch st {
+	case Intact:
+		return "intact"
+	case Missing:
+		return "missing"
+	case Changed:
+		return "changed"
+	case Superseded:
+		return "superseded"
+	}
+	return "unknown"
+}
+
+// Check compares the file on disk with what we last wrote.
+func (s *Spec) Check() (Status, string) {
+	data, err := os.ReadFile(s.path)
+	s.mu.Lock()
+	last, empty := s.last, s.empty
+	s.mu.Unlock()
+	if errors.Is(err, fs.ErrNotExist) {
+		if empty {
+			return Intact, ""
+		}
+		return Missing, "removed"
+	}
+	if err == nil && last != nil && bytes.Equal(data, last) {
+		return Intact, ""
+	}
+	if err != nil {
+		return Changed, err.Error()
+	}
+	other, err := cdi.ParseSpec(data)
+	if err != nil || other.Kind != s.r.Kind.String() {
+		return Changed, "not our spec"
+	}
+	started, err := strconv.ParseInt(other.Annotations[StartedAnnotation], 10, 64)
+	if err == nil && started > s.w.started {
+		return Superseded, fmt.Sprintf("written by %q, started after us", other.Annotations[OwnerAnnotation])
+	}
+	return Changed, "changed by someone else"
+}
+
+// Watch signals changed (without blocking; one pending signal is enough)
+// whenever the spec file may have changed: created, written, removed,
+// renamed, its mode changed, or the directory itself removed. It returns
+// when ctx is done.
+func (s *Spec) Watch(ctx context.Context, changed chan<- struct{}) error {
+	w, err := inotify.New(inotify.EntryChanges | unix.IN_CLOSE_WRITE)
+	if err != nil {
+		return err
+	}
+	signal := func() {
+		select {
+		case changed <- struct{}{}:
+		default:
+		}
+	}
+	name := filepath.Base(s.path)
+	if err := makeDir(s.w.dir); err != nil { // none yet: no spec was written
+		_ = w.Close()
+		return fmt.Errorf("CDI dir: %w", err)
+	}
+	if err := w.Add(s.w.dir); err != nil {
+		_ = w.Close()
+		return err
+	}
+	evs := make(chan []inotify.Event)
+	errc := make(chan error, 1)
+	readerDone := make(chan struct{})
+	go func() {
+		defer close(readerDone)
+		buf := make([]byte, 64*1024)
+		for {
+			es, err := w.Read(buf)
+			if err != nil {
+				errc <- err
+				return
+			}
+			select {
+			case evs <- es:
+			case <-ctx.Done():
+			}
+		}
+	}()
+	defer func() {
+		_ = w.Close() // makes the reader's Read fail: it returns
+		<-readerDone
+	}()
+	retry := time.NewTimer(0)
+	retry.Stop()
+	backoff := 10 * time.Millisecond
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case err := <-errc:
+			return fmt.Errorf("watching %s: %w", s.w.dir, err)
+		case es := <-evs:
+			for _, e := range es {
+				if e.Name == name || e.Name == "" {
+					signal()
+				}
+			}
+			if !w.Watching(s.w.dir) {
+				// The directory went away: it comes back with our next
+				// write; watch it again then, and check once more.
+				backoff = 10 * time.Millisecond
+				retry.Reset(backoff)
+			}
+		case <-retry.C:
+			if err := w.Add(s.w.dir); err != nil {
+				backoff = min(2*backoff, time.Second)
+				retry.Reset(backoff)
+				continue
+			}
+			signal()
+		}
+	}
 }
 
 // RemoveStale deletes the specs in the directory that this owner wrote for
@@ -186,6 +451,9 @@ func (w *Writer) RemoveStale(keep []Kind) ([]string, error) {
 		kept[k.String()] = true
 	}
 	entries, err := os.ReadDir(w.dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -193,7 +461,7 @@ func (w *Writer) RemoveStale(keep []Kind) ([]string, error) {
 	var errs []error
 	for _, e := range entries {
 		ext := filepath.Ext(e.Name())
-		if e.IsDir() || (ext != ".json" && ext != ".yaml") {
+		if !e.Type().IsRegular() || (ext != ".json" && ext != ".yaml") {
 			continue
 		}
 		p := filepath.Join(w.dir, e.Name())
@@ -201,7 +469,7 @@ func (w *Writer) RemoveStale(keep []Kind) ([]string, error) {
 		if err != nil || spec.Annotations[OwnerAnnotation] != w.owner || kept[spec.Kind] {
 			continue
 		}
-		if err := w.cache.RemoveSpec(e.Name()); err != nil {
+		if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			errs = append(errs, err)
 			continue
 		}

@@ -1,9 +1,11 @@
 package cdi
 
 import (
+	"errors"
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 
 	oci "github.com/opencontainers/runtime-spec/specs-go"
@@ -57,10 +59,7 @@ func TestRoundTrip(t *testing.T) {
 	if err != nil {
 		t.Skipf("cannot create device nodes here (%v): run as root", err)
 	}
-	w, err := NewWriter(cdiDir, "test-plugin")
-	if err != nil {
-		t.Fatal(err)
-	}
+	w := NewWriter(cdiDir, "test-plugin", 1)
 	res := testResource(t)
 	if err := w.Write(res, snap); err != nil {
 		t.Fatal(err)
@@ -72,7 +71,7 @@ func TestRoundTrip(t *testing.T) {
 	if fi.Mode().Perm() != 0o644 {
 		t.Fatalf("spec mode %v, want 0644", fi.Mode().Perm())
 	}
-	if tmps, _ := filepath.Glob(filepath.Join(cdiDir, "*.tmp")); len(tmps) != 0 {
+	if tmps, _ := filepath.Glob(filepath.Join(cdiDir, ".*.tmp-*")); len(tmps) != 0 {
 		t.Fatalf("temp files left: %v", tmps)
 	}
 
@@ -124,10 +123,7 @@ func TestRoundTrip(t *testing.T) {
 
 func TestRewriteAndRemoveStale(t *testing.T) {
 	dir := t.TempDir()
-	w, err := NewWriter(dir, "me")
-	if err != nil {
-		t.Fatal(err)
-	}
+	w := NewWriter(dir, "me", 1)
 	snap := func(n int) *device.Snapshot {
 		s := &device.Snapshot{Replicas: 1}
 		for i := 0; i < n; i++ {
@@ -144,7 +140,7 @@ func TestRewriteAndRemoveStale(t *testing.T) {
 		}
 	}
 	// Somebody else's spec in the same directory.
-	other, _ := NewWriter(dir, "someone-else")
+	other := NewWriter(dir, "someone-else", 1)
 	oKind, _ := NewKind("vendor.com", "gpu")
 	if err := other.Write(Resource{Name: "vendor.com/gpu", Kind: oKind}, snap(1)); err != nil {
 		t.Fatal(err)
@@ -172,17 +168,72 @@ func TestRewriteAndRemoveStale(t *testing.T) {
 	if err != nil || len(s.Devices) != 3 {
 		t.Fatalf("rewritten spec: %v", err)
 	}
-	if err := w.Remove(a.Kind); err != nil {
+}
+
+// TestCheck tells our own spec from one removed, changed, or written by a
+// process that started after us.
+func TestCheck(t *testing.T) {
+	dir := t.TempDir()
+	snap := &device.Snapshot{Devices: []device.Device{{Name: "fpga-0", HostPath: "/dev/null", ContainerPath: "/dev/fpga-0", Type: device.Char, Major: 1, Minor: 3}}}
+	res := testResource(t)
+	w := NewWriter(dir, "ns/plugin", 100)
+	s := w.Spec(res)
+	if st, _ := s.Check(); st != Missing {
+		t.Fatalf("before the first write: %v", st)
+	}
+	if err := s.Write(snap); err != nil {
 		t.Fatal(err)
 	}
-	if err := w.Remove(a.Kind); err != nil {
-		t.Fatalf("removing a missing spec: %v", err)
+	if st, why := s.Check(); st != Intact {
+		t.Fatalf("after our write: %v %s", st, why)
+	}
+	older := NewWriter(dir, "ns/plugin", 50)
+	if err := older.Write(res, snap); err != nil {
+		t.Fatal(err)
+	}
+	if st, _ := s.Check(); st != Changed {
+		t.Fatalf("written by an older process: %v", st)
+	}
+	if err := os.WriteFile(s.Path(), []byte("{}"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if st, _ := s.Check(); st != Changed {
+		t.Fatalf("garbage: %v", st)
+	}
+	newer := NewWriter(dir, "other-ns/plugin", 200)
+	if err := newer.Write(res, snap); err != nil {
+		t.Fatal(err)
+	}
+	if st, why := s.Check(); st != Superseded || !strings.Contains(why, "other-ns/plugin") {
+		t.Fatalf("written by a newer process: %v %s", st, why)
+	}
+}
+
+// TestWriteRefusesMissingMountSource: the spec never names a state
+// directory that does not exist.
+func TestWriteRefusesMissingMountSource(t *testing.T) {
+	dir, state := t.TempDir(), t.TempDir()
+	res := testResource(t)
+	res.StateRoot = state
+	w := NewWriter(dir, "me", 1)
+	snap := &device.Snapshot{Devices: []device.Device{{Name: "fpga-0", HostPath: "/dev/null", ContainerPath: "/dev/fpga-0", Type: device.Char, Major: 1, Minor: 3}}}
+	if err := w.Write(res, snap); !errors.Is(err, ErrMissingPath) {
+		t.Fatalf("got %v, want ErrMissingPath", err)
+	}
+	if _, err := os.Stat(w.Path(res.Kind)); !os.IsNotExist(err) {
+		t.Fatalf("spec written: %v", err)
+	}
+	if err := os.Mkdir(filepath.Join(state, "fpga-0"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Write(res, snap); err != nil {
+		t.Fatal(err)
 	}
 }
 
 func TestBuildSpecRejectsBadName(t *testing.T) {
 	snap := &device.Snapshot{Devices: []device.Device{{Name: "bad/name", Type: device.Char, Major: 1, ContainerPath: "/dev/x"}}}
-	if _, err := BuildSpec("me", testResource(t), snap); err == nil {
+	if _, err := BuildSpec("me", 1, testResource(t), snap); err == nil {
 		t.Fatal("accepted an invalid device name")
 	}
 }

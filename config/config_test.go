@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cdi-device-plugin/cdi-device-plugin/device"
+	"github.com/sirupsen/logrus"
 )
 
 func envOf(m map[string]string) Env {
@@ -28,7 +28,7 @@ func writeFile(t *testing.T, body string) string {
 }
 
 func TestDefaultsFromSimpleEnv(t *testing.T) {
-	cfg, _, err := Load(nil, envOf(nil), io.Discard)
+	cfg, err := Load(nil, envOf(nil), io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -36,7 +36,7 @@ func TestDefaultsFromSimpleEnv(t *testing.T) {
 		cfg.CDIDir != DefaultCDIDir || cfg.DevRoot != DefaultDevRoot || cfg.StateDir != DefaultStateDir {
 		t.Fatalf("defaults: %+v", cfg)
 	}
-	if !reflect.DeepEqual(cfg.DeviceListStrategy, []string{StrategyCDICRI}) {
+	if !reflect.DeepEqual(cfg.DeviceListStrategy, Strategies{StrategyCDICRI}) || cfg.Level != logrus.InfoLevel || cfg.Version != Version {
 		t.Fatalf("strategy %v", cfg.DeviceListStrategy)
 	}
 	if len(cfg.Resources) != 1 {
@@ -51,7 +51,7 @@ func TestDefaultsFromSimpleEnv(t *testing.T) {
 }
 
 func TestSimpleEnvVars(t *testing.T) {
-	cfg, _, err := Load(nil, envOf(map[string]string{
+	cfg, err := Load(nil, envOf(map[string]string{
 		"PLUGIN_NAME": "fpga-plugin", "RESOURCE_NAME": "acme.io/fpga", "NUMBER_DEVICES": "8",
 		"DEVICE_ID_PREFIX": "fpga", "ANNOTATION_PREFIX": "acme.io/fpga", "ENV_PREFIX": "FPGA",
 		"DEVICE_FILE_PREFIX": "acme/fpga", "NODE_NAME": "node-1",
@@ -63,12 +63,6 @@ func TestSimpleEnvVars(t *testing.T) {
 	if cfg.PluginName != "fpga-plugin" || cfg.NodeName != "node-1" || r.Name != "acme.io/fpga" || r.DeviceCount() != 8 ||
 		r.IDPrefix != "fpga" || r.AnnotationPrefix != "acme.io/fpga" || r.EnvPrefix != "FPGA" || r.DeviceFilePrefix != "acme/fpga" {
 		t.Fatalf("%+v %+v", cfg, r)
-	}
-	if got := device.DeviceID(r.IDPrefix, cfg.NodeName, "3"); got != "fpga-node-1-3" {
-		t.Fatalf("id %q", got)
-	}
-	if got := device.DeviceID(r.IDPrefix, "", "3"); got != "fpga-3" {
-		t.Fatalf("id %q", got)
 	}
 }
 
@@ -83,7 +77,7 @@ resources:
   count: 3
 `)
 	env := envOf(map[string]string{"CONFIG_FILE": file, "CDI_DIR": "/env/cdi", "DEV_ROOT": "/env/dev"})
-	cfg, _, err := Load([]string{"--cdi-dir=/flag/cdi"}, env, io.Discard)
+	cfg, err := Load([]string{"--cdi-dir=/flag/cdi"}, env, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -91,7 +85,7 @@ resources:
 		{cfg.CDIDir, "/flag/cdi"},                     // flag beats env and file
 		{cfg.DevRoot, "/env/dev"},                     // env beats file
 		{cfg.StateDir, "/file/state"},                 // file beats default
-		{cfg.LogLevel, "debug"},                       // file
+		{cfg.Level.String(), "debug"},                 // file
 		{cfg.DevicePluginDir, DefaultDevicePluginDir}, // default
 	} {
 		if c.got != c.want {
@@ -120,11 +114,12 @@ resources:
 - name: example.com/tun
   hostDevices: ["/dev/net/tun"]
 `)
-	cfg, _, err := Load([]string{"--config", file}, envOf(nil), io.Discard)
+	cfg, err := Load([]string{"--config", file}, envOf(nil), io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(cfg.Resources) != 2 || !cfg.Has(StrategyDeviceSpecs) || cfg.Has(StrategyCDIAnnotations) {
+	if len(cfg.Resources) != 2 || !cfg.DeviceListStrategy.Includes(StrategyDeviceSpecs) || cfg.DeviceListStrategy.Includes(StrategyCDIAnnotations) ||
+		!cfg.DeviceListStrategy.AnyCDI() {
 		t.Fatalf("%+v", cfg)
 	}
 	a, b := cfg.Resources[0], cfg.Resources[1]
@@ -134,8 +129,8 @@ resources:
 	if b.Simulated() || b.DeviceCount() != 0 {
 		t.Fatalf("%+v", b)
 	}
-	if g, err := HostGlob(b.HostDevices[0]); err != nil || g != "net/tun" {
-		t.Fatalf("glob %q %v", g, err)
+	if !reflect.DeepEqual(b.HostGlobs, []string{"net/tun"}) || a.Domain != "example.com" || a.Class != "fpga" || a.DeviceNode.Type.CDI() != "c" {
+		t.Fatalf("parsed: globs %q, domain %q, class %q", b.HostGlobs, a.Domain, a.Class)
 	}
 }
 
@@ -165,7 +160,6 @@ func TestValidationErrors(t *testing.T) {
 		{name: "log format", env: map[string]string{"LOG_FORMAT": "xml"}, field: "log-format", value: "xml"},
 		{name: "strategy", args: []string{"--device-list-strategy", "cdi-cri,magic"}, field: "device-list-strategy", value: "magic"},
 		{name: "node name", env: map[string]string{"NODE_NAME": "Node_1"}, field: "node-name", value: "Node_1"},
-		{name: "long socket dir", args: []string{"--device-plugin-dir", "/" + strings.Repeat("d", 100)}, field: "device-plugin-dir", value: "/" + strings.Repeat("d", 100)},
 		{name: "missing file", args: []string{"--config", "/nonexistent/config.yaml"}, field: "config", value: "/nonexistent/config.yaml"},
 		{name: "unknown field", file: "resources:\n- name: example.com/a\n  cuont: 3\n", field: "config"},
 		{name: "no resources", file: "cdiDir: /x\n", field: "resources"},
@@ -189,11 +183,24 @@ func TestValidationErrors(t *testing.T) {
 		{name: "step timeout over budget", file: "resources:\n- name: example.com/a\n  prestart:\n    budget: 5s\n    steps: [{type: reset, timeout: 6s}]\n", field: "resources[0].prestart.steps[0].timeout", value: "6s"},
 		{name: "timeout not a string", file: "resources:\n- name: example.com/a\n  prestart:\n    steps: [{type: reset, timeout: 5}]\n", field: "config"},
 		{name: "exec relative command", file: "resources:\n- name: example.com/a\n  prestart:\n    steps: [{type: exec, command: [fpga-init]}]\n", field: "resources[0].prestart.steps[0].command", value: "fpga-init"},
-		{name: "exec bad template", file: "resources:\n- name: example.com/a\n  prestart:\n    steps: [{type: exec, command: [/bin/echo, \"{{.Serial}}\"]}]\n", field: "resources[0].prestart.steps[0].command"},
 		{name: "exec env name", file: "resources:\n- name: example.com/a\n  prestart:\n    steps: [{type: exec, command: [/bin/true], env: {A-B: x}}]\n", field: "resources[0].prestart.steps[0].env", value: "A-B"},
 		{name: "image on reset", file: "resources:\n- name: example.com/a\n  prestart:\n    steps: [{type: reset, image: /x}]\n", field: "resources[0].prestart.steps[0].type", value: "reset"},
 		{name: "reset on host devices", file: "resources:\n- name: example.com/a\n  hostDevices: [fuse]\n  prestart:\n    steps: [{type: reset}]\n", field: "resources[0].prestart.steps[0].type", value: "reset"},
 		{name: "onFailure", file: "resources:\n- name: example.com/a\n  prestart:\n    onFailure: panic\n    steps: [{type: reset}]\n", field: "resources[0].prestart.onFailure", value: "panic"},
+		{name: "recovery reset without a reset step", file: "resources:\n- name: example.com/a\n  hostDevices: [fuse]\n  prestart:\n    recovery: reset\n    steps: [{type: exec, command: [/bin/true]}]\n", field: "resources[0].prestart.recovery", value: "reset"},
+		{name: "recovery", file: "resources:\n- name: example.com/a\n  prestart:\n    recovery: sometimes\n    steps: [{type: reset}]\n", field: "resources[0].prestart.recovery", value: "sometimes"},
+		{name: "recovery interval", file: "resources:\n- name: example.com/a\n  prestart:\n    recoveryInterval: 2h\n    steps: [{type: reset}]\n", field: "resources[0].prestart.recoveryInterval", value: "2h0m0s"},
+		{name: "pod namespace", env: map[string]string{"POD_NAMESPACE": "Not_A_Namespace"}, field: "POD_NAMESPACE", value: "Not_A_Namespace"},
+		{name: "metrics address", env: map[string]string{"METRICS_ADDRESS": "9400"}, field: "metrics-address", value: "9400"},
+		{name: "pod resources socket", args: []string{"--pod-resources-socket", "kubelet.sock"}, field: "pod-resources-socket", value: "kubelet.sock"},
+		{name: "config version", file: "version: v2\nresources:\n- name: example.com/a\n", field: "version", value: "v2"},
+		{name: "negative count in file", file: "resources:\n- name: example.com/a\n  count: -3\n", field: "resources[0].count", value: "-3"},
+		{name: "huge count in file", file: "resources:\n- name: example.com/a\n  count: 4294967296\n", field: "resources[0].count"},
+		{name: "huge replicas", file: "resources:\n- name: example.com/a\n  replicas: 1000000\n", field: "resources[0].replicas", value: "1000000"},
+		{name: "state dir escapes", args: []string{"--state-dir", "/var/lib/x/../../etc"}, field: "state-dir", value: "/var/lib/x/../../etc"},
+		{name: "file prefix escapes in file", file: "resources:\n- name: example.com/a\n  deviceFilePrefix: a/../../b\n", field: "resources[0].deviceFilePrefix", value: "a/../../b"},
+		{name: "resource name with a space", file: "resources:\n- name: example.com/a b\n", field: "resources[0].name", value: "example.com/a b"},
+		{name: "NUL in a name", env: map[string]string{"RESOURCE_NAME": "example.com/a\x00b"}, field: "RESOURCE_NAME", value: "example.com/a\x00b"},
 		{name: "class starts with digit", file: "resources:\n- name: example.com/9a\n", field: "resources[0].name", value: "example.com/9a"},
 	}
 	for _, c := range cases {
@@ -205,7 +212,7 @@ func TestValidationErrors(t *testing.T) {
 			if c.file != "" {
 				env["CONFIG_FILE"] = writeFile(t, c.file)
 			}
-			_, _, err := Load(c.args, envOf(env), io.Discard)
+			_, err := Load(c.args, envOf(env), io.Discard)
 			if err == nil {
 				t.Fatal("no error")
 			}
@@ -230,16 +237,17 @@ func TestValidationErrors(t *testing.T) {
 }
 
 func TestPrestartDefaults(t *testing.T) {
-	cfg, _, err := Load(nil, envOf(nil), io.Discard)
+	cfg, err := Load(nil, envOf(nil), io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
 	p := cfg.Resources[0].Prestart
 	if p == nil || len(p.Steps) != 2 || p.Steps[0].Type != StepReset || p.Steps[1].Type != StepReprogram || p.Steps[1].Image != "" ||
-		p.Budget.Duration != 25*time.Second || p.OnFailure != "unhealthy" || p.Recovery != "reset" {
+		p.Budget.Duration != 25*time.Second || p.OnFailure != "unhealthy" || p.Recovery != "auto" ||
+		p.RecoveryInterval.Duration != 30*time.Second {
 		t.Fatalf("env mode default: %+v", p)
 	}
-	cfg, _, err = Load(nil, envOf(map[string]string{"PRESTART_STEPS": "none"}), io.Discard)
+	cfg, err = Load(nil, envOf(map[string]string{"PRESTART_STEPS": "none"}), io.Discard)
 	if err != nil || cfg.Resources[0].Prestart != nil {
 		t.Fatalf("none: %+v %v", cfg.Resources[0].Prestart, err)
 	}
@@ -254,7 +262,7 @@ resources:
     steps:
     - {type: exec, command: [/usr/bin/fpga-init, "--dev={{.HostPath}}"], env: {MODE: fast}, timeout: 2s}
 `)
-	cfg, _, err = Load([]string{"--config", file}, envOf(nil), io.Discard)
+	cfg, err = Load([]string{"--config", file}, envOf(nil), io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -268,10 +276,10 @@ resources:
 }
 
 func TestVersionAndHelp(t *testing.T) {
-	if _, v, err := Load([]string{"--version"}, envOf(nil), io.Discard); err != nil || !v {
-		t.Fatalf("version: %v %v", v, err)
+	if _, err := Load([]string{"--version"}, envOf(nil), io.Discard); !errors.Is(err, ErrVersion) {
+		t.Fatalf("version: %v", err)
 	}
-	if _, _, err := Load([]string{"-h"}, envOf(nil), io.Discard); !errors.Is(err, flag.ErrHelp) {
+	if _, err := Load([]string{"-h"}, envOf(nil), io.Discard); !errors.Is(err, flag.ErrHelp) {
 		t.Fatalf("help: %v", err)
 	}
 }

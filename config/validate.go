@@ -2,19 +2,16 @@ package config
 
 import (
 	"fmt"
+	"net"
 	"os"
 	"path"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
-	"time"
 
-	"github.com/cdi-device-plugin/cdi-device-plugin/cdi"
-	"github.com/cdi-device-plugin/cdi-device-plugin/device"
-	"github.com/cdi-device-plugin/cdi-device-plugin/prestart"
 	"github.com/sirupsen/logrus"
-	cdiapi "tags.cncf.io/container-device-interface/pkg/cdi"
 	"tags.cncf.io/container-device-interface/pkg/parser"
 )
 
@@ -24,41 +21,53 @@ var (
 	dnsLabelRe  = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`)
 	fileCompRe  = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9_.-]*$`)
 	qualifiedRe = regexp.MustCompile(`^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$`)
+	sha256Re    = regexp.MustCompile(`^[0-9a-fA-F]{64}$`)
+	indexRe     = regexp.MustCompile(`\[\d+\]`)
 )
 
-// envFieldNames maps resource fields to the environment variable that sets
-// them in the simple (config-file-less) mode, so errors name what the user
-// actually wrote.
-var envFieldNames = map[string]string{
-	"name":                  "RESOURCE_NAME",
-	"count":                 "NUMBER_DEVICES",
-	"idPrefix":              "DEVICE_ID_PREFIX",
-	"deviceFilePrefix":      "DEVICE_FILE_PREFIX",
-	"envPrefix":             "ENV_PREFIX",
-	"annotationPrefix":      "ANNOTATION_PREFIX",
-	"prestart.budget":       "PRESTART_BUDGET",
-	"prestart.steps.type":   "PRESTART_STEPS",
-	"prestart.steps.image":  "FIRMWARE_IMAGE",
-	"prestart.steps.sha256": "FIRMWARE_SHA256",
-}
-
-var indexRe = regexp.MustCompile(`\[\d+\]`)
-
-func (c *Config) resField(i int, name string) string {
+// ResourceField names field name (e.g. "prestart.steps[0].command") of
+// resource i as the user wrote it: resources[i].<name> in a config file,
+// the environment variable in the simple mode.
+func (c *Config) ResourceField(i int, name string) string {
 	if c.ConfigFile == "" {
-		if e, ok := envFieldNames[indexRe.ReplaceAllString(name, "")]; ok {
-			return e
+		bare := indexRe.ReplaceAllString(name, "")
+		for _, e := range simpleEnv {
+			if e.Field == bare {
+				return e.Name
+			}
 		}
 	}
 	return fmt.Sprintf("resources[%d].%s", i, name)
 }
 
-func (c *Config) defaultAndValidate() error {
-	def := func(p *string, v string) {
-		if *p == "" {
-			*p = v
-		}
+// oneOf checks that v is one of allowed.
+func oneOf[T ~string](field string, v T, allowed ...T) error {
+	if slices.Contains(allowed, v) {
+		return nil
 	}
+	names := make([]string, len(allowed))
+	for i, a := range allowed {
+		names[i] = string(a)
+	}
+	return fieldErr(field, string(v), "must be one of %s", strings.Join(names, ", "))
+}
+
+// cleanAbs checks that p is a clean absolute path.
+func cleanAbs(field, p string) error {
+	if !filepath.IsAbs(p) || path.Clean(p) != p {
+		return fieldErr(field, p, "must be a clean absolute path")
+	}
+	return nil
+}
+
+func def[T comparable](p *T, v T) {
+	var zero T
+	if *p == zero {
+		*p = v
+	}
+}
+
+func (c *Config) defaultAndValidate() error {
 	def(&c.PluginName, DefaultPluginName)
 	def(&c.DevicePluginDir, DefaultDevicePluginDir)
 	def(&c.CDIDir, DefaultCDIDir)
@@ -66,39 +75,49 @@ func (c *Config) defaultAndValidate() error {
 	def(&c.StateDir, DefaultStateDir)
 	def(&c.LogLevel, DefaultLogLevel)
 	def(&c.LogFormat, DefaultLogFormat)
+	def(&c.PodResourcesSocket, DefaultPodResourcesSocket)
 	if len(c.DeviceListStrategy) == 0 {
-		c.DeviceListStrategy = []string{StrategyCDICRI}
+		c.DeviceListStrategy = Strategies{StrategyCDICRI}
 	}
 
 	if !nameRe.MatchString(c.PluginName) || len(c.PluginName) > 63 {
 		return fieldErr("PLUGIN_NAME", c.PluginName, "must be 1-63 characters of letters, digits, '-', '_' or '.', starting and ending with a letter or digit")
 	}
-	for field, p := range map[string]string{
-		"device-plugin-dir": c.DevicePluginDir, "cdi-dir": c.CDIDir,
-		"dev-root": c.DevRoot, "state-dir": c.StateDir,
+	if c.Namespace != "" && (len(c.Namespace) > 63 || !dnsLabelRe.MatchString(c.Namespace)) {
+		return fieldErr("POD_NAMESPACE", c.Namespace, "must be a Kubernetes namespace name (a DNS label)")
+	}
+	for _, d := range []struct{ field, path string }{
+		{"device-plugin-dir", c.DevicePluginDir}, {"cdi-dir", c.CDIDir},
+		{"dev-root", c.DevRoot}, {"state-dir", c.StateDir}, {"pod-resources-socket", c.PodResourcesSocket},
 	} {
-		if !filepath.IsAbs(p) || filepath.Clean(p) != p {
-			return fieldErr(field, p, "must be a clean absolute path")
+		if err := cleanAbs(d.field, d.path); err != nil {
+			return err
 		}
 	}
 	if c.NodeName != "" && (len(c.NodeName) > 253 || !validDNSSubdomain(c.NodeName)) {
 		return fieldErr("node-name", c.NodeName, "must be a DNS subdomain (lowercase letters, digits, '-' and '.')")
 	}
-	if _, err := logrus.ParseLevel(c.LogLevel); err != nil {
+	if c.MetricsAddress != "" {
+		_, port, err := net.SplitHostPort(c.MetricsAddress)
+		if n, perr := strconv.Atoi(port); err != nil || perr != nil || n < 0 || n > 65535 {
+			return fieldErr("metrics-address", c.MetricsAddress, "must be host:port, like :9400 or 127.0.0.1:9400")
+		}
+	}
+	lvl, err := logrus.ParseLevel(c.LogLevel)
+	if err != nil {
 		return fieldErr("log-level", c.LogLevel, "must be one of trace, debug, info, warn, error")
 	}
-	if c.LogFormat != "text" && c.LogFormat != "json" {
-		return fieldErr("log-format", c.LogFormat, "must be text or json")
+	c.Level = lvl
+	if err := oneOf("log-format", c.LogFormat, LogText, LogJSON); err != nil {
+		return err
 	}
-	seenStrategy := map[string]bool{}
+	seenStrategy := map[Strategy]bool{}
 	for _, s := range c.DeviceListStrategy {
-		switch s {
-		case StrategyCDICRI, StrategyCDIAnnotations, StrategyDeviceSpecs:
-		default:
-			return fieldErr("device-list-strategy", s, "must be one of %s, %s, %s", StrategyCDICRI, StrategyCDIAnnotations, StrategyDeviceSpecs)
+		if err := oneOf("device-list-strategy", s, strategies...); err != nil {
+			return err
 		}
 		if seenStrategy[s] {
-			return fieldErr("device-list-strategy", s, "listed twice")
+			return fieldErr("device-list-strategy", string(s), "listed twice")
 		}
 		seenStrategy[s] = true
 	}
@@ -111,29 +130,21 @@ func (c *Config) defaultAndValidate() error {
 			return err
 		}
 		if j, dup := names[r.Name]; dup {
-			return fieldErr(c.resField(i, "name"), r.Name, "same resource as resources[%d]", j)
+			return fieldErr(c.ResourceField(i, "name"), r.Name, "same resource as resources[%d]", j)
 		}
 		names[r.Name] = i
 		if r.Simulated() {
 			if j, dup := files[r.DeviceFilePrefix]; dup {
-				return fieldErr(c.resField(i, "deviceFilePrefix"), r.DeviceFilePrefix, "same device files as resources[%d]", j)
+				return fieldErr(c.ResourceField(i, "deviceFilePrefix"), r.DeviceFilePrefix, "same device files as resources[%d]", j)
 			}
 			files[r.DeviceFilePrefix] = i
-		}
-		if c.Has(StrategyCDIAnnotations) {
-			if _, err := cdiapi.AnnotationKey(c.PluginName, r.Name); err != nil {
-				return fieldErr(c.resField(i, "name"), r.Name, "with PLUGIN_NAME %q gives no valid CDI annotation key for the %s strategy: %v", c.PluginName, StrategyCDIAnnotations, err)
-			}
-		}
-		if sock := filepath.Join(c.DevicePluginDir, SocketName(c.PluginName, r.Name, 1<<62)); len(sock) > maxSocketPath {
-			return fieldErr("device-plugin-dir", c.DevicePluginDir, "socket path %q would exceed %d bytes", sock, maxSocketPath)
 		}
 	}
 	return nil
 }
 
 func (c *Config) validateResource(i int, r *Resource) error {
-	f := func(name string) string { return c.resField(i, name) }
+	f := func(name string) string { return c.ResourceField(i, name) }
 	domain, class, ok := strings.Cut(r.Name, "/")
 	if !ok || !validDNSSubdomain(domain) || !qualifiedRe.MatchString(class) || len(class) > 63 {
 		return fieldErr(f("name"), r.Name, "must be <domain>/<name>, like example.com/fpga")
@@ -141,16 +152,17 @@ func (c *Config) validateResource(i int, r *Resource) error {
 	if domain == "kubernetes.io" || strings.HasSuffix(domain, ".kubernetes.io") {
 		return fieldErr(f("name"), r.Name, "the kubernetes.io domain is reserved")
 	}
-	if _, err := cdi.KindForResource(r.Name); err != nil {
+	// The name is the CDI class of the devices (their vendor is
+	// k8s.<domain>, always valid for a DNS domain).
+	if err := parser.ValidateClassName(class); err != nil {
 		return fieldErr(f("name"), r.Name, "does not give a valid CDI kind: %v", err)
 	}
+	r.Domain, r.Class = domain, class
 
 	if r.Replicas != nil && (*r.Replicas < 1 || *r.Replicas > MaxReplicas) {
 		return fieldErr(f("replicas"), strconv.Itoa(*r.Replicas), "must be between 1 and %d", MaxReplicas)
 	}
-	if r.IDPrefix == "" {
-		r.IDPrefix = DefaultIDPrefix
-	}
+	def(&r.IDPrefix, DefaultIDPrefix)
 	if !nameRe.MatchString(r.IDPrefix) {
 		return fieldErr(f("idPrefix"), r.IDPrefix, "must be letters, digits, '-', '_' or '.', starting and ending with a letter or digit")
 	}
@@ -164,84 +176,82 @@ func (c *Config) validateResource(i int, r *Resource) error {
 	}
 
 	if r.Simulated() {
-		if r.Count == nil {
-			n := DefaultNumberDevices
-			r.Count = &n
+		if err := validateSimulated(f, r); err != nil {
+			return err
 		}
-		if *r.Count < 1 || *r.Count > MaxCount {
-			return fieldErr(f("count"), strconv.Itoa(*r.Count), "must be between 1 and %d", MaxCount)
-		}
-		if r.DeviceFilePrefix == "" {
-			r.DeviceFilePrefix = r.IDPrefix
-		}
-		if err := ValidateRelPath(r.DeviceFilePrefix); err != nil {
-			return fieldErr(f("deviceFilePrefix"), r.DeviceFilePrefix, "%s", err)
-		}
-		switch r.DeviceNode.Type {
-		case "":
-			r.DeviceNode.Type = DefaultNodeType
-		case "char", "block":
-		default:
-			return fieldErr(f("deviceNode.type"), r.DeviceNode.Type, "must be char or block")
-		}
-		if r.DeviceNode.Major == nil {
-			m := DefaultNodeMajor
-			r.DeviceNode.Major = &m
-		}
-		if r.DeviceNode.Minor == nil {
-			m := DefaultNodeMinor
-			r.DeviceNode.Minor = &m
-		}
-		if *r.DeviceNode.Major == 0 || *r.DeviceNode.Major > 4095 {
-			return fieldErr(f("deviceNode.major"), strconv.FormatUint(uint64(*r.DeviceNode.Major), 10), "must be between 1 and 4095")
-		}
-		if *r.DeviceNode.Minor > 1<<20-1 {
-			return fieldErr(f("deviceNode.minor"), strconv.FormatUint(uint64(*r.DeviceNode.Minor), 10), "must be below 2^20")
-		}
-		if r.NUMANodes < 0 || r.NUMANodes > *r.Count {
-			return fieldErr(f("numaNodes"), strconv.Itoa(r.NUMANodes), "must be between 0 and count (%d)", *r.Count)
-		}
-	} else {
-		if r.Count != nil {
-			return fieldErr(f("count"), strconv.Itoa(*r.Count), "count and hostDevices exclude each other")
-		}
-		if r.DeviceFilePrefix != "" || r.DeviceNode != (DeviceNode{}) {
-			return fieldErr(f("hostDevices"), strings.Join(r.HostDevices, ","), "hostDevices exclude deviceFilePrefix and deviceNode")
-		}
-		if r.NUMANodes != 0 {
-			return fieldErr(f("numaNodes"), strconv.Itoa(r.NUMANodes), "simulated NUMA nodes apply to simulated devices only")
-		}
-		for j, g := range r.HostDevices {
-			if _, err := HostGlob(g); err != nil {
-				return fieldErr(fmt.Sprintf("%s[%d]", f("hostDevices"), j), g, "%s", err)
-			}
-		}
-	}
-	// The longest device ID must still be a valid CDI device name.
-	longest := device.DeviceID(r.IDPrefix, c.NodeName, strconv.Itoa(max(r.DeviceCount()-1, 0)))
-	if err := parser.ValidateDeviceName(longest); err != nil {
-		return fieldErr(f("idPrefix"), r.IDPrefix, "device IDs like %q are not valid CDI device names: %v", longest, err)
+	} else if err := validateHost(f, r); err != nil {
+		return err
 	}
 	if r.Prestart != nil {
-		if err := c.validatePrestart(f, r); err != nil {
+		if err := validatePrestart(f, r); err != nil {
 			return err
 		}
 	}
 	for j, m := range r.Mounts {
 		for _, p := range []struct{ name, v string }{{"hostPath", m.HostPath}, {"containerPath", m.ContainerPath}} {
-			if !path.IsAbs(p.v) || path.Clean(p.v) != p.v {
-				return fieldErr(fmt.Sprintf("%s[%d].%s", f("mounts"), j, p.name), p.v, "must be a clean absolute path")
+			if err := cleanAbs(fmt.Sprintf("%s[%d].%s", f("mounts"), j, p.name), p.v); err != nil {
+				return err
 			}
 		}
 	}
 	return nil
 }
 
-// SocketName is the socket file of one resource for a process started at
-// start (nanoseconds): unique per process start.
-func SocketName(plugin, resource string, start int64) string {
-	r := strings.NewReplacer("/", "_", ".", "_").Replace(resource)
-	return fmt.Sprintf("%s-%s-%d.sock", plugin, r, start)
+func validateSimulated(f func(string) string, r *Resource) error {
+	if r.Count == nil {
+		n := DefaultNumberDevices
+		r.Count = &n
+	}
+	if *r.Count < 1 || *r.Count > MaxCount {
+		return fieldErr(f("count"), strconv.Itoa(*r.Count), "must be between 1 and %d", MaxCount)
+	}
+	def(&r.DeviceFilePrefix, r.IDPrefix)
+	if err := ValidateRelPath(r.DeviceFilePrefix); err != nil {
+		return fieldErr(f("deviceFilePrefix"), r.DeviceFilePrefix, "%s", err)
+	}
+	def(&r.DeviceNode.Type, DefaultNodeType)
+	if err := oneOf(f("deviceNode.type"), r.DeviceNode.Type, NodeChar, NodeBlock); err != nil {
+		return err
+	}
+	if r.DeviceNode.Major == nil {
+		m := DefaultNodeMajor
+		r.DeviceNode.Major = &m
+	}
+	if r.DeviceNode.Minor == nil {
+		m := DefaultNodeMinor
+		r.DeviceNode.Minor = &m
+	}
+	if *r.DeviceNode.Major == 0 || *r.DeviceNode.Major > 4095 {
+		return fieldErr(f("deviceNode.major"), strconv.FormatUint(uint64(*r.DeviceNode.Major), 10), "must be between 1 and 4095")
+	}
+	if *r.DeviceNode.Minor > 1<<20-1 {
+		return fieldErr(f("deviceNode.minor"), strconv.FormatUint(uint64(*r.DeviceNode.Minor), 10), "must be below 2^20")
+	}
+	if r.NUMANodes < 0 || r.NUMANodes > *r.Count {
+		return fieldErr(f("numaNodes"), strconv.Itoa(r.NUMANodes), "must be between 0 and count (%d)", *r.Count)
+	}
+	return nil
+}
+
+func validateHost(f func(string) string, r *Resource) error {
+	if r.Count != nil {
+		return fieldErr(f("count"), strconv.Itoa(*r.Count), "count and hostDevices exclude each other")
+	}
+	if r.DeviceFilePrefix != "" || r.DeviceNode != (DeviceNode{}) {
+		return fieldErr(f("hostDevices"), strings.Join(r.HostDevices, ","), "hostDevices exclude deviceFilePrefix and deviceNode")
+	}
+	if r.NUMANodes != 0 {
+		return fieldErr(f("numaNodes"), strconv.Itoa(r.NUMANodes), "simulated NUMA nodes apply to simulated devices only")
+	}
+	r.HostGlobs = make([]string, len(r.HostDevices))
+	for j, g := range r.HostDevices {
+		rel, err := HostGlob(g)
+		if err != nil {
+			return fieldErr(fmt.Sprintf("%s[%d]", f("hostDevices"), j), g, "%s", err)
+		}
+		r.HostGlobs[j] = rel
+	}
+	return nil
 }
 
 // ValidateRelPath accepts a relative path made of plain components: no
@@ -303,78 +313,74 @@ func validAnnotationKey(k string) error {
 	return nil
 }
 
-var sha256Re = regexp.MustCompile(`^[0-9a-fA-F]{64}$`)
-
-// MaxBudget keeps a PreStartContainer call below the kubelet's 30 s limit.
-const MaxBudget = 29 * time.Second
-
-func (c *Config) validatePrestart(f func(string) string, r *Resource) error {
+func validatePrestart(f func(string) string, r *Resource) error {
 	p := r.Prestart
-	if p.Budget.Duration == 0 {
-		p.Budget.Duration = prestart.DefaultBudget
-	}
+	def(&p.Budget.Duration, DefaultBudget)
 	if p.Budget.Duration < 0 || p.Budget.Duration > MaxBudget {
 		return fieldErr(f("prestart.budget"), p.Budget.String(), "must be above 0 and at most %s (the kubelet allows 30s)", MaxBudget)
 	}
-	switch p.OnFailure {
-	case "":
-		p.OnFailure = "unhealthy"
-	case "unhealthy", "ignore":
-	default:
-		return fieldErr(f("prestart.onFailure"), p.OnFailure, "must be unhealthy or ignore")
+	def(&p.OnFailure, DefaultOnFailure)
+	if err := oneOf(f("prestart.onFailure"), p.OnFailure, OnFailureUnhealthy, OnFailureIgnore); err != nil {
+		return err
 	}
-	switch p.Recovery {
-	case "":
-		p.Recovery = "reset"
-	case "reset", "never":
-	default:
-		return fieldErr(f("prestart.recovery"), p.Recovery, "must be reset or never")
+	def(&p.Recovery, DefaultRecovery)
+	if err := oneOf(f("prestart.recovery"), p.Recovery, RecoverAuto, RecoverReset, RecoverNever); err != nil {
+		return err
+	}
+	if p.Recovery == RecoverReset && !p.HasReset() {
+		return fieldErr(f("prestart.recovery"), string(p.Recovery), "needs a step of type reset, which this resource does not have: the device could never recover (use auto: any successful preparation heals it)")
+	}
+	def(&p.RecoveryInterval.Duration, DefaultRecoveryInterval)
+	if p.RecoveryInterval.Duration < 0 || p.RecoveryInterval.Duration > MaxRecoveryInterval {
+		return fieldErr(f("prestart.recoveryInterval"), p.RecoveryInterval.String(), "must be above 0 and at most %s", MaxRecoveryInterval)
 	}
 	for j := range p.Steps {
-		s := &p.Steps[j]
-		field := func(name string) string { return f(fmt.Sprintf("prestart.steps[%d].%s", j, name)) }
-		if s.Timeout.Duration < 0 || s.Timeout.Duration > p.Budget.Duration {
-			return fieldErr(field("timeout"), s.Timeout.String(), "must be above 0 and at most the budget (%s)", p.Budget)
+		if err := validateStep(f, r, p, j); err != nil {
+			return err
 		}
-		switch s.Type {
-		case StepReset, StepReprogram:
-			if !r.Simulated() {
-				return fieldErr(field("type"), s.Type, "%s works on simulated devices; use exec for host devices", s.Type)
+	}
+	return nil
+}
+
+func validateStep(f func(string) string, r *Resource, p *Prestart, j int) error {
+	s := &p.Steps[j]
+	field := func(name string) string { return f(fmt.Sprintf("prestart.steps[%d].%s", j, name)) }
+	if s.Timeout.Duration < 0 || s.Timeout.Duration > p.Budget.Duration {
+		return fieldErr(field("timeout"), s.Timeout.String(), "must be above 0 and at most the budget (%s)", p.Budget)
+	}
+	def(&s.Timeout.Duration, DefaultStepTimeout)
+	if err := oneOf(field("type"), s.Type, StepReset, StepReprogram, StepExec); err != nil {
+		return err
+	}
+	if s.Type != StepExec && !r.Simulated() {
+		return fieldErr(field("type"), string(s.Type), "%s works on simulated devices; use exec for host devices", s.Type)
+	}
+	if s.Type != StepReprogram && (s.Image != "" || s.SHA256 != "" || s.Always) {
+		return fieldErr(field("type"), string(s.Type), "image, sha256 and always belong to reprogram steps")
+	}
+	if s.Type != StepExec && (len(s.Command) > 0 || len(s.Env) > 0) {
+		return fieldErr(field("type"), string(s.Type), "command and env belong to exec steps")
+	}
+	switch s.Type {
+	case StepReprogram:
+		if s.Image != "" {
+			if err := cleanAbs(field("image"), s.Image); err != nil {
+				return err
 			}
-		case StepExec:
-		default:
-			return fieldErr(field("type"), s.Type, "must be reset, reprogram or exec")
+			if fi, err := os.Stat(s.Image); err != nil || !fi.Mode().IsRegular() {
+				return fieldErr(field("image"), s.Image, "must be a readable regular file")
+			}
 		}
-		if s.Type != StepReprogram && (s.Image != "" || s.SHA256 != "" || s.Always) {
-			return fieldErr(field("type"), s.Type, "image, sha256 and always belong to reprogram steps")
+		if s.SHA256 != "" && !sha256Re.MatchString(s.SHA256) {
+			return fieldErr(field("sha256"), s.SHA256, "must be 64 hex digits")
 		}
-		if s.Type != StepExec && (len(s.Command) > 0 || len(s.Env) > 0) {
-			return fieldErr(field("type"), s.Type, "command and env belong to exec steps")
+	case StepExec:
+		if len(s.Command) == 0 || !filepath.IsAbs(s.Command[0]) {
+			return fieldErr(field("command"), strings.Join(s.Command, " "), "must start with an absolute path (no shell, no PATH lookup)")
 		}
-		if s.Type == StepReprogram {
-			if s.Image != "" {
-				if !filepath.IsAbs(s.Image) || filepath.Clean(s.Image) != s.Image {
-					return fieldErr(field("image"), s.Image, "must be a clean absolute path")
-				}
-				if fi, err := os.Stat(s.Image); err != nil || !fi.Mode().IsRegular() {
-					return fieldErr(field("image"), s.Image, "must be a readable regular file")
-				}
-			}
-			if s.SHA256 != "" && !sha256Re.MatchString(s.SHA256) {
-				return fieldErr(field("sha256"), s.SHA256, "must be 64 hex digits")
-			}
-		}
-		if s.Type == StepExec {
-			if len(s.Command) == 0 || !filepath.IsAbs(s.Command[0]) {
-				return fieldErr(field("command"), strings.Join(s.Command, " "), "must start with an absolute path (no shell, no PATH lookup)")
-			}
-			if _, err := prestart.NewExec(s.Command, s.Env, s.Timeout.Duration); err != nil {
-				return fieldErr(field("command"), strings.Join(s.Command, " "), "%v", err)
-			}
-			for k := range s.Env {
-				if !envNameRe.MatchString(k) {
-					return fieldErr(field("env"), k, "must be a valid shell variable name")
-				}
+		for k := range s.Env {
+			if !envNameRe.MatchString(k) {
+				return fieldErr(field("env"), k, "must be a valid shell variable name")
 			}
 		}
 	}

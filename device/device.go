@@ -12,7 +12,9 @@ import (
 type NodeType string
 
 const (
-	Char  NodeType = "c"
+	// Char is a character device.
+	Char NodeType = "c"
+	// Block is a block device.
 	Block NodeType = "b"
 )
 
@@ -25,7 +27,9 @@ type Device struct {
 	// Name is the physical device ID: the CDI device name and, without
 	// replicas, the ID advertised to the kubelet.
 	Name string
-	// Index is the device's position within the resource (stable).
+	// Index numbers the device within the resource: simulated device i has
+	// index i; host devices are numbered in order of first sight, and a
+	// device keeps its index for as long as the resource knows it.
 	Index int
 	// HostPath is the absolute path of the node on the host.
 	HostPath string
@@ -49,9 +53,9 @@ type Snapshot struct {
 	Replicas int
 }
 
-// DeviceID is the ID of a physical device: <prefix>-<node>-<suffix>, or
+// ID is the ID of a physical device: <prefix>-<node>-<suffix>, or
 // <prefix>-<suffix> without a node name.
-func DeviceID(prefix, node, suffix string) string {
+func ID(prefix, node, suffix string) string {
 	if node == "" {
 		return prefix + "-" + suffix
 	}
@@ -78,13 +82,18 @@ func SameDevices(a, b *Snapshot) bool {
 		return false
 	}
 	for i := range a.Devices {
-		x, y := a.Devices[i], b.Devices[i]
-		x.Healthy, x.Reason, y.Healthy, y.Reason = false, "", false, ""
-		if x != y {
+		if !SameDevice(a.Devices[i], b.Devices[i]) {
 			return false
 		}
 	}
 	return true
+}
+
+// SameDevice reports whether a and b describe the same device (name,
+// index, paths, node, NUMA), ignoring health.
+func SameDevice(a, b Device) bool {
+	a.Healthy, a.Reason, b.Healthy, b.Reason = false, "", false, ""
+	return a == b
 }
 
 // Equal reports whether a and b are the same including health.

@@ -3,12 +3,16 @@ package device
 import (
 	"context"
 	"errors"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
 	"golang.org/x/sys/unix"
+	"tags.cncf.io/container-device-interface/pkg/parser"
 )
 
 // needMknod skips when the test cannot create device nodes (not root).
@@ -105,7 +109,7 @@ func TestEnsureNodeRefusesSymlinkedParent(t *testing.T) {
 	}
 }
 
-func newSim(t *testing.T, root string, n int, numa int) *Source {
+func newSim(t *testing.T, root string, n, numa int) *Source {
 	t.Helper()
 	s, err := NewSource(Options{DevRoot: root, IDPrefix: "sim", NodeName: "node1", Count: n, FilePrefix: "sim", Type: Char, Major: 1, Minor: 3, NUMANodes: numa, Replicas: 1})
 	if err != nil {
@@ -255,5 +259,172 @@ func TestSendLatest(t *testing.T) {
 	}
 	if v := <-ch; v != 5 {
 		t.Fatalf("got %d, want the latest", v)
+	}
+}
+
+// waitSnap reads snapshots from out until cond holds.
+func waitSnap(t *testing.T, s *Source, out <-chan *Snapshot, d time.Duration, what string, cond func(*Snapshot) bool) {
+	t.Helper()
+	deadline := time.After(d)
+	for {
+		select {
+		case snap := <-out:
+			if cond(snap) {
+				return
+			}
+		case <-deadline:
+			t.Fatalf("%s: last snapshot %+v", what, s.Snapshot().Devices)
+		}
+	}
+}
+
+func runSource(t *testing.T, s *Source) <-chan *Snapshot {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	out := make(chan *Snapshot, 1)
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx, out) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	})
+	return out
+}
+
+func mknodAt(t *testing.T, p string, major, minor uint32) {
+	t.Helper()
+	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mknod(p, unix.S_IFCHR|0o666, int(unix.Mkdev(major, minor))); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestWildcardDirectoriesWatched (issue 8 item 6): a glob with wildcard
+// directories sees nodes come and go in every matching directory,
+// including directories created after start.
+func TestWildcardDirectoriesWatched(t *testing.T) {
+	needMknod(t)
+	root := t.TempDir()
+	mknodAt(t, filepath.Join(root, "bus0", "n0"), 4, 64)
+	if err := os.Mkdir(filepath.Join(root, "bus1"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	s, err := NewSource(Options{DevRoot: root, IDPrefix: "b", HostGlobs: []string{"bus*/n*"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Prepare(); err != nil {
+		t.Fatal(err)
+	}
+	out := runSource(t, s)
+	has := func(path string, healthy bool) func(*Snapshot) bool {
+		return func(snap *Snapshot) bool {
+			return slices.ContainsFunc(snap.Devices, func(d Device) bool { return d.ContainerPath == path && d.Healthy == healthy })
+		}
+	}
+	mknodAt(t, filepath.Join(root, "bus1", "n1"), 4, 65)
+	waitSnap(t, s, out, 2*time.Second, "node in an existing wildcard directory", has("/dev/bus1/n1", true))
+	if err := os.Remove(filepath.Join(root, "bus0", "n0")); err != nil {
+		t.Fatal(err)
+	}
+	waitSnap(t, s, out, 2*time.Second, "node removed", has("/dev/bus0/n0", false))
+	if err := os.Mkdir(filepath.Join(root, "bus2"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(50 * time.Millisecond) // the new directory is seen before the node
+	mknodAt(t, filepath.Join(root, "bus2", "n2"), 4, 66)
+	waitSnap(t, s, out, 2*time.Second, "node in a new wildcard directory", has("/dev/bus2/n2", true))
+}
+
+// TestHostIDsInjective (item 7): distinct paths give distinct, valid IDs;
+// a path without '_' or ':' keeps the ID it always had.
+func TestHostIDsInjective(t *testing.T) {
+	needMknod(t)
+	root := t.TempDir()
+	for _, p := range []string{"net/tun", "net_tun", "a_/b", "a/_b", "c:d", "c_d"} {
+		mknodAt(t, filepath.Join(root, p), 10, 200)
+	}
+	s, err := NewSource(Options{DevRoot: root, IDPrefix: "x", HostGlobs: []string{"net/tun", "net_tun", "a_/b", "a/_b", "c:d", "c_d"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	snap, err := s.Prepare()
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]string{}
+	for _, d := range snap.Devices {
+		if prev, dup := seen[d.Name]; dup {
+			t.Fatalf("%s and %s both have ID %q", prev, d.ContainerPath, d.Name)
+		}
+		seen[d.Name] = d.ContainerPath
+		if err := parser.ValidateDeviceName(d.Name); err != nil {
+			t.Fatalf("%s: %v", d.Name, err)
+		}
+	}
+	if len(snap.Devices) != 6 || seen["x-net_tun"] != "/dev/net/tun" {
+		t.Fatalf("%v", seen)
+	}
+}
+
+// TestRegistry: host devices keep IDs and indexes across sources (plugin
+// restarts); a corrupt registry is set aside, an unknown version refused,
+// and entries the configuration no longer gives are dropped without their
+// index being given to anyone else.
+func TestRegistry(t *testing.T) {
+	needMknod(t)
+	root := t.TempDir()
+	reg := filepath.Join(t.TempDir(), "resources", "serial.json")
+	src := func(globs ...string) (*Source, *Snapshot, error) {
+		s, err := NewSource(Options{DevRoot: root, IDPrefix: "ser", HostGlobs: globs, Registry: reg})
+		if err != nil {
+			t.Fatal(err)
+		}
+		snap, err := s.Prepare()
+		return s, snap, err
+	}
+	index := func(snap *Snapshot) map[string]int {
+		m := map[string]int{}
+		for _, d := range snap.Devices {
+			m[d.ContainerPath] = d.Index
+		}
+		return m
+	}
+	mknodAt(t, filepath.Join(root, "ttyR3"), 4, 67)
+	mknodAt(t, filepath.Join(root, "ttyS0"), 4, 70)
+	if _, snap, err := src("ttyR*", "ttyS*"); err != nil || !maps.Equal(index(snap), map[string]int{"/dev/ttyR3": 0, "/dev/ttyS0": 1}) {
+		t.Fatalf("%v %v", index(snap), err)
+	}
+	mknodAt(t, filepath.Join(root, "ttyR1"), 4, 65)
+	_, snap, err := src("ttyR*", "ttyS*")
+	if err != nil || !maps.Equal(index(snap), map[string]int{"/dev/ttyR3": 0, "/dev/ttyS0": 1, "/dev/ttyR1": 2}) {
+		t.Fatalf("after restart with a new device: %v %v", index(snap), err)
+	}
+	// ttyS* is no longer configured: ttyS0 is forgotten, its index is not
+	// reused.
+	mknodAt(t, filepath.Join(root, "ttyR0"), 4, 64)
+	_, snap, err = src("ttyR*")
+	if err != nil || !maps.Equal(index(snap), map[string]int{"/dev/ttyR3": 0, "/dev/ttyR1": 2, "/dev/ttyR0": 3}) {
+		t.Fatalf("after dropping a glob: %v %v", index(snap), err)
+	}
+
+	if err := os.WriteFile(reg, []byte(`{"version": 7, "devices": []}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := src("ttyR*"); !errors.Is(err, ErrRegistryVersion) || !strings.Contains(err.Error(), reg) {
+		t.Fatalf("unknown version: %v", err)
+	}
+	if err := os.WriteFile(reg, []byte("{garbage"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, snap, err := src("ttyR*"); err != nil || len(snap.Devices) != 3 {
+		t.Fatalf("corrupt registry: %+v %v", snap, err)
+	}
+	if kept, err := os.ReadFile(reg + ".corrupt"); err != nil || string(kept) != "{garbage" {
+		t.Fatalf("corrupt registry not kept aside: %q %v", kept, err)
 	}
 }

@@ -77,7 +77,8 @@ func EnsureNode(root, rel string, t NodeType, major, minor uint32) (bool, error)
 	if err != nil {
 		return false, err
 	}
-	if nodeStatus(p, t, major, minor) == "" {
+	status := nodeStatus(p, t, major, minor)
+	if status == "" {
 		return false, nil
 	}
 	if err := mkdirInRoot(root, filepath.Dir(rel)); err != nil {
@@ -86,6 +87,23 @@ func EnsureNode(root, rel string, t NodeType, major, minor uint32) (bool, error)
 	mode := uint32(unix.S_IFCHR)
 	if t == Block {
 		mode = unix.S_IFBLK
+	}
+	if status == "missing" {
+		// Nothing to replace: create it in place (nobody uses it before
+		// the spec names it), then give it the mode we promise (mknod
+		// honours the umask).
+		if err := unix.Mknod(p, mode|nodeMode, int(unix.Mkdev(major, minor))); err != nil && !errors.Is(err, unix.EEXIST) {
+			return false, fmt.Errorf("mknod %s: %w", p, err)
+		} else if err == nil {
+			if err := unix.Chmod(p, nodeMode); err != nil {
+				return false, fmt.Errorf("chmod %s: %w", p, err)
+			}
+			return true, nil
+		}
+		// Created by someone else meanwhile: check and replace it below.
+		if nodeStatus(p, t, major, minor) == "" {
+			return false, nil
+		}
 	}
 	tmp := filepath.Join(filepath.Dir(p), "."+filepath.Base(p)+".tmp-"+strconv.Itoa(os.Getpid()))
 	_ = os.Remove(tmp)
@@ -130,15 +148,15 @@ func mkdirInRoot(root, rel string) error {
 // hostNode stats a host device node at p. Symlinks are followed, but the
 // target must stay inside root.
 func hostNode(root, p string) (NodeType, uint32, uint32, error) {
-	real, err := filepath.EvalSymlinks(p)
+	target, err := filepath.EvalSymlinks(p)
 	if err != nil {
 		return "", 0, 0, err
 	}
-	if !strings.HasPrefix(real, root+string(os.PathSeparator)) {
-		return "", 0, 0, fmt.Errorf("%q resolves to %q: %w", p, real, ErrEscape)
+	if !strings.HasPrefix(target, root+string(os.PathSeparator)) {
+		return "", 0, 0, fmt.Errorf("%q resolves to %q: %w", p, target, ErrEscape)
 	}
 	var st unix.Stat_t
-	if err := unix.Stat(real, &st); err != nil {
+	if err := unix.Stat(target, &st); err != nil {
 		return "", 0, 0, err
 	}
 	t, ok := nodeType(st.Mode)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"sort"
@@ -14,7 +13,16 @@ import (
 
 	"github.com/sirupsen/logrus"
 	"tags.cncf.io/container-device-interface/pkg/parser"
+
+	"github.com/cdi-device-plugin/cdi-device-plugin/internal/atomicfile"
+	"github.com/cdi-device-plugin/cdi-device-plugin/internal/inotify"
+	"github.com/cdi-device-plugin/cdi-device-plugin/internal/logs"
 )
+
+// ErrDeviceName is returned by NewSource when the device IDs it would make
+// are not valid CDI device names (an ID prefix or node name the CDI
+// library refuses).
+var ErrDeviceName = errors.New("not a valid CDI device name")
 
 // Options configure the source of one resource.
 type Options struct {
@@ -36,6 +44,10 @@ type Options struct {
 
 	// HostGlobs, relative to DevRoot: existing nodes to expose instead.
 	HostGlobs []string
+	// Registry, when set, is the file where the host devices ever seen are
+	// remembered (ID, index, node), so that IDs and indexes stay stable
+	// and vanished devices stay known across restarts.
+	Registry string
 
 	Log *logrus.Entry
 }
@@ -50,8 +62,11 @@ type Source struct {
 	mu      sync.Mutex
 	current *Snapshot
 	// host devices ever seen, by relative path: a vanished one stays
-	// (unhealthy) so that IDs the kubelet holds remain known.
+	// (unhealthy) so that IDs the kubelet holds remain known. Indexes are
+	// given in order of first sight and never reused.
 	known map[string]Device
+	// nextIndex is the index the next new host device gets.
+	nextIndex int
 	// faults reported by others (a failed preparation), by device name.
 	faults map[string]string
 	// poke asks Run to publish after a fault changed.
@@ -72,20 +87,30 @@ func NewSource(o Options) (*Source, error) {
 		o.Replicas = 1
 	}
 	if o.Log == nil {
-		l := logrus.New()
-		l.SetOutput(io.Discard)
-		o.Log = logrus.NewEntry(l)
+		o.Log = logs.Discard()
 	}
 	if len(o.HostGlobs) == 0 && o.Count < 1 {
 		return nil, errors.New("a source needs a count or host globs")
 	}
+	// The longest ID must be a valid CDI device name (host device IDs are
+	// checked one by one as they appear).
+	longest := ID(o.IDPrefix, o.NodeName, strconv.Itoa(max(o.Count-1, 0)))
+	if err := parser.ValidateDeviceName(longest); err != nil {
+		return nil, fmt.Errorf("device IDs like %q: %w: %w", longest, ErrDeviceName, err)
+	}
 	return &Source{opts: o, root: root, log: o.Log, known: map[string]Device{}, faults: map[string]string{}, poke: make(chan struct{}, 1)}, nil
 }
 
-// Prepare creates the simulated nodes (idempotently) and returns the first
-// snapshot.
+// Prepare creates the simulated nodes (idempotently), or loads the host
+// devices seen before, and returns the first snapshot.
 func (s *Source) Prepare() (*Snapshot, error) {
+	if len(s.opts.HostGlobs) > 0 {
+		if err := s.loadRegistry(); err != nil {
+			return nil, err
+		}
+	}
 	if len(s.opts.HostGlobs) == 0 {
+		created := 0
 		for i := 0; i < s.opts.Count; i++ {
 			rel := s.simRel(i)
 			wrote, err := EnsureNode(s.root, rel, s.opts.Type, s.opts.Major, s.opts.Minor)
@@ -93,8 +118,12 @@ func (s *Source) Prepare() (*Snapshot, error) {
 				return nil, fmt.Errorf("device node %s: %w", rel, err)
 			}
 			if wrote {
-				s.log.WithField("device", s.deviceName(strconv.Itoa(i))).Infof("created device node %s", filepath.Join(s.root, rel))
+				created++
+				s.log.WithField("device", s.deviceName(strconv.Itoa(i))).Debugf("created device node %s", filepath.Join(s.root, rel))
 			}
+		}
+		if created > 0 {
+			s.log.WithField("created", created).WithField("devices", s.opts.Count).Info("device nodes created or repaired")
 		}
 	}
 	return s.Refresh(), nil
@@ -137,10 +166,19 @@ func (s *Source) Snapshot() *Snapshot {
 	return s.current
 }
 
+// TempPattern is the glob of the temp nodes a killed run may have left
+// beside the simulated nodes; "" for host devices.
+func (s *Source) TempPattern() string {
+	if s.opts.Count == 0 {
+		return ""
+	}
+	return atomicfile.TempPattern(filepath.Join(s.root, s.opts.FilePrefix+"-*"))
+}
+
 func (s *Source) simRel(i int) string { return s.opts.FilePrefix + "-" + strconv.Itoa(i) }
 
 func (s *Source) deviceName(suffix string) string {
-	return DeviceID(s.opts.IDPrefix, s.opts.NodeName, suffix)
+	return ID(s.opts.IDPrefix, s.opts.NodeName, suffix)
 }
 
 // scan builds a snapshot from the disk as it is now, and the faults.
@@ -189,11 +227,12 @@ func (s *Source) scanHost(snap *Snapshot) *Snapshot {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	seen := map[string]bool{}
+	changed := false
 	for _, g := range s.opts.HostGlobs {
 		matches, _ := filepath.Glob(filepath.Join(s.root, g))
 		for _, m := range matches {
 			rel, err := filepath.Rel(s.root, m)
-			if err != nil || strings.HasPrefix(rel, "..") {
+			if err != nil || strings.HasPrefix(rel, "..") || seen[rel] {
 				continue
 			}
 			t, major, minor, err := hostNode(s.root, m)
@@ -203,44 +242,87 @@ func (s *Source) scanHost(snap *Snapshot) *Snapshot {
 				}
 				continue
 			}
-			name := s.deviceName(strings.NewReplacer("/", "_").Replace(rel))
-			if err := parser.ValidateDeviceName(name); err != nil {
-				s.log.WithError(err).Warnf("skipping host device %s: no valid device name", m)
-				continue
+			d, ok := s.known[rel]
+			if !ok {
+				name := s.deviceName(HostSuffix(rel))
+				if err := parser.ValidateDeviceName(name); err != nil {
+					s.log.WithError(err).Warnf("skipping host device %s: no valid device name", m)
+					continue
+				}
+				d = Device{Name: name, Index: s.nextIndex, HostPath: m, ContainerPath: filepath.Join(s.opts.ContainerDevRoot, rel), NUMANode: NoNUMA}
+				s.nextIndex++
 			}
 			seen[rel] = true
-			s.known[rel] = Device{
-				Name: name, HostPath: m, ContainerPath: filepath.Join(s.opts.ContainerDevRoot, rel),
-				Type: t, Major: major, Minor: minor, NUMANode: NoNUMA, Healthy: true,
+			if !ok || d.Type != t || d.Major != major || d.Minor != minor {
+				d.Type, d.Major, d.Minor = t, major, minor
+				s.known[rel] = d
+				changed = true
 			}
 		}
 	}
-	rels := make([]string, 0, len(s.known))
-	for rel := range s.known {
-		rels = append(rels, rel)
+	if changed {
+		s.saveRegistry()
 	}
-	sort.Strings(rels)
-	for i, rel := range rels {
-		d := s.known[rel]
-		d.Index = i
+	snap.Devices = make([]Device, 0, len(s.known))
+	for rel, d := range s.known {
 		d.Healthy, d.Reason = seen[rel], ""
 		if !d.Healthy {
 			d.Reason = "missing"
 		}
 		snap.Devices = append(snap.Devices, d)
 	}
+	sort.Slice(snap.Devices, func(i, j int) bool { return snap.Devices[i].Index < snap.Devices[j].Index })
 	return snap
 }
 
-// watchDirs are the directories whose entries decide the snapshot.
+// HostSuffix turns a host device path relative to the dev root into the
+// last part of its device ID, injectively: '/' becomes '_', and the
+// characters that could make two paths look alike are escaped with ':'
+// ('_' as ":_", ':' as "::"). net/tun gives net_tun, net_tun gives net:_tun.
+func HostSuffix(rel string) string {
+	if !strings.ContainsAny(rel, "/_:") {
+		return rel
+	}
+	// Byte by byte: a name that is not UTF-8 keeps its bytes (ranging
+	// over runes would turn every invalid byte into U+FFFD, and two such
+	// paths into one ID).
+	var b strings.Builder
+	for i := 0; i < len(rel); i++ {
+		switch c := rel[i]; c {
+		case '/':
+			b.WriteByte('_')
+		case '_':
+			b.WriteString(":_")
+		case ':':
+			b.WriteString("::")
+		default:
+			b.WriteByte(c)
+		}
+	}
+	return b.String()
+}
+
+// watchDirs are the directories whose entries decide the snapshot: the dev
+// root, the directory of the simulated nodes, and for host globs every
+// existing directory that a directory part of the glob matches, at every
+// depth (for bus*/n*: the root, and every bus* directory).
 func (s *Source) watchDirs() []string {
 	dirs := map[string]bool{s.root: true}
 	if len(s.opts.HostGlobs) == 0 {
 		dirs[filepath.Dir(filepath.Join(s.root, s.opts.FilePrefix))] = true
 	}
 	for _, g := range s.opts.HostGlobs {
-		if d := filepath.Dir(g); !strings.ContainsAny(d, `*?[\`) {
-			dirs[filepath.Join(s.root, d)] = true
+		parts := strings.Split(filepath.Dir(g), string(os.PathSeparator))
+		for k := 1; k <= len(parts); k++ {
+			if parts[0] == "." {
+				break
+			}
+			matches, _ := filepath.Glob(filepath.Join(s.root, filepath.Join(parts[:k]...)))
+			for _, m := range matches {
+				if fi, err := os.Lstat(m); err == nil && fi.IsDir() {
+					dirs[m] = true
+				}
+			}
 		}
 	}
 	out := make([]string, 0, len(dirs))
@@ -255,17 +337,16 @@ func (s *Source) watchDirs() []string {
 // or their health change, until ctx is done. Only the latest snapshot
 // matters, so a consumer that falls behind gets the newest one.
 func (s *Source) Run(ctx context.Context, out chan *Snapshot) error {
-	w, err := newDirWatcher()
+	w, err := inotify.New(inotify.EntryChanges)
 	if err != nil {
 		return err
 	}
-	defer w.close()
 	addWatches := func() {
 		for _, d := range s.watchDirs() {
-			if w.watching(d) {
+			if w.Watching(d) {
 				continue
 			}
-			if err := w.add(d); err != nil && !errors.Is(err, os.ErrNotExist) {
+			if err := w.Add(d); err != nil && !errors.Is(err, os.ErrNotExist) {
 				s.log.WithError(err).Warn("cannot watch directory")
 			}
 		}
@@ -273,17 +354,23 @@ func (s *Source) Run(ctx context.Context, out chan *Snapshot) error {
 	addWatches()
 	if s.Snapshot() == nil {
 		if _, err := s.Prepare(); err != nil {
+			_ = w.Close()
 			return err
 		}
 	}
 	// A change between Prepare and the watch being in place is caught here.
 	s.publish(out)
 
+	// The reader ends when the watcher is closed; it is joined before Run
+	// returns.
 	events := make(chan error, 1)
+	var wg sync.WaitGroup
+	wg.Add(1)
 	go func() {
+		defer wg.Done()
 		buf := make([]byte, 64*1024)
 		for {
-			if err := w.read(buf); err != nil {
+			if _, err := w.Read(buf); err != nil {
 				select {
 				case events <- err:
 				case <-ctx.Done(): // Run is gone; the close caused this
@@ -295,6 +382,10 @@ func (s *Source) Run(ctx context.Context, out chan *Snapshot) error {
 			default: // a rescan is already pending
 			}
 		}
+	}()
+	defer func() {
+		_ = w.Close()
+		wg.Wait()
 	}()
 	for {
 		select {

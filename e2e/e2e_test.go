@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -40,13 +41,15 @@ func TestE2E(t *testing.T) {
 		f    func(t *testing.T)
 	}{
 		{"1-daemonset-capacity", func(t *testing.T) { node = c.scenarioDaemonSet(t) }},
-		{"2-pod-sees-its-devices", func(t *testing.T) { c.scenarioPod(t, node) }},
+		{"2-pod-sees-its-devices", func(t *testing.T) { c.scenarioPod(t) }},
 		{"3-prestart-state", func(t *testing.T) { c.scenarioPrestart(t) }},
 		{"4-kubelet-restart", func(t *testing.T) { c.scenarioKubeletRestart(t, node) }},
 		{"5-plugin-restart", func(t *testing.T) { c.scenarioPluginRestart(t, node) }},
 		{"6-device-failure", func(t *testing.T) { c.scenarioDeviceFailure(t, node) }},
 		{"7-exhaustion", func(t *testing.T) { c.scenarioExhaustion(t) }},
 		{"8-bad-config", func(t *testing.T) { c.scenarioBadConfig(t, node) }},
+		{"9-spec-restored", func(t *testing.T) { c.scenarioSpecRestored(t) }},
+		{"10-node-reboot", func(t *testing.T) { c.scenarioReboot(t, node) }},
 	}
 	for _, s := range steps {
 		if !t.Run(s.name, s.f) {
@@ -91,8 +94,14 @@ func (c *cluster) teardown(t *testing.T) {
 		}
 		return true, ""
 	})
-	if _, err := c.nodeSh("rm -rf /dev/" + idPrefix + "-* /dev/e2e-cfg-* " + specFile + " /var/run/cdi/k8s.e2e.cdi.dev-cfg.json " +
-		"/var/lib/cdi-device-plugin/devices/" + idPrefix + "-* /var/lib/cdi-device-plugin/devices/e2e-cfg-* " + cfgMountHost); err != nil {
+	if c.pluginHost != "" {
+		if out, err := hostSh(c.pluginHost + " stop"); err != nil {
+			t.Errorf("stop the host plugin: %v\n%s", err, out)
+		}
+	}
+	if _, err := c.nodeSh("rm -rf /dev/" + idPrefix + "-* /dev/e2e-cfg-* /dev/" + hostIDPrefix + "-* " + specFile + " /var/run/cdi/k8s.e2e.cdi.dev-cfg.json " +
+		hostSpecFile + " /var/lib/cdi-device-plugin/devices/" + idPrefix + "-* /var/lib/cdi-device-plugin/devices/e2e-cfg-* " +
+		"/var/lib/cdi-device-plugin/devices/" + hostIDPrefix + "-* " + cfgMountHost); err != nil {
 		t.Errorf("node cleanup: %v", err)
 	}
 }
@@ -153,7 +162,7 @@ func (c *cluster) scenarioDaemonSet(t *testing.T) string {
 
 // Scenario 2: a pod asking for 2 devices sees exactly them, with the env,
 // mounts and annotations of the CDI spec and of Allocate.
-func (c *cluster) scenarioPod(t *testing.T, node string) {
+func (c *cluster) scenarioPod(t *testing.T) {
 	c.createPod(t, c.testPod("p2", 2))
 	pod := c.waitRunning(t, "p2", 0, 3*time.Minute)
 	ids := c.devicesOf(t, "p2")
@@ -452,8 +461,8 @@ func (c *cluster) scenarioExhaustion(t *testing.T) {
 		if err != nil {
 			return false, err.Error()
 		}
-		for _, e := range ev.Items {
-			if e.Reason == "FailedScheduling" && strings.Contains(e.Message, "Insufficient "+resourceName) {
+		for i := range ev.Items {
+			if e := &ev.Items[i]; e.Reason == "FailedScheduling" && strings.Contains(e.Message, "Insufficient "+resourceName) {
 				return true, ""
 			}
 		}
@@ -556,4 +565,212 @@ func (c *cluster) scenarioBadConfig(t *testing.T, node string) {
 	}
 	c.deletePod(t, "p8")
 	c.deploy(t, "delete", badVars(cfg))
+}
+
+// Scenario 9: our CDI spec removed or emptied by someone else on the node
+// is written back at once, and a container restart (which resolves the CDI
+// names the kubelet checkpointed, without asking the plugin again) gets
+// its devices.
+func (c *cluster) scenarioSpecRestored(t *testing.T) {
+	ids := c.devicesOf(t, "p2")
+	_, restarts := containerOf(t, c, "p2")
+	want := c.readSpec(t)
+	for _, damage := range []string{"rm -f " + specFile, ": > " + specFile} {
+		// Damage, then poll every 10 ms for a complete spec again.
+		out := c.mustNodeSh(t, `t0=$(date +%s%N); `+damage+`; i=0
+while ! grep -q '"devices"' `+specFile+` 2>/dev/null; do i=$((i+1)); [ $i -lt 1000 ] || exit 1; sleep 0.01; done
+echo $(( ($(date +%s%N) - t0) / 1000 ))`)
+		t.Logf("%q: spec back after %s µs", damage, strings.TrimSpace(out))
+		if got := c.readSpec(t); got.Kind != want.Kind || len(got.Devices) != len(want.Devices) {
+			t.Fatalf("restored spec: kind %q with %d devices, want %q with %d", got.Kind, len(got.Devices), want.Kind, len(want.Devices))
+		}
+	}
+	c.mustExec(t, "p2", "touch /tmp/exit")
+	c.waitRunning(t, "p2", restarts+1, 2*time.Minute)
+	if got := c.devicesOf(t, "p2"); !slices.Equal(got, ids) {
+		t.Errorf("p2 devices %v after the restart, were %v", got, ids)
+	}
+	c.stillUsable(t, "p2", ids)
+}
+
+// The host-mode deployment of scenario 10: the plugin binary run on the
+// node as a host process, started before containerd and the kubelet.
+const (
+	hostResource = "e2e.cdi.dev/host"
+	hostIDPrefix = "e2e-host"
+	hostEnv      = "HOST"
+	hostSpecFile = "/var/run/cdi/k8s.e2e.cdi.dev-host.json"
+)
+
+// initPod is a pod whose init container holds a host device and appends
+// the device's generation to a file that the main container shows.
+func (c *cluster) initPod(name string) *corev1.Pod {
+	p := c.testPodOf(name, hostResource, 0)
+	p.Spec.Containers[0].Resources = corev1.ResourceRequirements{}
+	p.Spec.Containers[0].VolumeMounts = []corev1.VolumeMount{{Name: "shared", MountPath: "/shared"}}
+	p.Spec.Volumes = []corev1.Volume{{Name: "shared", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}}
+	p.Spec.InitContainers = []corev1.Container{{
+		Name:            "init",
+		Image:           c.testImage,
+		ImagePullPolicy: corev1.PullIfNotPresent,
+		Command: []string{"sh", "-c", `for d in ` + stateRoot + `/*/; do
+  sed -n 's/.*"generation": *\([0-9]*\).*/\1/p' "$d/state.json"; done >> /shared/init-generations`},
+		Resources:    corev1.ResourceRequirements{Limits: corev1.ResourceList{hostResource: *resource.NewQuantity(1, resource.DecimalSI)}},
+		VolumeMounts: []corev1.VolumeMount{{Name: "shared", MountPath: "/shared"}},
+	}}
+	return p
+}
+
+// initGenerations returns the generations of its device that the init
+// container of an initPod saw, one per run.
+func (c *cluster) initGenerations(t *testing.T, name string) []int64 {
+	t.Helper()
+	var gens []int64
+	for _, f := range strings.Fields(c.mustExec(t, name, "cat /shared/init-generations")) {
+		g, err := strconv.ParseInt(f, 10, 64)
+		if err != nil {
+			t.Fatalf("%s: init generations: %v", name, err)
+		}
+		gens = append(gens, g)
+	}
+	if len(gens) == 0 {
+		t.Fatalf("%s: the init container recorded no generation", name)
+	}
+	return gens
+}
+
+// admissionErrors lists the UnexpectedAdmissionError events of the pod.
+func (c *cluster) admissionErrors(name string) []string {
+	ev, err := c.cs.CoreV1().Events(podNS).List(context.Background(), metav1.ListOptions{FieldSelector: "involvedObject.name=" + name})
+	if err != nil {
+		return []string{err.Error()}
+	}
+	var out []string
+	for i := range ev.Items {
+		if e := &ev.Items[i]; e.Reason == "UnexpectedAdmissionError" {
+			out = append(out, e.Message)
+		}
+	}
+	return out
+}
+
+// generations reads the generation of each device's state, as the
+// container sees it now.
+func (c *cluster) generations(t *testing.T, name string) map[string]int64 {
+	t.Helper()
+	out := c.mustExec(t, name, "for d in "+stateRoot+"/*/; do cat \"$d/state.json\"; echo; done")
+	g := map[string]int64{}
+	for id, st := range parseStates(t, out) {
+		g[id] = st.Generation
+	}
+	return g
+}
+
+// Scenario 10: a node reboot (simulated: everything stops; mounts,
+// containerd's state, the CDI specs and the simulated /dev nodes are
+// gone; then the host plugin, containerd and the kubelet start, in that
+// order). Host mode: the pods that held devices (a bare pod, a pod whose
+// init container holds one) run again with the same devices, prepared
+// again, never rejected at admission. DaemonSet mode: a Deployment's pod
+// is replaced and runs with a device; the bare pod p2, re-admitted before
+// the plugin pod could register, is rejected by the kubelet.
+func (c *cluster) scenarioReboot(t *testing.T, node string) {
+	if c.reboot == "" || c.pluginHost == "" {
+		t.Skip("E2E_REBOOT and E2E_PLUGIN_HOST are not set: no reboot on this cluster")
+	}
+	vars := []string{"PLUGIN_NAME=cdi-e2e-host", "RESOURCE_NAME=" + hostResource, "NUMBER_DEVICES=4",
+		"DEVICE_ID_PREFIX=" + hostIDPrefix, "ENV_PREFIX=" + hostEnv, "LOG_LEVEL=debug", "NODE_NAME=" + node}
+	if out, err := hostSh(c.pluginHost + " start " + strings.Join(vars, " ")); err != nil {
+		t.Fatalf("start the host plugin: %v\n%s", err, out)
+	}
+	c.waitAllocatableOf(t, node, hostResource, 4, time.Minute)
+	c.createPod(t, c.testPodOf("h1", hostResource, 2))
+	c.createPod(t, c.initPod("h2"))
+	deploy := c.testPod("d1", 1)
+	one := int32(1)
+	if _, err := c.cs.AppsV1().Deployments(podNS).Create(context.Background(), &appsv1.Deployment{
+		ObjectMeta: metav1.ObjectMeta{Name: "d1", Namespace: podNS},
+		Spec: appsv1.DeploymentSpec{
+			Replicas: &one,
+			Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "d1"}},
+			Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{"app": "d1"}}, Spec: deploy.Spec},
+		},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	c.waitRunning(t, "h1", 0, 2*time.Minute)
+	c.waitRunning(t, "h2", 0, 2*time.Minute)
+	d1 := c.deploymentPod(t, "d1", "")
+	held := c.devicesOfEnv(t, "h1", hostEnv)
+	gen := c.generations(t, "h1")
+	initGens := c.initGenerations(t, "h2")
+	_, h1Restarts := containerOf(t, c, "h1")
+	_, h2Restarts := containerOf(t, c, "h2")
+
+	t0 := time.Now()
+	if out, err := hostSh(c.reboot); err != nil {
+		t.Fatalf("reboot: %v\n%s", err, out)
+	}
+	t.Logf("simulated reboot: kubelet started again after %v", time.Since(t0).Round(time.Millisecond))
+	t1 := time.Now()
+
+	// Host mode: the same pods run again, with the same devices, prepared again.
+	c.waitRunning(t, "h1", h1Restarts+1, 3*time.Minute)
+	t.Logf("host mode: h1 running again %v after the kubelet started", time.Since(t1).Round(time.Millisecond))
+	c.waitRunning(t, "h2", h2Restarts+1, 3*time.Minute)
+	if got := c.devicesOfEnv(t, "h1", hostEnv); !slices.Equal(got, held) {
+		t.Errorf("h1 devices %v after the reboot, were %v", got, held)
+	}
+	for id, g := range c.generations(t, "h1") {
+		if g <= gen[id] {
+			t.Errorf("h1 device %s: generation %d, was %d: not prepared again", id, g, gen[id])
+		}
+	}
+	if after := c.initGenerations(t, "h2"); len(after) <= len(initGens) || after[len(after)-1] <= initGens[len(initGens)-1] {
+		t.Errorf("h2's init container: generations %v, were %v: not run again on a prepared device", after, initGens)
+	}
+	for _, p := range []string{"h1", "h2"} {
+		if errs := c.admissionErrors(p); len(errs) > 0 {
+			t.Errorf("%s: %v", p, errs)
+		}
+	}
+
+	// DaemonSet mode.
+	c.waitAllocatable(t, node, numDevices, 3*time.Minute)
+	d1b := c.deploymentPod(t, "d1", d1)
+	t.Logf("DaemonSet mode: the Deployment's pod %s replaced %s, running %v after the kubelet started", d1b, d1, time.Since(t1).Round(time.Millisecond))
+	eventually(t, 2*time.Minute, "p2 rejected at admission", func() (bool, string) {
+		p, err := c.getPod("p2")
+		if err != nil {
+			return false, err.Error()
+		}
+		return p.Status.Phase == corev1.PodFailed && p.Status.Reason == "UnexpectedAdmissionError",
+			fmt.Sprintf("phase %s, reason %q, message %q", p.Status.Phase, p.Status.Reason, p.Status.Message)
+	})
+	p2, _ := c.getPod("p2")
+	t.Logf("DaemonSet mode: bare pod p2 %s: %s", p2.Status.Reason, p2.Status.Message)
+}
+
+// deploymentPod waits for a running, ready pod of the deployment other
+// than not, and returns its name.
+func (c *cluster) deploymentPod(t *testing.T, app, not string) string {
+	t.Helper()
+	var name string
+	eventually(t, 3*time.Minute, "a running pod of "+app, func() (bool, string) {
+		l, err := c.cs.CoreV1().Pods(podNS).List(context.Background(), metav1.ListOptions{LabelSelector: "app=" + app})
+		if err != nil {
+			return false, err.Error()
+		}
+		var states []string
+		for i := range l.Items {
+			p := &l.Items[i]
+			states = append(states, p.Name+":"+string(p.Status.Phase))
+			if p.Name != not && p.DeletionTimestamp == nil && len(p.Status.ContainerStatuses) == 1 && p.Status.ContainerStatuses[0].Ready {
+				name = p.Name
+				return true, ""
+			}
+		}
+		return false, strings.Join(states, " ")
+	})
+	return name
 }

@@ -18,6 +18,13 @@
 //	E2E_RESTART_KUBELET  a shell command that restarts the node's kubelet (required)
 //	E2E_RUNTIME_STATE    containerd's state directory on the node, where the
 //	                     OCI bundles of running containers live (required)
+//	E2E_PLUGIN_HOST      a shell command that runs the plugin on the node as a
+//	                     host process: "... start VAR=VALUE..." and "... stop"
+//	                     (optional: without it and E2E_REBOOT the reboot
+//	                     scenario is skipped)
+//	E2E_REBOOT           a shell command that simulates a node reboot and
+//	                     starts the host plugin, containerd and the kubelet
+//	                     again, in that order (optional)
 //	E2E_ARTIFACTS        where logs and objects are saved when a test fails
 package e2e
 
@@ -76,6 +83,8 @@ type cluster struct {
 	nodeShell      []string
 	restartKubelet string
 	runtimeState   string
+	pluginHost     string
+	reboot         string
 	artifacts      string
 	repo           string
 }
@@ -112,6 +121,8 @@ func newCluster(t *testing.T) *cluster {
 		nodeShell:      strings.Fields(os.Getenv("E2E_NODE_SHELL")),
 		restartKubelet: mustEnv(t, "E2E_RESTART_KUBELET"),
 		runtimeState:   mustEnv(t, "E2E_RUNTIME_STATE"),
+		pluginHost:     os.Getenv("E2E_PLUGIN_HOST"),
+		reboot:         os.Getenv("E2E_REBOOT"),
 		artifacts:      os.Getenv("E2E_ARTIFACTS"),
 	}
 	if c.kubectl == "" {
@@ -215,8 +226,13 @@ func (c *cluster) nodeResource(ctx context.Context, node, res string) (capacity,
 
 func (c *cluster) waitAllocatable(t *testing.T, node string, want int64, timeout time.Duration) time.Duration {
 	t.Helper()
-	return eventually(t, timeout, fmt.Sprintf("allocatable %s = %d on %s", resourceName, want, node), func() (bool, string) {
-		_, a, err := c.nodeResource(context.Background(), node, resourceName)
+	return c.waitAllocatableOf(t, node, resourceName, want, timeout)
+}
+
+func (c *cluster) waitAllocatableOf(t *testing.T, node, res string, want int64, timeout time.Duration) time.Duration {
+	t.Helper()
+	return eventually(t, timeout, fmt.Sprintf("allocatable %s = %d on %s", res, want, node), func() (bool, string) {
+		_, a, err := c.nodeResource(context.Background(), node, res)
 		if err != nil {
 			return false, err.Error()
 		}
@@ -249,6 +265,11 @@ func (c *cluster) logs(ctx context.Context, ns, pod string, previous bool) (stri
 // /tmp/exit exists, then exits 1 (so that a restart can be triggered from
 // exec without signals).
 func (c *cluster) testPod(name string, n int) *corev1.Pod {
+	return c.testPodOf(name, resourceName, n)
+}
+
+// testPodOf is testPod asking for n devices of resource res.
+func (c *cluster) testPodOf(name, res string, n int) *corev1.Pod {
 	script := `mkdir -p /tmp
 for d in ` + stateRoot + `/*/; do cat "$d/state.json" 2>/dev/null; echo; done > /tmp/state-at-start
 while [ ! -e /tmp/exit ]; do sleep 0.2; done
@@ -267,7 +288,7 @@ exit 1`
 				ImagePullPolicy: corev1.PullIfNotPresent,
 				Command:         []string{"sh", "-c", script},
 				Resources: corev1.ResourceRequirements{
-					Limits: corev1.ResourceList{corev1.ResourceName(resourceName): *resource.NewQuantity(int64(n), resource.DecimalSI)},
+					Limits: corev1.ResourceList{corev1.ResourceName(res): *resource.NewQuantity(int64(n), resource.DecimalSI)},
 				},
 			}},
 		},
@@ -395,9 +416,15 @@ func (c *cluster) specDevices(t *testing.T) []string {
 // inside the container, sorted.
 func (c *cluster) devicesOf(t *testing.T, name string) []string {
 	t.Helper()
-	out := strings.TrimSpace(c.mustExec(t, name, "echo $"+envPrefix+"_DEVICES"))
+	return c.devicesOfEnv(t, name, envPrefix)
+}
+
+// devicesOfEnv is devicesOf for a resource with another env prefix.
+func (c *cluster) devicesOfEnv(t *testing.T, name, prefix string) []string {
+	t.Helper()
+	out := strings.TrimSpace(c.mustExec(t, name, "echo $"+prefix+"_DEVICES"))
 	if out == "" {
-		t.Fatalf("pod %s: %s_DEVICES is empty", name, envPrefix)
+		t.Fatalf("pod %s: %s_DEVICES is empty", name, prefix)
 	}
 	ids := strings.Split(out, ",")
 	sort.Strings(ids)
@@ -462,7 +489,8 @@ func (c *cluster) saveArtifacts(t *testing.T, namespaces ...string) {
 		if ev, err := c.cs.CoreV1().Events(ns).List(ctx, metav1.ListOptions{}); err == nil {
 			write(ns+"-events.json", ev)
 		}
-		for _, p := range pods.Items {
+		for i := range pods.Items {
+			p := &pods.Items[i]
 			for _, prev := range []bool{false, true} {
 				if l, err := c.logs(ctx, ns, p.Name, prev); err == nil && l != "" {
 					write(fmt.Sprintf("%s-%s-previous=%v.log", ns, p.Name, prev), l)

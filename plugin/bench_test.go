@@ -6,6 +6,7 @@ import (
 
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
+	"github.com/cdi-device-plugin/cdi-device-plugin/config"
 	"github.com/cdi-device-plugin/cdi-device-plugin/device"
 )
 
@@ -13,7 +14,7 @@ func benchPlugin(b *testing.B, n, numa, replicas int) (*Plugin, []string) {
 	b.Helper()
 	snap := snapshot(n, numa, replicas)
 	p, err := New(Options{ResourceName: resourceName, PluginName: "bench", Dir: b.TempDir(), SocketName: "b.sock",
-		Kind: testKind(b), CDICRI: true, CDIAnnotations: true, EnvPrefix: "SIM", AnnotationPrefix: "example.com/sim"}, snap)
+		Kind: testKind(b), Strategies: config.Strategies{config.StrategyCDICRI, config.StrategyCDIAnnotations}, EnvPrefix: "SIM", AnnotationPrefix: "example.com/sim"}, snap)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -37,6 +38,21 @@ func BenchmarkAllocate8(b *testing.B) {
 	}
 }
 
+// BenchmarkAllocate10000IDs: 8 IDs (2 devices' replicas and 6 others)
+// out of 10,000 (2,500 devices × 4 replicas): the answer must not grow
+// with the number of devices.
+func BenchmarkAllocate10000IDs(b *testing.B) {
+	p, ids := benchPlugin(b, 2500, 4, 4)
+	req := &pluginapi.AllocateRequest{ContainerRequests: []*pluginapi.ContainerAllocateRequest{{DevicesIds: []string{
+		ids[0], ids[1], ids[4], ids[5], ids[2000], ids[4000], ids[8000], ids[9999]}}}}
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := p.Allocate(context.Background(), req); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
 func BenchmarkPreferredAllocation(b *testing.B) {
 	for _, c := range []struct {
 		name                 string
@@ -44,6 +60,9 @@ func BenchmarkPreferredAllocation(b *testing.B) {
 	}{
 		{"8dev-2numa-size2", 8, 2, 1, 2},
 		{"64dev-4numa-4rep-size8", 64, 4, 4, 8},
+		// 10,000 IDs available, as with a config of 2,500 devices × 4.
+		{"2500dev-4numa-4rep-size4", 2500, 4, 4, 4},
+		{"2500dev-4numa-4rep-size64", 2500, 4, 4, 64},
 	} {
 		b.Run(c.name, func(b *testing.B) {
 			p, ids := benchPlugin(b, c.n, c.numa, c.replicas)
@@ -65,6 +84,17 @@ func BenchmarkUpdate(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		if err := p.Update(snap); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func BenchmarkPreferred10k(b *testing.B) {
+	p, ids := benchPlugin(b, 2500, 2, 4)
+	v := p.state.Load()
+	b.ResetTimer()
+	for b.Loop() {
+		if _, err := preferred(v, ids, nil, 8); err != nil {
 			b.Fatal(err)
 		}
 	}

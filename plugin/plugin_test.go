@@ -3,6 +3,8 @@ package plugin
 import (
 	"context"
 	"errors"
+	"maps"
+	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -13,11 +15,13 @@ import (
 	"time"
 
 	"github.com/sirupsen/logrus"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"github.com/cdi-device-plugin/cdi-device-plugin/cdi"
+	"github.com/cdi-device-plugin/cdi-device-plugin/config"
 	"github.com/cdi-device-plugin/cdi-device-plugin/device"
 	"github.com/cdi-device-plugin/cdi-device-plugin/internal/kubeletsim"
 )
@@ -79,7 +83,7 @@ func (w tWriter) Write(p []byte) (int, error) {
 
 func newPlugin(t *testing.T, dir string, snap *device.Snapshot, mod func(*Options)) *Plugin {
 	t.Helper()
-	o := Options{ResourceName: resourceName, PluginName: "test", Dir: dir, SocketName: "test-sim.sock", Kind: testKind(t), CDICRI: true, Log: testLog(t)}
+	o := Options{ResourceName: resourceName, PluginName: "test", Dir: dir, SocketName: "test-sim.sock", Kind: testKind(t), Log: testLog(t)}
 	if mod != nil {
 		mod(&o)
 	}
@@ -264,16 +268,16 @@ func TestAllocateStrategies(t *testing.T) {
 	mounts := []*pluginapi.Mount{{HostPath: "/opt/fw", ContainerPath: "/fw", ReadOnly: true}}
 	cases := []struct {
 		name                string
-		cri, annot, specs   bool
+		strategies          config.Strategies
 		wantCDI             []string
 		wantCDIAnnotation   string
 		wantSpecs           []string
 		wantPerDeviceEnvVar bool
 	}{
-		{name: "cdi-cri", cri: true, wantCDI: []string{"k8s.example.com/sim=sim-1", "k8s.example.com/sim=sim-3"}},
-		{name: "cdi-annotations", annot: true, wantCDIAnnotation: "k8s.example.com/sim=sim-1,k8s.example.com/sim=sim-3"},
-		{name: "device-specs", specs: true, wantSpecs: []string{"/dev/sim-1", "/dev/sim-3"}, wantPerDeviceEnvVar: true},
-		{name: "all", cri: true, annot: true, specs: true,
+		{name: "cdi-cri", strategies: config.Strategies{config.StrategyCDICRI}, wantCDI: []string{"k8s.example.com/sim=sim-1", "k8s.example.com/sim=sim-3"}},
+		{name: "cdi-annotations", strategies: config.Strategies{config.StrategyCDIAnnotations}, wantCDIAnnotation: "k8s.example.com/sim=sim-1,k8s.example.com/sim=sim-3"},
+		{name: "device-specs", strategies: config.Strategies{config.StrategyDeviceSpecs}, wantSpecs: []string{"/dev/sim-1", "/dev/sim-3"}, wantPerDeviceEnvVar: true},
+		{name: "all", strategies: config.Strategies{config.StrategyCDICRI, config.StrategyCDIAnnotations, config.StrategyDeviceSpecs},
 			wantCDI:           []string{"k8s.example.com/sim=sim-1", "k8s.example.com/sim=sim-3"},
 			wantCDIAnnotation: "k8s.example.com/sim=sim-1,k8s.example.com/sim=sim-3",
 			wantSpecs:         []string{"/dev/sim-1", "/dev/sim-3"}},
@@ -281,7 +285,7 @@ func TestAllocateStrategies(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			p := newPlugin(t, shortDir(t), snapshot(4, 0, 1), func(o *Options) {
-				o.CDICRI, o.CDIAnnotations, o.DeviceSpecs = c.cri, c.annot, c.specs
+				o.Strategies = c.strategies
 				o.EnvPrefix, o.AnnotationPrefix, o.Mounts = "SIM", "example.com/sim", mounts
 			})
 			resp, err := allocate(t, p, []string{"sim-1", "sim-3"}, []string{"sim-0"})
@@ -469,6 +473,8 @@ type recorder struct {
 	err   error
 }
 
+func (*recorder) Steps() []string { return []string{"record"} }
+
 func (r *recorder) Prepare(_ context.Context, devs []device.Device) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -499,8 +505,11 @@ func TestPreStartContainer(t *testing.T) {
 	if _, err := c.PreStartContainer(ctx, &pluginapi.PreStartContainerRequest{DevicesIds: []string{"sim-1::0", "sim-2::1", "sim-1::1"}}); err != nil {
 		t.Fatal(err)
 	}
-	if len(rec.calls) != 1 || strings.Join(rec.calls[0], ",") != "sim-1,sim-2" {
-		t.Fatalf("calls %v", rec.calls)
+	rec.mu.Lock()
+	calls := slices.Clone(rec.calls)
+	rec.mu.Unlock()
+	if len(calls) != 1 || strings.Join(calls[0], ",") != "sim-1,sim-2" {
+		t.Fatalf("calls %v", calls)
 	}
 	_, err = c.PreStartContainer(ctx, &pluginapi.PreStartContainerRequest{DevicesIds: []string{"sim-7::0"}})
 	if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "sim-7::0") {
@@ -512,5 +521,89 @@ func TestPreStartContainer(t *testing.T) {
 	_, err = c.PreStartContainer(ctx, &pluginapi.PreStartContainerRequest{DevicesIds: []string{"sim-1::0"}})
 	if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "device sim-1: step reset: disk on fire") {
 		t.Fatalf("failure: %v", err)
+	}
+}
+
+// hangingKubelet accepts connections on kubelet.sock but never answers
+// Register, as a wedged kubelet would.
+type hangingKubelet struct {
+	pluginapi.UnimplementedRegistrationServer
+	srv *grpc.Server
+}
+
+func (hangingKubelet) Register(ctx context.Context, _ *pluginapi.RegisterRequest) (*pluginapi.Empty, error) {
+	<-ctx.Done()
+	return nil, ctx.Err()
+}
+
+func startHangingKubelet(t *testing.T, dir string) *hangingKubelet {
+	t.Helper()
+	lis, err := net.Listen("unix", filepath.Join(dir, KubeletSocket))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := &hangingKubelet{srv: grpc.NewServer()}
+	pluginapi.RegisterRegistrationServer(h.srv, h)
+	go func() { _ = h.srv.Serve(lis) }()
+	t.Cleanup(h.srv.Stop)
+	return h
+}
+
+// TestHungRegistrationDoesNotBlock (issue 8 item 10): while a Register
+// call hangs, the plugin still serves a new socket when its own is
+// removed, and registers at once with a kubelet that comes back.
+func TestHungRegistrationDoesNotBlock(t *testing.T) {
+	dir := shortDir(t)
+	h := startHangingKubelet(t, dir)
+	p := newPlugin(t, dir, snapshot(2, 0, 1), nil)
+	runPlugin(t, p)
+	sock := filepath.Join(dir, "test-sim.sock")
+	waitFile := func(what string, d time.Duration) {
+		t.Helper()
+		deadline := time.Now().Add(d)
+		for {
+			if _, err := os.Stat(sock); err == nil {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: socket not served within %s", what, d)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	waitFile("start", 2*time.Second)
+	time.Sleep(100 * time.Millisecond) // Register is hanging now
+	if err := os.Remove(sock); err != nil {
+		t.Fatal(err)
+	}
+	waitFile("socket removed while Register hangs", time.Second)
+
+	// The kubelet restarts properly: one registration, promptly.
+	h.srv.Stop()
+	_ = os.Remove(filepath.Join(dir, KubeletSocket))
+	k := startKubelet(t, dir)
+	if _, err := k.WaitRegistration(2 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestAnnotationsWithReplicas (item 11): with replicas, the per-device
+// annotation does not depend on the order of the requested IDs.
+func TestAnnotationsWithReplicas(t *testing.T) {
+	p := newPlugin(t, shortDir(t), snapshot(2, 0, 2), func(o *Options) { o.AnnotationPrefix = "example.com/dev" })
+	a, err := allocate(t, p, []string{"sim-0::0", "sim-0::1", "sim-1::1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := allocate(t, p, []string{"sim-1::1", "sim-0::1", "sim-0::0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	x, y := a.ContainerResponses[0].Annotations, b.ContainerResponses[0].Annotations
+	if len(x) != 2 || !maps.Equal(x, y) {
+		t.Fatalf("annotations depend on request order: %v vs %v", x, y)
+	}
+	if x["example.com/dev-0"] != "sim-0::0,sim-0::1" || x["example.com/dev-1"] != "sim-1::1" {
+		t.Fatalf("annotations %v", x)
 	}
 }

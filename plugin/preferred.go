@@ -1,6 +1,7 @@
 package plugin
 
 import (
+	"container/heap"
 	"fmt"
 	"sort"
 )
@@ -14,6 +15,9 @@ func preferred(v *view, available, must []string, size int) ([]string, error) {
 	if size <= 0 {
 		return nil, fmt.Errorf("allocation size %d", size)
 	}
+	// No answer holds more IDs than there are; the kubelet's size is
+	// capped there before anything is sized by it.
+	size = min(size, len(v.list))
 	chosen := make([]string, 0, size)
 	taken := make(map[string]bool, size)
 	physUse := map[int]int{}
@@ -35,26 +39,27 @@ func preferred(v *view, available, must []string, size int) ([]string, error) {
 		return chosen, nil
 	}
 
-	// Candidates: known, healthy, not yet chosen; in list order.
-	cands := make([]string, 0, len(available))
-	seen := make(map[string]bool, len(available))
+	// Candidates: known, healthy, not yet chosen, marked by their list
+	// position. The replicas of physical device i are the block of
+	// positions [i*reps, (i+1)*reps) of the list.
+	reps := max(v.snap.Replicas, 1)
+	avail := make([]bool, len(v.list))
+	nFree := make(map[int]int) // physical device -> free replicas
 	for _, id := range available {
 		i, ok := v.ids[id]
-		if !ok || taken[id] || seen[id] || !v.snap.Devices[i].Healthy {
+		if !ok || taken[id] || !v.snap.Devices[i].Healthy {
 			continue
 		}
-		seen[id] = true
-		cands = append(cands, id)
+		if pos := v.order[id]; !avail[pos] {
+			avail[pos] = true
+			nFree[i]++
+		}
 	}
-	sort.Slice(cands, func(a, b int) bool { return v.order[cands[a]] < v.order[cands[b]] })
 
 	remaining := size - len(chosen)
-	free := map[int]int{}    // NUMA node -> candidates
-	freeRep := map[int]int{} // physical device -> free replicas
-	for _, id := range cands {
-		i := v.ids[id]
-		free[v.snap.Devices[i].NUMANode]++
-		freeRep[i]++
+	free := map[int]int{} // NUMA node -> candidates
+	for i, n := range nFree {
+		free[v.snap.Devices[i].NUMANode] += n
 	}
 	nodes := make([]int, 0, len(free))
 	for n := range free {
@@ -82,40 +87,72 @@ func preferred(v *view, available, must []string, size int) ([]string, error) {
 		rank[n] = r
 	}
 
-	used := make([]bool, len(cands))
-	for ; remaining > 0; remaining-- {
-		best := -1
-		for k, id := range cands {
-			if used[k] {
-				continue
-			}
-			if best < 0 || better(v, id, cands[best], rank, physUse, freeRep) {
-				best = k
-			}
-		}
-		if best < 0 {
-			break // fewer candidates than asked: the kubelet decides
-		}
-		used[best] = true
-		id := cands[best]
-		chosen = append(chosen, id)
-		physUse[v.ids[id]]++
+	// The best candidate is the first by: NUMA rank, fewest replicas of its
+	// physical device chosen so far, most free replicas (least loaded),
+	// list order. Only the chosen count changes as candidates are taken,
+	// so a heap of devices, each offering its first remaining replica,
+	// gives the same picks in O(n + size log n).
+	h := make(devHeap, 0, len(nFree))
+	for i, n := range nFree {
+		d := &devCands{rank: rank[v.snap.Devices[i].NUMANode], used: physUse[i], free: n, next: i * reps, end: (i + 1) * reps}
+		d.advance(avail)
+		h = append(h, d)
 	}
+	heap.Init(&h)
+	for ; remaining > 0 && h.Len() > 0; remaining-- {
+		d := h[0]
+		chosen = append(chosen, v.list[d.next].ID)
+		d.next++
+		d.used++
+		if d.advance(avail) {
+			heap.Fix(&h, 0)
+		} else {
+			heap.Pop(&h)
+		}
+	}
+	// Fewer candidates than asked: the kubelet decides.
 	return chosen, nil
 }
 
-// better orders candidates: NUMA rank, fewest chosen replicas of the same
-// physical device, most free replicas (least loaded), then list order.
-func better(v *view, a, b string, rank, physUse, freeRep map[int]int) bool {
-	ia, ib := v.ids[a], v.ids[b]
-	if ra, rb := rank[v.snap.Devices[ia].NUMANode], rank[v.snap.Devices[ib].NUMANode]; ra != rb {
-		return ra < rb
+// devCands are the candidate replicas of one physical device: next is the
+// list position of the first one not taken yet, end the end of its block.
+type devCands struct {
+	rank, used, free int
+	next, end        int
+}
+
+// advance moves next to the first candidate at or after it; false when
+// none is left.
+func (d *devCands) advance(avail []bool) bool {
+	for ; d.next < d.end; d.next++ {
+		if avail[d.next] {
+			return true
+		}
 	}
-	if physUse[ia] != physUse[ib] {
-		return physUse[ia] < physUse[ib]
+	return false
+}
+
+type devHeap []*devCands
+
+func (h devHeap) Len() int { return len(h) }
+func (h devHeap) Less(a, b int) bool {
+	x, y := h[a], h[b]
+	if x.rank != y.rank {
+		return x.rank < y.rank
 	}
-	if freeRep[ia] != freeRep[ib] {
-		return freeRep[ia] > freeRep[ib]
+	if x.used != y.used {
+		return x.used < y.used
 	}
-	return v.order[a] < v.order[b]
+	if x.free != y.free {
+		return x.free > y.free
+	}
+	return x.next < y.next
+}
+func (h devHeap) Swap(a, b int) { h[a], h[b] = h[b], h[a] }
+func (h *devHeap) Push(x any)   { *h = append(*h, x.(*devCands)) }
+func (h *devHeap) Pop() any {
+	old := *h
+	x := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return x
 }

@@ -2,80 +2,255 @@ package plugin
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
 
 	"github.com/sirupsen/logrus"
+	"golang.org/x/sync/errgroup"
 
+	"github.com/cdi-device-plugin/cdi-device-plugin/cdi"
 	"github.com/cdi-device-plugin/cdi-device-plugin/device"
+	"github.com/cdi-device-plugin/cdi-device-plugin/metrics"
 )
 
-// DeviceSource publishes snapshots of a resource's devices on out until
-// ctx is done (device.Source).
+// DeviceSource publishes snapshots of a resource's devices (device.Source).
 type DeviceSource interface {
+	// Snapshot is the current snapshot (the source is prepared).
+	Snapshot() *device.Snapshot
+	// Run publishes snapshots on out until ctx is done.
 	Run(ctx context.Context, out chan *device.Snapshot) error
 }
 
-// SpecWriter writes the CDI spec for a device set (cdi.Writer).
-type SpecWriter interface {
+// SpecFile is the CDI spec of a resource on disk (cdi.Spec).
+type SpecFile interface {
+	// Write writes the spec of snap; every path it names exists after.
 	Write(snap *device.Snapshot) error
+	// Check compares the file on disk with what was last written.
+	Check() (cdi.Status, string)
+	// Watch signals changed when the file may have changed.
+	Watch(ctx context.Context, changed chan<- struct{}) error
 }
 
-// SpecWriterFunc adapts a function to SpecWriter.
-type SpecWriterFunc func(*device.Snapshot) error
+// Background is a part that runs beside the resource until ctx is done
+// (prestart.Runner's recovery).
+type Background interface {
+	Run(ctx context.Context) error
+}
 
-// Write calls f.
-func (f SpecWriterFunc) Write(s *device.Snapshot) error { return f(s) }
+// Default bounds of the backoff between failed spec writes.
+const (
+	DefaultRetryMin = 100 * time.Millisecond
+	DefaultRetryMax = 30 * time.Second
+)
 
 // Resource runs one resource: the device source, the CDI spec kept in step
-// with the device set, and the plugin server.
+// with the device set, and the plugin server. It enforces the invariant
+// the kubelet relies on: a device is advertised Healthy only when the spec
+// on disk describes it, so every CDI name Allocate hands out resolves.
 type Resource struct {
 	Source DeviceSource
-	Spec   SpecWriter
+	Spec   SpecFile
 	Plugin *Plugin
-	// Written is the snapshot whose device set the spec on disk describes.
-	Written *device.Snapshot
-	Log     *logrus.Entry
+	// Recovery, optional, runs beside the others.
+	Recovery Background
+	Log      *logrus.Entry
+	// Metrics, when set, counts the spec writes.
+	Metrics *metrics.Metrics
+	// RetryMin and RetryMax bound the backoff between failed spec writes
+	// (defaults DefaultRetryMin, DefaultRetryMax).
+	RetryMin, RetryMax time.Duration
+
+	once  sync.Once
+	pings chan chan struct{} // answered by the follower's loop
 }
 
-// Run runs until ctx is done or a part fails; every part is stopped before
-// it returns.
-func (r *Resource) Run(ctx context.Context) error {
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	updates := make(chan *device.Snapshot, 1)
-	errc := make(chan error, 3)
-	go func() { errc <- r.Source.Run(ctx, updates) }()
-	go func() { errc <- r.Plugin.Run(ctx) }()
-	go func() { errc <- r.follow(ctx, updates) }()
-	var first error
-	for i := 0; i < 3; i++ {
-		if err := <-errc; err != nil && first == nil {
-			first = err
-		}
-		cancel()
+func (r *Resource) init() { r.once.Do(func() { r.pings = make(chan chan struct{}) }) }
+
+// Alive reports whether the resource's loops (the one that keeps the spec
+// in step, the plugin's registration loop) answer within ctx.
+func (r *Resource) Alive(ctx context.Context) error {
+	r.init()
+	reply := make(chan struct{})
+	select {
+	case r.pings <- reply:
+	case <-ctx.Done():
+		return fmt.Errorf("the spec loop does not answer: %w", ctx.Err())
 	}
-	return first
+	select {
+	case <-reply:
+	case <-ctx.Done():
+		return fmt.Errorf("the spec loop does not answer: %w", ctx.Err())
+	}
+	return r.Plugin.Alive(ctx)
 }
 
-// follow applies snapshots: the spec is rewritten only when the device set
-// changed (before the kubelet hears of the new devices), health changes go
-// straight to the plugin.
-func (r *Resource) follow(ctx context.Context, updates <-chan *device.Snapshot) error {
+// Ready reports whether the kubelet uses the resource's plugin.
+func (r *Resource) Ready() error { return r.Plugin.Ready() }
+
+// Run writes the spec of the current devices and publishes them, then runs
+// every part until ctx is done or one fails; every part has returned when
+// Run returns.
+func (r *Resource) Run(ctx context.Context) error {
+	r.init()
+	f := &follower{r: r, retryMin: r.RetryMin, retryMax: r.RetryMax, retry: time.NewTimer(0)}
+	f.retry.Stop()
+	defer f.retry.Stop()
+	if f.retryMin <= 0 {
+		f.retryMin = DefaultRetryMin
+	}
+	if f.retryMax < f.retryMin {
+		f.retryMax = max(DefaultRetryMax, f.retryMin)
+	}
+	f.backoff = f.retryMin
+	// Spec first, then the kubelet hears of the devices.
+	f.pending = r.Source.Snapshot()
+	f.write()
+	if err := f.publish(); err != nil {
+		return err
+	}
+	updates := make(chan *device.Snapshot, 1)
+	changed := make(chan struct{}, 1)
+	g, ctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return r.Source.Run(ctx, updates) })
+	g.Go(func() error { return r.Spec.Watch(ctx, changed) })
+	g.Go(func() error { return r.Plugin.Run(ctx) })
+	if r.Recovery != nil {
+		g.Go(func() error { return r.Recovery.Run(ctx) })
+	}
+	g.Go(func() error { return f.loop(ctx, updates, changed) })
+	return g.Wait()
+}
+
+// follower keeps the spec in step with the device set and publishes what
+// the spec describes. It is owned by the goroutine running loop.
+type follower struct {
+	r *Resource
+	// pending is the latest snapshot, written what the spec on disk
+	// describes (nil: nothing known), published what the plugin serves.
+	pending, written, published *device.Snapshot
+	// why pending is not written: the last write's error.
+	why error
+	// yielded: a newer process owns the spec file; do not write it.
+	yielded bool
+
+	retry              *time.Timer
+	backoff            time.Duration
+	retryMin, retryMax time.Duration
+}
+
+func (f *follower) loop(ctx context.Context, updates <-chan *device.Snapshot, changed <-chan struct{}) error {
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
 		case snap := <-updates:
-			if !device.SameDevices(r.Written, snap) {
-				if err := r.Spec.Write(snap); err != nil {
-					r.Log.WithError(err).Error("writing the CDI spec failed; the previous spec stays")
-				} else {
-					r.Written = snap
-					r.Log.WithField("devices", len(snap.Devices)).Info("CDI spec updated")
-				}
+			f.pending = snap
+			if !device.SameDevices(f.written, snap) {
+				f.write()
 			}
-			if err := r.Plugin.Update(snap); err != nil {
-				return err
-			}
+		case <-changed:
+			f.check()
+		case <-f.retry.C:
+			f.write()
+		case reply := <-f.r.pings:
+			close(reply)
+			continue
+		}
+		if err := f.publish(); err != nil {
+			return err
 		}
 	}
+}
+
+// check looks at the spec on disk after a change there: ours is left
+// alone, a missing or changed one is written again at once, a newer
+// process's one is left to it (and our devices are held back).
+func (f *follower) check() {
+	st, why := f.r.Spec.Check()
+	log := f.r.Log.WithField("reason", why)
+	switch st {
+	case cdi.Intact:
+		return
+	case cdi.Superseded:
+		if !f.yielded {
+			log.Error("another process owns our CDI spec now; its devices are reported unhealthy here")
+		}
+		f.yielded, f.written = true, nil
+		f.why = errors.New("the CDI spec was taken over: " + why)
+		f.retry.Stop()
+		return
+	}
+	log.WithField("status", st.String()).Warn("our CDI spec was changed by someone else; writing it again")
+	f.yielded, f.written = false, nil
+	f.write()
+}
+
+// write writes the spec of pending; on failure it retries later, with a
+// backoff.
+func (f *follower) write() {
+	if f.yielded {
+		return
+	}
+	err := f.r.Spec.Write(f.pending)
+	f.r.Metrics.SpecWritten(f.r.Plugin.opts.ResourceName, err)
+	if err != nil {
+		f.r.Log.WithError(err).WithField("retry in", f.backoff).
+			Error("writing the CDI spec failed; the devices it does not describe are reported unhealthy until it works")
+		f.why = err
+		f.retry.Reset(f.backoff)
+		f.backoff = min(2*f.backoff, f.retryMax)
+		return
+	}
+	if f.why != nil {
+		f.r.Log.Info("CDI spec written after failures")
+	}
+	f.r.Log.WithField("devices", len(f.pending.Devices)).Debug("CDI spec written")
+	f.written, f.why = f.pending, nil
+	f.backoff = f.retryMin
+	f.retry.Stop()
+}
+
+// publish hands the plugin what the spec describes, when that changed.
+func (f *follower) publish() error {
+	g := gate(f.pending, f.written, f.why)
+	if f.published != nil && device.Equal(g, f.published) {
+		return nil
+	}
+	f.published = g
+	return f.r.Plugin.Update(g)
+}
+
+// gate returns snap with every healthy device that written does not
+// describe (as it is in snap) reported unhealthy, for the reason why.
+func gate(snap, written *device.Snapshot, why error) *device.Snapshot {
+	if snap == written {
+		return snap
+	}
+	described := map[string]device.Device{}
+	if written != nil {
+		for _, d := range written.Devices {
+			described[d.Name] = d
+		}
+	}
+	var out *device.Snapshot
+	for i, d := range snap.Devices {
+		if w, ok := described[d.Name]; !d.Healthy || (ok && device.SameDevice(w, d)) {
+			continue
+		}
+		if out == nil {
+			out = &device.Snapshot{Replicas: snap.Replicas, Devices: slices.Clone(snap.Devices)}
+		}
+		reason := "not in the CDI spec yet"
+		if why != nil {
+			reason += ": " + why.Error()
+		}
+		out.Devices[i].Healthy, out.Devices[i].Reason = false, reason
+	}
+	if out == nil {
+		return snap
+	}
+	return out
 }

@@ -5,6 +5,10 @@ package plugin
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -18,7 +22,10 @@ import (
 	cdiapi "tags.cncf.io/container-device-interface/pkg/cdi"
 
 	"github.com/cdi-device-plugin/cdi-device-plugin/cdi"
+	"github.com/cdi-device-plugin/cdi-device-plugin/config"
 	"github.com/cdi-device-plugin/cdi-device-plugin/device"
+	"github.com/cdi-device-plugin/cdi-device-plugin/internal/logs"
+	"github.com/cdi-device-plugin/cdi-device-plugin/metrics"
 )
 
 // Options configure the plugin of one resource.
@@ -29,14 +36,14 @@ type Options struct {
 	PluginName string
 	// Dir is the kubelet device plugin directory (kubelet.sock lives there).
 	Dir string
-	// SocketName is our socket's file name in Dir.
+	// SocketName is our socket's file name in Dir (see SocketName).
 	SocketName string
 	// Kind is the CDI kind of the resource's devices.
 	Kind cdi.Kind
 	// EnvPrefix, AnnotationPrefix: see the README.
 	EnvPrefix, AnnotationPrefix string
-	// Device list strategies; at least one is set.
-	CDICRI, CDIAnnotations, DeviceSpecs bool
+	// Strategies say how Allocate hands devices over (default cdi-cri).
+	Strategies config.Strategies
 	// Mounts are added to every container allocation.
 	Mounts []*pluginapi.Mount
 	// Preparer runs before every container start; nil: PreStartContainer
@@ -46,17 +53,20 @@ type Options struct {
 	// kubelet.sock event arrives (default 5 s).
 	RetryInterval time.Duration
 	Log           *logrus.Entry
+	// Metrics, when set, records the calls, registrations and devices.
+	Metrics *metrics.Metrics
 }
 
 // Preparer prepares devices before a container start (prestart.Runner).
 type Preparer interface {
 	Prepare(ctx context.Context, devs []device.Device) error
+	// Steps names the steps, in order.
+	Steps() []string
 }
 
 // Plugin is the device plugin server of one resource.
+// Its RPC methods are served through a handler per server incarnation.
 type Plugin struct {
-	pluginapi.UnimplementedDevicePluginServer
-
 	opts     Options
 	log      *logrus.Entry
 	annotKey string
@@ -64,9 +74,12 @@ type Plugin struct {
 	// updateMu serialises Update, so views are published in order.
 	updateMu sync.Mutex
 
-	// kubeletIno is the inode of the kubelet.sock we last registered with
-	// (used by Run's goroutine only).
-	kubeletIno uint64
+	// registered: the last registration with the current kubelet worked;
+	// streams: open ListAndWatch streams (what readiness looks at).
+	registered atomic.Bool
+	streams    atomic.Int32
+	// pings are answered by Run's loop (liveness).
+	pings chan chan struct{}
 }
 
 // view is everything the RPCs need, computed once per snapshot, so that
@@ -80,20 +93,52 @@ type view struct {
 	changed  chan struct{} // closed when a newer view replaces this one
 }
 
-// New returns a plugin advertising the devices of snap.
+// Errors of New for settings that the configuration cannot check alone.
+var (
+	// ErrSocketPath: the socket path would be longer than a unix socket
+	// path may be.
+	ErrSocketPath = errors.New("socket path too long")
+	// ErrAnnotationKey: the plugin and resource names give no valid CDI
+	// annotation key (cdi-annotations strategy).
+	ErrAnnotationKey = errors.New("no valid CDI annotation key")
+)
+
+// maxSocketPath is the longest unix socket path Linux accepts (108 bytes
+// including the terminating NUL).
+const maxSocketPath = 107
+
+// SocketName is the socket file of a resource for a process started at
+// start (Unix ns): unique per process start.
+func SocketName(plugin, resource string, start int64) string {
+	return socketPrefix(plugin, resource) + strconv.FormatInt(start, 10) + ".sock"
+}
+
+func socketPrefix(plugin, resource string) string {
+	return plugin + "-" + strings.NewReplacer("/", "_", ".", "_").Replace(resource) + "-"
+}
+
+// New returns a plugin advertising the devices of snap (none when nil).
 func New(opts Options, snap *device.Snapshot) (*Plugin, error) {
+	if snap == nil {
+		snap = &device.Snapshot{}
+	}
 	if opts.RetryInterval <= 0 {
 		opts.RetryInterval = 5 * time.Second
 	}
 	if opts.Log == nil {
-		l := logrus.New()
-		opts.Log = logrus.NewEntry(l)
+		opts.Log = logs.Discard()
 	}
-	p := &Plugin{opts: opts, log: opts.Log}
-	if opts.CDIAnnotations {
+	if len(opts.Strategies) == 0 {
+		opts.Strategies = config.Strategies{config.StrategyCDICRI}
+	}
+	if sock := filepath.Join(opts.Dir, opts.SocketName); len(sock) > maxSocketPath {
+		return nil, fmt.Errorf("%w: %q is longer than %d bytes", ErrSocketPath, sock, maxSocketPath)
+	}
+	p := &Plugin{opts: opts, log: opts.Log, pings: make(chan chan struct{})}
+	if opts.Strategies.Includes(config.StrategyCDIAnnotations) {
 		key, err := cdiapi.AnnotationKey(opts.PluginName, opts.ResourceName)
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("%w for plugin %q and resource %q: %w", ErrAnnotationKey, opts.PluginName, opts.ResourceName, err)
 		}
 		p.annotKey = key
 	}
@@ -147,7 +192,56 @@ func (p *Plugin) Update(snap *device.Snapshot) error {
 	}
 	old := p.state.Swap(v)
 	close(old.changed)
+	p.record(old.snap, snap)
 	return nil
+}
+
+// record counts the devices by health and the devices whose health
+// changed, with the reason.
+func (p *Plugin) record(old, cur *device.Snapshot) {
+	m := p.opts.Metrics
+	if m == nil {
+		return
+	}
+	healthy := cur.Healthy()
+	m.Devices(p.opts.ResourceName, healthy, len(cur.Devices)-healthy)
+	was := make(map[string]bool, len(old.Devices))
+	for _, d := range old.Devices {
+		was[d.Name] = d.Healthy
+	}
+	for _, d := range cur.Devices {
+		if h, known := was[d.Name]; (known && h != d.Healthy) || (!known && !d.Healthy) {
+			m.HealthTransition(p.opts.ResourceName, d.Healthy, d.Reason)
+		}
+	}
+}
+
+// Ready reports whether the kubelet uses the plugin: the registration with
+// the current kubelet worked and a ListAndWatch stream is open.
+func (p *Plugin) Ready() error {
+	switch {
+	case !p.registered.Load():
+		return errors.New("not registered with the kubelet")
+	case p.streams.Load() == 0:
+		return errors.New("registered, but the kubelet has no ListAndWatch stream open")
+	}
+	return nil
+}
+
+// Alive reports whether Run's loop answers within ctx.
+func (p *Plugin) Alive(ctx context.Context) error {
+	reply := make(chan struct{})
+	select {
+	case p.pings <- reply:
+	case <-ctx.Done():
+		return fmt.Errorf("the registration loop does not answer: %w", ctx.Err())
+	}
+	select {
+	case <-reply:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("the registration loop does not answer: %w", ctx.Err())
+	}
 }
 
 // GetDevicePluginOptions advertises what is implemented.
@@ -159,13 +253,15 @@ func (p *Plugin) options() *pluginapi.DevicePluginOptions {
 	return &pluginapi.DevicePluginOptions{PreStartRequired: p.opts.Preparer != nil, GetPreferredAllocationAvailable: true}
 }
 
-// ListAndWatch sends the full list at once and again on every change.
-func (p *Plugin) ListAndWatch(_ *pluginapi.Empty, stream pluginapi.DevicePlugin_ListAndWatchServer) error {
-	return p.listAndWatch(stream, nil)
-}
-
-// listAndWatch serves one stream until it ends or stop is closed.
+// listAndWatch sends the full list at once and again on every change, until
+// the stream ends or stop (the serving incarnation's) is closed.
 func (p *Plugin) listAndWatch(stream pluginapi.DevicePlugin_ListAndWatchServer, stop <-chan struct{}) error {
+	p.streams.Add(1)
+	p.opts.Metrics.Stream(p.opts.ResourceName, 1)
+	defer func() {
+		p.streams.Add(-1)
+		p.opts.Metrics.Stream(p.opts.ResourceName, -1)
+	}()
 	for {
 		v := p.state.Load()
 		if err := stream.Send(&pluginapi.ListAndWatchResponse{Devices: v.list}); err != nil {
@@ -183,9 +279,28 @@ func (p *Plugin) listAndWatch(stream pluginapi.DevicePlugin_ListAndWatchServer, 
 
 // Allocate answers with CDI names, env, mounts and annotations of the
 // requested devices. It does no I/O.
-func (p *Plugin) Allocate(_ context.Context, req *pluginapi.AllocateRequest) (*pluginapi.AllocateResponse, error) {
+func (p *Plugin) Allocate(_ context.Context, req *pluginapi.AllocateRequest) (resp *pluginapi.AllocateResponse, err error) {
+	start := time.Now()
+	defer func() {
+		p.opts.Metrics.ObserveRPC(p.opts.ResourceName, "Allocate", time.Since(start), err)
+		l := p.log.WithField("took", time.Since(start))
+		for _, c := range req.ContainerRequests {
+			l = l.WithField("devices", idList(c.DevicesIds))
+			if err != nil {
+				l.WithError(err).Warn("allocate refused")
+			} else {
+				l.Info("allocate")
+			}
+		}
+		if resp != nil && p.log.Logger.IsLevelEnabled(logrus.DebugLevel) {
+			p.log.WithField("response", resp.String()).Debug("allocate answer")
+		}
+	}()
+	if len(req.ContainerRequests) == 0 {
+		return nil, status.Errorf(codes.InvalidArgument, "%s: no container requests", p.opts.ResourceName)
+	}
 	v := p.state.Load()
-	resp := &pluginapi.AllocateResponse{ContainerResponses: make([]*pluginapi.ContainerAllocateResponse, 0, len(req.ContainerRequests))}
+	resp = &pluginapi.AllocateResponse{ContainerResponses: make([]*pluginapi.ContainerAllocateResponse, 0, len(req.ContainerRequests))}
 	for _, creq := range req.ContainerRequests {
 		cresp, err := p.allocateContainer(v, creq.DevicesIds)
 		if err != nil {
@@ -196,39 +311,80 @@ func (p *Plugin) Allocate(_ context.Context, req *pluginapi.AllocateRequest) (*p
 	return resp, nil
 }
 
-func (p *Plugin) allocateContainer(v *view, ids []string) (*pluginapi.ContainerAllocateResponse, error) {
+// physical returns the physical devices (indexes in v.snap.Devices) of the
+// kubelet IDs, each once, in request order: replicas of one device are one
+// device. No IDs, an unknown ID, an ID twice, and an unhealthy one when
+// healthy is set, are refused with InvalidArgument naming the ID.
+func (p *Plugin) physical(v *view, ids []string, healthy bool) ([]int, error) {
 	if len(ids) == 0 {
-		return nil, status.Errorf(codes.InvalidArgument, "%s: empty container request", p.opts.ResourceName)
+		return nil, status.Errorf(codes.InvalidArgument, "%s: no device IDs", p.opts.ResourceName)
 	}
 	phys := make([]int, 0, len(ids))
 	seen := make(map[int]bool, len(ids))
+	asked := make(map[string]bool, len(ids))
 	for _, id := range ids {
 		i, ok := v.ids[id]
 		if !ok {
-			return nil, status.Errorf(codes.InvalidArgument, "%s: unknown device ID %q", p.opts.ResourceName, id)
+			return nil, status.Errorf(codes.InvalidArgument, "%s: unknown device ID %s", p.opts.ResourceName, quoteID(id))
 		}
-		if d := v.snap.Devices[i]; !d.Healthy {
-			return nil, status.Errorf(codes.InvalidArgument, "%s: device ID %q is unhealthy: %s", p.opts.ResourceName, id, d.Reason)
+		if asked[id] {
+			return nil, status.Errorf(codes.InvalidArgument, "%s: device ID %s requested twice", p.opts.ResourceName, quoteID(id))
+		}
+		asked[id] = true
+		if d := v.snap.Devices[i]; healthy && !d.Healthy {
+			return nil, status.Errorf(codes.InvalidArgument, "%s: device ID %s is unhealthy: %s", p.opts.ResourceName, quoteID(id), d.Reason)
 		}
 		if !seen[i] {
 			seen[i] = true
 			phys = append(phys, i)
 		}
 	}
+	return phys, nil
+}
+
+// maxIDInMessage bounds how much of an ID an error or log line shows.
+const maxIDInMessage = 128
+
+// quoteID quotes an ID for a message, cut to maxIDInMessage bytes.
+func quoteID(id string) string {
+	if len(id) > maxIDInMessage {
+		id = id[:maxIDInMessage] + "..."
+	}
+	return strconv.Quote(id)
+}
+
+// idList is the IDs of a request for a log line: at most 16 of them.
+func idList(ids []string) string {
+	const most = 16
+	if len(ids) <= most {
+		return strings.Join(ids, ",")
+	}
+	return strings.Join(ids[:most], ",") + ",... (" + strconv.Itoa(len(ids)) + " IDs)"
+}
+
+func (p *Plugin) allocateContainer(v *view, ids []string) (*pluginapi.ContainerAllocateResponse, error) {
+	if len(ids) == 0 {
+		return nil, status.Errorf(codes.InvalidArgument, "%s: empty container request", p.opts.ResourceName)
+	}
+	phys, err := p.physical(v, ids, true)
+	if err != nil {
+		return nil, err
+	}
+	strategies := p.opts.Strategies
 	r := &pluginapi.ContainerAllocateResponse{Mounts: p.opts.Mounts}
 	names := make([]string, len(phys))
 	for k, i := range phys {
 		names[k] = v.cdiNames[i]
 	}
-	if p.opts.CDICRI {
+	if strategies.Includes(config.StrategyCDICRI) {
 		for _, n := range names {
 			r.CdiDevices = append(r.CdiDevices, &pluginapi.CDIDevice{Name: n})
 		}
 	}
-	if p.opts.CDIAnnotations || p.opts.AnnotationPrefix != "" {
+	if p.annotKey != "" || p.opts.AnnotationPrefix != "" {
 		r.Annotations = map[string]string{}
 	}
-	if p.opts.CDIAnnotations {
+	if p.annotKey != "" {
 		value, err := cdiapi.AnnotationValue(names)
 		if err != nil {
 			return nil, status.Errorf(codes.Internal, "%s: CDI annotation: %v", p.opts.ResourceName, err)
@@ -236,12 +392,19 @@ func (p *Plugin) allocateContainer(v *view, ids []string) (*pluginapi.ContainerA
 		r.Annotations[p.annotKey] = value
 	}
 	if p.opts.AnnotationPrefix != "" {
+		// One annotation per physical device: the IDs requested of it
+		// (replicas), sorted, so the value does not depend on their order.
+		byDev := make(map[int][]string, len(phys))
 		for _, id := range ids {
-			d := v.snap.Devices[v.ids[id]]
-			r.Annotations[p.opts.AnnotationPrefix+"-"+strconv.Itoa(d.Index)] = id
+			i := v.ids[id]
+			byDev[i] = append(byDev[i], id)
+		}
+		for i, group := range byDev {
+			slices.Sort(group)
+			r.Annotations[p.opts.AnnotationPrefix+"-"+strconv.Itoa(v.snap.Devices[i].Index)] = strings.Join(slices.Compact(group), ",")
 		}
 	}
-	if p.opts.DeviceSpecs {
+	if strategies.Includes(config.StrategyDeviceSpecs) {
 		for _, i := range phys {
 			d := v.snap.Devices[i]
 			r.Devices = append(r.Devices, &pluginapi.DeviceSpec{ContainerPath: d.ContainerPath, HostPath: d.HostPath, Permissions: "rw"})
@@ -251,7 +414,7 @@ func (p *Plugin) allocateContainer(v *view, ids []string) (*pluginapi.ContainerA
 		r.Envs = map[string]string{p.opts.EnvPrefix + "_DEVICES": strings.Join(ids, ",")}
 		// Without a CDI strategy the runtime never sees the spec's
 		// per-device variables: send them here.
-		if !p.opts.CDICRI && !p.opts.CDIAnnotations {
+		if !strategies.AnyCDI() {
 			for _, i := range phys {
 				k, val := cdi.DeviceEnv(p.opts.EnvPrefix, v.snap.Devices[i])
 				r.Envs[k] = val
@@ -263,9 +426,16 @@ func (p *Plugin) allocateContainer(v *view, ids []string) (*pluginapi.ContainerA
 
 // GetPreferredAllocation picks devices: must-includes first, then one NUMA
 // node where possible, replicas spread over distinct physical devices.
-func (p *Plugin) GetPreferredAllocation(_ context.Context, req *pluginapi.PreferredAllocationRequest) (*pluginapi.PreferredAllocationResponse, error) {
+func (p *Plugin) GetPreferredAllocation(_ context.Context, req *pluginapi.PreferredAllocationRequest) (resp *pluginapi.PreferredAllocationResponse, err error) {
+	start := time.Now()
+	defer func() {
+		p.opts.Metrics.ObserveRPC(p.opts.ResourceName, "GetPreferredAllocation", time.Since(start), err)
+		if resp != nil && p.log.Logger.IsLevelEnabled(logrus.DebugLevel) {
+			p.log.WithField("response", resp.String()).Debug("preferred allocation")
+		}
+	}()
 	v := p.state.Load()
-	resp := &pluginapi.PreferredAllocationResponse{}
+	resp = &pluginapi.PreferredAllocationResponse{}
 	for _, creq := range req.ContainerRequests {
 		ids, err := preferred(v, creq.AvailableDeviceIDs, creq.MustIncludeDeviceIDs, int(creq.AllocationSize))
 		if err != nil {
@@ -278,22 +448,29 @@ func (p *Plugin) GetPreferredAllocation(_ context.Context, req *pluginapi.Prefer
 
 // PreStartContainer prepares the container's devices (each physical device
 // once, replicas included) and fails with the device, step and cause.
-func (p *Plugin) PreStartContainer(ctx context.Context, req *pluginapi.PreStartContainerRequest) (*pluginapi.PreStartContainerResponse, error) {
+func (p *Plugin) PreStartContainer(ctx context.Context, req *pluginapi.PreStartContainerRequest) (_ *pluginapi.PreStartContainerResponse, err error) {
 	if p.opts.Preparer == nil {
 		return &pluginapi.PreStartContainerResponse{}, nil
 	}
+	start := time.Now()
+	defer func() {
+		p.opts.Metrics.ObserveRPC(p.opts.ResourceName, "PreStartContainer", time.Since(start), err)
+		l := p.log.WithField("devices", idList(req.DevicesIds)).
+			WithField("steps", strings.Join(p.opts.Preparer.Steps(), ",")).WithField("took", time.Since(start))
+		if err != nil {
+			l.WithError(err).Warn("prestart failed")
+		} else {
+			l.Info("prestart")
+		}
+	}()
 	v := p.state.Load()
-	devs := make([]device.Device, 0, len(req.DevicesIds))
-	seen := make(map[int]bool, len(req.DevicesIds))
-	for _, id := range req.DevicesIds {
-		i, ok := v.ids[id]
-		if !ok {
-			return nil, status.Errorf(codes.InvalidArgument, "%s: unknown device ID %q", p.opts.ResourceName, id)
-		}
-		if !seen[i] {
-			seen[i] = true
-			devs = append(devs, v.snap.Devices[i])
-		}
+	phys, err := p.physical(v, req.DevicesIds, false)
+	if err != nil {
+		return nil, err
+	}
+	devs := make([]device.Device, len(phys))
+	for k, i := range phys {
+		devs[k] = v.snap.Devices[i]
 	}
 	if err := p.opts.Preparer.Prepare(ctx, devs); err != nil {
 		return nil, status.Errorf(codes.FailedPrecondition, "%s: %v", p.opts.ResourceName, err)

@@ -1,12 +1,15 @@
 package prestart
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -16,6 +19,7 @@ import (
 	"github.com/sirupsen/logrus"
 	"github.com/sirupsen/logrus/hooks/test"
 
+	"github.com/cdi-device-plugin/cdi-device-plugin/config"
 	"github.com/cdi-device-plugin/cdi-device-plugin/device"
 )
 
@@ -40,6 +44,12 @@ func (f *faults) SetFault(name, reason string) {
 	}
 }
 
+func (f *faults) reports() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Clone(f.calls)
+}
+
 func (f *faults) get(name string) string {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -61,7 +71,12 @@ func newRunner(t *testing.T, steps ...Step) (*Runner, *faults, *test.Hook) {
 	l.SetLevel(logrus.DebugLevel)
 	f := &faults{}
 	r := NewRunner(Options{Resource: "example.com/sim", StateRoot: t.TempDir(), Steps: steps, Budget: 5 * time.Second,
-		MarkUnhealthy: true, RecoverOnReset: true, Health: f, Log: logrus.NewEntry(l)})
+		MarkUnhealthy: true, Recovery: config.RecoverReset, Health: f, Log: logrus.NewEntry(l)})
+	// As the plugin does: the spec's writer ensures the state directories,
+	// then the faults of an earlier run are restored.
+	if err := r.Ensure(&device.Snapshot{Devices: devs(2)}); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := r.Init(&device.Snapshot{Devices: devs(2)}); err != nil {
 		t.Fatal(err)
 	}
@@ -100,16 +115,34 @@ func ino(t *testing.T, p string) uint64 {
 	return st.Ino
 }
 
-func TestInitCreatesState(t *testing.T) {
+// TestEnsureWritesOnlyDirectories: a device's state directory exists
+// before the spec mounts it, and nothing else is written at start: a
+// device without a state file is new; its state appears with its first
+// preparation. A symlink planted where a state directory goes is refused.
+func TestEnsureWritesOnlyDirectories(t *testing.T) {
 	r, _, _ := newRunner(t, Reset{})
 	for _, d := range devs(2) {
-		s := state(t, r, d.Name)
-		if s.Status != StatusNew || s.Device != d.Name || s.Resource != "example.com/sim" || s.Generation != 0 {
+		entries, err := os.ReadDir(r.Dir(d.Name))
+		if err != nil || len(entries) != 0 {
+			t.Fatalf("%s: %v %v", d.Name, entries, err)
+		}
+		if s := state(t, r, d.Name); s.Status != StatusNew || s.Generation != 0 {
 			t.Fatalf("%+v", s)
 		}
-		if fi, err := os.Stat(filepath.Join(r.Dir(d.Name), ScratchDir)); err != nil || !fi.IsDir() {
-			t.Fatalf("scratch: %v", err)
-		}
+	}
+	if err := r.Prepare(context.Background(), devs(1)); err != nil {
+		t.Fatal(err)
+	}
+	if s := state(t, r, "sim-0"); s.Status != StatusReady || s.Device != "sim-0" || s.Resource != "example.com/sim" || s.Generation != 1 {
+		t.Fatalf("after the first preparation: %+v", s)
+	}
+	outside := t.TempDir()
+	planted := device.Device{Name: "sim-9"}
+	if err := os.Symlink(outside, r.Dir(planted.Name)); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Ensure(&device.Snapshot{Devices: []device.Device{planted}}); err == nil {
+		t.Fatal("a symlinked state directory was accepted")
 	}
 }
 
@@ -117,6 +150,9 @@ func TestReset(t *testing.T) {
 	r, _, _ := newRunner(t, Reset{})
 	d := devs(1)
 	junk := filepath.Join(r.Dir("sim-0"), ScratchDir, "junk")
+	if err := os.MkdirAll(filepath.Dir(junk), 0o755); err != nil {
+		t.Fatal(err)
+	}
 	if err := os.WriteFile(junk, []byte("left by the last workload"), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -403,5 +439,261 @@ func BenchmarkPrepare2Devices1MiB(b *testing.B) {
 		if err := r.Prepare(context.Background(), d); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// TestDigestMismatchKeepsFirmware (issue 8 item 4): when the bytes copied
+// do not have the digest checked before the copy (the image changed in
+// between), the firmware in place and the state stay as they were.
+func TestDigestMismatchKeepsFirmware(t *testing.T) {
+	img, sum := image(t, 64*1024)
+	step := &Reprogram{Image: img, SHA256: sum}
+	r, _, _ := newRunner(t, step)
+	d := devs(1)
+	if err := r.Prepare(context.Background(), d); err != nil {
+		t.Fatal(err)
+	}
+	fw := filepath.Join(r.Dir("sim-0"), FirmwareFile)
+	before, err := os.ReadFile(fw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The image changes after it was hashed: the cached digest (for this
+	// very stat) says "new", the bytes on disk are something else.
+	newImg, _ := image(t, 32*1024)
+	data, _ := os.ReadFile(newImg)
+	if err := os.WriteFile(img, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := step.digest(); err != nil {
+		t.Fatal(err)
+	}
+	step.mu.Lock()
+	step.cache.sha256 = strings.Repeat("ab", 32)
+	step.mu.Unlock()
+	step.SHA256 = strings.Repeat("ab", 32)
+
+	err = r.Prepare(context.Background(), d)
+	if err == nil || !strings.Contains(err.Error(), "changed while loading") {
+		t.Fatalf("error %v", err)
+	}
+	after, err := os.ReadFile(fw)
+	if err != nil {
+		t.Fatalf("firmware in place was removed: %v", err)
+	}
+	if !bytes.Equal(after, before) {
+		t.Fatal("firmware in place was replaced")
+	}
+	if s := state(t, r, "sim-0"); s.Firmware == nil || s.Firmware.SHA256 != sum {
+		t.Fatalf("state no longer names the firmware in place: %+v", s.Firmware)
+	}
+	if entries, _ := filepath.Glob(filepath.Join(r.Dir("sim-0"), "."+FirmwareFile+".tmp-*")); len(entries) != 0 {
+		t.Fatalf("temp files left: %v", entries)
+	}
+}
+
+// TestCorruptStateOneWay (item 8): an unreadable state.json is treated the
+// same at start and before a container start: logged, kept aside as
+// state.json.corrupt, and the device starts afresh.
+func TestCorruptStateOneWay(t *testing.T) {
+	for _, when := range []string{"init", "prepare"} {
+		t.Run(when, func(t *testing.T) {
+			r, f, hook := newRunner(t, Reset{})
+			dir := r.Dir("sim-0")
+			if err := os.WriteFile(filepath.Join(dir, StateFile), []byte("\x00garbage"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			var err error
+			if when == "init" {
+				_, err = r.Init(&device.Snapshot{Devices: devs(2)})
+			} else {
+				err = r.Prepare(context.Background(), devs(1))
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if kept, err := os.ReadFile(filepath.Join(dir, StateFile+".corrupt")); err != nil || string(kept) != "\x00garbage" {
+				t.Fatalf("not kept aside: %q %v", kept, err)
+			}
+			if _, err := LoadState(dir); err != nil {
+				t.Fatalf("state still unreadable: %v", err)
+			}
+			if f.get("sim-0") != "" {
+				t.Fatalf("device faulted: %q", f.get("sim-0"))
+			}
+			logged := false
+			for _, e := range hook.AllEntries() {
+				logged = logged || strings.Contains(e.Message, "unreadable device state")
+			}
+			if !logged {
+				t.Fatal("not logged")
+			}
+		})
+	}
+}
+
+// failing is an exec-like step that fails while its flag file is absent.
+type failing struct{ flag string }
+
+func (failing) Name() string           { return "exec" }
+func (failing) Timeout() time.Duration { return time.Second }
+func (f failing) Run(context.Context, *Target) error {
+	if _, err := os.Stat(f.flag); err != nil {
+		return fmt.Errorf("device not ready: %w", err)
+	}
+	return nil
+}
+
+// TestBackgroundRecovery (issue 8 item 5): with the default recovery, a
+// device without a reset step (a host device with an exec step) whose
+// preparation failed is prepared again in the background, with a growing
+// backoff, and healed as soon as that works; nobody retries the container.
+// With recovery never, it stays unhealthy and nothing runs.
+func TestBackgroundRecovery(t *testing.T) {
+	for _, mode := range []config.Recovery{config.RecoverAuto, config.RecoverNever} {
+		t.Run(string(mode), func(t *testing.T) {
+			flag := filepath.Join(t.TempDir(), "ready")
+			f := &faults{}
+			r := NewRunner(Options{Resource: "example.com/serial", StateRoot: t.TempDir(), Steps: []Step{failing{flag}},
+				MarkUnhealthy: true, Recovery: mode, RecoveryInterval: 20 * time.Millisecond, Health: f})
+			if _, err := r.Init(&device.Snapshot{Devices: devs(1)}); err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan error, 1)
+			go func() { done <- r.Run(ctx) }()
+			defer func() {
+				cancel()
+				if err := <-done; err != nil {
+					t.Error(err)
+				}
+			}()
+			if err := r.Prepare(context.Background(), devs(1)); err == nil {
+				t.Fatal("no error")
+			}
+			time.Sleep(150 * time.Millisecond) // a few background attempts fail
+			attempts := len(f.reports())
+			if f.get("sim-0") == "" {
+				t.Fatal("not unhealthy")
+			}
+			if err := os.WriteFile(flag, nil, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			deadline := time.Now().Add(3 * time.Second)
+			for f.get("sim-0") != "" && time.Now().Before(deadline) {
+				time.Sleep(10 * time.Millisecond)
+			}
+			healed := f.get("sim-0") == ""
+			if mode == config.RecoverAuto && (!healed || attempts < 2) {
+				t.Fatalf("healed %v after %d reports: %v", healed, attempts, f.reports())
+			}
+			if mode == config.RecoverNever && (healed || len(f.reports()) != 1) {
+				t.Fatalf("recovery never: healed %v, reports %v", healed, f.reports())
+			}
+		})
+	}
+}
+
+// TestRecoveryAfterRestoredFault: a fault restored from the state at start
+// is prepared again in the background too.
+func TestRecoveryAfterRestoredFault(t *testing.T) {
+	root := t.TempDir()
+	dir := filepath.Join(root, "sim-0")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	st := State{Device: "sim-0", Status: StatusFailed, LastError: "step reset: boom"}
+	if err := st.Save(dir); err != nil {
+		t.Fatal(err)
+	}
+	f := &faults{}
+	r := NewRunner(Options{Resource: "example.com/sim", StateRoot: root, Steps: []Step{Reset{}}, MarkUnhealthy: true,
+		RecoveryInterval: 10 * time.Millisecond, Health: f})
+	got, err := r.Init(&device.Snapshot{Devices: devs(1)})
+	if err != nil || got["sim-0"] == "" {
+		t.Fatalf("fault not restored: %v %v", got, err)
+	}
+	f.SetFault("sim-0", got["sim-0"])
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() { _ = r.Run(ctx) }()
+	deadline := time.Now().Add(3 * time.Second)
+	for f.get("sim-0") != "" && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if f.get("sim-0") != "" {
+		t.Fatal("restored fault never healed")
+	}
+	if s := state(t, r, "sim-0"); s.Status != StatusReady || s.ResetCount != 1 {
+		t.Fatalf("%+v", s)
+	}
+}
+
+// TestStateVersion: state.json carries its format version; a file without
+// one (an older plugin's) is read, one of an unknown version is refused
+// with an error naming it, and left as it is.
+func TestStateVersion(t *testing.T) {
+	r, _, _ := newRunner(t, Reset{})
+	dir := r.Dir("sim-0")
+	if err := r.Prepare(context.Background(), devs(1)); err != nil {
+		t.Fatal(err)
+	}
+	if s := state(t, r, "sim-0"); s.Version != StateVersion {
+		t.Fatalf("written without its version: %+v", s)
+	}
+	if err := os.WriteFile(filepath.Join(dir, StateFile), []byte(`{"device":"sim-0","status":"ready","generation":3}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if s := state(t, r, "sim-0"); s.Generation != 3 {
+		t.Fatalf("unversioned state: %+v", s)
+	}
+	newer := []byte(`{"version":2,"device":"sim-0","status":"ready"}`)
+	if err := os.WriteFile(filepath.Join(dir, StateFile), newer, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, err := r.Init(&device.Snapshot{Devices: devs(1)})
+	if !errors.Is(err, ErrStateVersion) || !strings.Contains(err.Error(), "version 2") {
+		t.Fatalf("unknown version: %v", err)
+	}
+	if err := r.Prepare(context.Background(), devs(1)); !errors.Is(err, ErrStateVersion) {
+		t.Fatalf("prepare with an unknown version: %v", err)
+	}
+	if got, _ := os.ReadFile(filepath.Join(dir, StateFile)); !bytes.Equal(got, newer) {
+		t.Fatalf("state of an unknown version replaced: %s", got)
+	}
+}
+
+// TestExecMetacharactersLiteral: shell metacharacters in an exec step's
+// arguments, templated ones included, reach the command literally: no
+// shell runs, nothing they would do happens.
+func TestExecMetacharactersLiteral(t *testing.T) {
+	dir := t.TempDir()
+	args := []string{
+		"a; touch " + dir + "/pwned",
+		"$(touch " + dir + "/pwned)",
+		"`touch " + dir + "/pwned`",
+		"{{.ID}} && touch " + dir + "/pwned | cat > " + dir + "/pwned",
+		"$HOME * ~ \\n '\"",
+	}
+	e, err := NewExec(append([]string{"/bin/echo"}, args...), nil, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, _, hook := newRunner(t, e)
+	if err := r.Prepare(context.Background(), devs(1)); err != nil {
+		t.Fatal(err)
+	}
+	var out string
+	for _, en := range hook.AllEntries() {
+		if o, ok := en.Data["output"].(string); ok {
+			out += o
+		}
+	}
+	args[3] = strings.Replace(args[3], "{{.ID}}", "sim-0", 1)
+	if want := strings.Join(args, " "); strings.TrimSpace(out) != want {
+		t.Errorf("echo printed %q, want the arguments as written: %q", out, want)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "pwned")); err == nil {
+		t.Error("a shell ran: pwned exists")
 	}
 }

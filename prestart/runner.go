@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"sync"
@@ -12,16 +11,11 @@ import (
 
 	"github.com/sirupsen/logrus"
 
+	"github.com/cdi-device-plugin/cdi-device-plugin/config"
 	"github.com/cdi-device-plugin/cdi-device-plugin/device"
+	"github.com/cdi-device-plugin/cdi-device-plugin/internal/logs"
+	"github.com/cdi-device-plugin/cdi-device-plugin/metrics"
 )
-
-// DefaultBudget is the time one PreStartContainer call may take: below the
-// kubelet's 30 s limit, so our error, not the kubelet's timeout, reaches
-// the user.
-const DefaultBudget = 25 * time.Second
-
-// DefaultStepTimeout bounds a step without its own timeout.
-const DefaultStepTimeout = 10 * time.Second
 
 // HealthReporter receives preparation faults (device.Source): a non-empty
 // reason makes the device unhealthy, "" clears it.
@@ -41,6 +35,16 @@ func (e *StepError) Error() string {
 
 func (e *StepError) Unwrap() error { return e.Err }
 
+// MaxRecoveryBackoff bounds the wait between background re-preparations of
+// a failed device: the first comes after Options.RecoveryInterval, and the
+// wait doubles after every failed attempt.
+const MaxRecoveryBackoff = 10 * time.Minute
+
+// Resetter is a step that returns the device to a clean state.
+type Resetter interface {
+	Resets() bool
+}
+
 // Options configure a Runner.
 type Options struct {
 	Resource string
@@ -51,30 +55,59 @@ type Options struct {
 	Budget time.Duration
 	// MarkUnhealthy reports a device whose preparation failed as unhealthy.
 	MarkUnhealthy bool
-	// RecoverOnReset makes it healthy again after a later preparation that
-	// succeeded and included a reset.
-	RecoverOnReset bool
-	Health         HealthReporter
-	Log            *logrus.Entry
+	// Recovery (default config.DefaultRecovery) and the first wait before a
+	// failed device is prepared again in the background (default
+	// config.DefaultRecoveryInterval); see config.Recovery.
+	Recovery         config.Recovery
+	RecoveryInterval time.Duration
+	Health           HealthReporter
+	Log              *logrus.Entry
+	// Metrics, when set, counts the failed steps.
+	Metrics *metrics.Metrics
 }
 
 // Runner prepares the devices of one resource.
 type Runner struct {
 	opts  Options
 	locks sync.Map // device name -> *sync.Mutex
+
+	mu sync.Mutex
+	// failed are the devices marked Unhealthy by a failed preparation, to
+	// be prepared again in the background.
+	failed map[string]*failure
+	kick   chan struct{}
+}
+
+type failure struct {
+	dev     device.Device
+	next    time.Time
+	backoff time.Duration
 }
 
 // NewRunner returns a runner; it touches nothing on disk.
 func NewRunner(o Options) *Runner {
 	if o.Budget <= 0 {
-		o.Budget = DefaultBudget
+		o.Budget = config.DefaultBudget
+	}
+	if o.Recovery == "" {
+		o.Recovery = config.DefaultRecovery
+	}
+	if o.RecoveryInterval <= 0 {
+		o.RecoveryInterval = config.DefaultRecoveryInterval
 	}
 	if o.Log == nil {
-		l := logrus.New()
-		l.SetOutput(io.Discard)
-		o.Log = logrus.NewEntry(l)
+		o.Log = logs.Discard()
 	}
-	return &Runner{opts: o}
+	return &Runner{opts: o, failed: map[string]*failure{}, kick: make(chan struct{}, 1)}
+}
+
+// Steps names the steps, in order.
+func (r *Runner) Steps() []string {
+	names := make([]string, len(r.opts.Steps))
+	for i, s := range r.opts.Steps {
+		names[i] = s.Name()
+	}
+	return names
 }
 
 // HasSteps reports whether PreStartContainer is needed.
@@ -83,28 +116,59 @@ func (r *Runner) HasSteps() bool { return len(r.opts.Steps) > 0 }
 // Dir is the state directory of a device.
 func (r *Runner) Dir(name string) string { return filepath.Join(r.opts.StateRoot, name) }
 
-// Init creates the state directory of every device and returns the faults
-// recorded by an earlier run (devices whose last preparation failed), so
-// health survives plugin restarts.
+// Ensure gives every device of snap its state directory, which the CDI
+// spec mounts into its containers, so it must exist before the spec names
+// it. Nothing else is written: a device without a state.json is new, and
+// its state file appears with its first preparation.
+func (r *Runner) Ensure(snap *device.Snapshot) error {
+	// The state root is the plugin's alone; a device's directory is
+	// mounted into its containers, read by whatever user they run as.
+	if err := os.MkdirAll(r.opts.StateRoot, 0o700); err != nil {
+		return fmt.Errorf("state root: %w", err)
+	}
+	for _, d := range snap.Devices {
+		if err := ensureDir(r.Dir(d.Name)); err != nil {
+			return fmt.Errorf("state of %s: %w", d.Name, err)
+		}
+	}
+	return nil
+}
+
+// ensureDir makes dir with mode 0755 whatever the umask, and refuses one
+// that exists and is not a real directory (a symlink planted there).
+func ensureDir(dir string) error {
+	err := os.Mkdir(dir, 0o755)
+	if err == nil {
+		return os.Chmod(dir, 0o755)
+	}
+	if !errors.Is(err, os.ErrExist) {
+		return err
+	}
+	fi, err := os.Lstat(dir)
+	if err != nil {
+		return err
+	}
+	if !fi.IsDir() {
+		return fmt.Errorf("%s exists and is not a directory", dir)
+	}
+	return nil
+}
+
+// Init restores the faults recorded by an earlier run (devices whose last
+// preparation failed), so health survives plugin restarts, and returns them
+// by device. It writes nothing (the spec's writer ensures the directories,
+// see Ensure), but sets aside an unreadable state file.
 func (r *Runner) Init(snap *device.Snapshot) (map[string]string, error) {
 	faults := map[string]string{}
 	for _, d := range snap.Devices {
-		dir := r.Dir(d.Name)
-		if err := os.MkdirAll(filepath.Join(dir, ScratchDir), 0o755); err != nil {
-			return nil, fmt.Errorf("state of %s: %w", d.Name, err)
-		}
-		st, err := LoadState(dir)
+		log := r.opts.Log.WithField("device", d.Name)
+		st, err := loadOrAside(r.Dir(d.Name), log)
 		if err != nil {
 			return nil, fmt.Errorf("state of %s: %w", d.Name, err)
 		}
-		if st.Status == StatusNew {
-			st.Device, st.Resource = d.Name, r.opts.Resource
-			if err := st.Save(dir); err != nil {
-				return nil, err
-			}
-		}
 		if st.Status == StatusFailed && r.opts.MarkUnhealthy {
 			faults[d.Name] = "prestart: " + st.LastError
+			r.recordFailure(d)
 		}
 	}
 	return faults, nil
@@ -139,20 +203,19 @@ func (r *Runner) lock(name string) func() {
 }
 
 // prepareOne runs the steps on one device. Concurrent calls for the same
-// device (replicas shared by two containers) run one after the other. The
-// state file is written once, at the end, whatever happened.
+// device (replicas shared by two containers, or a container start during a
+// background re-preparation) run one after the other. The state file is
+// written once, at the end, whatever happened.
 func (r *Runner) prepareOne(ctx context.Context, d device.Device) error {
 	defer r.lock(d.Name)()
 	log := r.opts.Log.WithField("device", d.Name)
 	dir := r.Dir(d.Name)
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	if err := ensureDir(dir); err != nil {
 		return &StepError{Device: d.Name, Step: "state", Err: err}
 	}
-	st, err := LoadState(dir)
+	st, err := loadOrAside(dir, log)
 	if err != nil {
-		// A corrupt state file is replaced by a fresh state, not fatal.
-		log.WithError(err).Warn("unreadable device state; starting afresh")
-		st = State{}
+		return &StepError{Device: d.Name, Step: "state", Err: err}
 	}
 	st.Device, st.Resource = d.Name, r.opts.Resource
 	t := &Target{ID: d.Name, Index: d.Index, HostPath: d.HostPath, ContainerPath: d.ContainerPath,
@@ -163,7 +226,7 @@ func (r *Runner) prepareOne(ctx context.Context, d device.Device) error {
 	for _, s := range r.opts.Steps {
 		limit := s.Timeout()
 		if limit <= 0 {
-			limit = DefaultStepTimeout
+			limit = config.DefaultStepTimeout
 		}
 		sctx, cancel := context.WithTimeout(ctx, limit)
 		err := s.Run(sctx, t)
@@ -180,7 +243,7 @@ func (r *Runner) prepareOne(ctx context.Context, d device.Device) error {
 			failed = &StepError{Device: d.Name, Step: s.Name(), Err: err}
 			break
 		}
-		if _, ok := s.(Reset); ok {
+		if rs, ok := s.(Resetter); ok && rs.Resets() {
 			didReset = true
 		}
 	}
@@ -200,16 +263,123 @@ func (r *Runner) prepareOne(ctx context.Context, d device.Device) error {
 		log.WithError(err).Error("writing device state")
 	}
 	if failed != nil {
+		r.opts.Metrics.StepFailed(r.opts.Resource, failed.Step)
 		log.WithError(failed.Err).WithField("step", failed.Step).Warn("device preparation failed")
-		if r.opts.MarkUnhealthy && r.opts.Health != nil {
-			r.opts.Health.SetFault(d.Name, "prestart: "+st.LastError)
+		if r.opts.MarkUnhealthy {
+			if r.opts.Health != nil {
+				r.opts.Health.SetFault(d.Name, "prestart: "+st.LastError)
+			}
+			r.recordFailure(d)
 		}
 		return failed
 	}
 	log.WithField("generation", st.Generation).WithField("took", time.Since(start)).Debug("device prepared")
+	if !r.heals(didReset) {
+		r.mu.Lock()
+		_, isFailed := r.failed[d.Name]
+		r.mu.Unlock()
+		if isFailed {
+			r.recordFailure(d) // still unhealthy: try again later
+		}
+		return nil
+	}
+	r.mu.Lock()
+	delete(r.failed, d.Name)
+	r.mu.Unlock()
 	// Clearing a fault the device does not have is a no-op for the source.
-	if didReset && r.opts.RecoverOnReset && r.opts.Health != nil {
+	if r.opts.Health != nil {
 		r.opts.Health.SetFault(d.Name, "")
 	}
 	return nil
+}
+
+// heals reports whether a successful preparation makes a failed device
+// healthy again.
+func (r *Runner) heals(didReset bool) bool {
+	switch r.opts.Recovery {
+	case config.RecoverAuto:
+		return true
+	case config.RecoverReset:
+		return didReset
+	}
+	return false
+}
+
+// recordFailure schedules a failed device for background re-preparation:
+// after the recovery interval, then after twice the last wait.
+func (r *Runner) recordFailure(d device.Device) {
+	r.mu.Lock()
+	f := r.failed[d.Name]
+	if f == nil {
+		f = &failure{backoff: r.opts.RecoveryInterval}
+		r.failed[d.Name] = f
+	} else {
+		f.backoff = min(2*f.backoff, max(MaxRecoveryBackoff, r.opts.RecoveryInterval))
+	}
+	f.dev = d
+	f.next = time.Now().Add(f.backoff)
+	r.mu.Unlock()
+	select {
+	case r.kick <- struct{}{}:
+	default:
+	}
+}
+
+// Run prepares failed devices again in the background until ctx is done,
+// so that a device whose failed container is gone is healed too. It does
+// nothing (and wakes up never) while no device has failed, and returns at
+// once when recovery is off (never, onFailure ignore, or no steps).
+func (r *Runner) Run(ctx context.Context) error {
+	if !r.HasSteps() || !r.opts.MarkUnhealthy || r.opts.Recovery == config.RecoverNever {
+		return nil
+	}
+	timer := time.NewTimer(0)
+	timer.Stop()
+	defer timer.Stop()
+	for {
+		var due <-chan time.Time
+		if next, ok := r.nextAttempt(); ok {
+			timer.Reset(time.Until(next))
+			due = timer.C
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-r.kick:
+			timer.Stop()
+		case <-due:
+			r.recoverDue(ctx)
+		}
+	}
+}
+
+func (r *Runner) nextAttempt() (time.Time, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var next time.Time
+	for _, f := range r.failed {
+		if next.IsZero() || f.next.Before(next) {
+			next = f.next
+		}
+	}
+	return next, !next.IsZero()
+}
+
+// recoverDue prepares the failed devices whose time has come.
+func (r *Runner) recoverDue(ctx context.Context) {
+	now := time.Now()
+	var devs []device.Device
+	r.mu.Lock()
+	for _, f := range r.failed {
+		if !f.next.After(now) {
+			devs = append(devs, f.dev)
+		}
+	}
+	r.mu.Unlock()
+	for _, d := range devs {
+		r.opts.Log.WithField("device", d.Name).Info("preparing a failed device again")
+	}
+	if err := r.Prepare(ctx, devs); err == nil && len(devs) > 0 {
+		r.opts.Log.WithField("devices", len(devs)).Info("failed devices prepared again")
+	}
 }

@@ -9,11 +9,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
 	"time"
+
+	"github.com/sirupsen/logrus"
+
+	"github.com/cdi-device-plugin/cdi-device-plugin/internal/atomicfile"
 )
 
 // Device status values.
@@ -34,8 +37,17 @@ type Firmware struct {
 	At     time.Time `json:"loadedAt"`
 }
 
+// StateVersion is the version of the state file format. A file without a
+// version was written by an older plugin, in this format.
+const StateVersion = 1
+
+// ErrStateVersion is returned for a state file of another format version
+// (a newer plugin's, before a downgrade): it is neither read nor replaced.
+var ErrStateVersion = errors.New("unknown device state version")
+
 // State is a device's state as written to <dir>/state.json.
 type State struct {
+	Version  int    `json:"version"`
 	Device   string `json:"device"`
 	Resource string `json:"resource"`
 	Status   string `json:"status"`
@@ -64,53 +76,41 @@ func LoadState(dir string) (State, error) {
 	if err := json.Unmarshal(data, &s); err != nil {
 		return State{}, fmt.Errorf("%s: %w", filepath.Join(dir, StateFile), err)
 	}
+	if s.Version != 0 && s.Version != StateVersion {
+		return State{}, fmt.Errorf("%s: version %d: %w (this plugin reads version %d)", filepath.Join(dir, StateFile), s.Version, ErrStateVersion, StateVersion)
+	}
+	s.Version = StateVersion
 	return s, nil
 }
 
 // Save writes the state atomically: a synced temp file renamed in place.
 func (s *State) Save(dir string) error {
+	s.Version = StateVersion
 	s.UpdatedAt = time.Now().UTC()
 	data, err := json.MarshalIndent(s, "", "  ")
 	if err != nil {
 		return err
 	}
-	return writeAtomic(filepath.Join(dir, StateFile), append(data, '\n'), 0o644)
+	return atomicfile.WriteBytes(filepath.Join(dir, StateFile), append(data, '\n'), 0o644)
 }
 
-// writeAtomic writes data to path through a synced temp file and rename,
-// so readers see the old or the new content, never a part.
-func writeAtomic(path string, data []byte, mode os.FileMode) error {
-	return replaceFile(path, mode, func(w io.Writer) error {
-		_, err := w.Write(data)
-		return err
-	})
-}
+// CorruptSuffix is appended to the name of an unreadable state file that
+// is kept aside for inspection.
+const CorruptSuffix = ".corrupt"
 
-// replaceFile replaces path with what fill writes: a temp file in the same
-// directory, synced, given mode, renamed over path. On any error the temp
-// file is removed and path is untouched.
-func replaceFile(path string, mode os.FileMode, fill func(io.Writer) error) error {
-	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-*")
-	if err != nil {
-		return err
+// loadOrAside reads the state in dir. An unreadable state file is not
+// fatal, wherever it is met: it is logged, kept aside as
+// state.json.corrupt (replacing an older one), and a new state is
+// returned.
+func loadOrAside(dir string, log *logrus.Entry) (State, error) {
+	st, err := LoadState(dir)
+	if err == nil || errors.Is(err, ErrStateVersion) {
+		return st, err
 	}
-	tmp := f.Name()
-	werr := fill(f)
-	if werr == nil {
-		werr = f.Sync()
+	p := filepath.Join(dir, StateFile)
+	if rerr := os.Rename(p, p+CorruptSuffix); rerr != nil {
+		return State{}, fmt.Errorf("%w (and keeping it aside: %w)", err, rerr)
 	}
-	if cerr := f.Close(); werr == nil {
-		werr = cerr
-	}
-	if werr == nil {
-		werr = os.Chmod(tmp, mode)
-	}
-	if werr == nil {
-		werr = os.Rename(tmp, path)
-	}
-	if werr != nil {
-		_ = os.Remove(tmp)
-		return fmt.Errorf("write %s: %w", path, werr)
-	}
-	return nil
+	log.WithError(err).WithField("kept", p+CorruptSuffix).Warn("unreadable device state; kept aside, starting afresh")
+	return State{Status: StatusNew}, nil
 }

@@ -20,6 +20,8 @@ import (
 	"time"
 
 	"github.com/sirupsen/logrus"
+
+	"github.com/cdi-device-plugin/cdi-device-plugin/internal/atomicfile"
 )
 
 // Target is what a step works on: one device, its state directory and the
@@ -57,8 +59,14 @@ const FirmwareFile = "firmware.bin"
 // set to ready.
 type Reset struct{ Limit time.Duration }
 
-func (Reset) Name() string             { return "reset" }
+// Name is "reset".
+func (Reset) Name() string { return "reset" }
+
+// Timeout bounds one reset.
 func (r Reset) Timeout() time.Duration { return r.Limit }
+
+// Resets reports that the step returns the device to a clean state.
+func (Reset) Resets() bool { return true }
 
 // Run replaces the scratch directory by an empty one: the old one is
 // renamed away first, so a reset never leaves half-cleared data behind.
@@ -68,7 +76,7 @@ func (Reset) Run(ctx context.Context, t *Target) error {
 	if err := os.Rename(scratch, old); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("clear scratch: %w", err)
 	}
-	if err := os.Mkdir(scratch, 0o755); err != nil {
+	if err := ensureDir(scratch); err != nil {
 		return fmt.Errorf("clear scratch: %w", err)
 	}
 	if err := os.RemoveAll(old); err != nil {
@@ -101,13 +109,16 @@ type Reprogram struct {
 
 // imageDigest remembers an image file's digest while the file is unchanged.
 type imageDigest struct {
-	dev, ino        uint64
-	size            int64
-	mtime, ctime    syscall.Timespec
-	sha256, imgName string
+	dev, ino     uint64
+	size         int64
+	mtime, ctime syscall.Timespec
+	sha256       string
 }
 
-func (*Reprogram) Name() string             { return "reprogram" }
+// Name is "reprogram".
+func (*Reprogram) Name() string { return "reprogram" }
+
+// Timeout bounds one load.
 func (r *Reprogram) Timeout() time.Duration { return r.Limit }
 
 // BuiltinImageName names the image used when none is configured.
@@ -159,6 +170,7 @@ func (r *Reprogram) digest() (string, error) {
 	return key.sha256, nil
 }
 
+// Run loads the image into the device, unless it already holds it.
 func (r *Reprogram) Run(ctx context.Context, t *Target) error {
 	want, err := r.digest()
 	if err != nil {
@@ -183,25 +195,26 @@ func (r *Reprogram) Run(ctx context.Context, t *Target) error {
 		defer f.Close()
 		src = f
 	}
-	got, size, err := copyHashed(ctx, fw, src)
+	size, err := copyHashed(ctx, fw, src, want, r.imageName())
 	if err != nil {
 		return err
 	}
-	// The bytes loaded are the ones checked: a file changed under us fails.
-	if got != want {
-		_ = os.Remove(fw)
-		return fmt.Errorf("image %s changed while loading: sha256 %s, expected %s", r.imageName(), got, want)
-	}
-	t.State.Firmware = &Firmware{Name: r.imageName(), SHA256: got, Size: size, At: time.Now().UTC()}
+	t.State.Firmware = &Firmware{Name: r.imageName(), SHA256: want, Size: size, At: time.Now().UTC()}
 	return nil
 }
 
-// copyHashed copies src into path (atomically, see replaceFile), hashing
-// what it writes; ctx is checked between chunks.
-func copyHashed(ctx context.Context, path string, src io.Reader) (string, int64, error) {
+// errImageChanged is returned when the bytes copied do not have the digest
+// checked before the copy.
+var errImageChanged = errors.New("changed while loading")
+
+// copyHashed copies src into path atomically, hashing what it writes; ctx
+// is checked between chunks. The bytes loaded are the ones checked: when
+// their digest is not want (the image changed under us), nothing replaces
+// the file in place.
+func copyHashed(ctx context.Context, path string, src io.Reader, want, name string) (int64, error) {
 	h := sha256.New()
 	var n int64
-	err := replaceFile(path, 0o644, func(f io.Writer) error {
+	err := atomicfile.Write(path, 0o644, func(f *os.File) error {
 		w := io.MultiWriter(f, h)
 		buf := make([]byte, 256*1024)
 		for {
@@ -216,23 +229,31 @@ func copyHashed(ctx context.Context, path string, src io.Reader) (string, int64,
 				n += int64(k)
 			}
 			if rerr == io.EOF {
-				return nil
+				break
 			}
 			if rerr != nil {
 				return rerr
 			}
 		}
+		if got := hex.EncodeToString(h.Sum(nil)); got != want {
+			return fmt.Errorf("image %s %w: sha256 %s, expected %s", name, errImageChanged, got, want)
+		}
+		return nil
 	})
-	if err != nil {
-		return "", 0, fmt.Errorf("load firmware: %w", err)
+	if errors.Is(err, errImageChanged) {
+		return 0, errors.Unwrap(err) // the path is ours, not news
 	}
-	return hex.EncodeToString(h.Sum(nil)), n, nil
+	if err != nil {
+		return 0, fmt.Errorf("load firmware: %w", err)
+	}
+	return n, nil
 }
 
 // Exec runs a command for a real device: arguments are templates over the
 // device ({{.ID}}, {{.HostPath}}, {{.ContainerPath}}, {{.Resource}},
-// {{.Index}}), no shell is involved, the environment holds only PATH and
-// the configured variables, and the output goes to the log.
+// {{.Index}}, {{.StateDir}}), no shell is involved, the environment holds
+// only PATH and the configured variables, the working directory is the
+// device's state directory, and the output goes to the log.
 type Exec struct {
 	Command []*template.Template
 	Env     map[string]string
@@ -261,7 +282,10 @@ func NewExec(command []string, env map[string]string, limit time.Duration) (*Exe
 	return e, nil
 }
 
-func (*Exec) Name() string             { return "exec" }
+// Name is "exec".
+func (*Exec) Name() string { return "exec" }
+
+// Timeout bounds one run of the command.
 func (e *Exec) Timeout() time.Duration { return e.Limit }
 
 type tplData struct {
@@ -292,6 +316,8 @@ func (b *limitedBuffer) Write(p []byte) (int, error) {
 	return b.buf.Write(p)
 }
 
+// Run runs the command for the device, killing its process group when ctx
+// ends.
 func (e *Exec) Run(ctx context.Context, t *Target) error {
 	data := templateData(t)
 	args := make([]string, len(e.Command))

@@ -9,18 +9,23 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 
 	"github.com/sirupsen/logrus"
+	"golang.org/x/sync/errgroup"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"github.com/cdi-device-plugin/cdi-device-plugin/cdi"
 	"github.com/cdi-device-plugin/cdi-device-plugin/config"
 	"github.com/cdi-device-plugin/cdi-device-plugin/device"
+	"github.com/cdi-device-plugin/cdi-device-plugin/internal/atomicfile"
+	"github.com/cdi-device-plugin/cdi-device-plugin/metrics"
 	"github.com/cdi-device-plugin/cdi-device-plugin/plugin"
 	"github.com/cdi-device-plugin/cdi-device-plugin/prestart"
 )
@@ -37,19 +42,25 @@ func main() {
 // run runs the plugin until ctx is done and returns the exit status: 0 on
 // a clean shutdown, 2 for bad configuration, 1 for any other failure.
 func run(ctx context.Context, args []string, env config.Env, stderr io.Writer) int {
-	cfg, showVersion, err := config.Load(args, env, stderr)
+	cfg, err := config.Load(args, env, stderr)
 	switch {
 	case errors.Is(err, flag.ErrHelp):
+		return 0
+	case errors.Is(err, config.ErrVersion):
+		fmt.Fprintln(stderr, "cdi-device-plugin", version)
 		return 0
 	case err != nil:
 		fmt.Fprintln(stderr, "cdi-device-plugin:", err)
 		return 2
-	case showVersion:
-		fmt.Fprintln(stderr, "cdi-device-plugin", version)
-		return 0
 	}
-	log := newLogger(cfg, stderr)
-	if err := serve(ctx, cfg, log); err != nil {
+	logger := logrus.New()
+	logger.SetOutput(stderr)
+	logger.SetLevel(cfg.Level)
+	logger.SetFormatter(formatter(cfg.LogFormat))
+	log := logrus.NewEntry(logger).WithField("plugin", cfg.PluginName)
+	// A reload reads the same flags and environment, and the file again.
+	load := func() (*config.Config, error) { return config.Load(args, env, io.Discard) }
+	if err := serve(ctx, cfg, load, logger, log); err != nil {
 		log.WithError(err).Error("exiting")
 		if errors.Is(err, config.ErrInvalid) {
 			return 2
@@ -60,76 +71,123 @@ func run(ctx context.Context, args []string, env config.Env, stderr io.Writer) i
 	return 0
 }
 
-func newLogger(cfg *config.Config, out io.Writer) *logrus.Entry {
-	l := logrus.New()
-	l.SetOutput(out)
-	lvl, _ := logrus.ParseLevel(cfg.LogLevel) // validated
-	l.SetLevel(lvl)
-	if cfg.LogFormat == "json" {
-		l.SetFormatter(&logrus.JSONFormatter{TimestampFormat: time.RFC3339Nano})
-	} else {
-		l.SetFormatter(&logrus.TextFormatter{FullTimestamp: true, TimestampFormat: time.RFC3339Nano})
+func formatter(f config.LogFormat) logrus.Formatter {
+	if f == config.LogJSON {
+		return &logrus.JSONFormatter{TimestampFormat: time.RFC3339Nano}
 	}
-	return logrus.NewEntry(l).WithField("plugin", cfg.PluginName)
+	return &logrus.TextFormatter{FullTimestamp: true, TimestampFormat: time.RFC3339Nano}
 }
 
-// serve prepares every resource (nodes, spec), removes our stale specs and
-// runs the resources until ctx is done. Specs and device nodes are kept on
-// shutdown: a container restarting while the plugin is being upgraded must
-// still resolve its CDI names.
-func serve(ctx context.Context, cfg *config.Config, log *logrus.Entry) error {
+// serve builds every resource first (the constructors check what the
+// configuration alone could not, before anything is written), then
+// prepares them (nodes, device state), removes our stale specs and runs
+// the resources until ctx is done; with a metrics address, it serves the
+// metrics and probes; with a config file, it applies the file's changes.
+// Specs and device nodes are kept on shutdown: a container restarting
+// while the plugin is being upgraded must still resolve its CDI names.
+func serve(ctx context.Context, cfg *config.Config, load func() (*config.Config, error), logger *logrus.Logger, log *logrus.Entry) error {
 	if fi, err := os.Stat(cfg.DevRoot); err != nil || !fi.IsDir() {
 		return &config.FieldError{Field: "dev-root", Value: cfg.DevRoot, Reason: "must be an existing directory"}
 	}
+	var (
+		m      *metrics.Metrics
+		server *metrics.Server
+	)
+	if cfg.MetricsAddress != "" {
+		m = metrics.New(version)
+		server = metrics.NewServer(m)
+	}
+	start := time.Now().UnixNano()
+	s := newSupervisor(logger, log, m, server, cdi.NewWriter(cfg.CDIDir, cfg.Owner(), start), start)
 	if err := os.MkdirAll(cfg.DevicePluginDir, 0o750); err != nil {
 		return fmt.Errorf("device plugin dir: %w", err)
 	}
-	writer, err := cdi.NewWriter(cfg.CDIDir, cfg.PluginName)
-	if err != nil {
+	g, ctx := errgroup.WithContext(ctx)
+	if _, err := s.apply(ctx, cfg); err != nil {
+		s.stopAll()
 		return err
 	}
-	start := time.Now().UnixNano()
-	var (
-		resources []*plugin.Resource
-		kinds     []cdi.Kind
-	)
-	for i := range cfg.Resources {
-		r, kind, err := prepare(cfg, &cfg.Resources[i], writer, start, log)
+	if server != nil {
+		m.WatchPodResources(cfg.PodResourcesSocket, s.servedResources)
+		ln, err := net.Listen("tcp", cfg.MetricsAddress)
 		if err != nil {
-			return err
+			s.stopAll()
+			return fmt.Errorf("metrics address: %w", err)
 		}
-		resources = append(resources, r)
-		kinds = append(kinds, kind)
+		log.WithField("address", ln.Addr().String()).Info("serving /metrics, /healthz and /readyz")
+		g.Go(func() error { return server.Serve(ctx, ln) })
 	}
-	removed, err := writer.RemoveStale(kinds)
-	for _, p := range removed {
-		log.WithField("spec", p).Info("removed the CDI spec of a resource no longer configured")
+	temps := []string{
+		filepath.Join(cfg.StateDir, "devices", "*", ".*.tmp-*"),
+		filepath.Join(cfg.StateDir, "devices", "*", prestart.ScratchDir+".old-*"), // a reset's
 	}
-	if err != nil {
-		log.WithError(err).Warn("removing stale CDI specs")
-	}
-
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	errc := make(chan error, len(resources))
-	for _, r := range resources {
-		go func() { errc <- r.Run(ctx) }()
-	}
-	var first error
-	for range resources {
-		if err := <-errc; err != nil && first == nil {
-			first = err
-			cancel()
+	for _, in := range s.running {
+		temps = append(temps, in.part.spec.TempPattern())
+		if p := in.part.src.TempPattern(); p != "" {
+			temps = append(temps, p)
 		}
 	}
-	return first
+	g.Go(func() error {
+		sweepTemps(temps, time.Unix(0, start), log)
+		return nil
+	})
+	reloads := make(chan struct{}, 1)
+	if cfg.ConfigFile != "" {
+		g.Go(func() error { return watchConfig(ctx, cfg.ConfigFile, reloads) })
+	}
+	g.Go(func() error {
+		defer s.stopAll()
+		for {
+			select {
+			case <-ctx.Done():
+				return nil
+			case err := <-s.failed:
+				return err
+			case <-reloads:
+				s.reload(ctx, load)
+			}
+		}
+	})
+	return g.Wait()
 }
 
-func prepare(cfg *config.Config, rc *config.Resource, writer *cdi.Writer, start int64, log *logrus.Entry) (*plugin.Resource, cdi.Kind, error) {
+// sweepTemps removes the temp files that runs killed mid-write left in
+// our directories (spec, nodes, device state): those older than this
+// process. It runs beside the resources, after their start-up work.
+func sweepTemps(patterns []string, since time.Time, log *logrus.Entry) {
+	for _, pattern := range patterns {
+		removed, err := atomicfile.RemoveStaleTemps(pattern, since)
+		for _, p := range removed {
+			log.WithField("file", p).Info("removed a temp file of an interrupted write")
+		}
+		if err != nil {
+			log.WithError(err).Warn("removing temp files of interrupted writes")
+		}
+	}
+}
+
+// part is one configured resource, built.
+type part struct {
+	name   string
+	kind   cdi.Kind
+	src    *device.Source
+	runner *prestart.Runner
+	spec   stateSpec
+	// resource runs it all once prepared.
+	resource *plugin.Resource
+	log      *logrus.Entry
+}
+
+// build constructs the parts of resource i without touching the disk.
+// Errors of the constructors are errors of the configuration, named by the
+// field the user wrote.
+func build(cfg *config.Config, i int, writer *cdi.Writer, start int64, log *logrus.Entry, m *metrics.Metrics) (*part, error) {
+	rc := &cfg.Resources[i]
+	field := func(name string) string { return cfg.ResourceField(i, name) }
 	log = log.WithField("resource", rc.Name)
-	kind, err := cdi.KindForResource(rc.Name)
+	kind, err := cdi.KindFor(rc.Domain, rc.Class)
 	if err != nil {
-		return nil, kind, err // validated already
+		return nil, &config.FieldError{Field: field("name"), Value: rc.Name, Reason: "does not give a valid CDI kind: " + err.Error()}
 	}
 	opts := device.Options{
 		DevRoot:  cfg.DevRoot,
@@ -140,49 +198,26 @@ func prepare(cfg *config.Config, rc *config.Resource, writer *cdi.Writer, start 
 	if rc.Simulated() {
 		opts.Count = rc.DeviceCount()
 		opts.FilePrefix = rc.DeviceFilePrefix
-		opts.Type = device.Char
-		if rc.DeviceNode.Type == "block" {
-			opts.Type = device.Block
-		}
+		opts.Type = device.NodeType(rc.DeviceNode.Type.CDI())
 		opts.Major, opts.Minor = *rc.DeviceNode.Major, *rc.DeviceNode.Minor
 		opts.NUMANodes = rc.NUMANodes
 	} else {
-		for _, g := range rc.HostDevices {
-			rel, _ := config.HostGlob(g) // validated
-			opts.HostGlobs = append(opts.HostGlobs, rel)
-		}
+		opts.HostGlobs = rc.HostGlobs
+		// Host devices keep their IDs and indexes across restarts.
+		opts.Registry = filepath.Join(cfg.StateDir, "resources", kind.SpecName()+".json")
 	}
 	src, err := device.NewSource(opts)
-	if err != nil {
-		return nil, kind, err
+	if errors.Is(err, device.ErrDeviceName) {
+		return nil, &config.FieldError{Field: field("idPrefix"), Value: rc.IDPrefix, Reason: err.Error()}
 	}
-	snap, err := src.Prepare()
 	if err != nil {
-		return nil, kind, fmt.Errorf("%s: %w", rc.Name, err)
+		return nil, fmt.Errorf("%s: %w", rc.Name, err)
 	}
 	stateRoot := filepath.Join(cfg.StateDir, "devices")
-	runner, err := newRunner(rc, stateRoot, src, log)
+	runner, err := newRunner(cfg, i, stateRoot, src, log, m)
 	if err != nil {
-		return nil, kind, fmt.Errorf("%s: %w", rc.Name, err)
+		return nil, err
 	}
-	// Every device has a state directory (mounted into its containers);
-	// a failed preparation recorded by an earlier run keeps it unhealthy.
-	faults, err := runner.Init(snap)
-	if err != nil {
-		return nil, kind, fmt.Errorf("%s: %w", rc.Name, err)
-	}
-	if len(faults) > 0 {
-		for name, reason := range faults {
-			src.SetFault(name, reason)
-		}
-		snap = src.Refresh()
-	}
-	specRes := cdi.Resource{Name: rc.Name, Kind: kind, EnvPrefix: rc.EnvPrefix, StateRoot: stateRoot}
-	spec := plugin.SpecWriterFunc(func(s *device.Snapshot) error { return writer.Write(specRes, s) })
-	if err := spec.Write(snap); err != nil {
-		return nil, kind, fmt.Errorf("%s: %w", rc.Name, err)
-	}
-	log.WithField("spec", writer.Path(kind)).WithField("devices", len(snap.Devices)).Info("CDI spec written")
 	var preparer plugin.Preparer // a nil interface, not a nil *Runner
 	if runner.HasSteps() {
 		preparer = runner
@@ -195,31 +230,89 @@ func prepare(cfg *config.Config, rc *config.Resource, writer *cdi.Writer, start 
 		ResourceName:     rc.Name,
 		PluginName:       cfg.PluginName,
 		Dir:              cfg.DevicePluginDir,
-		SocketName:       config.SocketName(cfg.PluginName, rc.Name, start),
+		SocketName:       plugin.SocketName(cfg.PluginName, rc.Name, start),
 		Kind:             kind,
 		EnvPrefix:        rc.EnvPrefix,
 		AnnotationPrefix: rc.AnnotationPrefix,
-		CDICRI:           cfg.Has(config.StrategyCDICRI),
-		CDIAnnotations:   cfg.Has(config.StrategyCDIAnnotations),
-		DeviceSpecs:      cfg.Has(config.StrategyDeviceSpecs),
+		Strategies:       cfg.DeviceListStrategy,
 		Mounts:           mounts,
 		Preparer:         preparer,
 		Log:              log,
-	}, snap)
-	if err != nil {
-		return nil, kind, fmt.Errorf("%s: %w", rc.Name, err)
+		Metrics:          m,
+	}, nil)
+	switch {
+	case errors.Is(err, plugin.ErrSocketPath):
+		return nil, &config.FieldError{Field: "device-plugin-dir", Value: cfg.DevicePluginDir, Reason: err.Error()}
+	case errors.Is(err, plugin.ErrAnnotationKey):
+		return nil, &config.FieldError{Field: field("name"), Value: rc.Name, Reason: err.Error()}
+	case err != nil:
+		return nil, fmt.Errorf("%s: %w", rc.Name, err)
 	}
-	return &plugin.Resource{Source: src, Spec: spec, Plugin: p, Written: snap, Log: log}, kind, nil
+	// The device state is mounted into containers when there is state to
+	// show: a resource with prestart steps.
+	specRes := cdi.Resource{Name: rc.Name, Kind: kind, EnvPrefix: rc.EnvPrefix}
+	if runner.HasSteps() {
+		specRes.StateRoot = stateRoot
+	}
+	spec := stateSpec{Spec: writer.Spec(specRes), runner: runner}
+	return &part{
+		name: rc.Name, kind: kind, src: src, runner: runner, spec: spec, log: log,
+		resource: &plugin.Resource{Source: src, Spec: spec, Plugin: p, Recovery: runner, Log: log, Metrics: m},
+	}, nil
 }
 
-// newRunner builds the prestart runner of a resource from its steps.
-func newRunner(rc *config.Resource, stateRoot string, src *device.Source, log *logrus.Entry) (*prestart.Runner, error) {
-	opts := prestart.Options{Resource: rc.Name, StateRoot: stateRoot, Health: src, Log: log}
+// prepare creates the simulated nodes (or finds the host devices), gives
+// every device its state and restores the faults an earlier run recorded.
+// The spec is written by the resource, before it registers.
+func (p *part) prepare() error {
+	snap, err := p.src.Prepare()
+	if err != nil {
+		return fmt.Errorf("%s: %w", p.name, err)
+	}
+	// Every device has a state directory (mounted into its containers);
+	// a failed preparation recorded by an earlier run keeps it unhealthy.
+	faults, err := p.runner.Init(snap)
+	if err != nil {
+		return fmt.Errorf("%s: %w", p.name, err)
+	}
+	if len(faults) > 0 {
+		for name, reason := range faults {
+			p.src.SetFault(name, reason)
+		}
+		p.src.Refresh()
+	}
+	p.log.WithField("spec", p.spec.Path()).WithField("devices", len(snap.Devices)).Info("resource prepared")
+	return nil
+}
+
+// stateSpec is a resource's CDI spec whose writes first give every device
+// its state directory when the spec mounts it: the spec never names a
+// directory that does not exist (hot-plugged devices included).
+type stateSpec struct {
+	*cdi.Spec
+	runner *prestart.Runner
+}
+
+func (s stateSpec) Write(snap *device.Snapshot) error {
+	if s.runner.HasSteps() {
+		if err := s.runner.Ensure(snap); err != nil {
+			return err
+		}
+	}
+	return s.Spec.Write(snap)
+}
+
+// newRunner builds the prestart runner of resource i from its steps; a
+// command that does not parse is an error of its field.
+func newRunner(cfg *config.Config, i int, stateRoot string, src *device.Source, log *logrus.Entry, m *metrics.Metrics) (*prestart.Runner, error) {
+	rc := &cfg.Resources[i]
+	opts := prestart.Options{Resource: rc.Name, StateRoot: stateRoot, Health: src, Log: log, Metrics: m}
 	if p := rc.Prestart; p != nil {
 		opts.Budget = p.Budget.Duration
-		opts.MarkUnhealthy = p.OnFailure != "ignore"
-		opts.RecoverOnReset = p.Recovery != "never"
-		for _, s := range p.Steps {
+		opts.MarkUnhealthy = p.OnFailure.MarksUnhealthy()
+		opts.Recovery = p.Recovery
+		opts.RecoveryInterval = p.RecoveryInterval.Duration
+		for j, s := range p.Steps {
 			switch s.Type {
 			case config.StepReset:
 				opts.Steps = append(opts.Steps, prestart.Reset{Limit: s.Timeout.Duration})
@@ -228,7 +321,9 @@ func newRunner(rc *config.Resource, stateRoot string, src *device.Source, log *l
 			case config.StepExec:
 				e, err := prestart.NewExec(s.Command, s.Env, s.Timeout.Duration)
 				if err != nil {
-					return nil, err
+					return nil, &config.FieldError{
+						Field: cfg.ResourceField(i, fmt.Sprintf("prestart.steps[%d].command", j)), Value: strings.Join(s.Command, " "), Reason: err.Error(),
+					}
 				}
 				opts.Steps = append(opts.Steps, e)
 			}

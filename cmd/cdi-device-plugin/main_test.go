@@ -71,9 +71,11 @@ func (s *syncBuffer) String() string {
 // running is the plugin run in-process against the kubelet stand-in,
 // registered, with a ListAndWatch stream open.
 type running struct {
+	kubelet *kubeletsim.Kubelet
 	reg     kubeletsim.Registration
 	c       *kubeletsim.Client
 	updates <-chan kubeletsim.Update
+	last    *kubeletsim.Update // the last update read by wait
 	stderr  *syncBuffer
 	stop    func() int // cancels the run, returns its exit status
 }
@@ -86,7 +88,7 @@ func startRun(t *testing.T, d dirs, args []string, env map[string]string) *runni
 	}
 	t.Cleanup(k.Stop)
 	ctx, cancel := context.WithCancel(context.Background())
-	r := &running{stderr: &syncBuffer{}}
+	r := &running{kubelet: k, stderr: &syncBuffer{}}
 	done := make(chan int, 1)
 	go func() { done <- run(ctx, d.args(args...), envOf(env), r.stderr) }()
 	var once sync.Once
@@ -120,18 +122,26 @@ func TestBadConfigExits2AndWritesNothing(t *testing.T) {
 		{"bad env prefix", map[string]string{"ENV_PREFIX": "A-B"}, nil, `ENV_PREFIX="A-B"`},
 		{"escaping file prefix", map[string]string{"DEVICE_FILE_PREFIX": "../x"}, nil, `DEVICE_FILE_PREFIX="../x"`},
 		{"unknown flag", nil, []string{"--frobnicate"}, "frobnicate"},
+		// Checked by the constructors, still before anything is written.
+		{"long socket dir", nil, []string{"--device-plugin-dir", "/" + strings.Repeat("d", 100)}, `device-plugin-dir="/ddd`},
+		{"bad exec template", map[string]string{"CONFIG_FILE": "EXEC_TEMPLATE"}, nil, `resources[0].prestart.steps[0].command="/bin/echo {{.Serial}}"`},
+		{"no CDI annotation key", map[string]string{"DEVICE_LIST_STRATEGY": "cdi-annotations", "PLUGIN_NAME": strings.Repeat("p", 24), "RESOURCE_NAME": "example.com/" + strings.Repeat("r", 30)},
+			[]string{"--device-plugin-dir", "/t"}, `RESOURCE_NAME="example.com/rrrr`},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			d := newDirs(t)
+			if c.env["CONFIG_FILE"] == "EXEC_TEMPLATE" {
+				c.env["CONFIG_FILE"] = writeConfig(t, "resources:\n- name: example.com/a\n  prestart:\n    steps: [{type: exec, command: [/bin/echo, \"{{.Serial}}\"]}]\n")
+			}
 			var stderr syncBuffer
 			code := run(context.Background(), d.args(c.args...), envOf(c.env), &stderr)
 			if code != 2 {
 				t.Fatalf("exit %d, want 2; stderr: %s", code, stderr.String())
 			}
-			if !strings.Contains(stderr.String(), c.want) {
+			if !strings.Contains(strings.ReplaceAll(stderr.String(), `\"`, `"`), c.want) {
 				t.Fatalf("stderr %q does not name %q", stderr.String(), c.want)
 			}
-			for _, dir := range []string{d.cdi, d.dev, d.plugins} {
+			for _, dir := range []string{d.cdi, d.dev, d.plugins, d.state} {
 				if entries, _ := os.ReadDir(dir); len(entries) != 0 {
 					t.Fatalf("%s written: %v", dir, entries)
 				}

@@ -1,390 +1,307 @@
-// Command dp-bench measures the built plugin binary against the kubelet
-// stand-in, in temporary directories, the way the kubelet uses it: time
-// from process start to registration, the first device list, Allocate
-// answers resolved through a fresh CDI cache into host nodes, the delay
-// from a node's removal to the Unhealthy report, and from a kubelet
-// restart to re-registration. Every latency is reported as a median over
-// the runs next to a baseline measured in the same run, and as the ratio.
+// Command dp-bench plays the kubelet against any device plugin binary: it
+// starts the plugin in fresh directories against a kubelet stand-in on
+// real unix sockets (internal/kubeletsim), checks the kubelet's contract
+// (serving before registering, the registration, ListAndWatch, Allocate,
+// GetPreferredAllocation, PreStartContainer, kubelet restarts, SIGTERM, CDI
+// names resolved as containerd resolves them) and measures start-up,
+// memory, RPC latency against an empty RPC, reaction times and idle CPU,
+// each next to a baseline taken in the same run. It prints a pass/fail
+// table and the medians, and writes JSON and Markdown.
+//
+//	dp-bench [flags] -- PLUGIN [ARG...]    one plugin
+//	dp-bench [flags] -targets FILE         several, side by side
+//
+// PLUGIN, its arguments, -env and -remove-device are templates over the
+// run's directories: {{.SocketDir}} (kubelet.sock), {{.CDIDir}},
+// {{.DevDir}} (device files dp-bench creates) and {{.WorkDir}}.
 package main
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"os"
-	"os/exec"
-	"path/filepath"
-	"sort"
+	"os/signal"
+	"slices"
 	"strings"
+	"syscall"
 	"time"
-
-	"github.com/fsnotify/fsnotify"
-	oci "github.com/opencontainers/runtime-spec/specs-go"
-	"golang.org/x/sys/unix"
-	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
-	cdiapi "tags.cncf.io/container-device-interface/pkg/cdi"
-
-	"github.com/cdi-device-plugin/cdi-device-plugin/internal/kubeletsim"
-	"github.com/cdi-device-plugin/cdi-device-plugin/prestart"
 )
 
-type sample struct{ name, baseline string }
-
-var metrics = []sample{
-	{"start→registered", "exec --version"},
-	{"start→8 healthy listed", "exec --version"},
-	{"node removed→Unhealthy", "raw inotify event"},
-	{"node restored→Healthy", "raw inotify event"},
-	{"kubelet restart→re-registered", "raw inotify event"},
-	{"Allocate RPC (8 devices)", "GetDevicePluginOptions RPC"},
-	{"PreStart 2 dev, 1st (copy 1MiB)", "GetDevicePluginOptions RPC"},
-	{"PreStart 2 dev, repeat", "GetDevicePluginOptions RPC"},
-	{"PreStart fail→Unhealthy listed", "raw inotify event"},
-}
-
 func main() {
-	bin := flag.String("plugin", "bin/cdi-device-plugin", "plugin binary")
-	runs := flag.Int("runs", 20, "runs (fresh directories and process each)")
-	devices := flag.Int("devices", 8, "simulated devices")
-	flag.Parse()
-	if err := bench(*bin, *runs, *devices); err != nil {
-		fmt.Fprintln(os.Stderr, "dp-bench:", err)
-		os.Exit(1)
+	if spec, ok := os.LookupEnv(helperEnv); ok {
+		os.Exit(runHelper(spec))
 	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
 }
 
-func bench(bin string, runs, n int) error {
-	res := map[string][]time.Duration{}
-	base := map[string][]time.Duration{}
-	for i := 0; i < runs; i++ {
-		if err := once(bin, n, res, base); err != nil {
-			return fmt.Errorf("run %d: %w", i, err)
+// options are the parsed command line.
+type options struct {
+	targets  []Target
+	settings Settings
+	runs     int
+	jsonOut  string
+	mdOut    string
+	goBench  string
+	compare  string
+	render   string
+	mustPass map[string]bool // target names whose checks must pass; nil: all
+}
+
+type stringList []string
+
+func (l *stringList) String() string     { return strings.Join(*l, ",") }
+func (l *stringList) Set(v string) error { *l = append(*l, v); return nil }
+
+// parseFlags parses args; errors name the flag and the value.
+func parseFlags(args []string, stderr io.Writer) (*options, error) {
+	fs := flag.NewFlagSet("dp-bench", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprintf(stderr, "usage: dp-bench [flags] -- PLUGIN [ARG...]\n       dp-bench [flags] -targets FILE\n\nflags:\n")
+		fs.PrintDefaults()
+	}
+	def := DefaultSettings()
+	var (
+		o       = &options{settings: def}
+		t       Target
+		env     stringList
+		targets = fs.String("targets", "", "YAML or JSON file with several targets to run side by side (instead of -- PLUGIN ...)")
+		must    = fs.String("must-pass", "", "comma-separated target names whose checks must all pass for exit status 0 (default: every target)")
+	)
+	fs.StringVar(&t.Name, "name", "", "the plugin's name in the tables (default: the binary's base name)")
+	fs.StringVar(&t.Scenario, "scenario", "", "what the run is, e.g. \"8 devices\"")
+	fs.StringVar(&t.SocketDir, "socket-dir", "", "the plugin's socket directory as it sees it; empty: a fresh directory per run, given as {{.SocketDir}}; a fixed path: bind-mounted from a fresh directory in a private mount namespace (root)")
+	fs.StringVar(&t.CDIDir, "cdi-dir", "", "the plugin's CDI spec directory, like -socket-dir ({{.CDIDir}})")
+	fs.StringVar(&t.RemoveDevice, "remove-device", "", "a device file to remove and put back, to check that ListAndWatch reports it (template)")
+	fs.IntVar(&t.DeviceFiles, "device-files", 0, "create this many char device nodes 1:3 as {{.DevDir}}/dev-<i> before each start")
+	fs.IntVar(&t.IDs, "ids", 0, "the number of device IDs the plugin must list (0: any)")
+	fs.StringVar(&t.Resource, "resource", "", "the resource name the plugin must register (empty: any extended resource name)")
+	fs.Var(&env, "env", "KEY=VALUE for the plugin's environment, repeatable (template); the plugin gets these and PATH only")
+	fs.IntVar(&o.runs, "runs", 5, "runs per target; medians are taken over them")
+	fs.IntVar(&o.settings.Calls, "calls", def.Calls, "timed calls per RPC in a run")
+	fs.DurationVar(&o.settings.Idle, "idle", def.Idle, "window for CPU and wake-ups while idle (0: not measured)")
+	fs.DurationVar(&o.settings.Prompt, "prompt", def.Prompt, "what \"at once\" allows: the first ListAndWatch list after the stream opens")
+	fs.DurationVar(&o.settings.Register, "register-timeout", def.Register, "wait for the first registration")
+	fs.DurationVar(&o.settings.Restart, "restart-timeout", def.Restart, "wait for the registration after a kubelet restart")
+	fs.DurationVar(&o.settings.Change, "change-timeout", def.Change, "wait for ListAndWatch to report a removed device file")
+	fs.DurationVar(&o.settings.Settle, "settle", def.Settle, "after a kubelet restart, how long no second registration may follow the first")
+	fs.DurationVar(&o.settings.Connect, "connect-timeout", def.Connect, "the kubelet's call to the plugin's endpoint during Register")
+	fs.DurationVar(&o.settings.Term, "term-timeout", def.Term, "wait for the exit after SIGTERM")
+	fs.StringVar(&o.settings.TmpfsDir, "tmpfs-dir", def.TmpfsDir, "where {{.DevDir}} and {{.CDIDir}} are made, a tmpfs as /dev and /run are on a node (empty: TMPDIR, like the other directories)")
+	fs.StringVar(&o.jsonOut, "json", "", "write the full report as JSON to this file")
+	fs.StringVar(&o.render, "render", "", "run nothing: print (and with -md write) the tables of a report written by -json")
+	fs.StringVar(&o.compare, "compare", "", "a target name: add its per-round ratios to every other target of the same scenario")
+	fs.StringVar(&o.goBench, "gobench", "", "add the medians of this `go test -bench` output to the report")
+	fs.StringVar(&o.mdOut, "md", "", "write the tables into this Markdown file, between dp-bench's markers (the rest of the file is kept)")
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if o.runs < 1 {
+		return nil, fmt.Errorf("-runs=%d: must be at least 1", o.runs)
+	}
+	if o.settings.Calls < 1 {
+		return nil, fmt.Errorf("-calls=%d: must be at least 1", o.settings.Calls)
+	}
+	if o.settings.Idle < 0 {
+		return nil, fmt.Errorf("-idle=%s: must not be negative", o.settings.Idle)
+	}
+	for name, d := range map[string]time.Duration{"prompt": o.settings.Prompt, "register-timeout": o.settings.Register,
+		"restart-timeout": o.settings.Restart, "change-timeout": o.settings.Change, "settle": o.settings.Settle,
+		"connect-timeout": o.settings.Connect, "term-timeout": o.settings.Term} {
+		if d <= 0 {
+			return nil, fmt.Errorf("-%s=%s: must be above 0", name, d)
 		}
 	}
-	fmt.Printf("dp-bench: %d runs, %d devices, %s\n", runs, n, bin)
-	fmt.Printf("%-32s %10s %10s %10s   %-28s %10s %7s\n", "metric", "median", "p90", "max", "baseline", "median", "ratio")
-	for _, m := range metrics {
-		r, b := res[m.name], base[m.name]
-		fmt.Printf("%-32s %10s %10s %10s   %-28s %10s %7.1f\n", m.name, fmtD(pct(r, 50)), fmtD(pct(r, 90)), fmtD(pct(r, 100)),
-			m.baseline, fmtD(pct(b, 50)), float64(pct(r, 50))/float64(max(pct(b, 50), 1)))
+	if *must != "" {
+		o.mustPass = map[string]bool{}
+		for _, n := range strings.Split(*must, ",") {
+			o.mustPass[strings.TrimSpace(n)] = true
+		}
 	}
-	return nil
+	switch {
+	case o.render != "":
+		if *targets != "" || fs.NArg() > 0 {
+			return nil, fmt.Errorf("-render=%q: runs nothing, give no targets", o.render)
+		}
+		return o, nil
+	case *targets != "" && fs.NArg() > 0:
+		return nil, fmt.Errorf("-targets=%q and a plugin command %q: give one of them", *targets, fs.Arg(0))
+	case *targets != "":
+		ts, err := loadTargets(*targets)
+		if err != nil {
+			return nil, fmt.Errorf("-targets=%q: %w", *targets, err)
+		}
+		o.targets = ts
+	case fs.NArg() == 0:
+		fs.Usage()
+		return nil, errors.New("no plugin: give -- PLUGIN [ARG...] or -targets FILE")
+	default:
+		t.Command = fs.Args()
+		t.Env = env
+		if t.Name == "" {
+			t.Name = baseName(t.Command[0])
+		}
+		if err := t.validate(); err != nil {
+			return nil, fmt.Errorf("%w", flagErr(err))
+		}
+		o.targets = []Target{t}
+	}
+	if o.compare != "" && !slices.ContainsFunc(o.targets, func(t Target) bool { return t.Name == o.compare }) {
+		return nil, fmt.Errorf("-compare=%q: no target of that name", o.compare)
+	}
+	for n := range o.mustPass {
+		found := false
+		for i := range o.targets {
+			found = found || o.targets[i].Name == n
+		}
+		if !found {
+			return nil, fmt.Errorf("-must-pass=%q: no target named %q", *must, n)
+		}
+	}
+	return o, nil
 }
 
-func fmtD(d time.Duration) string { return d.Round(time.Microsecond).String() }
+// flagErr names the flag behind a target field in err.
+func flagErr(err error) error {
+	r := strings.NewReplacer("socketDir=", "-socket-dir=", "cdiDir=", "-cdi-dir=", "deviceFiles=", "-device-files=", "ids=", "-ids=")
+	return errors.New(r.Replace(err.Error()))
+}
 
-func pct(ds []time.Duration, p int) time.Duration {
-	if len(ds) == 0 {
+func baseName(p string) string {
+	if i := strings.LastIndexByte(p, '/'); i >= 0 {
+		return p[i+1:]
+	}
+	return p
+}
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	o, err := parseFlags(args, stderr)
+	if errors.Is(err, flag.ErrHelp) {
 		return 0
 	}
-	s := append([]time.Duration(nil), ds...)
-	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
-	i := (len(s) - 1) * p / 100
-	return s[i]
-}
-
-func once(bin string, n int, res, base map[string][]time.Duration) (err error) {
-	pluginDir, err := os.MkdirTemp("", "dpb")
 	if err != nil {
-		return err
+		fmt.Fprintln(stderr, "dp-bench:", err)
+		return 2
 	}
-	defer os.RemoveAll(pluginDir)
-	tmp, err := os.MkdirTemp("", "dp-bench")
-	if err != nil {
-		return err
+	if o.render != "" {
+		return render(o, stdout, stderr)
 	}
-	defer os.RemoveAll(tmp)
-	devRoot, cdiDir := filepath.Join(tmp, "dev"), filepath.Join(tmp, "cdi")
-	if err := os.Mkdir(devRoot, 0o755); err != nil {
-		return err
-	}
-	k, err := kubeletsim.Start(pluginDir)
-	if err != nil {
-		return err
-	}
-	defer k.Stop()
-
-	// Baseline: the cost of starting the binary at all.
-	t0 := time.Now()
-	if out, err := exec.Command(bin, "--version").CombinedOutput(); err != nil {
-		return fmt.Errorf("%s --version: %v: %s", bin, err, out)
-	}
-	execCost := time.Since(t0)
-
-	cmd := exec.Command(bin, "--device-plugin-dir", pluginDir, "--cdi-dir", cdiDir, "--dev-root", devRoot,
-		"--state-dir", filepath.Join(tmp, "state"), "--log-level", "warn")
-	// Reset, then reprogram with a 1 MiB image (the env mode's steps).
-	img := filepath.Join(tmp, "bitstream.bin")
-	good := make([]byte, 1<<20)
-	for i := range good {
-		good[i] = byte(i)
-	}
-	if err := os.WriteFile(img, good, 0o644); err != nil {
-		return err
-	}
-	sum := sha256.Sum256(good)
-	cmd.Env = []string{fmt.Sprintf("NUMBER_DEVICES=%d", n), "RESOURCE_NAME=example.com/bench", "DEVICE_ID_PREFIX=bench", "NODE_NAME=node-1",
-		"PRESTART_STEPS=reset,reprogram", "FIRMWARE_IMAGE=" + img, "FIRMWARE_SHA256=" + hex.EncodeToString(sum[:])}
-	var logs strings.Builder
-	cmd.Stderr = &logs
-	start := time.Now()
-	if err := cmd.Start(); err != nil {
-		return err
-	}
-	defer func() {
-		_ = cmd.Process.Signal(unix.SIGTERM)
-		if werr := cmd.Wait(); werr != nil && err == nil {
-			err = fmt.Errorf("plugin exit: %v: %s", werr, logs.String())
+	rep := &Report{Command: "dp-bench " + strings.Join(args, " "), Machine: describeMachine(), Runs: o.runs, Settings: o.settings, Compare: o.compare}
+	if o.goBench != "" {
+		if rep.GoBench, err = parseGoBench(o.goBench); err != nil {
+			fmt.Fprintf(stderr, "dp-bench: -gobench=%q: %v\n", o.goBench, err)
+			return 2
 		}
-	}()
-	reg, err := k.WaitRegistration(10 * time.Second)
-	if err != nil {
-		return fmt.Errorf("%w; plugin log: %s", err, logs.String())
 	}
-	res[metrics[0].name] = append(res[metrics[0].name], reg.At.Sub(start))
-	base[metrics[0].name] = append(base[metrics[0].name], execCost)
-
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	c, err := kubeletsim.Dial(pluginDir, reg.Request.Endpoint)
-	if err != nil {
-		return err
-	}
-	defer c.Close()
-	updates, err := c.Watch(ctx)
-	if err != nil {
-		return err
-	}
-	u, err := kubeletsim.WaitFor(updates, 5*time.Second, func(u kubeletsim.Update) bool { return u.Healthy() == n })
-	if err != nil {
-		return fmt.Errorf("waiting for %d healthy devices: %w", n, err)
-	}
-	if len(u.Devices) != n {
-		return fmt.Errorf("listed %d devices, want %d", len(u.Devices), n)
-	}
-	res[metrics[1].name] = append(res[metrics[1].name], u.At.Sub(start))
-	base[metrics[1].name] = append(base[metrics[1].name], execCost)
-
-	// Allocate everything; the answer must resolve into existing nodes.
-	ids := make([]string, 0, n)
-	for _, d := range u.Devices {
-		ids = append(ids, d.ID)
-	}
-	areq := &pluginapi.AllocateRequest{ContainerRequests: []*pluginapi.ContainerAllocateRequest{{DevicesIds: ids}}}
-	resp, err := c.Allocate(ctx, areq)
-	if err != nil {
-		return err
-	}
-	if err := resolve(cdiDir, devRoot, resp.ContainerResponses[0], n); err != nil {
-		return err
-	}
-	const calls = 200
-	for i := 0; i < calls; i++ {
-		t := time.Now()
-		if _, err := c.GetDevicePluginOptions(ctx, &pluginapi.Empty{}); err != nil {
-			return err
-		}
-		base[metrics[5].name] = append(base[metrics[5].name], time.Since(t))
-		t = time.Now()
-		if _, err := c.Allocate(ctx, areq); err != nil {
-			return err
-		}
-		res[metrics[5].name] = append(res[metrics[5].name], time.Since(t))
-	}
-
-	// Removal and return of a node, against a raw inotify watcher.
-	w, err := fsnotify.NewWatcher()
-	if err != nil {
-		return err
-	}
-	defer w.Close()
-	if err := w.Add(devRoot); err != nil {
-		return err
-	}
-
-	if err := prestartBench(ctx, c, updates, filepath.Join(tmp, "state", "devices"), img, good, hex.EncodeToString(sum[:]), w, res, base); err != nil {
-		return err
-	}
-	victim := filepath.Join(devRoot, "bench-3")
-	victimID := "bench-node-1-3"
-	t1 := time.Now()
-	if err := os.Remove(victim); err != nil {
-		return err
-	}
-	raw, err := rawEvent(w, victim, t1)
-	if err != nil {
-		return err
-	}
-	u, err = kubeletsim.WaitFor(updates, 5*time.Second, func(u kubeletsim.Update) bool { return u.Health(victimID) == pluginapi.Unhealthy })
-	if err != nil {
-		return fmt.Errorf("removal not reported: %w", err)
-	}
-	res[metrics[2].name] = append(res[metrics[2].name], u.At.Sub(t1))
-	base[metrics[2].name] = append(base[metrics[2].name], raw)
-
-	t1 = time.Now()
-	if err := unix.Mknod(victim, unix.S_IFCHR|0o666, int(unix.Mkdev(1, 3))); err != nil {
-		return err
-	}
-	raw, err = rawEvent(w, victim, t1)
-	if err != nil {
-		return err
-	}
-	u, err = kubeletsim.WaitFor(updates, 5*time.Second, func(u kubeletsim.Update) bool { return u.Healthy() == n })
-	if err != nil {
-		return fmt.Errorf("return not reported: %w", err)
-	}
-	res[metrics[3].name] = append(res[metrics[3].name], u.At.Sub(t1))
-	base[metrics[3].name] = append(base[metrics[3].name], raw)
-
-	// Kubelet restart: directory wiped, kubelet.sock served again.
-	if err := w.Add(pluginDir); err != nil {
-		return err
-	}
-	served, err := k.Restart()
-	if err != nil {
-		return err
-	}
-	raw, err = rawEvent(w, k.Socket(), served)
-	if err != nil {
-		return err
-	}
-	reg, err = k.WaitRegistration(5 * time.Second)
-	if err != nil {
-		return fmt.Errorf("no re-registration: %w; plugin log: %s", err, logs.String())
-	}
-	if _, err := os.Stat(filepath.Join(pluginDir, reg.Request.Endpoint)); err != nil {
-		return fmt.Errorf("re-registered endpoint not served: %w", err)
-	}
-	res[metrics[4].name] = append(res[metrics[4].name], reg.At.Sub(served))
-	base[metrics[4].name] = append(base[metrics[4].name], raw)
-	return nil
-}
-
-// rawEvent waits for an event naming path and returns its delay from t.
-func rawEvent(w *fsnotify.Watcher, path string, t time.Time) (time.Duration, error) {
-	timeout := time.After(5 * time.Second)
-	for {
-		select {
-		case ev := <-w.Events:
-			if ev.Name == path {
-				return time.Since(t), nil
+	results := make([][]*RunResult, len(o.targets))
+	setupErr := make([]error, len(o.targets))
+	for i := 0; i < o.runs && ctx.Err() == nil; i++ {
+		for j := range o.targets {
+			t := &o.targets[j]
+			if setupErr[j] != nil || ctx.Err() != nil {
+				continue
 			}
-		case err := <-w.Errors:
-			return 0, err
-		case <-timeout:
-			return 0, errors.New("no inotify event for " + path)
+			res, err := runTarget(ctx, *t, o.settings)
+			if err != nil {
+				setupErr[j] = err
+				fmt.Fprintf(stderr, "dp-bench: %s: not run: %v\n", t.Label(), err)
+				continue
+			}
+			results[j] = append(results[j], res)
+			fmt.Fprintf(stderr, "dp-bench: run %d/%d %s: %s\n", i+1, o.runs, t.Label(), progress(res))
 		}
 	}
-}
-
-// resolve checks an Allocate answer the way containerd uses it: a fresh
-// CDI cache resolves the names and injects nodes that exist on the host
-// with the numbers the spec gives.
-func resolve(cdiDir, devRoot string, r *pluginapi.ContainerAllocateResponse, n int) error {
-	cache, err := cdiapi.NewCache(cdiapi.WithSpecDirs(cdiDir), cdiapi.WithAutoRefresh(false))
-	if err != nil {
-		return err
+	if ctx.Err() != nil {
+		fmt.Fprintln(stderr, "dp-bench: interrupted")
+		return 1
 	}
-	var names []string
-	for _, d := range r.CdiDevices {
-		names = append(names, d.Name)
-	}
-	if len(names) != n {
-		return fmt.Errorf("allocate gave %d CDI devices, want %d", len(names), n)
-	}
-	spec := &oci.Spec{Process: &oci.Process{}, Linux: &oci.Linux{}}
-	if _, err := cache.InjectDevices(spec, names...); err != nil {
-		return fmt.Errorf("inject: %w", err)
-	}
-	for _, d := range spec.Linux.Devices {
-		var st unix.Stat_t
-		host := filepath.Join(devRoot, filepath.Base(d.Path))
-		if err := unix.Stat(host, &st); err != nil {
-			return fmt.Errorf("host node for %s: %w", d.Path, err)
+	rep.Machine.LoadAfter = loadavg()
+	ok := true
+	for j := range o.targets {
+		t := &o.targets[j]
+		tr := summarize(*t, results[j])
+		if setupErr[j] != nil {
+			tr.Err = setupErr[j].Error()
 		}
-		if int64(unix.Major(uint64(st.Rdev))) != d.Major || int64(unix.Minor(uint64(st.Rdev))) != d.Minor || d.Major != 1 || d.Minor != 3 {
-			return fmt.Errorf("host node %s is %d:%d, spec says %d:%d", host, unix.Major(uint64(st.Rdev)), unix.Minor(uint64(st.Rdev)), d.Major, d.Minor)
+		rep.Targets = append(rep.Targets, tr)
+		if o.mustPass == nil || o.mustPass[t.Name] {
+			ok = ok && tr.Err == "" && !anyFailed(tr)
 		}
 	}
-	if len(spec.Linux.Devices) != n {
-		return fmt.Errorf("injected %d devices, want %d", len(spec.Linux.Devices), n)
-	}
-	return nil
-}
-
-// prestartBench times PreStartContainer on 2 devices (reset + 1 MiB
-// reprogram), checks the state it leaves, and the failure path: a corrupt
-// image fails the call and the device is listed Unhealthy, a fixed one
-// heals it.
-func prestartBench(ctx context.Context, c *kubeletsim.Client, updates <-chan kubeletsim.Update, stateRoot, img string, good []byte, sum string,
-	w *fsnotify.Watcher, res, base map[string][]time.Duration) error {
-	ids := []string{"bench-node-1-0", "bench-node-1-1"}
-	req := &pluginapi.PreStartContainerRequest{DevicesIds: ids}
-	const calls = 50
-	for i := 0; i < calls; i++ {
-		t := time.Now()
-		if _, err := c.GetDevicePluginOptions(ctx, &pluginapi.Empty{}); err != nil {
-			return err
+	writeMarkdown(stdout, rep)
+	if o.jsonOut != "" {
+		b, err := json.MarshalIndent(rep, "", "  ")
+		if err == nil {
+			err = os.WriteFile(o.jsonOut, append(b, '\n'), 0o644)
 		}
-		b := time.Since(t)
-		t = time.Now()
-		if _, err := c.PreStartContainer(ctx, req); err != nil {
-			return fmt.Errorf("PreStartContainer: %w", err)
-		}
-		d := time.Since(t)
-		m := metrics[7].name
-		if i == 0 {
-			m = metrics[6].name
-		}
-		res[m] = append(res[m], d)
-		base[m] = append(base[m], b)
-	}
-	for _, id := range ids {
-		s, err := prestart.LoadState(filepath.Join(stateRoot, id))
 		if err != nil {
-			return err
-		}
-		if s.Generation != calls || s.ResetCount != calls || s.Firmware == nil || s.Firmware.SHA256 != sum || s.Status != prestart.StatusReady {
-			return fmt.Errorf("state of %s after %d calls: %+v", id, calls, s)
+			fmt.Fprintln(stderr, "dp-bench: -json:", err)
+			return 1
 		}
 	}
-	if err := w.Add(filepath.Dir(img)); err != nil {
-		return err
+	if o.mdOut != "" {
+		if err := writeMarkdownInto(o.mdOut, rep); err != nil {
+			fmt.Fprintln(stderr, "dp-bench: -md:", err)
+			return 1
+		}
 	}
-	t0 := time.Now()
-	if err := os.WriteFile(img, []byte("corrupt"), 0o644); err != nil {
-		return err
+	if !ok {
+		fmt.Fprintln(stderr, "dp-bench: contract checks failed")
+		return 1
 	}
-	raw, err := rawEvent(w, img, t0)
+	return 0
+}
+
+// render prints the tables of a JSON report and writes them to -md.
+func render(o *options, stdout, stderr io.Writer) int {
+	b, err := os.ReadFile(o.render)
+	var rep Report
+	if err == nil {
+		err = json.Unmarshal(b, &rep)
+	}
 	if err != nil {
-		return err
+		fmt.Fprintf(stderr, "dp-bench: -render=%q: %v\n", o.render, err)
+		return 2
 	}
-	t0 = time.Now()
-	if _, err := c.PreStartContainer(ctx, req); err == nil || !strings.Contains(err.Error(), "step reprogram") {
-		return fmt.Errorf("corrupt image accepted: %v", err)
+	writeMarkdown(stdout, &rep)
+	if o.mdOut != "" {
+		if err := writeMarkdownInto(o.mdOut, &rep); err != nil {
+			fmt.Fprintln(stderr, "dp-bench: -md:", err)
+			return 1
+		}
 	}
-	u, err := kubeletsim.WaitFor(updates, 5*time.Second, func(u kubeletsim.Update) bool {
-		return u.Health(ids[0]) == pluginapi.Unhealthy && u.Health(ids[1]) == pluginapi.Unhealthy
-	})
-	if err != nil {
-		return fmt.Errorf("failed preparation not reported: %w", err)
+	return 0
+}
+
+func anyFailed(tr TargetReport) bool {
+	for _, c := range tr.Checks {
+		if c.Status == Fail {
+			return true
+		}
 	}
-	res[metrics[8].name] = append(res[metrics[8].name], u.At.Sub(t0))
-	base[metrics[8].name] = append(base[metrics[8].name], raw)
-	if err := os.WriteFile(img, good, 0o644); err != nil {
-		return err
+	return false
+}
+
+func progress(r *RunResult) string {
+	var parts []string
+	if s, ok := r.Metrics["start-registered"]; ok {
+		parts = append(parts, fmt.Sprintf("registered %.1f ms after start", s.Value))
 	}
-	if _, err := c.PreStartContainer(ctx, req); err != nil {
-		return fmt.Errorf("after fixing the image: %w", err)
+	if f := r.Failed(); len(f) > 0 {
+		parts = append(parts, "failed: "+strings.Join(f, ", "))
 	}
-	if _, err := kubeletsim.WaitFor(updates, 5*time.Second, func(u kubeletsim.Update) bool {
-		return u.Health(ids[0]) == pluginapi.Healthy && u.Health(ids[1]) == pluginapi.Healthy
-	}); err != nil {
-		return fmt.Errorf("recovery not reported: %w", err)
+	if r.Err != "" {
+		parts = append(parts, "stopped: "+r.Err)
 	}
-	return nil
+	if len(parts) == 0 {
+		return "ok"
+	}
+	return strings.Join(parts, "; ")
 }

@@ -7,8 +7,16 @@
 # locally as tarballs and imported into containerd.
 #
 #   e2e/local/cluster.sh up               build what is missing, start everything, wait for the node
-#   e2e/local/cluster.sh down             stop everything and clean up (also after a failed run)
+#   e2e/local/cluster.sh check            only the checks up makes before it touches anything
+#   e2e/local/cluster.sh down             stop everything up made and clean up (also after a failed run)
 #   e2e/local/cluster.sh restart-kubelet  stop and start the kubelet (e2e scenario "kubelet restart")
+#   e2e/local/cluster.sh plugin-host start VAR=VALUE... | stop
+#                                         the plugin binary as a host process with those settings, as a
+#                                         systemd unit ordered before containerd and the kubelet runs it
+#   e2e/local/cluster.sh simulate-reboot  what a node reboot does: everything stops, mounts, network
+#                                         namespaces, containerd's state and the tmpfs /var/run/cdi and
+#                                         simulated /dev nodes are gone; then the host plugin (if it ran),
+#                                         containerd and the kubelet start again, in that order
 #   e2e/local/cluster.sh env              print the variables the e2e suite needs (after up)
 #   e2e/local/cluster.sh logs [N]         print the last N (default 200) lines of every component log
 #
@@ -18,6 +26,10 @@
 # except what the kubelet and CNI insist on: /var/lib/kubelet, /var/log/pods,
 # /var/log/containers, /etc/cni/net.d/10-e2e.conflist, /var/lib/cni/networks/e2e,
 # the e2e0 bridge and the cgroup ${CGROUP_ROOT}; "down" removes all of them.
+# "up" first writes a marker (${E2E_WORK}/made-by-cluster-sh): "down" touches
+# nothing without it, nor while a kubelet it did not start runs, and "up"
+# refuses a /var/lib/kubelet that it did not make, so neither can wipe a
+# real node's kubelet state.
 set -euo pipefail
 
 REPO=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/../.." && pwd -P)
@@ -32,7 +44,9 @@ SERVICE_IP=10.0.0.1
 POD_CIDR=10.244.0.0/24
 BRIDGE=e2e0
 CNI_CONF=/etc/cni/net.d/10-e2e.conflist
-KUBELET_ROOT=/var/lib/kubelet
+# The kubelet's root (its device plugin directory is fixed below it);
+# E2E_KUBELET_ROOT is for the tests of this script's guards only.
+KUBELET_ROOT=${E2E_KUBELET_ROOT:-/var/lib/kubelet}
 PAUSE_IMAGE=registry.k8s.io/pause:3.10.2
 TEST_IMAGE=e2e.local/busybox:debian
 PLUGIN_IMAGE=docker.io/library/cdi-device-plugin:e2e
@@ -43,6 +57,7 @@ PKI=${E2E_WORK}/pki
 BIN=${E2E_WORK}/bin     # unversioned names of the cached binaries
 CTRD=${E2E_WORK}/containerd
 SOCK=${CTRD}/containerd.sock
+MARKER=${E2E_WORK}/made-by-cluster-sh
 
 log() { printf '[cluster %s] %s\n' "$(date +%T)" "$*" >&2; }
 die() { printf 'cluster.sh: %s\n' "$*" >&2; exit 1; }
@@ -123,8 +138,24 @@ binaries() {
 	"${REPO}/e2e/local/build-binaries.sh" --link "${BIN}"
 }
 
+# other_kubelet: a kubelet runs that this script did not start.
+other_kubelet() {
+	local pid ours=
+	[[ -f ${RUN}/kubelet.pid ]] && ours=$(cat "${RUN}/kubelet.pid")
+	for pid in $(pgrep -x kubelet || true); do
+		[[ ${pid} == "${ours}" ]] || return 0
+	done
+	return 1
+}
+
 preflight() {
 	[[ $(id -u) == 0 ]] || die "must run as root (kubelet, containerd and mknod need it)"
+	if other_kubelet; then
+		die "another kubelet is running on this machine; refusing to touch ${KUBELET_ROOT}"
+	fi
+	if [[ -e ${KUBELET_ROOT} && ! -f ${MARKER} ]]; then
+		die "${KUBELET_ROOT} exists and was not made by cluster.sh up (no ${MARKER}); refusing to use or remove it"
+	fi
 	local missing=() c
 	for c in openssl ip curl setsid mount umount; do
 		command -v "${c}" >/dev/null || missing+=("${c}")
@@ -135,9 +166,6 @@ preflight() {
 		missing+=(busybox-static)
 	fi
 	[[ ${#missing[@]} -eq 0 ]] || die "missing: ${missing[*]} (apt-get install -y libseccomp-dev pkg-config containernetworking-plugins busybox-static curl iproute2 openssl)"
-	if [[ -S ${KUBELET_ROOT}/device-plugins/kubelet.sock ]] && ! running kubelet && pgrep -x kubelet >/dev/null; then
-		die "another kubelet is running on this machine; refusing to touch ${KUBELET_ROOT}"
-	fi
 }
 
 # cert NAME CN O SAN: a key and a certificate signed by the cluster CA.
@@ -345,6 +373,8 @@ export E2E_TEST_IMAGE=${TEST_IMAGE}
 export E2E_NODE_SHELL=
 export E2E_RUNTIME_STATE=${CTRD}/state
 export E2E_RESTART_KUBELET='${REPO}/e2e/local/cluster.sh restart-kubelet'
+export E2E_PLUGIN_HOST='${REPO}/e2e/local/cluster.sh plugin-host'
+export E2E_REBOOT='${REPO}/e2e/local/cluster.sh simulate-reboot'
 EOV
 }
 
@@ -352,6 +382,8 @@ up() {
 	preflight
 	local t0=${SECONDS} ip
 	down quiet
+	mkdir -p "${E2E_WORK}"
+	printf 'made by cluster.sh up, pid %s, %s\n' "$$" "$(date -u +%FT%TZ)" >"${MARKER}"
 	rm -rf "${LOGS}"
 	mkdir -p "${RUN}" "${LOGS}"
 	binaries
@@ -377,6 +409,67 @@ restart_kubelet() {
 	kubelet_up
 }
 
+# plugin_host start VAR=VALUE... | stop: see the usage at the top.
+plugin_host() {
+	local kv
+	[[ -f ${MARKER} ]] || die "the node is not up"
+	case ${1:-} in
+	start)
+		shift
+		stop plugin-host
+		: >"${E2E_WORK}/plugin-host.env"
+		for kv in "$@"; do
+			[[ ${kv} =~ ^[A-Z_][A-Z0-9_]*= ]] || die "plugin-host start: ${kv}: want VAR=VALUE"
+			printf '%s\n' "${kv}" >>"${E2E_WORK}/plugin-host.env"
+		done
+		plugin_host_up
+		;;
+	stop) stop plugin-host ;;
+	*) die "usage: cluster.sh plugin-host start VAR=VALUE... | stop" ;;
+	esac
+}
+
+plugin_host_up() {
+	local envs=()
+	mapfile -t envs <"${E2E_WORK}/plugin-host.env"
+	start plugin-host env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin "${envs[@]}" "${E2E_WORK}/images/cdi-device-plugin"
+	sleep 0.2
+	alive plugin-host
+}
+
+# remove_sim_nodes: the simulated device nodes that the CDI specs name (a
+# reboot empties /dev, a tmpfs; real nodes come back with their drivers).
+remove_sim_nodes() {
+	local spec p
+	for spec in /var/run/cdi/*.json; do
+		[[ -f ${spec} && ! -L ${spec} ]] || continue
+		grep -Eo '"hostPath": ?"/dev/[^"]*"' "${spec}" | sed 's/.*"\([^"]*\)"$/\1/' | while read -r p; do
+			if sim_node "${p}"; then rm -f -- "${p}"; fi
+		done
+	done
+}
+
+simulate_reboot() {
+	local host_plugin='' t0=${SECONDS}
+	running kubelet || die "the kubelet is not running"
+	running plugin-host && host_plugin=1
+	log "simulated reboot: stopping everything"
+	stop_node_processes
+	# What does not survive a reboot.
+	drop_node_runtime
+	rm -rf "${CTRD}/state"
+	remove_sim_nodes
+	find /var/run/cdi -mindepth 1 -delete 2>/dev/null || true
+	log "down after $((SECONDS - t0)) s; starting ${host_plugin:+the host plugin, }containerd, then the kubelet"
+	cgroups
+	if [[ -n ${host_plugin} ]]; then
+		plugin_host_up
+	fi
+	containerd_up
+	kubelet_up
+	log "kubelet started again $((SECONDS - t0)) s after the simulated reboot began"
+}
+
 # Processes in the pods' cgroups, which the shims may leave behind.
 kill_pod_processes() {
 	local pids
@@ -395,6 +488,37 @@ unmount_under() {
 		done
 }
 
+# stop_node_processes: the kubelet, the pods' processes, containerd and its
+# shims, the host plugin.
+stop_node_processes() {
+	stop kubelet
+	kill_pod_processes
+	stop containerd
+	# Shims of our containerd (they outlive it by design).
+	pkill -KILL -f -- "containerd-shim-runc-v2.* -address ${SOCK}" 2>/dev/null || true
+	kill_pod_processes
+	stop plugin-host
+}
+
+# drop_node_runtime: the pods' mounts, network namespaces, the bridge and
+# the cgroups (what a reboot loses, and down removes).
+drop_node_runtime() {
+	unmount_under "${KUBELET_ROOT}"
+	unmount_under "${CTRD}"
+	remove_netns
+	ip link delete "${BRIDGE}" 2>/dev/null || true
+	remove_cgroups
+}
+
+remove_netns() {
+	local ns
+	for ns in /var/run/netns/cni-*; do
+		[[ -e ${ns} ]] || continue
+		umount "${ns}" 2>/dev/null || true
+		rm -f "${ns}"
+	done
+}
+
 remove_cgroups() {
 	local h
 	for h in /sys/fs/cgroup/*/"${CGROUP_ROOT#/}" /sys/fs/cgroup/"${CGROUP_ROOT#/}"; do
@@ -403,17 +527,25 @@ remove_cgroups() {
 	done
 }
 
+# sim_node PATH: PATH is a simulated device node as the suite and the demo
+# make them (a character device 1:3, an alias of /dev/null), not a real one.
+sim_node() {
+	[[ $1 == /dev/* && $1 != /dev/null && -c $1 && ! -L $1 ]] && [[ $(stat -c '%t:%T' -- "$1") == 1:3 ]]
+}
+
 # The plugins the suite and the demo deploy keep their CDI specs, device
 # nodes and device state on exit (by design); remove those of our plugin
-# names: every /dev node and state directory their specs point at.
+# names (owner <namespace>/<plugin>): their simulated /dev nodes and the
+# state directories their specs point at. Real device nodes are never
+# removed.
 sweep_plugin_leftovers() {
 	local spec p
 	for spec in /var/run/cdi/*.json; do
-		[[ -f ${spec} ]] || continue
-		grep -Eq '"cdi-device-plugin/owner": ?"(cdi-e2e|cdi-e2e-bad|demo)"' "${spec}" || continue
+		[[ -f ${spec} && ! -L ${spec} ]] || continue
+		grep -Eq '"cdi-device-plugin/owner": ?"([a-z0-9-]+/)?(cdi-e2e|cdi-e2e-bad|cdi-e2e-host|demo)"' "${spec}" || continue
 		grep -Eo '"hostPath": ?"[^"]*"' "${spec}" | sed 's/.*"\([^"]*\)"$/\1/' | while read -r p; do
 			case ${p} in
-			/dev/*) rm -f -- "${p}" ;;
+			/dev/*) if sim_node "${p}"; then rm -f -- "${p}"; fi ;;
 			/var/lib/cdi-device-plugin/devices/*) rm -rf -- "${p}" ;;
 			esac
 		done
@@ -424,31 +556,25 @@ sweep_plugin_leftovers() {
 
 down() {
 	local quiet=${1:-}
+	if [[ ! -f ${MARKER} ]]; then
+		[[ -n ${quiet} ]] && return 0
+		die "nothing here was made by cluster.sh up (no ${MARKER}); refusing to stop or remove anything"
+	fi
+	if other_kubelet; then
+		die "a kubelet that cluster.sh did not start is running; refusing to touch ${KUBELET_ROOT}"
+	fi
 	[[ -n ${quiet} ]] || log "stopping"
 	mkdir -p "${RUN}"
-	stop kubelet
-	kill_pod_processes
-	stop containerd
-	# Shims of our containerd (they outlive it by design).
-	pkill -KILL -f -- "containerd-shim-runc-v2.* -address ${SOCK}" 2>/dev/null || true
-	kill_pod_processes
+	stop_node_processes
 	stop kube-scheduler
 	stop kube-controller-manager
 	stop kube-apiserver
 	stop etcd
-	unmount_under "${KUBELET_ROOT}"
-	unmount_under "${CTRD}"
-	local ns
-	for ns in /var/run/netns/cni-*; do
-		[[ -e ${ns} ]] || continue
-		umount "${ns}" 2>/dev/null || true
-		rm -f "${ns}"
-	done
-	ip link delete "${BRIDGE}" 2>/dev/null || true
-	remove_cgroups
+	drop_node_runtime
 	sweep_plugin_leftovers
 	rm -rf "${KUBELET_ROOT}" /var/log/pods /var/log/containers /var/lib/cni/networks/e2e "${CNI_CONF}" \
-		"${E2E_WORK}/etcd" "${CTRD}" "${PKI}" "${E2E_WORK}/env"
+		"${E2E_WORK}/etcd" "${CTRD}" "${PKI}" "${E2E_WORK}/env" "${E2E_WORK}/plugin-host.env"
+	rm -f "${MARKER}"
 	[[ -n ${quiet} ]] || log "stopped and cleaned up"
 }
 
@@ -463,8 +589,14 @@ logs() {
 
 case ${1:-} in
 up) up ;;
+check) preflight ;;
 down) down ;;
 restart-kubelet) restart_kubelet ;;
+plugin-host)
+	shift
+	plugin_host "$@"
+	;;
+simulate-reboot) simulate_reboot ;;
 env)
 	[[ -f ${E2E_WORK}/env ]] || die "not up"
 	cat "${E2E_WORK}/env"

@@ -3,6 +3,13 @@
 // socket, records registrations, and talks to plugins the way the kubelet's
 // device manager does (ListAndWatch, Allocate, GetPreferredAllocation). A
 // restart wipes the directory as the kubelet does.
+//
+// Register is handled like the kubelet's registration server
+// (pkg/kubelet/cm/devicemanager/plugin/v1beta1): the version must be a
+// supported one and the resource an extended resource name; then, before
+// Register returns, the plugin's endpoint is dialled and asked for its
+// options (GetDevicePluginOptions), and a plugin that does not answer is
+// refused.
 package kubeletsim
 
 import (
@@ -12,37 +19,71 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"k8s.io/apimachinery/pkg/util/validation"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 )
 
 // Registration is one Register call as the kubelet saw it.
 type Registration struct {
+	// At is when the call arrived.
 	At      time.Time
 	Request *pluginapi.RegisterRequest
+	// Options is the plugin's answer to GetDevicePluginOptions on its
+	// endpoint during the call (what the kubelet acts on), nil when the
+	// endpoint did not answer.
+	Options *pluginapi.DevicePluginOptions
+	// Err is why the call was refused, nil when it was accepted.
+	Err error
+}
+
+// Options tune the stand-in.
+type Options struct {
+	// ConnectTimeout bounds the call to the plugin's endpoint during
+	// Register (the kubelet's is 10 s, the default).
+	ConnectTimeout time.Duration
 }
 
 // Kubelet serves the registration socket.
 type Kubelet struct {
 	pluginapi.UnimplementedRegistrationServer
 
-	dir string
+	dir  string
+	opts Options
 	// Regs receives accepted registrations (64 buffered; more are dropped).
 	Regs chan Registration
+	// Calls receives every Register call, accepted or refused (64
+	// buffered; more are dropped).
+	Calls chan Registration
 
 	mu  sync.Mutex
 	srv *grpc.Server
+	wg  sync.WaitGroup // the Serve goroutine
 }
 
 // Start serves <dir>/kubelet.sock.
-func Start(dir string) (*Kubelet, error) {
-	k := &Kubelet{dir: dir, Regs: make(chan Registration, 64)}
-	return k, k.start()
+func Start(dir string) (*Kubelet, error) { return StartWith(dir, Options{}) }
+
+// StartWith serves <dir>/kubelet.sock with opts.
+func StartWith(dir string, opts Options) (*Kubelet, error) {
+	if opts.ConnectTimeout <= 0 {
+		opts.ConnectTimeout = 10 * time.Second
+	}
+	k := &Kubelet{dir: dir, opts: opts, Regs: make(chan Registration, 64), Calls: make(chan Registration, 64)}
+	if err := k.start(); err != nil {
+		return nil, err
+	}
+	return k, nil
 }
+
+// Dir is the plugin directory.
+func (k *Kubelet) Dir() string { return k.dir }
 
 // Socket is the kubelet.sock path.
 func (k *Kubelet) Socket() string { return filepath.Join(k.dir, "kubelet.sock") }
@@ -53,35 +94,78 @@ func (k *Kubelet) start() error {
 	if err != nil {
 		return err
 	}
+	// A Serve that starts after Stop closes the listener; closing must
+	// not unlink the path, which a restart has given to the next socket.
+	lis.(*net.UnixListener).SetUnlinkOnClose(false)
 	srv := grpc.NewServer()
 	pluginapi.RegisterRegistrationServer(srv, k)
 	k.mu.Lock()
 	k.srv = srv
 	k.mu.Unlock()
-	go func() { _ = srv.Serve(lis) }()
+	k.wg.Add(1)
+	go func() {
+		defer k.wg.Done()
+		_ = srv.Serve(lis)
+	}()
 	return nil
 }
 
-// Register validates like the kubelet (version, endpoint inside the dir,
-// the endpoint served) and records the call.
+// Register validates like the kubelet (version, extended resource name,
+// endpoint a file in the directory), then calls GetDevicePluginOptions on
+// the endpoint as the kubelet does before it answers, and records the call.
 func (k *Kubelet) Register(ctx context.Context, r *pluginapi.RegisterRequest) (*pluginapi.Empty, error) {
-	if r.Version != pluginapi.Version {
-		return nil, fmt.Errorf("unsupported version %q", r.Version)
+	reg := Registration{At: time.Now(), Request: r}
+	reg.Options, reg.Err = k.validate(ctx, r)
+	send(k.Calls, reg)
+	if reg.Err != nil {
+		return nil, reg.Err
 	}
-	if r.Endpoint == "" || filepath.Base(r.Endpoint) != r.Endpoint {
-		return nil, fmt.Errorf("bad endpoint %q", r.Endpoint)
-	}
-	if _, err := os.Stat(filepath.Join(k.dir, r.Endpoint)); err != nil {
-		return nil, fmt.Errorf("endpoint not served: %w", err)
-	}
-	select {
-	case k.Regs <- Registration{At: time.Now(), Request: r}:
-	default:
-	}
+	send(k.Regs, reg)
 	return &pluginapi.Empty{}, nil
 }
 
-// Stop stops serving and removes kubelet.sock.
+func send(ch chan Registration, r Registration) {
+	select {
+	case ch <- r:
+	default:
+	}
+}
+
+func (k *Kubelet) validate(ctx context.Context, r *pluginapi.RegisterRequest) (*pluginapi.DevicePluginOptions, error) {
+	if !slices.Contains(pluginapi.SupportedVersions[:], r.Version) {
+		return nil, fmt.Errorf("unsupported version %q, supported %v", r.Version, pluginapi.SupportedVersions)
+	}
+	if !IsExtendedResourceName(r.ResourceName) {
+		return nil, fmt.Errorf("invalid resource name %q: not an extended resource name", r.ResourceName)
+	}
+	if r.Endpoint == "" || filepath.Base(r.Endpoint) != r.Endpoint {
+		return nil, fmt.Errorf("bad endpoint %q: must be a file name in %s", r.Endpoint, k.dir)
+	}
+	c, err := Dial(k.dir, r.Endpoint)
+	if err != nil {
+		return nil, fmt.Errorf("endpoint %s: %w", r.Endpoint, err)
+	}
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(ctx, k.opts.ConnectTimeout)
+	defer cancel()
+	opts, err := c.GetDevicePluginOptions(ctx, &pluginapi.Empty{})
+	if err != nil {
+		return nil, fmt.Errorf("endpoint %s not served: GetDevicePluginOptions: %w", r.Endpoint, err)
+	}
+	return opts, nil
+}
+
+// IsExtendedResourceName reports whether name is an extended resource name
+// as the kubelet's v1helper.IsExtendedResourceName decides it: a domain
+// outside kubernetes.io, not "requests.", a valid qualified name.
+func IsExtendedResourceName(name string) bool {
+	if !strings.Contains(name, "/") || strings.Contains(name, "kubernetes.io/") || strings.HasPrefix(name, "requests.") {
+		return false
+	}
+	return len(validation.IsQualifiedName("requests."+name)) == 0
+}
+
+// Stop stops serving, waits for the server to end and removes kubelet.sock.
 func (k *Kubelet) Stop() {
 	k.mu.Lock()
 	srv := k.srv
@@ -90,6 +174,7 @@ func (k *Kubelet) Stop() {
 	if srv != nil {
 		srv.Stop()
 	}
+	k.wg.Wait()
 	_ = os.Remove(k.Socket())
 }
 

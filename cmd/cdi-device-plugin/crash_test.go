@@ -1,0 +1,277 @@
+package main
+
+// Crash safety: the built binary is killed with SIGKILL at random points
+// while it writes specs, nodes and device state, and the disk it leaves is
+// checked after every kill.
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io/fs"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+	cdiapi "tags.cncf.io/container-device-interface/pkg/cdi"
+
+	"github.com/cdi-device-plugin/cdi-device-plugin/internal/kubeletsim"
+	"github.com/cdi-device-plugin/cdi-device-plugin/prestart"
+)
+
+// crashConfig: 500 simulated devices with reset and reprogram steps (a
+// spec, 500 nodes, state on every PreStartContainer) and a host-device
+// resource whose device set the test changes while the plugin runs.
+const crashConfig = `
+resources:
+- name: example.com/sim
+  idPrefix: sim
+  envPrefix: SIM
+  count: 500
+  prestart:
+    steps: [{type: reset}, {type: reprogram}]
+- name: example.com/serial
+  idPrefix: ser
+  envPrefix: SER
+  hostDevices: ["ttyR*"]
+`
+
+// buildBinary builds the plugin once per test binary run.
+var buildBinary = sync.OnceValues(func() (string, error) {
+	dir, err := os.MkdirTemp("", "cdp-bin")
+	if err != nil {
+		return "", err
+	}
+	bin := filepath.Join(dir, "cdi-device-plugin")
+	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		return "", fmt.Errorf("build: %w\n%s", err, out)
+	}
+	return bin, nil
+})
+
+// checkDisk is what must hold after any kill: every spec in the CDI dir
+// loads without error, every state file parses, no state was set aside as
+// corrupt. It returns the temp files it found (a crash mid-write leaves
+// them; a restarted plugin must remove them).
+func checkDisk(t *testing.T, d dirs) (temps []string) {
+	t.Helper()
+	cache, err := cdiapi.NewCache(cdiapi.WithSpecDirs(d.cdi), cdiapi.WithAutoRefresh(false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for path, errs := range cache.GetErrors() {
+		t.Fatalf("CDI spec %s does not load: %v", path, errs)
+	}
+	for _, root := range []string{d.cdi, d.dev, d.state} {
+		_ = filepath.WalkDir(root, func(p string, e fs.DirEntry, err error) error {
+			if err != nil {
+				return nil
+			}
+			switch name := e.Name(); {
+			case strings.Contains(name, ".tmp-") || strings.HasPrefix(name, prestart.ScratchDir+".old-"):
+				temps = append(temps, p)
+			case strings.HasSuffix(name, prestart.CorruptSuffix):
+				t.Fatalf("state set aside as corrupt after a kill: %s", p)
+			case name == prestart.StateFile:
+				data, err := os.ReadFile(p)
+				var s prestart.State
+				if err != nil || json.Unmarshal(data, &s) != nil {
+					t.Fatalf("state %s unreadable after a kill: %v %q", p, err, data)
+				}
+			}
+			return nil
+		})
+	}
+	return temps
+}
+
+// TestCrashSafety kills the binary 200 times at random points of start-up
+// (500 nodes, the spec, state), device-set changes and PreStartContainer.
+// After every kill the disk is consistent; every 20th run and the last are
+// left to converge: registered, every device healthy and resolving, no
+// temp file left.
+func TestCrashSafety(t *testing.T) {
+	if testing.Short() {
+		t.Skip("200 runs of the built binary")
+	}
+	d := newDirs(t)
+	needRoot(t, d)
+	bin, err := buildBinary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := writeConfig(t, crashConfig)
+	k, err := kubeletsim.Start(d.plugins)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer k.Stop()
+
+	// Churn the host devices for the whole test: the serial resource's
+	// device set changes every few ms, so spec rewrites are in flight.
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for i := 0; ctx.Err() == nil; i++ {
+			p := filepath.Join(d.dev, fmt.Sprintf("ttyR%d", i%6))
+			if i%12 < 6 {
+				mknod(t, d, filepath.Base(p), 1, 3)
+			} else {
+				_ = os.Remove(p)
+			}
+			time.Sleep(3 * time.Millisecond)
+		}
+	}()
+	defer func() { cancel(); wg.Wait() }()
+
+	const runs = 200
+	rng := rand.New(rand.NewPCG(1, 2))
+	var killedRegistered, killedPrestart int
+	for run := 1; run <= runs; run++ {
+		for len(k.Regs) > 0 {
+			<-k.Regs
+		}
+		started := time.Now()
+		cmd := exec.Command(bin, d.args("--config", cfg, "--node-name", "crash")...)
+		var stderr syncBuffer
+		cmd.Stderr = &stderr
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		killed := false
+		kill := func() {
+			if !killed {
+				killed = true
+				_ = cmd.Process.Kill()
+				_ = cmd.Wait()
+			}
+		}
+		t.Cleanup(kill)
+		runCtx, stopCalls := context.WithCancel(ctx)
+		simEndpoint := make(chan string, 1)
+		go func() {
+			for {
+				select {
+				case r := <-k.Regs:
+					if r.Request.ResourceName == "example.com/sim" {
+						simEndpoint <- r.Request.Endpoint
+						return
+					}
+				case <-runCtx.Done():
+					return
+				}
+			}
+		}()
+		if run%20 == 0 {
+			waitConverged(t, d, simEndpoint, started, &stderr)
+			stopCalls()
+			kill()
+			// A kill after convergence leaves at most what one write in
+			// flight leaves; the next start removes it.
+			checkDisk(t, d)
+			continue
+		}
+		// Once registered, PreStartContainer on random devices until the
+		// process dies.
+		calls := make(chan int, 1)
+		go func() {
+			n := 0
+			defer func() { calls <- n }()
+			var endpoint string
+			select {
+			case endpoint = <-simEndpoint:
+			case <-runCtx.Done():
+				return
+			}
+			c, err := kubeletsim.Dial(d.plugins, endpoint)
+			if err != nil {
+				return
+			}
+			defer func() { _ = c.Close() }()
+			for runCtx.Err() == nil {
+				ids := []string{fmt.Sprintf("sim-crash-%d", rand.IntN(500)), fmt.Sprintf("sim-crash-%d", rand.IntN(500))}
+				if ids[0] == ids[1] {
+					continue
+				}
+				if _, err := c.PreStartContainer(runCtx, &pluginapi.PreStartContainerRequest{DevicesIds: ids}); err != nil {
+					return
+				}
+				n++
+			}
+		}()
+		// Half the kills within start-up (nodes, spec, state, register),
+		// half anywhere up to some 300 ms of service.
+		window := 400
+		if run%2 == 0 {
+			window = 60
+		}
+		time.Sleep(time.Duration(rng.IntN(window)) * time.Millisecond)
+		kill()
+		stopCalls()
+		if n := <-calls; n > 0 {
+			killedPrestart++
+		}
+		if strings.Contains(stderr.String(), "registered") {
+			killedRegistered++
+		}
+		checkDisk(t, d)
+	}
+	t.Logf("%d kills: %d after registration, %d during PreStartContainer calls; %d convergence checks",
+		runs, killedRegistered, killedPrestart, runs/20)
+	if killedRegistered == 0 || killedRegistered == runs-runs/20 {
+		t.Errorf("kills did not spread over start-up and service: %d of %d after registration", killedRegistered, runs)
+	}
+}
+
+// waitConverged waits until the running binary lists all 500 simulated
+// devices healthy and hands out names that resolve; by then no temp file
+// older than this run may be left.
+func waitConverged(t *testing.T, d dirs, endpoint <-chan string, started time.Time, stderr *syncBuffer) {
+	t.Helper()
+	var sim string
+	select {
+	case sim = <-endpoint:
+	case <-time.After(20 * time.Second):
+		t.Fatalf("no registration within 20s; log:\n%s", stderr.String())
+	}
+	c, err := kubeletsim.Dial(d.plugins, sim)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = c.Close() }()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	updates, err := c.Watch(ctx)
+	if err == nil {
+		_, err = kubeletsim.WaitFor(updates, 20*time.Second, func(u kubeletsim.Update) bool { return u.Healthy() == 500 })
+	}
+	if err == nil {
+		_, err = resolve(ctx, d, c, "sim-crash-0", "sim-crash-499")
+	}
+	if err != nil {
+		t.Fatalf("not converged: %v; log:\n%s", err, stderr.String())
+	}
+	// Sockets of killed runs are gone: the kubelet's directory holds
+	// kubelet.sock and this run's two sockets.
+	if ents, _ := os.ReadDir(d.plugins); len(ents) != 3 {
+		var names []string
+		for _, e := range ents {
+			names = append(names, e.Name())
+		}
+		t.Fatalf("plugin dir after convergence: %d entries %v", len(ents), names)
+	}
+	for _, p := range checkDisk(t, d) {
+		// A write in flight right now is not a leftover.
+		if fi, err := os.Lstat(p); err == nil && fi.ModTime().Before(started) {
+			t.Fatalf("temp file of a killed run left after the plugin converged: %s", p)
+		}
+	}
+}

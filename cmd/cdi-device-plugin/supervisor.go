@@ -1,0 +1,292 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"reflect"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/sirupsen/logrus"
+	"golang.org/x/sys/unix"
+
+	"github.com/cdi-device-plugin/cdi-device-plugin/cdi"
+	"github.com/cdi-device-plugin/cdi-device-plugin/config"
+	"github.com/cdi-device-plugin/cdi-device-plugin/internal/inotify"
+	"github.com/cdi-device-plugin/cdi-device-plugin/metrics"
+)
+
+// supervisor runs the configured resources, each under its own context,
+// and applies a new configuration by stopping and starting only the
+// resources that changed. Its fields are used by the goroutine that runs
+// serve's loop, but served (the resource names, for the metrics) and the
+// probes' checks, which are published atomically.
+type supervisor struct {
+	logger  *logrus.Logger
+	log     *logrus.Entry
+	metrics *metrics.Metrics
+	server  *metrics.Server // nil: no metrics address
+	writer  *cdi.Writer
+	start   int64
+
+	cfg     *config.Config
+	running map[string]*instance
+	served  atomic.Pointer[[]string]
+
+	wg     sync.WaitGroup
+	failed chan error // a resource failed: the process ends
+}
+
+// instance is one running resource.
+type instance struct {
+	rc     config.Resource
+	part   *part
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+func newSupervisor(logger *logrus.Logger, log *logrus.Entry, m *metrics.Metrics, server *metrics.Server, writer *cdi.Writer, start int64) *supervisor {
+	s := &supervisor{logger: logger, log: log, metrics: m, server: server, writer: writer, start: start,
+		running: map[string]*instance{}, failed: make(chan error, 1)}
+	s.served.Store(&[]string{})
+	return s
+}
+
+// servedResources lists the resources served now (safe from any goroutine).
+func (s *supervisor) servedResources() []string { return *s.served.Load() }
+
+// ErrNeedsRestart is returned by apply for a change it cannot make while
+// running.
+var ErrNeedsRestart = errors.New("needs a restart of the plugin")
+
+// restartOnly lists the settings that a reload cannot change.
+func restartOnly(a, b *config.Config) error {
+	for _, f := range []struct{ name, old, cur string }{
+		{"pluginName", a.PluginName, b.PluginName}, {"devicePluginDir", a.DevicePluginDir, b.DevicePluginDir},
+		{"cdiDir", a.CDIDir, b.CDIDir}, {"devRoot", a.DevRoot, b.DevRoot}, {"stateDir", a.StateDir, b.StateDir},
+		{"nodeName", a.NodeName, b.NodeName}, {"metricsAddress", a.MetricsAddress, b.MetricsAddress},
+		{"podResourcesSocket", a.PodResourcesSocket, b.PodResourcesSocket},
+	} {
+		if f.old != f.cur {
+			return fmt.Errorf("%s %q -> %q: %w", f.name, f.old, f.cur, ErrNeedsRestart)
+		}
+	}
+	return nil
+}
+
+// change is what apply did.
+type change struct{ added, removed, restarted []string }
+
+func (c change) empty() bool { return len(c.added)+len(c.removed)+len(c.restarted) == 0 }
+
+// apply makes the running resources those of next. New and changed
+// resources are built and prepared before anything running is touched, so
+// a configuration that fails there changes nothing; then the removed and
+// changed resources are stopped, the new and changed ones started, and the
+// specs of removed resources removed. Unchanged resources keep running.
+func (s *supervisor) apply(ctx context.Context, next *config.Config) (change, error) {
+	var ch change
+	if s.cfg != nil {
+		if err := restartOnly(s.cfg, next); err != nil {
+			return ch, err
+		}
+	}
+	strategiesChanged := s.cfg != nil && !slices.Equal(s.cfg.DeviceListStrategy, next.DeviceListStrategy)
+	wanted := map[string]bool{}
+	var parts []*part
+	var kinds []cdi.Kind
+	for i := range next.Resources {
+		rc := &next.Resources[i]
+		wanted[rc.Name] = true
+		old, ok := s.running[rc.Name]
+		if ok && !strategiesChanged && reflect.DeepEqual(old.rc, *rc) {
+			kinds = append(kinds, old.part.kind)
+			continue
+		}
+		p, err := build(next, i, s.writer, time.Now().UnixNano(), s.log, s.metrics)
+		if err != nil {
+			return ch, err
+		}
+		parts = append(parts, p)
+		kinds = append(kinds, p.kind)
+		if ok {
+			ch.restarted = append(ch.restarted, rc.Name)
+		} else {
+			ch.added = append(ch.added, rc.Name)
+		}
+	}
+	for _, p := range parts {
+		if err := p.prepare(); err != nil {
+			return ch, err
+		}
+	}
+	for name := range s.running {
+		if !wanted[name] {
+			ch.removed = append(ch.removed, name)
+		}
+	}
+	sort.Strings(ch.removed)
+	for _, name := range append(slices.Clone(ch.removed), ch.restarted...) {
+		s.stop(name)
+	}
+	for _, name := range ch.removed {
+		s.metrics.Forget(name)
+	}
+	for i := range next.Resources {
+		for _, p := range parts {
+			if p.name == next.Resources[i].Name {
+				s.run(ctx, next.Resources[i], p)
+			}
+		}
+	}
+	removed, err := s.writer.RemoveStale(kinds)
+	for _, p := range removed {
+		s.log.WithField("spec", p).Info("removed the CDI spec of a resource no longer configured")
+	}
+	if err != nil {
+		s.log.WithError(err).Warn("removing stale CDI specs")
+	}
+	s.logger.SetLevel(next.Level)
+	s.logger.SetFormatter(formatter(next.LogFormat))
+	s.cfg = next
+	s.publish()
+	return ch, nil
+}
+
+// run starts p under its own context; an error of its Run (not a stop)
+// ends the process through s.failed.
+func (s *supervisor) run(ctx context.Context, rc config.Resource, p *part) {
+	ictx, cancel := context.WithCancel(ctx)
+	in := &instance{rc: rc, part: p, cancel: cancel, done: make(chan struct{})}
+	s.running[rc.Name] = in
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		defer close(in.done)
+		if err := p.resource.Run(ictx); err != nil && ictx.Err() == nil {
+			select {
+			case s.failed <- fmt.Errorf("%s: %w", rc.Name, err):
+			default:
+			}
+		}
+	}()
+}
+
+// stop stops a running resource and waits for it.
+func (s *supervisor) stop(name string) {
+	in := s.running[name]
+	if in == nil {
+		return
+	}
+	in.cancel()
+	<-in.done
+	delete(s.running, name)
+}
+
+// stopAll stops every resource and waits for them.
+func (s *supervisor) stopAll() {
+	for name := range s.running {
+		s.running[name].cancel()
+	}
+	s.wg.Wait()
+	clear(s.running)
+}
+
+// publish hands the served resources to the metrics and their checks to
+// the probes.
+func (s *supervisor) publish() {
+	names := make([]string, 0, len(s.running))
+	live, ready := map[string]metrics.Check{}, map[string]metrics.Check{}
+	for name, in := range s.running {
+		names = append(names, name)
+		r := in.part.resource
+		live[name] = r.Alive
+		ready[name] = func(context.Context) error { return r.Ready() }
+	}
+	sort.Strings(names)
+	s.served.Store(&names)
+	if s.server != nil {
+		s.server.SetChecks(live, ready)
+	}
+}
+
+// reload loads the configuration again and applies it; a configuration
+// that does not load, build or prepare is refused, and the running one
+// stays.
+func (s *supervisor) reload(ctx context.Context, load func() (*config.Config, error)) {
+	next, err := load()
+	if err == nil {
+		var ch change
+		ch, err = s.apply(ctx, next)
+		if err == nil {
+			if ch.empty() {
+				s.metrics.Reload("unchanged")
+				s.log.Debug("configuration file changed; nothing to apply")
+				return
+			}
+			s.metrics.Reload("applied")
+			s.log.WithField("added", strings.Join(ch.added, ",")).WithField("removed", strings.Join(ch.removed, ",")).
+				WithField("restarted", strings.Join(ch.restarted, ",")).Info("configuration reloaded")
+			return
+		}
+	}
+	s.metrics.Reload("refused")
+	s.log.WithError(err).Error("configuration reload refused; the running configuration stays")
+}
+
+// watchConfig signals reloads (latest wins) when the configuration file
+// may have changed: it watches the file's directory, where a mounted
+// ConfigMap changes by swapping a symlink, and waits for 200 ms of quiet
+// so that a change is seen whole.
+func watchConfig(ctx context.Context, path string, reloads chan<- struct{}) error {
+	w, err := inotify.New(inotify.EntryChanges | unix.IN_CLOSE_WRITE)
+	if err != nil {
+		return err
+	}
+	dir := filepath.Dir(path)
+	if err := w.Add(dir); err != nil {
+		_ = w.Close()
+		return fmt.Errorf("watch %s: %w", dir, err)
+	}
+	events := make(chan struct{}, 1)
+	readerDone := make(chan struct{})
+	go func() {
+		defer close(readerDone)
+		buf := make([]byte, 64*1024)
+		for {
+			if _, err := w.Read(buf); err != nil {
+				return // closed
+			}
+			select {
+			case events <- struct{}{}:
+			default:
+			}
+		}
+	}()
+	defer func() {
+		_ = w.Close()
+		<-readerDone
+	}()
+	quiet := time.NewTimer(0)
+	quiet.Stop()
+	defer quiet.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-events:
+			quiet.Reset(200 * time.Millisecond)
+		case <-quiet.C:
+			select {
+			case reloads <- struct{}{}:
+			default:
+			}
+		}
+	}
+}

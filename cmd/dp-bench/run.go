@@ -1,0 +1,853 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/fsnotify/fsnotify"
+	oci "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
+	"google.golang.org/grpc/status"
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+	cdiapi "tags.cncf.io/container-device-interface/pkg/cdi"
+
+	"github.com/cdi-device-plugin/cdi-device-plugin/internal/kubeletsim"
+)
+
+// Settings bound and size one run.
+type Settings struct {
+	// Calls is the number of timed calls per RPC (p50 over them).
+	Calls int
+	// Idle is the window in which CPU and wake-ups are measured with no
+	// kubelet activity (0: not measured).
+	Idle time.Duration
+	// Prompt bounds "at once": the first ListAndWatch list.
+	Prompt time.Duration
+	// Register bounds the first registration, Restart the one after a
+	// kubelet restart, Change a ListAndWatch update after a device file
+	// is removed or put back.
+	Register, Restart, Change time.Duration
+	// Settle is how long no further registration may arrive after the
+	// one that followed a kubelet restart.
+	Settle time.Duration
+	// Connect bounds the kubelet's call to the endpoint during Register.
+	Connect time.Duration
+	// Term bounds the exit after SIGTERM.
+	Term time.Duration
+	// TmpfsDir holds the runs' DevDir and CDIDir ("": TMPDIR).
+	TmpfsDir string
+}
+
+// DefaultSettings suit a benchmark; tests shorten them.
+func DefaultSettings() Settings {
+	return Settings{Calls: 200, Idle: 10 * time.Second, Prompt: time.Second, Register: 30 * time.Second,
+		Restart: 30 * time.Second, Change: 15 * time.Second, Settle: time.Second, Connect: 2 * time.Second, Term: 10 * time.Second,
+		TmpfsDir: defaultTmpfsDir()}
+}
+
+func sprintf(format string, args ...any) string {
+	if len(args) == 0 {
+		return format
+	}
+	return fmt.Sprintf(format, args...)
+}
+
+// runTarget runs t once: starts it against a fresh kubelet stand-in,
+// checks the contract, measures, and stops it. Only setup errors are
+// returned; failures of the plugin are results.
+func runTarget(ctx context.Context, t Target, s Settings) (*RunResult, error) {
+	r, err := t.prepare(s.TmpfsDir)
+	if err != nil {
+		return nil, err
+	}
+	defer r.cleanup()
+	k, err := kubeletsim.StartWith(r.host.SocketDir, kubeletsim.Options{ConnectTimeout: s.Connect})
+	if err != nil {
+		return nil, err
+	}
+	defer k.Stop()
+	execBase, err := exitBaseline()
+	if err != nil {
+		return nil, err
+	}
+	p, err := startProc(r.argv, r.env, r.binds, r.scratch)
+	if err != nil {
+		return nil, err
+	}
+	res := newRunResult()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	sess := &session{t: t, s: s, r: r, k: k, p: p, res: res, execBase: execBase}
+	err = sess.run(ctx)
+	sess.stop()
+	if err != nil {
+		res.Err = err.Error()
+	}
+	if res.Err != "" || len(res.Failed()) > 0 {
+		res.Log = p.Log()
+	}
+	return res, nil
+}
+
+// exitBaseline is the time from execve to exit of a Go binary (dp-bench
+// itself) that exits at once.
+func exitBaseline() (time.Duration, error) {
+	self, err := os.Executable()
+	if err != nil {
+		return 0, err
+	}
+	p, err := startProc([]string{self}, []string{helperEnv + `={"mode":"exit"}`}, nil, "")
+	if err != nil {
+		return 0, err
+	}
+	<-p.done
+	if p.err != nil {
+		return 0, fmt.Errorf("baseline process: %w", p.err)
+	}
+	return time.Since(p.Start), nil
+}
+
+// session is one run in progress.
+type session struct {
+	t        Target
+	s        Settings
+	r        *runDirs
+	k        *kubeletsim.Kubelet
+	p        *proc
+	res      *RunResult
+	execBase time.Duration
+
+	reg     kubeletsim.Registration // the accepted registration in use
+	c       *kubeletsim.Client
+	cancelW context.CancelFunc
+	updates <-chan kubeletsim.Update
+	last    kubeletsim.Update // the latest list seen
+	healthy []string          // healthy IDs of the first list, in list order
+	stopped bool
+}
+
+// stop ends the stream and the plugin, whatever state the run is in.
+func (x *session) stop() {
+	x.closeStream()
+	if !x.stopped {
+		x.p.kill()
+	}
+}
+
+func (x *session) closeStream() {
+	if x.cancelW != nil {
+		x.cancelW()
+		_ = kubeletsim.WaitEnded(x.updates, 5*time.Second)
+		x.cancelW = nil
+	}
+	if x.c != nil {
+		_ = x.c.Close()
+		x.c = nil
+	}
+}
+
+// errNotRegistered ends a run in which the plugin never registered.
+var errNotRegistered = errors.New("no accepted registration")
+
+func (x *session) run(ctx context.Context) error {
+	if err := x.register(ctx); err != nil {
+		x.res.Err = err.Error()
+		// What cannot be checked without a registration is skipped.
+		for _, c := range checkDefs {
+			if _, ok := x.res.Checks[c.ID]; !ok {
+				x.res.skip(c.ID, "not reached: %v", err)
+			}
+		}
+		return nil
+	}
+	if err := x.watch(ctx); err != nil {
+		return err
+	}
+	if err := x.listInitial(); err != nil {
+		return err
+	}
+	ids := x.healthy[:min(8, len(x.healthy))]
+	if err := x.allocate(ctx, ids); err != nil {
+		return err
+	}
+	if err := x.preferred(ctx); err != nil {
+		return err
+	}
+	if err := x.prestart(ctx, ids); err != nil {
+		return err
+	}
+	if err := x.change(); err != nil {
+		return err
+	}
+	if err := x.idle(ctx); err != nil {
+		return err
+	}
+	if err := x.restart(ctx); err != nil {
+		return err
+	}
+	x.sigterm()
+	return nil
+}
+
+// register waits for the first Register call and the first accepted one.
+func (x *session) register(ctx context.Context) error {
+	var first kubeletsim.Registration
+	select {
+	case first = <-x.k.Calls:
+	case <-x.p.done:
+		return fmt.Errorf("the plugin exited before it registered: %w", x.p.err)
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-time.After(x.s.Register):
+		return fmt.Errorf("no Register call within %s", x.s.Register)
+	}
+	x.res.measure("start-registered", ms(first.At.Sub(x.p.Start)), ms(x.execBase))
+	req := first.Request
+	if slices.Contains(pluginapi.SupportedVersions[:], req.Version) {
+		x.res.pass("register-version", "%s", req.Version)
+	} else {
+		x.res.fail("register-version", "version %q, supported %v", req.Version, pluginapi.SupportedVersions)
+	}
+	switch {
+	case !kubeletsim.IsExtendedResourceName(req.ResourceName):
+		x.res.fail("register-resource", "%q is not an extended resource name", req.ResourceName)
+	case x.t.Resource != "" && req.ResourceName != x.t.Resource:
+		x.res.fail("register-resource", "%q, want %q", req.ResourceName, x.t.Resource)
+	default:
+		x.res.pass("register-resource", "%s", req.ResourceName)
+	}
+	if first.Err != nil && strings.Contains(first.Err.Error(), "not served") {
+		x.res.fail("serves-before-register", "%v", first.Err)
+	} else if first.Err == nil {
+		x.res.pass("serves-before-register", "answered GetDevicePluginOptions during Register")
+	}
+	x.reg = first
+	if first.Err != nil {
+		// A refused plugin may try again.
+		select {
+		case x.reg = <-x.k.Regs:
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(x.s.Register):
+			return errNotRegistered
+		}
+	} else {
+		<-x.k.Regs // the same call
+	}
+	if _, ok := x.res.Checks["serves-before-register"]; !ok {
+		x.res.pass("serves-before-register", "answered GetDevicePluginOptions during Register")
+	}
+	drain(x.k.Calls)
+	got, want := optionsOf(x.reg.Request.Options), optionsOf(x.reg.Options)
+	if got == want {
+		x.res.pass("register-options", "%s", got)
+	} else {
+		x.res.fail("register-options", "Register says %s, GetDevicePluginOptions says %s (the kubelet acts on the latter)", got, want)
+	}
+	return nil
+}
+
+func optionsOf(o *pluginapi.DevicePluginOptions) string {
+	if o == nil {
+		o = &pluginapi.DevicePluginOptions{}
+	}
+	return fmt.Sprintf("PreStartRequired=%t GetPreferredAllocationAvailable=%t", o.PreStartRequired, o.GetPreferredAllocationAvailable)
+}
+
+func drain(ch chan kubeletsim.Registration) {
+	for {
+		select {
+		case <-ch:
+		default:
+			return
+		}
+	}
+}
+
+// watch opens ListAndWatch on the registered endpoint, as the kubelet does
+// right after Register.
+func (x *session) watch(ctx context.Context) error {
+	x.closeStream()
+	c, err := kubeletsim.Dial(x.r.host.SocketDir, x.reg.Request.Endpoint)
+	if err != nil {
+		return err
+	}
+	x.c = c
+	wctx, cancel := context.WithCancel(ctx)
+	updates, err := c.Watch(wctx)
+	if err != nil {
+		cancel()
+		return fmt.Errorf("ListAndWatch: %w", err)
+	}
+	x.cancelW, x.updates = cancel, updates
+	return nil
+}
+
+func (x *session) listInitial() error {
+	opened := time.Now()
+	u, err := kubeletsim.WaitFor(x.updates, x.s.Prompt, func(kubeletsim.Update) bool { return true })
+	if err != nil {
+		x.res.fail("listandwatch-initial", "no list within %s of opening the stream", x.s.Prompt)
+		// Keep going with a late list, if any, to check the rest.
+		if u, err = kubeletsim.WaitFor(x.updates, x.s.Register, func(kubeletsim.Update) bool { return true }); err != nil {
+			return fmt.Errorf("ListAndWatch sent nothing: %w", err)
+		}
+	}
+	x.last = u
+	x.res.measure("start-listed", ms(u.At.Sub(x.p.Start)), ms(x.execBase))
+	x.res.count("ids", float64(len(u.Devices)))
+	seen := map[string]bool{}
+	for _, d := range u.Devices {
+		if seen[d.ID] {
+			x.res.fail("listandwatch-initial", "device ID %q listed twice", d.ID)
+		}
+		seen[d.ID] = true
+		if d.Health == pluginapi.Healthy {
+			x.healthy = append(x.healthy, d.ID)
+		}
+	}
+	switch {
+	case len(u.Devices) == 0:
+		x.res.fail("listandwatch-initial", "empty list")
+	case x.t.IDs > 0 && len(u.Devices) != x.t.IDs:
+		x.res.fail("listandwatch-initial", "%d device IDs, want %d", len(u.Devices), x.t.IDs)
+	default:
+		x.res.pass("listandwatch-initial", "%d IDs (%d healthy) %s after the stream opened", len(u.Devices), len(x.healthy), u.At.Sub(opened).Round(time.Microsecond))
+	}
+	if len(x.healthy) == 0 {
+		return errors.New("no healthy device listed")
+	}
+	return nil
+}
+
+// items are the parts of an Allocate answer that belong to devices: CDI
+// names, device specs and mounts (env and annotations may name the whole
+// set, so they are not compared).
+func items(r *pluginapi.ContainerAllocateResponse) []string {
+	var out []string
+	for _, d := range r.CdiDevices {
+		out = append(out, "CDI device "+d.Name)
+	}
+	for _, d := range r.Devices {
+		out = append(out, "device "+d.HostPath+" at "+d.ContainerPath)
+	}
+	for _, m := range r.Mounts {
+		out = append(out, "mount "+m.HostPath+" at "+m.ContainerPath)
+	}
+	names, _, _ := cdiapi.ParseAnnotations(r.Annotations)
+	for _, n := range names {
+		out = append(out, "CDI device "+n)
+	}
+	return out
+}
+
+func empty(r *pluginapi.ContainerAllocateResponse) bool {
+	return len(r.CdiDevices) == 0 && len(r.Devices) == 0 && len(r.Mounts) == 0 && len(r.Envs) == 0 && len(r.Annotations) == 0
+}
+
+func allocReq(containers ...[]string) *pluginapi.AllocateRequest {
+	req := &pluginapi.AllocateRequest{}
+	for _, ids := range containers {
+		req.ContainerRequests = append(req.ContainerRequests, &pluginapi.ContainerAllocateRequest{DevicesIds: ids})
+	}
+	return req
+}
+
+// allocate checks Allocate: each ID alone gets an answer, and all of them
+// together get an answer that holds every single answer's devices; two
+// containers get two answers; unknown IDs are refused. Then the CDI names
+// are resolved and Allocate is timed against an empty RPC.
+func (x *session) allocate(ctx context.Context, ids []string) error {
+	var problems []string
+	var want []string
+	for _, id := range ids {
+		resp, err := x.c.Allocate(ctx, allocReq([]string{id}))
+		switch {
+		case err != nil:
+			problems = append(problems, fmt.Sprintf("%s alone: %v", id, err))
+		case len(resp.ContainerResponses) != 1:
+			problems = append(problems, fmt.Sprintf("%s alone: %d container answers", id, len(resp.ContainerResponses)))
+		case empty(resp.ContainerResponses[0]):
+			problems = append(problems, fmt.Sprintf("%s alone: empty answer", id))
+		default:
+			want = append(want, items(resp.ContainerResponses[0])...)
+		}
+	}
+	all, err := x.c.Allocate(ctx, allocReq(ids))
+	var got *pluginapi.ContainerAllocateResponse
+	switch {
+	case err != nil:
+		problems = append(problems, fmt.Sprintf("%d IDs: %v", len(ids), err))
+	case len(all.ContainerResponses) != 1:
+		problems = append(problems, fmt.Sprintf("%d IDs: %d container answers for 1 container", len(ids), len(all.ContainerResponses)))
+	default:
+		got = all.ContainerResponses[0]
+		have := map[string]bool{}
+		for _, it := range items(got) {
+			have[it] = true
+		}
+		for _, w := range want {
+			if !have[w] {
+				problems = append(problems, fmt.Sprintf("%d IDs together: %s missing (given for its ID alone)", len(ids), w))
+				break
+			}
+		}
+	}
+	if len(ids) >= 2 {
+		two, err := x.c.Allocate(ctx, allocReq(ids[:1], ids[1:2]))
+		if err != nil {
+			problems = append(problems, fmt.Sprintf("2 containers: %v", err))
+		} else if len(two.ContainerResponses) != 2 || empty(two.ContainerResponses[0]) || empty(two.ContainerResponses[1]) {
+			problems = append(problems, fmt.Sprintf("2 containers: %d container answers", len(two.ContainerResponses)))
+		}
+	}
+	if len(problems) > 0 {
+		x.res.fail("allocate", "%s", strings.Join(problems, "; "))
+	} else {
+		x.res.pass("allocate", "%d IDs alone and together, 2 containers", len(ids))
+	}
+
+	const unknown = "dp-bench-no-such-device"
+	var accepted []string
+	for _, req := range [][]string{{unknown}, {ids[0], unknown}} {
+		if _, err := x.c.Allocate(ctx, allocReq(req)); err == nil {
+			accepted = append(accepted, strings.Join(req, ","))
+		}
+	}
+	if len(accepted) > 0 {
+		x.res.fail("allocate-unknown", "accepted %s", strings.Join(accepted, " and "))
+	} else {
+		_, err := x.c.Allocate(ctx, allocReq([]string{unknown}))
+		x.res.pass("allocate-unknown", "refused: %s", status.Code(err))
+	}
+
+	if got != nil {
+		x.resolve(got)
+	} else {
+		x.res.skip("cdi-resolve", "no Allocate answer")
+	}
+
+	req := allocReq(ids)
+	a, b, err := x.timed(ctx, func() error { _, err := x.c.Allocate(ctx, req); return err })
+	if err != nil {
+		return fmt.Errorf("allocate: %w", err)
+	}
+	x.res.measure("allocate", us(a), us(b))
+	return nil
+}
+
+// timed calls f and an empty RPC alternately and returns both p50s.
+func (x *session) timed(ctx context.Context, f func() error) (time.Duration, time.Duration, error) {
+	var ds, bs []time.Duration
+	for i := 0; i < x.s.Calls; i++ {
+		t := time.Now()
+		if _, err := x.c.GetDevicePluginOptions(ctx, &pluginapi.Empty{}); err != nil {
+			return 0, 0, err
+		}
+		bs = append(bs, time.Since(t))
+		t = time.Now()
+		if err := f(); err != nil {
+			return 0, 0, err
+		}
+		ds = append(ds, time.Since(t))
+	}
+	return median(ds), median(bs), nil
+}
+
+func median(ds []time.Duration) time.Duration {
+	if len(ds) == 0 {
+		return 0
+	}
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	return s[(len(s)-1)/2]
+}
+
+// resolve injects the answer's CDI names the way containerd does: a fresh
+// cache over the CDI directory, InjectDevices into an empty OCI spec.
+func (x *session) resolve(r *pluginapi.ContainerAllocateResponse) {
+	var names []string
+	for _, d := range r.CdiDevices {
+		names = append(names, d.Name)
+	}
+	ann, _, err := cdiapi.ParseAnnotations(r.Annotations)
+	if err != nil {
+		x.res.fail("cdi-resolve", "CDI annotations: %v", err)
+		return
+	}
+	names = append(names, ann...)
+	if len(names) == 0 {
+		x.res.skip("cdi-resolve", "no CDI names returned")
+		return
+	}
+	cache, err := cdiapi.NewCache(cdiapi.WithSpecDirs(x.r.host.CDIDir), cdiapi.WithAutoRefresh(false))
+	if err != nil {
+		x.res.fail("cdi-resolve", "CDI cache of %s: %v", x.r.plugin.CDIDir, err)
+		return
+	}
+	spec := &oci.Spec{Process: &oci.Process{}, Linux: &oci.Linux{}}
+	if unresolved, err := cache.InjectDevices(spec, names...); err != nil {
+		x.res.fail("cdi-resolve", "InjectDevices %v: unresolved %v: %v", names, unresolved, err)
+		return
+	}
+	x.res.pass("cdi-resolve", "%d names, %d device nodes injected", len(names), len(spec.Linux.Devices))
+}
+
+// preferred checks GetPreferredAllocation, when advertised, on all IDs and
+// on every other ID, and times it.
+func (x *session) preferred(ctx context.Context) error {
+	if !x.reg.Options.GetPreferredAllocationAvailable {
+		x.res.skip("preferred-allocation", "not advertised")
+		return nil
+	}
+	if len(x.healthy) < 2 {
+		x.res.skip("preferred-allocation", "fewer than 2 healthy devices")
+		return nil
+	}
+	var alternate []string
+	for i := 0; i < len(x.healthy); i += 2 {
+		alternate = append(alternate, x.healthy[i])
+	}
+	cases := []struct {
+		name            string
+		available, must []string
+		size            int
+	}{
+		// Sizes below the number available, so that "all of them" is wrong.
+		{"all IDs, must-include the last", x.healthy, x.healthy[len(x.healthy)-1:], min(4, len(x.healthy)-1)},
+		{"every other ID", alternate, nil, max(1, min(2, len(alternate)-1))},
+	}
+	var problems []string
+	for _, c := range cases {
+		req := &pluginapi.PreferredAllocationRequest{ContainerRequests: []*pluginapi.ContainerPreferredAllocationRequest{{
+			AvailableDeviceIDs: c.available, MustIncludeDeviceIDs: c.must, AllocationSize: int32(c.size)}}}
+		resp, err := x.c.GetPreferredAllocation(ctx, req)
+		if err != nil {
+			problems = append(problems, fmt.Sprintf("%s: %v", c.name, err))
+			continue
+		}
+		if len(resp.ContainerResponses) != 1 {
+			problems = append(problems, fmt.Sprintf("%s: %d container answers", c.name, len(resp.ContainerResponses)))
+			continue
+		}
+		if p := checkPreferred(resp.ContainerResponses[0].DeviceIDs, c.available, c.must, c.size); p != "" {
+			problems = append(problems, c.name+": "+p)
+		}
+	}
+	if len(problems) > 0 {
+		x.res.fail("preferred-allocation", "%s", strings.Join(problems, "; "))
+	} else {
+		x.res.pass("preferred-allocation", "%d cases", len(cases))
+	}
+	req := &pluginapi.PreferredAllocationRequest{ContainerRequests: []*pluginapi.ContainerPreferredAllocationRequest{{
+		AvailableDeviceIDs: x.healthy, AllocationSize: int32(min(4, len(x.healthy)))}}}
+	a, b, err := x.timed(ctx, func() error { _, err := x.c.GetPreferredAllocation(ctx, req); return err })
+	if err != nil {
+		return fmt.Errorf("GetPreferredAllocation: %w", err)
+	}
+	x.res.measure("preferred", us(a), us(b))
+	return nil
+}
+
+// checkPreferred returns what is wrong with a preferred allocation.
+func checkPreferred(got, available, must []string, size int) string {
+	avail := map[string]bool{}
+	for _, id := range available {
+		avail[id] = true
+	}
+	seen := map[string]bool{}
+	for _, id := range got {
+		if !avail[id] {
+			return fmt.Sprintf("returned %q, not available", id)
+		}
+		if seen[id] {
+			return fmt.Sprintf("returned %q twice", id)
+		}
+		seen[id] = true
+	}
+	for _, id := range must {
+		if !seen[id] {
+			return fmt.Sprintf("must-include %q left out", id)
+		}
+	}
+	if len(got) != size {
+		return fmt.Sprintf("%d IDs, size %d", len(got), size)
+	}
+	return ""
+}
+
+func (x *session) prestart(ctx context.Context, ids []string) error {
+	if !x.reg.Options.PreStartRequired {
+		x.res.skip("prestart", "not advertised")
+		return nil
+	}
+	req := &pluginapi.PreStartContainerRequest{DevicesIds: ids}
+	if _, err := x.c.PreStartContainer(ctx, req); err != nil {
+		x.res.fail("prestart", "%d IDs: %v", len(ids), err)
+		return nil
+	}
+	x.res.pass("prestart", "%d IDs", len(ids))
+	a, b, err := x.timed(ctx, func() error { _, err := x.c.PreStartContainer(ctx, req); return err })
+	if err != nil {
+		return fmt.Errorf("PreStartContainer: %w", err)
+	}
+	x.res.measure("prestart", us(a), us(b))
+	return nil
+}
+
+// healthySet is the sorted healthy IDs of u.
+func healthySet(u kubeletsim.Update) string {
+	var ids []string
+	for _, d := range u.Devices {
+		if d.Health == pluginapi.Healthy {
+			ids = append(ids, d.ID)
+		}
+	}
+	sort.Strings(ids)
+	return strings.Join(ids, "\x00")
+}
+
+// change removes the device file, waits for a list with fewer healthy IDs,
+// puts the file back as it was and waits for the original list.
+func (x *session) change() error {
+	if x.r.remove == "" {
+		x.res.skip("listandwatch-change", "no device file to remove given")
+		return nil
+	}
+	// Lists that arrived since are the current state.
+	for more := true; more; {
+		select {
+		case u, ok := <-x.updates:
+			if !ok {
+				return errors.New("ListAndWatch stream ended")
+			}
+			x.last = u
+		default:
+			more = false
+		}
+	}
+	before := healthySet(x.last)
+	var st unix.Stat_t
+	if err := unix.Lstat(x.r.remove, &st); err != nil {
+		return fmt.Errorf("removeDevice: %w", err)
+	}
+	w, err := fsnotify.NewWatcher()
+	if err != nil {
+		return err
+	}
+	defer w.Close()
+	if err := w.Add(filepath.Dir(x.r.remove)); err != nil {
+		return err
+	}
+	t0 := time.Now()
+	if err := os.Remove(x.r.remove); err != nil {
+		return err
+	}
+	raw, err := rawEvent(w, x.r.remove, t0)
+	if err != nil {
+		return err
+	}
+	u, err := kubeletsim.WaitFor(x.updates, x.s.Change, func(u kubeletsim.Update) bool { return healthySet(u) != before })
+	if err != nil {
+		x.res.fail("listandwatch-change", "removal of %s not reported within %s", x.r.remove, x.s.Change)
+	} else {
+		x.res.measure("removed-update", ms(u.At.Sub(t0)), ms(raw))
+	}
+	// Put it back as it was.
+	if st.Mode&unix.S_IFMT == unix.S_IFREG {
+		err = os.WriteFile(x.r.remove, nil, os.FileMode(st.Mode&0o7777))
+	} else {
+		err = unix.Mknod(x.r.remove, st.Mode, int(st.Rdev))
+	}
+	if err != nil {
+		return fmt.Errorf("restore %s: %w", x.r.remove, err)
+	}
+	if x.res.Checks["listandwatch-change"].Status == Fail {
+		return nil
+	}
+	if x.last, err = kubeletsim.WaitFor(x.updates, x.s.Change, func(u kubeletsim.Update) bool { return healthySet(u) == before }); err != nil {
+		x.res.fail("listandwatch-change", "return of %s not reported within %s", x.r.remove, x.s.Change)
+		return nil
+	}
+	x.res.pass("listandwatch-change", "removal and return reported")
+	return nil
+}
+
+// rawEvent waits for an inotify event naming path and returns its delay
+// from t.
+func rawEvent(w *fsnotify.Watcher, path string, t time.Time) (time.Duration, error) {
+	timeout := time.After(5 * time.Second)
+	for {
+		select {
+		case ev := <-w.Events:
+			if ev.Name == path {
+				return time.Since(t), nil
+			}
+		case err := <-w.Errors:
+			return 0, err
+		case <-timeout:
+			return 0, errors.New("no inotify event for " + path)
+		}
+	}
+}
+
+// idle measures CPU and wake-ups over the idle window, the ListAndWatch
+// stream open and nothing else happening, next to an idle Go process over
+// the same window; then resident memory.
+func (x *session) idle(ctx context.Context) error {
+	self, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	base, err := startProc([]string{self}, []string{helperEnv + `={"mode":"sleep"}`}, nil, "")
+	if err != nil {
+		return err
+	}
+	defer func() { _, _ = base.terminate(5 * time.Second) }()
+	if x.s.Idle > 0 {
+		// Let the plugin and the baseline settle: the start-up of one and
+		// the calls just made to the other are not idleness.
+		if err := sleep(ctx, time.Second); err != nil {
+			return err
+		}
+		p0, err := readProc(x.p.Pid())
+		if err != nil {
+			return err
+		}
+		b0, err := readProc(base.Pid())
+		if err != nil {
+			return err
+		}
+		t0 := time.Now()
+		if err := sleep(ctx, x.s.Idle); err != nil {
+			return err
+		}
+		p1, err := readProc(x.p.Pid())
+		if err != nil {
+			return err
+		}
+		b1, err := readProc(base.Pid())
+		if err != nil {
+			return err
+		}
+		perMin := float64(time.Minute) / float64(time.Since(t0))
+		x.res.measure("idle-cpu", ms(p1.CPU-p0.CPU)*perMin, ms(b1.CPU-b0.CPU)*perMin)
+		x.res.measure("idle-wakeups", float64(p1.Switches-p0.Switches)*perMin, float64(b1.Switches-b0.Switches)*perMin)
+	}
+	ps, err := readProc(x.p.Pid())
+	if err != nil {
+		return err
+	}
+	bs, err := readProc(base.Pid())
+	if err != nil {
+		return err
+	}
+	x.res.measure("rss", mib(ps.RSS), mib(bs.RSS))
+	return nil
+}
+
+// restart does what a kubelet restart does and expects exactly one
+// registration, on a served endpoint with a working ListAndWatch.
+func (x *session) restart(ctx context.Context) error {
+	x.closeStream()
+	w, err := fsnotify.NewWatcher()
+	if err != nil {
+		return err
+	}
+	defer w.Close()
+	if err := w.Add(x.r.host.SocketDir); err != nil {
+		return err
+	}
+	drain(x.k.Calls)
+	drain(x.k.Regs)
+	served, err := x.k.Restart()
+	if err != nil {
+		return err
+	}
+	raw, err := rawEvent(w, x.k.Socket(), served)
+	if err != nil {
+		return err
+	}
+	var first kubeletsim.Registration
+	select {
+	case first = <-x.k.Calls:
+	case <-x.p.done:
+		x.res.fail("kubelet-restart", "the plugin exited: %v", x.p.err)
+		x.stopped = true
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-time.After(x.s.Restart):
+		x.res.fail("kubelet-restart", "no registration within %s", x.s.Restart)
+		return nil
+	}
+	if first.Err != nil {
+		x.res.fail("kubelet-restart", "registration refused: %v", first.Err)
+		return nil
+	}
+	x.res.measure("restart-registered", ms(first.At.Sub(served)), ms(raw))
+	x.reg = first
+	select {
+	case extra := <-x.k.Calls:
+		x.res.fail("kubelet-restart", "registered again %s later (endpoint %s)", extra.At.Sub(first.At).Round(time.Microsecond), extra.Request.Endpoint)
+		return nil
+	case <-time.After(x.s.Settle):
+	}
+	if err := x.watch(ctx); err != nil {
+		x.res.fail("kubelet-restart", "new endpoint: %v", err)
+		return nil
+	}
+	if _, err := kubeletsim.WaitFor(x.updates, x.s.Prompt, func(kubeletsim.Update) bool { return true }); err != nil {
+		x.res.fail("kubelet-restart", "no list on the new endpoint within %s", x.s.Prompt)
+		return nil
+	}
+	x.res.pass("kubelet-restart", "one registration, listed on %s", first.Request.Endpoint)
+	return nil
+}
+
+// sigterm stops the plugin with SIGTERM and checks its socket is gone.
+func (x *session) sigterm() {
+	x.closeStream()
+	sock := filepath.Join(x.r.host.SocketDir, x.reg.Request.Endpoint)
+	ok, err := x.p.terminate(x.s.Term)
+	x.stopped = true
+	if !ok {
+		x.res.fail("sigterm-socket", "still running %s after SIGTERM", x.s.Term)
+		return
+	}
+	if _, serr := os.Lstat(sock); serr == nil {
+		x.res.fail("sigterm-socket", "%s left behind (exit: %v)", x.reg.Request.Endpoint, exitText(err))
+		return
+	}
+	x.res.pass("sigterm-socket", "removed (exit: %s)", exitText(err))
+}
+
+func exitText(err error) string {
+	if err == nil {
+		return "status 0"
+	}
+	return err.Error()
+}
+
+// sleep waits d or until ctx is done.
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+func us(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
+func mib(b int64) float64        { return float64(b) / (1 << 20) }

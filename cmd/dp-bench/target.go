@@ -1,0 +1,247 @@
+package main
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"text/template"
+
+	"golang.org/x/sys/unix"
+	"sigs.k8s.io/yaml"
+)
+
+// Target is one plugin command line, with the size it is run at, to check
+// and measure. Command, Env, Files and RemoveDevice are templates over
+// Dirs (e.g. "{{.SocketDir}}") with a function env ("{{env "BIN"}}").
+type Target struct {
+	// Name labels the plugin in the tables, Scenario its size.
+	Name     string `json:"name"`
+	Scenario string `json:"scenario,omitempty"`
+	// Command is the plugin's argv.
+	Command []string `json:"command"`
+	// Env is the plugin's whole environment (KEY=VALUE), PATH aside.
+	Env []string `json:"env,omitempty"`
+	// Files are written into WorkDir before the start (name -> content).
+	Files map[string]string `json:"files,omitempty"`
+	// SocketDir and CDIDir are where the plugin expects its sockets and
+	// writes CDI specs. Empty: a fresh directory every run, given to the
+	// plugin through the template. A fixed path (a plugin that cannot be
+	// told, e.g. /var/lib/kubelet/device-plugins): the plugin runs in a
+	// private mount namespace with the fresh directory bound there (root).
+	SocketDir string `json:"socketDir,omitempty"`
+	CDIDir    string `json:"cdiDir,omitempty"`
+	// DeviceFiles character nodes 1:3 are created as {{.DevDir}}/dev-<i>
+	// before the start, for plugins that discover devices.
+	DeviceFiles int `json:"deviceFiles,omitempty"`
+	// RemoveDevice is a device file to remove (and put back) to test that
+	// ListAndWatch reports the change; empty: not tested.
+	RemoveDevice string `json:"removeDevice,omitempty"`
+	// IDs is the number of device IDs the plugin must list (0: any).
+	IDs int `json:"ids,omitempty"`
+	// Resource is the resource name it must register (empty: any valid).
+	Resource string `json:"resource,omitempty"`
+}
+
+// Label is "name (scenario)".
+func (t Target) Label() string {
+	if t.Scenario == "" {
+		return t.Name
+	}
+	return t.Name + " (" + t.Scenario + ")"
+}
+
+// Dirs are the fresh directories of one run, as the plugin sees them.
+type Dirs struct {
+	// SocketDir holds kubelet.sock; CDIDir the CDI specs; DevDir the
+	// device files dp-bench creates; WorkDir the Files and anything else.
+	SocketDir, CDIDir, DevDir, WorkDir string
+}
+
+// file is the targets file: several targets, run side by side.
+type file struct {
+	Targets []Target `json:"targets"`
+}
+
+// loadTargets reads a targets file (YAML or JSON).
+func loadTargets(path string) ([]Target, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	var f file
+	if err := yaml.UnmarshalStrict(b, &f); err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	if len(f.Targets) == 0 {
+		return nil, fmt.Errorf("%s: no targets", path)
+	}
+	for i := range f.Targets {
+		if err := f.Targets[i].validate(); err != nil {
+			return nil, fmt.Errorf("%s: targets[%d]: %w", path, i, err)
+		}
+	}
+	return f.Targets, nil
+}
+
+func (t Target) validate() error {
+	if t.Name == "" {
+		return errors.New("name: empty")
+	}
+	if len(t.Command) == 0 {
+		return errors.New("command: empty")
+	}
+	for field, p := range map[string]string{"socketDir": t.SocketDir, "cdiDir": t.CDIDir} {
+		if p != "" && (!filepath.IsAbs(p) || filepath.Clean(p) != p || p == "/") {
+			return fmt.Errorf("%s=%q: must be a clean absolute path other than /", field, p)
+		}
+	}
+	if t.DeviceFiles < 0 || t.IDs < 0 {
+		return fmt.Errorf("deviceFiles=%d, ids=%d: must not be negative", t.DeviceFiles, t.IDs)
+	}
+	for name := range t.Files {
+		if name == "" || filepath.Base(name) != name {
+			return fmt.Errorf("files: %q must be a plain file name", name)
+		}
+	}
+	return nil
+}
+
+// runDirs are one run's directories on the host, and as the plugin sees them.
+type runDirs struct {
+	root      string
+	fastRoot  string // on a tmpfs: DevDir and CDIDir, as /dev and /run on a node
+	host      Dirs   // where dp-bench finds them
+	plugin    Dirs   // what the plugin is told
+	binds     []bind
+	argv, env []string
+	remove    string // host path of RemoveDevice
+	scratch   string // for the mount namespace's overlays
+}
+
+// prepare makes the run's directories and files and expands the templates.
+// DevDir and CDIDir are made in tmpfsDir (when not empty), the others in
+// TMPDIR: on a node /dev and /run are tmpfs, the kubelet's and the
+// plugin's state are on disk.
+func (t Target) prepare(tmpfsDir string) (*runDirs, error) {
+	root, err := os.MkdirTemp("", "dpb")
+	if err != nil {
+		return nil, err
+	}
+	r := &runDirs{root: root, fastRoot: root, scratch: filepath.Join(root, "ns")}
+	if tmpfsDir != "" {
+		if r.fastRoot, err = os.MkdirTemp(tmpfsDir, "dpb"); err != nil {
+			r.cleanup()
+			return nil, err
+		}
+	}
+	r.host = Dirs{SocketDir: filepath.Join(root, "s"), CDIDir: filepath.Join(r.fastRoot, "cdi"), DevDir: filepath.Join(r.fastRoot, "dev"), WorkDir: filepath.Join(root, "work")}
+	r.plugin = r.host
+	if t.SocketDir != "" {
+		r.plugin.SocketDir = t.SocketDir
+		r.binds = append(r.binds, bind{Src: r.host.SocketDir, Dst: t.SocketDir})
+	}
+	if t.CDIDir != "" {
+		r.plugin.CDIDir = t.CDIDir
+		r.binds = append(r.binds, bind{Src: r.host.CDIDir, Dst: t.CDIDir})
+	}
+	fail := func(err error) (*runDirs, error) {
+		r.cleanup()
+		return nil, err
+	}
+	for _, d := range []string{r.host.SocketDir, r.host.CDIDir, r.host.DevDir, r.host.WorkDir, r.scratch} {
+		if err := os.Mkdir(d, 0o755); err != nil {
+			return fail(err)
+		}
+	}
+	for i := 0; i < t.DeviceFiles; i++ {
+		p := filepath.Join(r.host.DevDir, fmt.Sprintf("dev-%d", i))
+		if err := unix.Mknod(p, unix.S_IFCHR|0o666, int(unix.Mkdev(1, 3))); err != nil {
+			return fail(fmt.Errorf("deviceFiles: mknod %s (needs root): %w", p, err))
+		}
+	}
+	expand := func(field, s string) (string, error) {
+		tpl, err := template.New(field).Option("missingkey=error").Funcs(template.FuncMap{"env": os.Getenv}).Parse(s)
+		if err != nil {
+			return "", fmt.Errorf("%s: %w", field, err)
+		}
+		var b bytes.Buffer
+		if err := tpl.Execute(&b, r.plugin); err != nil {
+			return "", fmt.Errorf("%s: %w", field, err)
+		}
+		return b.String(), nil
+	}
+	names := make([]string, 0, len(t.Files))
+	for n := range t.Files {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		c, err := expand("files."+n, t.Files[n])
+		if err != nil {
+			return fail(err)
+		}
+		if err := os.WriteFile(filepath.Join(r.host.WorkDir, n), []byte(c), 0o644); err != nil {
+			return fail(err)
+		}
+	}
+	for i, a := range t.Command {
+		v, err := expand(fmt.Sprintf("command[%d]", i), a)
+		if err != nil {
+			return fail(err)
+		}
+		r.argv = append(r.argv, v)
+	}
+	if r.argv[0] == "" {
+		return fail(fmt.Errorf("command[0]=%q: the plugin binary is not set", t.Command[0]))
+	}
+	r.env = []string{"PATH=" + os.Getenv("PATH")}
+	for i, e := range t.Env {
+		v, err := expand(fmt.Sprintf("env[%d]", i), e)
+		if err != nil {
+			return fail(err)
+		}
+		if !strings.Contains(v, "=") {
+			return fail(fmt.Errorf("env[%d]=%q: want KEY=VALUE", i, v))
+		}
+		r.env = append(r.env, v)
+	}
+	if t.RemoveDevice != "" {
+		v, err := expand("removeDevice", t.RemoveDevice)
+		if err != nil {
+			return fail(err)
+		}
+		// The plugin's view of a path below a bound directory.
+		r.remove = r.toHost(v)
+	}
+	return r, nil
+}
+
+// toHost maps a path as the plugin sees it to the host.
+func (r *runDirs) toHost(p string) string {
+	for _, b := range r.binds {
+		if rel, err := filepath.Rel(b.Dst, p); err == nil && !strings.HasPrefix(rel, "..") {
+			return filepath.Join(b.Src, rel)
+		}
+	}
+	return p
+}
+
+func (r *runDirs) cleanup() {
+	_ = os.RemoveAll(r.root)
+	if r.fastRoot != "" && r.fastRoot != r.root {
+		_ = os.RemoveAll(r.fastRoot)
+	}
+}
+
+// defaultTmpfsDir is /dev/shm when it is a tmpfs, else "" (TMPDIR).
+func defaultTmpfsDir() string {
+	var st unix.Statfs_t
+	if err := unix.Statfs("/dev/shm", &st); err == nil && st.Type == unix.TMPFS_MAGIC {
+		return "/dev/shm"
+	}
+	return ""
+}

@@ -1,0 +1,108 @@
+// Package inotify is a minimal inotify watcher of directories. Reads go
+// through the runtime poller, so Close unblocks a pending Read.
+package inotify
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"sync"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// EntryChanges asks only for changes of a directory's entries. fsnotify
+// would also subscribe to IN_MODIFY, and every write to /dev/null on the
+// node is such an event for a watcher of /dev: a flood we do not need.
+const EntryChanges = unix.IN_CREATE | unix.IN_DELETE | unix.IN_MOVED_FROM | unix.IN_MOVED_TO |
+	unix.IN_ATTRIB | unix.IN_DELETE_SELF | unix.IN_MOVE_SELF | unix.IN_ONLYDIR
+
+// Event is one inotify event.
+type Event struct {
+	// Dir is the watched directory, Name the entry in it ("" for the
+	// directory itself).
+	Dir, Name string
+	Mask      uint32
+}
+
+// Watcher watches directories with one mask.
+type Watcher struct {
+	f    *os.File
+	mask uint32
+	mu   sync.Mutex
+	wds  map[int32]string
+	dirs map[string]int32
+}
+
+// New returns a watcher that watches directories for mask.
+func New(mask uint32) (*Watcher, error) {
+	fd, err := unix.InotifyInit1(unix.IN_CLOEXEC | unix.IN_NONBLOCK)
+	if err != nil {
+		return nil, fmt.Errorf("inotify_init1: %w", err)
+	}
+	return &Watcher{f: os.NewFile(uintptr(fd), "inotify"), mask: mask, wds: map[int32]string{}, dirs: map[string]int32{}}, nil
+}
+
+// Add watches dir; watching a directory twice is a no-op.
+func (w *Watcher) Add(dir string) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if _, ok := w.dirs[dir]; ok {
+		return nil
+	}
+	rc, err := w.f.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var wd int
+	var werr error
+	if err := rc.Control(func(fd uintptr) { wd, werr = unix.InotifyAddWatch(int(fd), dir, w.mask) }); err != nil {
+		return err
+	}
+	if werr != nil {
+		return fmt.Errorf("inotify watch %s: %w", dir, werr)
+	}
+	w.wds[int32(wd)] = dir
+	w.dirs[dir] = int32(wd)
+	return nil
+}
+
+// Watching reports whether dir is watched.
+func (w *Watcher) Watching(dir string) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	_, ok := w.dirs[dir]
+	return ok
+}
+
+// Read blocks until events arrive and returns them (buf must hold at least
+// one event with its name). It forgets directories whose watch the kernel
+// dropped (IN_IGNORED: removed, unmounted), so they can be added again.
+func (w *Watcher) Read(buf []byte) ([]Event, error) {
+	n, err := w.f.Read(buf)
+	if err != nil {
+		return nil, err
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var evs []Event
+	for off := 0; off+unix.SizeofInotifyEvent <= n; {
+		ev := (*unix.InotifyEvent)(unsafe.Pointer(&buf[off]))
+		name := buf[off+unix.SizeofInotifyEvent : off+unix.SizeofInotifyEvent+int(ev.Len)]
+		off += unix.SizeofInotifyEvent + int(ev.Len)
+		if i := bytes.IndexByte(name, 0); i >= 0 {
+			name = name[:i]
+		}
+		e := Event{Dir: w.wds[ev.Wd], Name: string(name), Mask: ev.Mask}
+		if ev.Mask&unix.IN_IGNORED != 0 {
+			delete(w.dirs, e.Dir)
+			delete(w.wds, ev.Wd)
+		}
+		evs = append(evs, e)
+	}
+	return evs, nil
+}
+
+// Close stops watching; a pending Read returns an error.
+func (w *Watcher) Close() error { return w.f.Close() }

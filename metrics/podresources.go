@@ -1,0 +1,83 @@
+package metrics
+
+import (
+	"context"
+	"os"
+	"slices"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	podresourcesapi "k8s.io/kubelet/pkg/apis/podresources/v1"
+)
+
+// DefaultPodResourcesSocket is where the kubelet serves its PodResources
+// API.
+const DefaultPodResourcesSocket = "/var/lib/kubelet/pod-resources/kubelet.sock"
+
+// podResources reports which container holds which device, from the
+// kubelet's PodResources API, asked at every scrape (nothing runs between
+// scrapes).
+type podResources struct {
+	socket    string
+	resources func() []string
+	desc      *prometheus.Desc
+	errors    prometheus.Counter
+}
+
+// WatchPodResources adds cdi_device_plugin_pod_device_assignment (1 for
+// every device of the served resources that a container holds, labelled
+// namespace, pod, container, resource, device), read from the kubelet's
+// PodResources API on socket at each scrape. resources returns the
+// resources served now.
+func (m *Metrics) WatchPodResources(socket string, resources func() []string) {
+	if m == nil {
+		return
+	}
+	p := &podResources{
+		socket: socket, resources: resources,
+		desc: prometheus.NewDesc(Namespace+"_pod_device_assignment",
+			"1 for each device a container holds, from the kubelet's PodResources API.",
+			[]string{"namespace", "pod", "container", "resource", "device"}, nil),
+		errors: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: Namespace, Name: "pod_resources_errors_total",
+			Help: "Failed reads of the kubelet's PodResources API.",
+		}),
+	}
+	m.reg.MustRegister(p, p.errors)
+}
+
+func (p *podResources) Describe(ch chan<- *prometheus.Desc) { ch <- p.desc }
+
+func (p *podResources) Collect(ch chan<- prometheus.Metric) {
+	if _, err := os.Stat(p.socket); err != nil {
+		return // no kubelet (yet), or the API is not mounted: no series
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	conn, err := grpc.NewClient("unix://"+p.socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		p.errors.Inc()
+		return
+	}
+	defer conn.Close()
+	resp, err := podresourcesapi.NewPodResourcesListerClient(conn).List(ctx, &podresourcesapi.ListPodResourcesRequest{})
+	if err != nil {
+		p.errors.Inc()
+		return
+	}
+	served := p.resources()
+	for _, pod := range resp.PodResources {
+		for _, c := range pod.Containers {
+			for _, d := range c.Devices {
+				if !slices.Contains(served, d.ResourceName) {
+					continue
+				}
+				for _, id := range d.DeviceIds {
+					ch <- prometheus.MustNewConstMetric(p.desc, prometheus.GaugeValue, 1, pod.Namespace, pod.Name, c.Name, d.ResourceName, id)
+				}
+			}
+		}
+	}
+}

@@ -1,0 +1,147 @@
+package plugin
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+
+	"github.com/cdi-device-plugin/cdi-device-plugin/cdi"
+	"github.com/cdi-device-plugin/cdi-device-plugin/device"
+	"github.com/cdi-device-plugin/cdi-device-plugin/internal/kubeletsim"
+)
+
+// fakeSource publishes the snapshots the test sends.
+type fakeSource struct {
+	first *device.Snapshot
+	in    chan *device.Snapshot
+}
+
+func (s *fakeSource) Snapshot() *device.Snapshot { return s.first }
+func (s *fakeSource) Run(ctx context.Context, out chan *device.Snapshot) error {
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case snap := <-s.in:
+			device.SendLatest(out, snap)
+		}
+	}
+}
+
+// flakySpec fails its writes while fail is set, and remembers what it
+// wrote last.
+type flakySpec struct {
+	mu      sync.Mutex
+	fail    bool
+	written *device.Snapshot
+	writes  int
+	changed chan struct{}
+	status  cdi.Status
+}
+
+func (s *flakySpec) Write(snap *device.Snapshot) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.writes++
+	if s.fail {
+		return errors.New("disk full")
+	}
+	s.written = snap
+	return nil
+}
+
+func (s *flakySpec) set(fail bool) {
+	s.mu.Lock()
+	s.fail = fail
+	s.mu.Unlock()
+}
+
+func (s *flakySpec) count() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.writes
+}
+
+func (s *flakySpec) Check() (cdi.Status, string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.status, "test"
+}
+
+func (s *flakySpec) Watch(ctx context.Context, changed chan<- struct{}) error {
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-s.changed:
+			changed <- struct{}{}
+		}
+	}
+}
+
+// TestResourceHoldsBackUnwrittenDevices: a device the spec on disk does
+// not describe is advertised Unhealthy with the write's error, the write
+// is retried with a backoff, and the device is Healthy once it succeeds.
+// A spec taken over by a newer process holds every device back.
+func TestResourceHoldsBackUnwrittenDevices(t *testing.T) {
+	dir := shortDir(t)
+	k := startKubelet(t, dir)
+	first := snapshot(1, 0, 1)
+	src := &fakeSource{first: first, in: make(chan *device.Snapshot)}
+	spec := &flakySpec{changed: make(chan struct{})}
+	r := &Resource{Source: src, Spec: spec, Plugin: newPlugin(t, dir, nil, nil), Log: testLog(t), RetryMin: 10 * time.Millisecond, RetryMax: 40 * time.Millisecond}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	})
+	reg, err := k.WaitRegistration(5 * time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, updates := watch(t, dir, reg.Request.Endpoint)
+	wait := func(what string, cond func(kubeletsim.Update) bool) {
+		t.Helper()
+		if _, err := kubeletsim.WaitFor(updates, 5*time.Second, cond); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+	}
+	wait("first device", func(u kubeletsim.Update) bool { return u.Health("sim-0") == pluginapi.Healthy })
+
+	spec.set(true)
+	src.in <- snapshot(2, 0, 1)
+	wait("new device held back", func(u kubeletsim.Update) bool {
+		return u.Health("sim-1") == pluginapi.Unhealthy && u.Health("sim-0") == pluginapi.Healthy
+	})
+	if _, err := allocate(t, r.Plugin, []string{"sim-1"}); err == nil {
+		t.Fatal("allocated a device the spec does not describe")
+	}
+	before := spec.count()
+	time.Sleep(200 * time.Millisecond)
+	if n := spec.count() - before; n < 3 || n > 10 {
+		t.Fatalf("%d retries in 200ms with a 10-40ms backoff", n)
+	}
+	spec.set(false)
+	wait("written at last", func(u kubeletsim.Update) bool { return u.Healthy() == 2 })
+
+	// Taken over: no more writes, every device held back.
+	spec.mu.Lock()
+	spec.status = cdi.Superseded
+	spec.mu.Unlock()
+	spec.changed <- struct{}{}
+	wait("superseded", func(u kubeletsim.Update) bool { return u.Healthy() == 0 && len(u.Devices) == 2 })
+	n := spec.count()
+	src.in <- snapshot(3, 0, 1)
+	wait("third device, held back", func(u kubeletsim.Update) bool { return len(u.Devices) == 3 && u.Healthy() == 0 })
+	if spec.count() != n {
+		t.Fatal("wrote a spec that a newer process owns")
+	}
+}
