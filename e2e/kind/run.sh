@@ -351,6 +351,16 @@ suite_images() {
 	test_image=${LOCAL_TEST_IMAGE}
 }
 
+# host_plugin: the plugin binary built here, copied into the node for the
+# suite's host mode (node-hooks.sh plugin-host).
+host_plugin() {
+	local bin=${work_dir}/host-plugin/cdi-device-plugin
+	mkdir -p "${bin%/*}"
+	(cd -- "${repo_root}" && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X main.version=e2e" \
+		-o "${bin}" ./cmd/cdi-device-plugin)
+	"${engine}" cp "${bin}" "${node}:/usr/local/bin/cdi-device-plugin-e2e"
+}
+
 main() {
 	command -v go >/dev/null 2>&1 || die "'go' not found in PATH"
 	trap cleanup EXIT
@@ -410,6 +420,7 @@ main() {
 	export KUBECONFIG=${kubeconfig}
 
 	suite_images
+	host_plugin
 
 	export E2E_PLUGIN_IMAGE=${PLUGIN_IMAGE}
 	export E2E_TEST_IMAGE=${test_image}
@@ -417,6 +428,10 @@ main() {
 	export E2E_RESTART_KUBELET="${engine} exec ${node} systemctl restart kubelet"
 	# containerd's default state dir; kind's config.toml does not move it.
 	export E2E_RUNTIME_STATE=/run/containerd
+	# Host mode (scenario 10): the plugin as a process of the node, which is
+	# the kubelet's host; the reboot is simulated inside the node.
+	export E2E_PLUGIN_HOST="${script_dir}/node-hooks.sh ${engine} ${node} plugin-host"
+	export E2E_REBOOT="${script_dir}/node-hooks.sh ${engine} ${node} simulate-reboot"
 	export E2E_ARTIFACTS=${artifacts}
 	export KUBECTL=${kubectl_bin}
 
