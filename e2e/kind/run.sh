@@ -29,8 +29,8 @@
 #   KIND_REUSE=1    use an existing cluster of that name instead of refusing;
 #                   a cluster this script did not create is never deleted
 #   KIND_KEEP=1     keep the cluster after the run
-#   KIND            kind binary (default: kind from PATH, else
-#                   $(go env GOPATH)/bin/kind, installed when missing)
+#   KIND            kind binary (default: kind ${KIND_VERSION}, installed with
+#                   go install into ${E2E_CACHE}/kind/bin when missing)
 #   E2E_ARTIFACTS   directory for the suite's logs and kind's
 #                   (default: _artifacts/kind in the repository)
 #   E2E_CACHE       cache root (default: ~/.cache/cdi-device-plugin-e2e)
@@ -124,28 +124,27 @@ apt_install() {
 	apt-get install -y -qq "$@" >&2
 }
 
-# find_kind: set kind_bin, installing kind $KIND_VERSION when there is none.
+# find_kind: set kind_bin: $KIND when set, else kind $KIND_VERSION from the
+# cache, installed there with "go install" (module proxy) when missing. A
+# kind of another release on PATH is not used: a node image is only supported
+# by the kind release that built it.
 find_kind() {
-	local gobin
 	if [[ -n ${KIND:-} ]]; then
 		kind_bin=${KIND}
 		command -v "${kind_bin}" >/dev/null 2>&1 || die "KIND='${KIND}' not found"
-	elif command -v kind >/dev/null 2>&1; then
-		kind_bin=$(command -v kind)
 	else
-		gobin=$(go env GOPATH)
-		gobin=${gobin%%:*}/bin
-		if [[ ! -x ${gobin}/kind ]]; then
-			log "installing kind ${KIND_VERSION} into ${gobin}"
-			GOBIN=${gobin} go install "sigs.k8s.io/kind@${KIND_VERSION}"
+		kind_bin=${E2E_CACHE}/kind/bin/kind-${KIND_VERSION}
+		if [[ ! -x ${kind_bin} ]]; then
+			log "installing kind ${KIND_VERSION} into ${kind_bin%/*}"
+			mkdir -p "${work_dir}/gobin" "${kind_bin%/*}"
+			GOBIN=${work_dir}/gobin GOFLAGS=-buildvcs=false go install "sigs.k8s.io/kind@${KIND_VERSION}"
+			mv -f "${work_dir}/gobin/kind" "${kind_bin}"
 		fi
-		kind_bin=${gobin}/kind
 	fi
 	local version
 	version=$("${kind_bin}" version 2>/dev/null || true)
 	if [[ ${version} != "kind ${KIND_VERSION} "* ]]; then
-		log "warning: ${kind_bin} is '${version:-unknown}', the node image is built for kind ${KIND_VERSION}" \
-			"(go install sigs.k8s.io/kind@${KIND_VERSION})"
+		log "warning: ${kind_bin} is '${version:-unknown}', the node image is built for kind ${KIND_VERSION}"
 	fi
 }
 
