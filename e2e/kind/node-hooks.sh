@@ -107,6 +107,13 @@ systemctl stop containerd
 kill_cgroup system.slice/containerd.service
 kill_cgroup kubepods
 plugin_down
+# A reboot loses the cgroups of the pods. Here systemd would keep their
+# scopes "running" although empty (systemd in a container on cgroup v1 is not
+# told when a cgroup empties), and the cAdvisor of the new kubelet then spends
+# about 3 s on each before the kubelet syncs any pod, those of the control
+# plane included: minutes. Stopping the slice of the pods removes them.
+systemctl stop kubelet-kubepods.slice 2>/dev/null || true
+find /sys/fs/cgroup -depth -mindepth 2 -type d -path "*kubepods*" -exec rmdir {} + 2>/dev/null || true
 # What does not survive a reboot.
 unmount_under /var/lib/kubelet/pods
 unmount_under /run/containerd
