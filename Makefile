@@ -10,10 +10,16 @@ LDFLAGS   := -s -w -X main.version=$(VERSION)
 GOLANGCI_LINT_VERSION ?= v2.15.0
 GOBIN     ?= $(shell $(GO) env GOPATH)/bin
 GOLANGCI_LINT := $(GOBIN)/golangci-lint
+# helm, for the chart's tests and the e2e scenario that installs with it:
+# built with go install at this version into a cache outside the clone.
+HELM_VERSION ?= v3.22.0
+TOOLS_CACHE  ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/cdi-device-plugin-tools
+HELM         ?= $(TOOLS_CACHE)/helm-$(HELM_VERSION)/helm
+export HELM
 
 export IMAGE
 
-.PHONY: all build run test unit vet lint bench image deploy undeploy render clean e2e e2e-kind e2e-up e2e-down demo demo-down
+.PHONY: all build run test unit vet lint helm bench image deploy undeploy render clean e2e e2e-kind e2e-up e2e-down demo demo-down
 
 all: build
 
@@ -37,7 +43,13 @@ lint: ## golangci-lint, installed at GOLANGCI_LINT_VERSION when needed
 	fi
 	"$(GOLANGCI_LINT)" run ./...
 
-unit: ## Unit and integration tests with the race detector (needs root for mknod)
+helm: ## Build the pinned helm (HELM_VERSION) into $(TOOLS_CACHE) when missing
+	@if [ ! -x "$(HELM)" ]; then \
+	  echo "building helm $(HELM_VERSION) into $(dir $(HELM))"; \
+	  GOBIN="$(dir $(HELM))" GOFLAGS=-buildvcs=false CGO_ENABLED=0 $(GO) install -ldflags "-s -w" helm.sh/helm/v3/cmd/helm@$(HELM_VERSION); \
+	fi
+
+unit: helm ## Unit and integration tests with the race detector (needs root for mknod)
 	$(GO) test -race -count=1 ./...
 
 test: vet unit ## What CI runs: vet, gofmt, race-enabled tests
@@ -73,10 +85,10 @@ deploy: ## Deploy the DaemonSet (NAMESPACE, IMAGE, RESOURCE_NAME, NUMBER_DEVICES
 undeploy: ## Remove the DaemonSet and its namespace
 	deploy/deploy.sh delete
 
-e2e: ## End-to-end suite on a local node of real components (root; builds and caches them under ~/.cache)
+e2e: helm ## End-to-end suite on a local node of real components (root; builds and caches them under ~/.cache)
 	e2e/local/run.sh
 
-e2e-kind: ## End-to-end suite on a kind cluster (docker or podman; offline: builds the node image, cached under ~/.cache)
+e2e-kind: helm ## End-to-end suite on a kind cluster (docker or podman; offline: builds the node image, cached under ~/.cache)
 	e2e/kind/run.sh
 
 e2e-up: ## Start the local node only (then: source $$E2E_WORK/env, default /var/lib/cdi-device-plugin-e2e/env)

@@ -49,6 +49,12 @@ func TestE2E(t *testing.T) {
 		{"7-exhaustion", func(t *testing.T) { c.scenarioExhaustion(t) }},
 		{"8-bad-config", func(t *testing.T) { c.scenarioBadConfig(t, node) }},
 		{"9-spec-restored", func(t *testing.T) { c.scenarioSpecRestored(t) }},
+		{"9a-unprivileged-pod", func(t *testing.T) { c.scenarioUnprivileged(t) }},
+		{"9b-metrics-pod-devices", func(t *testing.T) { c.scenarioMetrics(t) }},
+		{"9c-health-in-pod-status", func(t *testing.T) { c.scenarioHealthInPodStatus(t) }},
+		{"9d-live-reload", func(t *testing.T) { c.scenarioLiveReload(t, node) }},
+		{"9e-rolling-update", func(t *testing.T) { c.scenarioRollingUpdate(t, node) }},
+		{"9f-helm-install", func(t *testing.T) { c.scenarioHelm(t, node) }},
 		{"10-node-reboot", func(t *testing.T) { c.scenarioReboot(t, node) }},
 	}
 	for _, s := range steps {

@@ -8,6 +8,10 @@ cd "${REPO}"
 E2E_WORK=${E2E_WORK:-/var/lib/cdi-device-plugin-e2e}
 export E2E_WORK
 
+# Go from the official tarball, where .ci/run expects it.
+command -v go >/dev/null || export PATH=/usr/local/go/bin:${HOME}/go/bin:${PATH}
+# A fresh Debian machine: install what is missing first (apt-get).
+e2e/local/deps.sh
 e2e/local/cluster.sh up
 # shellcheck disable=SC1091
 source "${E2E_WORK}/env"
