@@ -121,7 +121,7 @@ undeploy: ## Remove the DaemonSet and its namespace
 e2e: helm ## End-to-end suite on a local node of real components (root; builds and caches them under ~/.cache)
 	e2e/local/run.sh
 
-e2e-kind: helm ## End-to-end suite on a kind cluster (needs Docker)
+e2e-kind: helm ## End-to-end suite on a kind cluster (docker or podman; offline: builds the node image, cached under ~/.cache)
 	e2e/kind/run.sh
 
 e2e-up: ## Start the local node only (then: source $$E2E_WORK/env, default /var/lib/cdi-device-plugin-e2e/env)

@@ -10,15 +10,23 @@
 # binary is reused; a build writes to a temporary name and renames it, so an
 # interrupted build leaves nothing half-written behind.
 #
-# Prints progress on stderr. "build-binaries.sh --link DIR" also links each
-# binary into DIR under its plain name (DIR/kubelet -> .../kubelet-v1.36.3),
-# so that the versions are named in this file only.
+# Prints progress on stderr. Options:
+#   --link DIR   also link each binary into DIR under its plain name
+#                (DIR/kubelet -> .../kubelet-v1.36.3), so that the versions
+#                are named in this file only
+#   --kind       also build what a kind node image needs beside those:
+#                kubeadm and kube-proxy (same Kubernetes version) and coredns
+#                (e2e/kind/node-image.sh)
+#   --versions   print the versions as shell assignments and exit
 set -euo pipefail
 
 K8S_VERSION=${K8S_VERSION:-v1.36.3}
 ETCD_VERSION=${ETCD_VERSION:-v3.6.8}
 CONTAINERD_VERSION=${CONTAINERD_VERSION:-v2.4.2}
 RUNC_VERSION=${RUNC_VERSION:-v1.5.2}
+# The CoreDNS that kubeadm ${K8S_VERSION} deploys (kubeadm config images list);
+# only for the kind node image.
+COREDNS_VERSION=${COREDNS_VERSION:-v1.14.2}
 E2E_CACHE=${E2E_CACHE:-${XDG_CACHE_HOME:-${HOME}/.cache}/cdi-device-plugin-e2e}
 BIN_DIR=${E2E_CACHE}/bin
 export GOFLAGS="${GOFLAGS:-} -buildvcs=false"
@@ -28,14 +36,26 @@ log() { printf '[build %s] %s\n' "$(date +%T)" "$*" >&2; }
 die() { printf 'build-binaries.sh: %s\n' "$*" >&2; exit 1; }
 
 LINK_DIR=
-case ${1:-} in
-'') ;;
---link)
-	[[ -n ${2:-} ]] || die "--link needs a directory"
-	LINK_DIR=$2
-	;;
-*) die "usage: build-binaries.sh [--link DIR]" ;;
-esac
+KIND=0
+while [[ $# -gt 0 ]]; do
+	case $1 in
+	--link)
+		[[ -n ${2:-} ]] || die "--link needs a directory"
+		LINK_DIR=$2
+		shift 2
+		;;
+	--kind)
+		KIND=1
+		shift
+		;;
+	--versions)
+		printf 'K8S_VERSION=%s\nETCD_VERSION=%s\nCONTAINERD_VERSION=%s\nRUNC_VERSION=%s\nCOREDNS_VERSION=%s\n' \
+			"${K8S_VERSION}" "${ETCD_VERSION}" "${CONTAINERD_VERSION}" "${RUNC_VERSION}" "${COREDNS_VERSION}"
+		exit 0
+		;;
+	*) die "usage: build-binaries.sh [--link DIR] [--kind] [--versions]" ;;
+	esac
+done
 mkdir -p "${BIN_DIR}" "${E2E_CACHE}/src"
 
 # have NAME VERSION: true when the cached binary exists.
@@ -53,12 +73,34 @@ EOM
 	(cd "${dir}" && go get "${mod}@${ver}" >&2)
 }
 
+K8S_NAMES=(kubelet kube-apiserver kube-controller-manager kube-scheduler kubectl)
+KIND_K8S_NAMES=(kubeadm kube-proxy)
+
+# k8s_tools_go: the wrapper module's tools.go, importing every command this
+# script may build, so that one "go mod tidy" serves them all.
+k8s_tools_go() {
+	local n
+	printf '//go:build tools\n\npackage tools\n\nimport (\n'
+	for n in "${K8S_NAMES[@]}" "${KIND_K8S_NAMES[@]}"; do
+		printf '\t_ "k8s.io/kubernetes/cmd/%s"\n' "${n}"
+	done
+	printf ')\n'
+}
+
 build_k8s() {
-	local names=(kubelet kube-apiserver kube-controller-manager kube-scheduler kubectl) missing=() n
+	local names=("${K8S_NAMES[@]}") missing=() n
+	((KIND == 0)) || names+=("${KIND_K8S_NAMES[@]}")
 	for n in "${names[@]}"; do have "${n}" "${K8S_VERSION}" || missing+=("${n}"); done
 	[[ ${#missing[@]} -gt 0 ]] || return 0
 	local dir=${E2E_CACHE}/src/kubernetes-${K8S_VERSION} gomod minor
 	log "kubernetes ${K8S_VERSION}: ${missing[*]}"
+	# A wrapper made before tools.go listed every command: add them.
+	if [[ -f ${dir}/.ready ]] && ! cmp -s <(k8s_tools_go) "${dir}/tools.go"; then
+		rm -f "${dir}/.ready"
+		k8s_tools_go >"${dir}/tools.go"
+		(cd "${dir}" && go mod tidy >&2)
+		touch "${dir}/.ready"
+	fi
 	if [[ ! -f ${dir}/.ready ]]; then
 		rm -rf "${dir}"
 		mkdir -p "${dir}"
@@ -69,19 +111,7 @@ build_k8s() {
 		local staging=v0.${K8S_VERSION#v1.}
 		awk -v v="${staging}" '$1 ~ /^k8s\.io\// && $2 == "=>" && $3 ~ /^\.\/staging\// { print "replace " $1 " => " $1 " " v }' "${gomod}" >>"${dir}/go.mod"
 		grep -q '^replace k8s.io/api ' "${dir}/go.mod" || die "no staging replaces found in ${gomod}"
-		cat >"${dir}/tools.go" <<'EOM'
-//go:build tools
-
-package tools
-
-import (
-	_ "k8s.io/kubernetes/cmd/kube-apiserver"
-	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
-	_ "k8s.io/kubernetes/cmd/kube-scheduler"
-	_ "k8s.io/kubernetes/cmd/kubectl"
-	_ "k8s.io/kubernetes/cmd/kubelet"
-)
-EOM
+		k8s_tools_go >"${dir}/tools.go"
 		(cd "${dir}" && go mod tidy >&2)
 		touch "${dir}/.ready"
 	fi
@@ -128,11 +158,22 @@ build_runc() {
 	mv -f "${BIN_DIR}/.runc.tmp" "${BIN_DIR}/runc-${RUNC_VERSION}"
 }
 
+# coredns: "go install" works on its module as it is (no replace directives).
+build_coredns() {
+	have coredns "${COREDNS_VERSION}" && return 0
+	log "coredns ${COREDNS_VERSION}"
+	local gobin=${E2E_CACHE}/src/gobin-coredns-${COREDNS_VERSION}
+	mkdir -p "${gobin}"
+	GOBIN=${gobin} CGO_ENABLED=0 go install -trimpath -ldflags "-s -w" "github.com/coredns/coredns@${COREDNS_VERSION}"
+	mv -f "${gobin}/coredns" "${BIN_DIR}/coredns-${COREDNS_VERSION}"
+}
+
 start=${SECONDS}
 build_runc
 build_containerd
 build_etcd
 build_k8s
+((KIND == 0)) || build_coredns
 log "all binaries in ${BIN_DIR} ($((SECONDS - start)) s)"
 
 # link NAME VERSION: DIR/NAME -> the cached binary.
@@ -142,9 +183,15 @@ link() {
 }
 if [[ -n ${LINK_DIR} ]]; then
 	mkdir -p "${LINK_DIR}"
-	for n in kubelet kube-apiserver kube-controller-manager kube-scheduler kubectl; do
+	for n in "${K8S_NAMES[@]}"; do
 		link "${n}" "${K8S_VERSION}"
 	done
+	if ((KIND)); then
+		for n in "${KIND_K8S_NAMES[@]}"; do
+			link "${n}" "${K8S_VERSION}"
+		done
+		link coredns "${COREDNS_VERSION}"
+	fi
 	link etcd "${ETCD_VERSION}"
 	for n in containerd ctr containerd-shim-runc-v2; do
 		link "${n}" "${CONTAINERD_VERSION}"

@@ -8,11 +8,16 @@
 //	  -entrypoint /bin/sh -cmd -c -cmd 'sleep 1'
 //
 // Files keep their mode; owners are root. Repeated flags accumulate.
+//
+// -layer TAR adds an existing uncompressed tar (for example a root filesystem)
+// as a layer below the one the -file and -symlink flags make; that layer is
+// left out when there are no such flags.
 package main
 
 import (
 	"archive/tar"
 	"bytes"
+	"compress/gzip"
 	"errors"
 	"flag"
 	"fmt"
@@ -24,6 +29,7 @@ import (
 	"strings"
 
 	"github.com/google/go-containerregistry/pkg/name"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/empty"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
@@ -43,7 +49,7 @@ type entry struct {
 
 type options struct {
 	out, tag, arch, user, workdir string
-	files, symlinks               list
+	files, symlinks, layers       list
 	entrypoint, cmd, env          list
 }
 
@@ -64,6 +70,7 @@ func run(args []string) error {
 	fs.StringVar(&o.workdir, "workdir", "", "config WorkingDir")
 	fs.Var(&o.files, "file", "DST=SRC: copy host file SRC to DST in the image (repeatable)")
 	fs.Var(&o.symlinks, "symlink", "DST=TARGET: a symlink at DST (repeatable)")
+	fs.Var(&o.layers, "layer", "TAR: an uncompressed tar added as a layer below the -file/-symlink one (repeatable)")
 	fs.Var(&o.entrypoint, "entrypoint", "config Entrypoint word (repeatable)")
 	fs.Var(&o.cmd, "cmd", "config Cmd word (repeatable)")
 	fs.Var(&o.env, "env", "config Env entry NAME=VALUE (repeatable)")
@@ -96,17 +103,29 @@ func build(o options) error {
 		}
 		entries = append(entries, entry{dst: dst, target: target})
 	}
-	layerTar, err := layer(entries)
-	if err != nil {
-		return err
+	var layers []v1.Layer
+	for _, p := range o.layers {
+		// Fast compression: these are large root filesystems read once.
+		l, err := tarball.LayerFromFile(p, tarball.WithCompressionLevel(gzip.BestSpeed))
+		if err != nil {
+			return fmt.Errorf("-layer %s: %w", p, err)
+		}
+		layers = append(layers, l)
 	}
-	l, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) {
-		return io.NopCloser(bytes.NewReader(layerTar)), nil
-	})
-	if err != nil {
-		return fmt.Errorf("layer: %w", err)
+	if len(entries) > 0 || len(layers) == 0 {
+		layerTar, err := layer(entries)
+		if err != nil {
+			return err
+		}
+		l, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) {
+			return io.NopCloser(bytes.NewReader(layerTar)), nil
+		})
+		if err != nil {
+			return fmt.Errorf("layer: %w", err)
+		}
+		layers = append(layers, l)
 	}
-	img, err := mutate.AppendLayers(empty.Image, l)
+	img, err := mutate.AppendLayers(empty.Image, layers...)
 	if err != nil {
 		return fmt.Errorf("layer: %w", err)
 	}

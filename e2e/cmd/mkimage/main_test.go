@@ -97,6 +97,7 @@ func TestBadInput(t *testing.T) {
 		{"unclean path", []string{"-o", filepath.Join(dir, "c.tar"), "-tag", "x:1", "-symlink", "/bin/../sh=busybox"}},
 		{"missing source", []string{"-o", filepath.Join(dir, "d.tar"), "-tag", "x:1", "-file", "/x=" + filepath.Join(dir, "nope")}},
 		{"no source", []string{"-o", filepath.Join(dir, "e.tar"), "-tag", "x:1", "-file", "/x"}},
+		{"missing layer", []string{"-o", filepath.Join(dir, "f.tar"), "-tag", "x:1", "-layer", filepath.Join(dir, "nope.tar")}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if err := run(tc.args); err == nil {
@@ -106,5 +107,72 @@ func TestBadInput(t *testing.T) {
 				t.Errorf("files left behind: %v", m)
 			}
 		})
+	}
+}
+
+// -layer puts an existing tar below the layer of -file and -symlink.
+func TestBaseLayer(t *testing.T) {
+	dir := t.TempDir()
+	base := filepath.Join(dir, "base.tar")
+	f, err := os.Create(base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tw := tar.NewWriter(f)
+	if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: "etc/os-release", Mode: 0o644, Size: 2}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tw.Write([]byte("x\n")); err != nil {
+		t.Fatal(err)
+	}
+	if err := tw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		args  []string
+		names [][]string // per layer
+	}{
+		{[]string{"-symlink", "/bin/sh=busybox"}, [][]string{{"etc/os-release"}, {"bin/", "bin/sh"}}},
+		{nil, [][]string{{"etc/os-release"}}},
+	} {
+		out := filepath.Join(dir, "img.tar")
+		args := append([]string{"-o", out, "-tag", "e2e.local/base:1", "-layer", base}, tc.args...)
+		if err := run(args); err != nil {
+			t.Fatal(err)
+		}
+		tag, _ := name.NewTag("e2e.local/base:1")
+		img, err := tarball.ImageFromPath(out, &tag)
+		if err != nil {
+			t.Fatal(err)
+		}
+		layers, err := img.Layers()
+		if err != nil || len(layers) != len(tc.names) {
+			t.Fatalf("%v: %d layers (%v), want %d", tc.args, len(layers), err, len(tc.names))
+		}
+		for i, l := range layers {
+			rc, err := l.Uncompressed()
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got []string
+			tr := tar.NewReader(rc)
+			for {
+				h, err := tr.Next()
+				if err == io.EOF {
+					break
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+				got = append(got, h.Name)
+			}
+			rc.Close()
+			if !slices.Equal(got, tc.names[i]) {
+				t.Errorf("%v: layer %d holds %v, want %v", tc.args, i, got, tc.names[i])
+			}
+		}
 	}
 }
