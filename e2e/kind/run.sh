@@ -42,6 +42,8 @@ set -euo pipefail
 # supported by the kind release that built it.
 KIND_VERSION=v0.33.0
 PLUGIN_IMAGE=docker.io/library/cdi-device-plugin:e2e
+# Another tag of the same image, for the upgrade scenario's rollout.
+PLUGIN_IMAGE_NEXT=docker.io/library/cdi-device-plugin:e2e-next
 TEST_IMAGE=docker.io/library/busybox:1.36.1 # registry mode
 LOCAL_TEST_IMAGE=e2e.local/busybox:debian   # local mode: Debian's busybox-static
 export KIND_VERSION
@@ -350,6 +352,12 @@ suite_images() {
 	test_image=${LOCAL_TEST_IMAGE}
 }
 
+# next_tag: the plugin image under a second tag in the node's containerd,
+# which the upgrade scenario (11) rolls the DaemonSet to.
+next_tag() {
+	"${engine}" exec "${node}" ctr -n k8s.io images tag --force "${PLUGIN_IMAGE}" "${PLUGIN_IMAGE_NEXT}" >/dev/null
+}
+
 # host_plugin: the plugin binary built here, copied into the node for the
 # suite's host mode (node-hooks.sh plugin-host).
 host_plugin() {
@@ -419,9 +427,11 @@ main() {
 	export KUBECONFIG=${kubeconfig}
 
 	suite_images
+	next_tag
 	host_plugin
 
 	export E2E_PLUGIN_IMAGE=${PLUGIN_IMAGE}
+	export E2E_PLUGIN_IMAGE_NEXT=${PLUGIN_IMAGE_NEXT}
 	export E2E_TEST_IMAGE=${test_image}
 	export E2E_NODE_SHELL="${engine} exec -i ${node}"
 	export E2E_RESTART_KUBELET="${engine} exec ${node} systemctl restart kubelet"
