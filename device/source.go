@@ -192,12 +192,17 @@ func (s *Source) scan() *Snapshot {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for i := range snap.Devices {
-		d := &snap.Devices[i]
-		if f := s.faults[d.Name]; f != "" && d.Healthy {
-			d.Healthy, d.Reason = false, f
-		}
+		s.applyFault(&snap.Devices[i])
 	}
 	return snap
+}
+
+// applyFault reports a device whose node is fine unhealthy when a fault is
+// set for it. The caller holds s.mu.
+func (s *Source) applyFault(d *Device) {
+	if f := s.faults[d.Name]; f != "" && d.Healthy {
+		d.Healthy, d.Reason = false, f
+	}
 }
 
 func (s *Source) scanNodes() *Snapshot {
@@ -498,9 +503,7 @@ func (s *Source) publishNodes(out chan *Snapshot, idx []int) {
 		d := prev.Devices[i]
 		d.Reason = status[k]
 		d.Healthy = d.Reason == ""
-		if f := s.faults[d.Name]; f != "" && d.Healthy {
-			d.Healthy, d.Reason = false, f
-		}
+		s.applyFault(&d)
 		if d.Healthy == prev.Devices[i].Healthy && d.Reason == prev.Devices[i].Reason {
 			continue
 		}
