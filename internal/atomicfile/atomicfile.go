@@ -23,8 +23,11 @@ func Tag() string { return tag }
 
 // TempName is the temp file name for path of this process, for a caller
 // that creates it itself (a device node). It matches TempPattern(path).
-func TempName(path string) string {
-	return filepath.Join(filepath.Dir(path), "."+filepath.Base(path)+".tmp-"+tag)
+func TempName(path string) string { return tempPrefix(path) + tag }
+
+// tempPrefix is what the names of path's temp files begin with.
+func tempPrefix(path string) string {
+	return filepath.Join(filepath.Dir(path), "."+filepath.Base(path)+".tmp-")
 }
 
 // Write replaces path with what fill writes to f: a temp file in the same
@@ -33,7 +36,7 @@ func TempName(path string) string {
 // temp file is removed and path is untouched.
 func Write(path string, mode os.FileMode, fill func(f *os.File) error) error {
 	dir := filepath.Dir(path)
-	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-"+tag+"-*")
+	f, err := os.CreateTemp(dir, filepath.Base(TempName(path))+"-*")
 	if err != nil {
 		return fmt.Errorf("write %s: %w", path, err)
 	}
@@ -84,7 +87,7 @@ func SyncDir(dir string) error {
 
 // TempPattern is the glob of the temp files that Write makes for path.
 func TempPattern(path string) string {
-	return filepath.Join(filepath.Dir(path), "."+filepath.Base(path)+".tmp-*")
+	return tempPrefix(path) + "*"
 }
 
 // RemoveStaleTemps removes the files (or directories) matching pattern (a
