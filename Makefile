@@ -31,9 +31,12 @@ ENV_SRC    := deploy/systemd/cdi-device-plugin.env
 
 export IMAGE
 
-.PHONY: all build install uninstall image-host-installer run test unit vet lint helm bench image deploy undeploy render clean e2e e2e-kind e2e-up e2e-down demo demo-down
+.PHONY: all help tree-check build install uninstall image-host-installer run test unit vet lint helm bench image deploy undeploy render clean e2e e2e-kind e2e-up e2e-down demo demo-down
 
 all: build
+
+help: ## List the targets with what they do
+	@awk 'BEGIN {FS = ":[^#]*## "} /^[a-zA-Z0-9_-]+:[^#]*## / {printf "  %-22s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 build: ## Build the plugin and the bench tool into $(BIN)/
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o $(BIN)/cdi-device-plugin ./cmd/cdi-device-plugin
@@ -60,11 +63,21 @@ uninstall: ## Remove what install put there; the env file only when it is unchan
 run: build ## Build and run the plugin (as root) with the settings in the environment
 	$(BIN)/cdi-device-plugin $(RUN_ARGS)
 
-vet: lint ## go vet, a gofmt check and golangci-lint (.golangci.yml)
+vet: lint tree-check ## go vet, a gofmt check, golangci-lint (.golangci.yml) and the tree check
 	$(GO) vet ./...
 	$(GO) vet -tags e2e ./e2e/
 	@out="$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))"; \
 	  if [ -n "$$out" ]; then echo "not gofmt-formatted:"; echo "$$out"; exit 1; fi
+
+# No build output or other blob is tracked: every tracked file is at most
+# 1 MiB, and every tracked executable is a script.
+tree-check: ## Fail on a tracked file over 1 MiB or a tracked executable that is not a script (#!)
+	@git ls-files -s | { bad=0; while read -r mode _ _ f; do \
+	  [ -f "$$f" ] || continue; \
+	  size=$$(stat -c %s "$$f"); \
+	  if [ "$$size" -gt 1048576 ]; then echo "tracked file over 1 MiB: $$f ($$size bytes)" >&2; bad=1; fi; \
+	  if [ "$$mode" = 100755 ] && [ "$$(head -c 2 "$$f")" != '#!' ]; then echo "tracked executable that is not a script: $$f" >&2; bad=1; fi; \
+	done; exit $$bad; }
 
 lint: ## golangci-lint, installed at GOLANGCI_LINT_VERSION when needed
 	@if ! "$(GOLANGCI_LINT)" version 2>/dev/null | grep -q "version $(GOLANGCI_LINT_VERSION:v%=%) "; then \
@@ -124,7 +137,7 @@ e2e: helm ## End-to-end suite on a local node of real components (root; builds a
 e2e-kind: helm ## End-to-end suite on a kind cluster (docker or podman; offline: builds the node image, cached under ~/.cache)
 	e2e/kind/run.sh
 
-e2e-up: ## Start the local node only (then: source $$E2E_WORK/env, default /var/lib/cdi-device-plugin-e2e/env)
+e2e-up: ## Start the local node only (then: source $E2E_WORK/env, default /var/lib/cdi-device-plugin-e2e/env)
 	e2e/local/cluster.sh up
 
 e2e-down: ## Stop the local node and clean up after it
@@ -135,5 +148,5 @@ demo: ## Local node, plugin with 4 devices, a pod using 2: prints what the pod s
 
 demo-down: e2e-down ## Tear the demo down
 
-clean:
+clean: ## Remove build outputs (bin/, _artifacts/)
 	rm -rf $(BIN) _artifacts
