@@ -16,11 +16,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/sirupsen/logrus"
 	"github.com/sirupsen/logrus/hooks/test"
 
 	"github.com/cdi-device-plugin/cdi-device-plugin/config"
 	"github.com/cdi-device-plugin/cdi-device-plugin/device"
+	"github.com/cdi-device-plugin/cdi-device-plugin/metrics"
 )
 
 // faults records what the runner reports, like device.Source.
@@ -695,5 +697,92 @@ func TestExecMetacharactersLiteral(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(dir, "pwned")); err == nil {
 		t.Error("a shell ran: pwned exists")
+	}
+}
+
+// TestCancelledIsNotAFault (issue 18 item 1): a PreStartContainer whose
+// caller goes away (the kubelet restarts, the socket is served again, a
+// reload) while a real exec step runs is not a device fault: no failed
+// state, no Unhealthy, no failed-step metric, no background recovery. The
+// device is left unprepared (the step may have half-run), so the next
+// start prepares it again; a device that had failed stays failed.
+func TestCancelledIsNotAFault(t *testing.T) {
+	for _, before := range []string{StatusNew, StatusFailed} {
+		t.Run(before, func(t *testing.T) {
+			started := filepath.Join(t.TempDir(), "started")
+			e, err := NewExec([]string{"/bin/sh", "-c", "touch " + started + "; sleep 30 & wait"}, nil, 20*time.Second)
+			if err != nil {
+				t.Fatal(err)
+			}
+			l, hook := test.NewNullLogger()
+			m := metrics.New("test")
+			f := &faults{}
+			root := t.TempDir()
+			if before == StatusFailed {
+				dir := filepath.Join(root, "sim-0")
+				if err := os.MkdirAll(dir, 0o755); err != nil {
+					t.Fatal(err)
+				}
+				st := State{Device: "sim-0", Status: StatusFailed, LastError: "step exec: boom"}
+				if err := st.Save(dir); err != nil {
+					t.Fatal(err)
+				}
+			}
+			r := NewRunner(Options{Resource: "example.com/sim", StateRoot: root, Steps: []Step{Reset{}, e}, Budget: 20 * time.Second,
+				MarkUnhealthy: true, Recovery: config.RecoverAuto, Health: f, Log: logrus.NewEntry(l), Metrics: m})
+			if _, err := r.Init(&device.Snapshot{Devices: devs(1)}); err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan error, 1)
+			go func() { done <- r.Prepare(ctx, devs(1)) }()
+			deadline := time.Now().Add(10 * time.Second)
+			for {
+				if _, err := os.Stat(started); err == nil {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatal("exec step never started")
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+			cancel()
+			err = <-done
+			if !errors.Is(err, context.Canceled) {
+				t.Fatalf("error %v, want context.Canceled", err)
+			}
+			if got := f.reports(); len(got) != 0 {
+				t.Fatalf("health reported: %v", got)
+			}
+			if n, err := testutil.GatherAndCount(m.Registry(), metrics.Namespace+"_prestart_step_failures_total"); err != nil || n != 0 {
+				t.Fatalf("failed steps counted: %d series (%v)", n, err)
+			}
+			s := state(t, r, "sim-0")
+			want := StatusUnprepared
+			if before == StatusFailed {
+				want = StatusFailed
+			}
+			if s.Status != want || s.Generation != 0 {
+				t.Fatalf("state %+v, want status %s", s, want)
+			}
+			r.mu.Lock()
+			_, recovering := r.failed["sim-0"]
+			r.mu.Unlock()
+			if recovering != (before == StatusFailed) {
+				t.Fatalf("background recovery entry %v, want %v", recovering, before == StatusFailed)
+			}
+			var logged bool
+			for _, en := range hook.AllEntries() {
+				if en.Message == "preparation cancelled" {
+					logged = true
+				}
+				if en.Level <= logrus.ErrorLevel {
+					t.Errorf("logged at %s: %s", en.Level, en.Message)
+				}
+			}
+			if !logged {
+				t.Fatal(`no "preparation cancelled" log`)
+			}
+		})
 	}
 }

@@ -220,6 +220,7 @@ func (r *Runner) prepareOne(ctx context.Context, d device.Device) error {
 	st.Device, st.Resource = d.Name, r.opts.Resource
 	t := &Target{ID: d.Name, Index: d.Index, HostPath: d.HostPath, ContainerPath: d.ContainerPath,
 		Resource: r.opts.Resource, Dir: dir, State: &st, Log: log}
+	prev := st.Status // a step may set it (a reset makes it ready)
 	start := time.Now()
 	didReset := false
 	var failed *StepError
@@ -246,6 +247,22 @@ func (r *Runner) prepareOne(ctx context.Context, d device.Device) error {
 		if rs, ok := s.(Resetter); ok && rs.Resets() {
 			didReset = true
 		}
+	}
+	// The caller gave up (the kubelet restarted, our socket was served
+	// again, a reload stopped the resource), not the budget or a step's
+	// limit: not a fault of the device. A step may have half-run, so the
+	// device is left unprepared and the next start prepares it again; one
+	// that had failed stays failed (and in background recovery).
+	if failed != nil && errors.Is(ctx.Err(), context.Canceled) {
+		st.Status = StatusUnprepared
+		if prev == StatusFailed {
+			st.Status = StatusFailed
+		}
+		if err := st.Save(dir); err != nil {
+			log.WithError(err).Error("writing device state")
+		}
+		log.WithField("step", failed.Step).WithField("status", st.Status).Warn("preparation cancelled")
+		return failed
 	}
 	if failed != nil {
 		st.Status = StatusFailed
