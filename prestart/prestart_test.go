@@ -120,9 +120,10 @@ func ino(t *testing.T, p string) uint64 {
 // TestEnsureWritesOnlyDirectories: a device's state directory exists
 // before the spec mounts it, and nothing else is written at start: a
 // device without a state file is new; its state appears with its first
-// preparation. A symlink planted where a state directory goes is refused.
+// preparation. A symlink planted where a state directory goes is refused:
+// that device is unhealthy (issue 18 item 3).
 func TestEnsureWritesOnlyDirectories(t *testing.T) {
-	r, _, _ := newRunner(t, Reset{})
+	r, f, _ := newRunner(t, Reset{})
 	for _, d := range devs(2) {
 		entries, err := os.ReadDir(r.Dir(d.Name))
 		if err != nil || len(entries) != 0 {
@@ -143,8 +144,8 @@ func TestEnsureWritesOnlyDirectories(t *testing.T) {
 	if err := os.Symlink(outside, r.Dir(planted.Name)); err != nil {
 		t.Fatal(err)
 	}
-	if err := r.Ensure(&device.Snapshot{Devices: []device.Device{planted}}); err == nil {
-		t.Fatal("a symlinked state directory was accepted")
+	if err := r.Ensure(&device.Snapshot{Devices: []device.Device{planted}}); err != nil || f.get("sim-9") == "" || !r.BadState("sim-9") {
+		t.Fatalf("a symlinked state directory was accepted: %v", err)
 	}
 }
 
@@ -653,9 +654,10 @@ func TestStateVersion(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir, StateFile), newer, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	_, err := r.Init(&device.Snapshot{Devices: devs(1)})
-	if !errors.Is(err, ErrStateVersion) || !strings.Contains(err.Error(), "version 2") {
-		t.Fatalf("unknown version: %v", err)
+	// Unhealthy, with the cause; not an error of the whole resource.
+	got, err := r.Init(&device.Snapshot{Devices: devs(1)})
+	if err != nil || !strings.Contains(got["sim-0"], "version 2") {
+		t.Fatalf("unknown version: %v %v", got, err)
 	}
 	if err := r.Prepare(context.Background(), devs(1)); !errors.Is(err, ErrStateVersion) {
 		t.Fatalf("prepare with an unknown version: %v", err)
@@ -784,5 +786,54 @@ func TestCancelledIsNotAFault(t *testing.T) {
 				t.Fatal(`no "preparation cancelled" log`)
 			}
 		})
+	}
+}
+
+// TestBadStateDirHoldsBackNoOther (issue 18 item 3): a symlink planted at
+// one device's state directory makes that device unhealthy, with a reason
+// naming the path, in Ensure and in Init; the other devices get their
+// directories and are prepared.
+func TestBadStateDirHoldsBackNoOther(t *testing.T) {
+	root := t.TempDir()
+	bad := filepath.Join(root, "sim-1")
+	if err := os.Symlink(t.TempDir(), bad); err != nil {
+		t.Fatal(err)
+	}
+	f := &faults{}
+	r := NewRunner(Options{Resource: "example.com/sim", StateRoot: root, Steps: []Step{Reset{}}, MarkUnhealthy: true, Health: f})
+	snap := &device.Snapshot{Devices: devs(3)}
+	if err := r.Ensure(snap); err != nil {
+		t.Fatalf("Ensure: %v", err)
+	}
+	got, err := r.Init(snap)
+	if err != nil {
+		t.Fatalf("Init: %v", err)
+	}
+	for name, reason := range map[string]string{"ensure": f.get("sim-1"), "init": got["sim-1"]} {
+		if !strings.Contains(reason, bad) {
+			t.Errorf("%s: reason %q does not name %s", name, reason, bad)
+		}
+	}
+	if !r.BadState("sim-1") || r.BadState("sim-0") {
+		t.Error("BadState")
+	}
+	for _, d := range []string{"sim-0", "sim-2"} {
+		if f.get(d) != "" || got[d] != "" {
+			t.Errorf("%s unhealthy: %q %q", d, f.get(d), got[d])
+		}
+		if fi, err := os.Lstat(r.Dir(d)); err != nil || !fi.IsDir() {
+			t.Errorf("%s: no state directory: %v", d, err)
+		}
+	}
+	good := []device.Device{snap.Devices[0], snap.Devices[2]}
+	if err := r.Prepare(context.Background(), good); err != nil {
+		t.Fatal(err)
+	}
+	// Repaired, the device is healthy again at the next Ensure.
+	if err := os.Remove(bad); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Ensure(snap); err != nil || f.get("sim-1") != "" || r.BadState("sim-1") {
+		t.Fatalf("after repair: %v %q", err, f.get("sim-1"))
 	}
 }

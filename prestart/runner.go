@@ -75,7 +75,10 @@ type Runner struct {
 	// failed are the devices marked Unhealthy by a failed preparation, to
 	// be prepared again in the background.
 	failed map[string]*failure
-	kick   chan struct{}
+	// badState are the devices whose state directory is unusable, with
+	// their fault (see Ensure).
+	badState map[string]string
+	kick     chan struct{}
 }
 
 type failure struct {
@@ -98,7 +101,7 @@ func NewRunner(o Options) *Runner {
 	if o.Log == nil {
 		o.Log = logs.Discard()
 	}
-	return &Runner{opts: o, failed: map[string]*failure{}, kick: make(chan struct{}, 1)}
+	return &Runner{opts: o, failed: map[string]*failure{}, badState: map[string]string{}, kick: make(chan struct{}, 1)}
 }
 
 // Steps names the steps, in order.
@@ -120,6 +123,13 @@ func (r *Runner) Dir(name string) string { return filepath.Join(r.opts.StateRoot
 // spec mounts into its containers, so it must exist before the spec names
 // it. Nothing else is written: a device without a state.json is new, and
 // its state file appears with its first preparation.
+//
+// A device whose directory cannot be made, or is not a real directory (a
+// symlink planted there), holds back no other: it is reported unhealthy
+// (Options.Health) with a reason naming the path, BadState reports it, so
+// that the spec leaves its mount out, and it is healthy again at the first
+// Ensure that finds its directory usable. Only a state root that cannot be
+// made is an error.
 func (r *Runner) Ensure(snap *device.Snapshot) error {
 	// The state root is the plugin's alone; a device's directory is
 	// mounted into its containers, read by whatever user they run as.
@@ -127,11 +137,53 @@ func (r *Runner) Ensure(snap *device.Snapshot) error {
 		return fmt.Errorf("state root: %w", err)
 	}
 	for _, d := range snap.Devices {
-		if err := ensureDir(r.Dir(d.Name)); err != nil {
-			return fmt.Errorf("state of %s: %w", d.Name, err)
-		}
+		r.setBadState(d.Name, ensureDir(r.Dir(d.Name)))
 	}
 	return nil
+}
+
+// BadState reports whether the state directory of a device was found
+// unusable by the last Ensure or Init: the spec must not mount it.
+func (r *Runner) BadState(name string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	_, bad := r.badState[name]
+	return bad
+}
+
+// badStateReason is the fault of a device whose state directory is
+// unusable.
+func badStateReason(err error) string { return "prestart: state directory: " + err.Error() }
+
+// setBadState records whether the state directory of a device is usable
+// (err nil) and reports the change to the health reporter. A repaired
+// directory clears the fault unless the device's preparation has failed
+// too (background recovery heals that one).
+func (r *Runner) setBadState(name string, err error) {
+	r.mu.Lock()
+	old, wasBad := r.badState[name]
+	_, failed := r.failed[name]
+	reason := ""
+	if err != nil {
+		reason = badStateReason(err)
+		r.badState[name] = reason
+	} else {
+		delete(r.badState, name)
+	}
+	r.mu.Unlock()
+	log := r.opts.Log.WithField("device", name)
+	switch {
+	case err != nil && reason != old:
+		log.WithError(err).Error("unusable device state directory; device unhealthy")
+		if r.opts.Health != nil {
+			r.opts.Health.SetFault(name, reason)
+		}
+	case err == nil && wasBad:
+		log.Info("device state directory usable again")
+		if r.opts.Health != nil && !failed {
+			r.opts.Health.SetFault(name, "")
+		}
+	}
 }
 
 // ensureDir makes dir with mode 0755 whatever the umask, and refuses one
@@ -157,14 +209,26 @@ func ensureDir(dir string) error {
 // Init restores the faults recorded by an earlier run (devices whose last
 // preparation failed), so health survives plugin restarts, and returns them
 // by device. It writes nothing (the spec's writer ensures the directories,
-// see Ensure), but sets aside an unreadable state file.
+// see Ensure), but sets aside an unreadable state file. A device whose
+// state directory is not a real directory, or whose state cannot be read
+// (another format version), is returned as a fault too, with the cause:
+// it holds back no other device. The error is always nil.
 func (r *Runner) Init(snap *device.Snapshot) (map[string]string, error) {
 	faults := map[string]string{}
 	for _, d := range snap.Devices {
 		log := r.opts.Log.WithField("device", d.Name)
-		st, err := loadOrAside(r.Dir(d.Name), log)
+		dir := r.Dir(d.Name)
+		if fi, err := os.Lstat(dir); err == nil && !fi.IsDir() {
+			err := fmt.Errorf("%s exists and is not a directory", dir)
+			r.setBadState(d.Name, err)
+			faults[d.Name] = badStateReason(err)
+			continue
+		}
+		st, err := loadOrAside(dir, log)
 		if err != nil {
-			return nil, fmt.Errorf("state of %s: %w", d.Name, err)
+			log.WithError(err).Error("unreadable device state; device unhealthy")
+			faults[d.Name] = fmt.Sprintf("prestart: state of %s: %v", d.Name, err)
+			continue
 		}
 		if st.Status == StatusFailed && r.opts.MarkUnhealthy {
 			faults[d.Name] = "prestart: " + st.LastError
