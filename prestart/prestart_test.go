@@ -7,11 +7,13 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -19,6 +21,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/sirupsen/logrus"
 	"github.com/sirupsen/logrus/hooks/test"
+	"google.golang.org/grpc"
+	podresourcesapi "k8s.io/kubelet/pkg/apis/podresources/v1"
 
 	"github.com/cdi-device-plugin/cdi-device-plugin/config"
 	"github.com/cdi-device-plugin/cdi-device-plugin/device"
@@ -535,6 +539,10 @@ func TestCorruptStateOneWay(t *testing.T) {
 	}
 }
 
+// noHolders is a PodResources lister that finds no container holding a
+// device.
+func noHolders(context.Context) ([]string, error) { return nil, nil }
+
 // failing is an exec-like step that fails while its flag file is absent.
 type failing struct{ flag string }
 
@@ -558,7 +566,7 @@ func TestBackgroundRecovery(t *testing.T) {
 			flag := filepath.Join(t.TempDir(), "ready")
 			f := &faults{}
 			r := NewRunner(Options{Resource: "example.com/serial", StateRoot: t.TempDir(), Steps: []Step{failing{flag}},
-				MarkUnhealthy: true, Recovery: mode, RecoveryInterval: 20 * time.Millisecond, Health: f})
+				MarkUnhealthy: true, Recovery: mode, RecoveryInterval: 20 * time.Millisecond, Health: f, Holders: noHolders})
 			if _, err := r.Init(&device.Snapshot{Devices: devs(1)}); err != nil {
 				t.Fatal(err)
 			}
@@ -574,7 +582,12 @@ func TestBackgroundRecovery(t *testing.T) {
 			if err := r.Prepare(context.Background(), devs(1)); err == nil {
 				t.Fatal("no error")
 			}
-			time.Sleep(150 * time.Millisecond) // a few background attempts fail
+			if mode == config.RecoverAuto {
+				// A background attempt fails (fewer than MaxRecoveryAttempts).
+				waitFor(t, "a background attempt", func() bool { return len(f.reports()) >= 2 })
+			} else {
+				time.Sleep(150 * time.Millisecond) // none would run
+			}
 			attempts := len(f.reports())
 			if f.get("sim-0") == "" {
 				t.Fatal("not unhealthy")
@@ -611,7 +624,7 @@ func TestRecoveryAfterRestoredFault(t *testing.T) {
 	}
 	f := &faults{}
 	r := NewRunner(Options{Resource: "example.com/sim", StateRoot: root, Steps: []Step{Reset{}}, MarkUnhealthy: true,
-		RecoveryInterval: 10 * time.Millisecond, Health: f})
+		RecoveryInterval: 10 * time.Millisecond, Health: f, Holders: noHolders})
 	got, err := r.Init(&device.Snapshot{Devices: devs(1)})
 	if err != nil || got["sim-0"] == "" {
 		t.Fatalf("fault not restored: %v %v", got, err)
@@ -835,5 +848,189 @@ func TestBadStateDirHoldsBackNoOther(t *testing.T) {
 	}
 	if err := r.Ensure(snap); err != nil || f.get("sim-1") != "" || r.BadState("sim-1") {
 		t.Fatalf("after repair: %v %q", err, f.get("sim-1"))
+	}
+}
+
+// podResources is the kubelet's PodResources API on a unix socket,
+// answering List with the device IDs of example.com/sim set by hold.
+type podResources struct {
+	podresourcesapi.UnimplementedPodResourcesListerServer
+	mu  sync.Mutex
+	ids []string
+}
+
+func (p *podResources) hold(ids ...string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.ids = ids
+}
+
+func (p *podResources) List(context.Context, *podresourcesapi.ListPodResourcesRequest) (*podresourcesapi.ListPodResourcesResponse, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return &podresourcesapi.ListPodResourcesResponse{PodResources: []*podresourcesapi.PodResources{{
+		Name: "a", Namespace: "default",
+		Containers: []*podresourcesapi.ContainerResources{{Name: "c", Devices: []*podresourcesapi.ContainerDevices{
+			{ResourceName: "example.com/sim", DeviceIds: slices.Clone(p.ids)},
+			{ResourceName: "vendor.com/other", DeviceIds: []string{"sim-0"}},
+		}}},
+	}}}, nil
+}
+
+func servePodResources(t *testing.T) (*podResources, string) {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "pr") // short: a unix socket path
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	sock := filepath.Join(dir, "kubelet.sock")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &podResources{}
+	srv := grpc.NewServer()
+	podresourcesapi.RegisterPodResourcesListerServer(srv, p)
+	done := make(chan struct{})
+	go func() { defer close(done); _ = srv.Serve(ln) }()
+	t.Cleanup(func() { srv.Stop(); <-done })
+	return p, sock
+}
+
+// counting is a step that always fails and counts its runs.
+type counting struct{ runs *atomic.Int32 }
+
+func (counting) Name() string           { return "exec" }
+func (counting) Timeout() time.Duration { return time.Second }
+func (c counting) Run(context.Context, *Target) error {
+	c.runs.Add(1)
+	return errors.New("wrong sha256")
+}
+
+// waitFor polls cond until it holds or the deadline passes.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("never: %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func logCount(hook *test.Hook, msg string) int {
+	n := 0
+	for _, e := range hook.AllEntries() {
+		if e.Message == msg {
+			n++
+		}
+	}
+	return n
+}
+
+// TestRecoverySparesHeldDevices (issue 18 item 2): a failed device that a
+// container holds (a replica of it, per the kubelet's PodResources List on
+// a real socket) is not prepared again in the background; once nobody
+// holds it, it is, at most MaxRecoveryAttempts times, then given up: one
+// log line, the metric, no more attempts, still Unhealthy. Without the
+// PodResources API nothing is prepared in the background, logged once.
+func TestRecoverySparesHeldDevices(t *testing.T) {
+	newRun := func(t *testing.T, holders func(context.Context) ([]string, error)) (*Runner, *faults, *test.Hook, *atomic.Int32, *metrics.Metrics) {
+		t.Helper()
+		l, hook := test.NewNullLogger()
+		l.SetLevel(logrus.DebugLevel)
+		f := &faults{}
+		m := metrics.New("test")
+		runs := &atomic.Int32{}
+		r := NewRunner(Options{Resource: "example.com/sim", StateRoot: t.TempDir(), Steps: []Step{counting{runs}},
+			MarkUnhealthy: true, Recovery: config.RecoverAuto, RecoveryInterval: time.Millisecond, Health: f,
+			Log: logrus.NewEntry(l), Metrics: m, Holders: holders})
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- r.Run(ctx) }()
+		t.Cleanup(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Error(err)
+			}
+		})
+		if err := r.Prepare(context.Background(), devs(1)); err == nil {
+			t.Fatal("no error")
+		}
+		return r, f, hook, runs, m
+	}
+	t.Run("held, then free, then given up", func(t *testing.T) {
+		p, sock := servePodResources(t)
+		p.hold("sim-1::0", "sim-0::1") // pod A runs on a replica of sim-0
+		var asked atomic.Int32
+		r, f, hook, runs, m := newRun(t, func(ctx context.Context) ([]string, error) {
+			asked.Add(1)
+			return metrics.HeldDevices(ctx, sock, "example.com/sim")
+		})
+		waitFor(t, "three background rounds", func() bool { return asked.Load() >= 3 })
+		if n := runs.Load(); n != 1 {
+			t.Fatalf("a held device was prepared again in the background: %d runs", n)
+		}
+		p.hold("sim-1::0")
+		waitFor(t, "recovery given up", func() bool { return logCount(hook, "background recovery given up") > 0 })
+		if n := runs.Load(); n != 1+MaxRecoveryAttempts {
+			t.Fatalf("%d runs, want 1 + %d", n, MaxRecoveryAttempts)
+		}
+		want := `# HELP cdi_device_plugin_recovery_given_up_total Failed devices whose background re-preparation was given up after its last attempt, by resource.
+# TYPE cdi_device_plugin_recovery_given_up_total counter
+cdi_device_plugin_recovery_given_up_total{resource="example.com/sim"} 1
+`
+		if err := testutil.GatherAndCompare(m.Registry(), strings.NewReader(want), metrics.Namespace+"_recovery_given_up_total"); err != nil {
+			t.Fatal(err)
+		}
+		if f.get("sim-0") == "" {
+			t.Fatal("given up, yet healthy")
+		}
+		r.mu.Lock()
+		_, scheduled := r.failed["sim-0"]
+		r.mu.Unlock()
+		if scheduled {
+			t.Fatal("still scheduled for background recovery")
+		}
+	})
+	t.Run("no PodResources socket", func(t *testing.T) {
+		var asked atomic.Int32
+		sock := filepath.Join(t.TempDir(), "missing.sock")
+		_, _, hook, runs, _ := newRun(t, func(ctx context.Context) ([]string, error) {
+			asked.Add(1)
+			return metrics.HeldDevices(ctx, sock, "example.com/sim")
+		})
+		waitFor(t, "three background rounds", func() bool { return asked.Load() >= 3 })
+		if n := runs.Load(); n != 1 {
+			t.Fatalf("prepared in the background without PodResources: %d runs", n)
+		}
+		if n := logCount(hook, "cannot tell which devices containers hold; no background recovery"); n != 1 {
+			t.Fatalf("logged %d times", n)
+		}
+	})
+}
+
+// TestHeldBy: the kubelet IDs of a physical device are its name and its
+// replica IDs, nothing else.
+func TestHeldBy(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		ids  []string
+		want bool
+	}{
+		{"sim-0", nil, false},
+		{"sim-0", []string{"sim-0"}, true},
+		{"sim-0", []string{"sim-0::3"}, true},
+		{"sim-0", []string{"sim-00", "sim-0::", "sim-0::x", "sim-1::0"}, false},
+		{"net::1", []string{"net::1::0"}, true}, // a name with an escaped ':'
+		{"net", []string{"net::1::0"}, false},
+	} {
+		t.Run(c.name+"/"+strings.Join(c.ids, ","), func(t *testing.T) {
+			if got := heldBy(c.name, c.ids); got != c.want {
+				t.Fatalf("got %v", got)
+			}
+		})
 	}
 }

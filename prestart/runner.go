@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -40,6 +42,13 @@ func (e *StepError) Unwrap() error { return e.Err }
 // wait doubles after every failed attempt.
 const MaxRecoveryBackoff = 10 * time.Minute
 
+// MaxRecoveryAttempts bounds the background re-preparations of a failed
+// device: after the last one fails, background recovery of that device is
+// given up (logged once, counted in recovery_given_up_total) and it stays
+// Unhealthy until a container start prepares it successfully, the device
+// disappears and comes back, or the configuration changes (a new Runner).
+const MaxRecoveryAttempts = 5
+
 // Resetter is a step that returns the device to a clean state.
 type Resetter interface {
 	Resets() bool
@@ -64,6 +73,13 @@ type Options struct {
 	Log              *logrus.Entry
 	// Metrics, when set, counts the failed steps.
 	Metrics *metrics.Metrics
+	// Holders returns the device IDs of the resource, as advertised to the
+	// kubelet (replica IDs <device>::<n> included), that containers hold
+	// now (the kubelet's PodResources List, see metrics.HeldDevices). A
+	// device is prepared again in the background only while no container
+	// holds it: a reset would wipe what a running container uses. Nil, or
+	// an error, and no device is prepared in the background.
+	Holders func(ctx context.Context) ([]string, error)
 }
 
 // Runner prepares the devices of one resource.
@@ -78,13 +94,20 @@ type Runner struct {
 	// badState are the devices whose state directory is unusable, with
 	// their fault (see Ensure).
 	badState map[string]string
-	kick     chan struct{}
+	// givenUp are the failed devices whose background recovery was given
+	// up after MaxRecoveryAttempts.
+	givenUp map[string]bool
+	// noHolders is set while Options.Holders cannot tell (logged once).
+	noHolders bool
+	kick      chan struct{}
 }
 
 type failure struct {
 	dev     device.Device
 	next    time.Time
 	backoff time.Duration
+	// attempts counts the background re-preparations that failed.
+	attempts int
 }
 
 // NewRunner returns a runner; it touches nothing on disk.
@@ -101,7 +124,7 @@ func NewRunner(o Options) *Runner {
 	if o.Log == nil {
 		o.Log = logs.Discard()
 	}
-	return &Runner{opts: o, failed: map[string]*failure{}, badState: map[string]string{}, kick: make(chan struct{}, 1)}
+	return &Runner{opts: o, failed: map[string]*failure{}, badState: map[string]string{}, givenUp: map[string]bool{}, kick: make(chan struct{}, 1)}
 }
 
 // Steps names the steps, in order.
@@ -139,6 +162,14 @@ func (r *Runner) Ensure(snap *device.Snapshot) error {
 	for _, d := range snap.Devices {
 		r.setBadState(d.Name, ensureDir(r.Dir(d.Name)))
 	}
+	// A device that is gone is recovered afresh when it comes back.
+	r.mu.Lock()
+	for name := range r.givenUp {
+		if !slices.ContainsFunc(snap.Devices, func(d device.Device) bool { return d.Name == name }) {
+			delete(r.givenUp, name)
+		}
+	}
+	r.mu.Unlock()
 	return nil
 }
 
@@ -366,6 +397,7 @@ func (r *Runner) prepareOne(ctx context.Context, d device.Device) error {
 	}
 	r.mu.Lock()
 	delete(r.failed, d.Name)
+	delete(r.givenUp, d.Name)
 	r.mu.Unlock()
 	// Clearing a fault the device does not have is a no-op for the source.
 	if r.opts.Health != nil {
@@ -390,6 +422,10 @@ func (r *Runner) heals(didReset bool) bool {
 // after the recovery interval, then after twice the last wait.
 func (r *Runner) recordFailure(d device.Device) {
 	r.mu.Lock()
+	if r.givenUp[d.Name] {
+		r.mu.Unlock()
+		return
+	}
 	f := r.failed[d.Name]
 	if f == nil {
 		f = &failure{backoff: r.opts.RecoveryInterval}
@@ -446,21 +482,118 @@ func (r *Runner) nextAttempt() (time.Time, bool) {
 	return next, !next.IsZero()
 }
 
-// recoverDue prepares the failed devices whose time has come.
+// recoverDue prepares the failed devices whose time has come and that no
+// container holds (Options.Holders): the steps may reset the device, and
+// with it what a running container uses (a replica of it included). When
+// nobody can tell which devices are held, nothing is prepared. A held
+// device, or one nobody can tell about, waits for its next turn without
+// using an attempt.
 func (r *Runner) recoverDue(ctx context.Context) {
 	now := time.Now()
-	var devs []device.Device
+	var due []device.Device
 	r.mu.Lock()
 	for _, f := range r.failed {
 		if !f.next.After(now) {
-			devs = append(devs, f.dev)
+			due = append(due, f.dev)
 		}
 	}
 	r.mu.Unlock()
-	for _, d := range devs {
-		r.opts.Log.WithField("device", d.Name).Info("preparing a failed device again")
+	if len(due) == 0 {
+		return
 	}
-	if err := r.Prepare(ctx, devs); err == nil && len(devs) > 0 {
+	held, err := r.holders(ctx)
+	if ctx.Err() != nil {
+		return
+	}
+	r.mu.Lock()
+	logDown, logUp := err != nil && !r.noHolders, err == nil && r.noHolders
+	r.noHolders = err != nil
+	r.mu.Unlock()
+	if logDown {
+		r.opts.Log.WithError(err).Warn("cannot tell which devices containers hold; no background recovery")
+	}
+	if logUp {
+		r.opts.Log.Info("devices held by containers known again; background recovery resumes")
+	}
+	var devs []device.Device
+	for _, d := range due {
+		switch {
+		case err != nil:
+			r.postpone(d.Name)
+		case heldBy(d.Name, held):
+			r.opts.Log.WithField("device", d.Name).Info("failed device held by a container; not prepared in the background")
+			r.postpone(d.Name)
+		default:
+			r.opts.Log.WithField("device", d.Name).Info("preparing a failed device again")
+			devs = append(devs, d)
+		}
+	}
+	if len(devs) == 0 {
+		return
+	}
+	if err := r.Prepare(ctx, devs); err == nil {
 		r.opts.Log.WithField("devices", len(devs)).Info("failed devices prepared again")
+	}
+	if ctx.Err() != nil {
+		return // cancelled: not an attempt
+	}
+	for _, d := range devs {
+		r.countAttempt(d.Name)
+	}
+}
+
+func (r *Runner) holders(ctx context.Context) ([]string, error) {
+	if r.opts.Holders == nil {
+		return nil, errors.New("no PodResources lister configured")
+	}
+	return r.opts.Holders(ctx)
+}
+
+// heldBy reports whether ids (kubelet device IDs) name the physical device
+// name: the device itself or one of its replicas, <name>::<n>.
+func heldBy(name string, ids []string) bool {
+	for _, id := range ids {
+		if id == name {
+			return true
+		}
+		n, ok := strings.CutPrefix(id, name+"::")
+		if ok && n != "" && strings.Trim(n, "0123456789") == "" {
+			return true
+		}
+	}
+	return false
+}
+
+// postpone moves a failed device's next background attempt one wait
+// later, without counting an attempt.
+func (r *Runner) postpone(name string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if f := r.failed[name]; f != nil {
+		f.next = time.Now().Add(f.backoff)
+	}
+}
+
+// countAttempt counts a background re-preparation of a device that left it
+// failed, and gives its background recovery up after MaxRecoveryAttempts.
+func (r *Runner) countAttempt(name string) {
+	r.mu.Lock()
+	f := r.failed[name]
+	if f == nil {
+		r.mu.Unlock()
+		return // healed
+	}
+	f.attempts++
+	giveUp := f.attempts >= MaxRecoveryAttempts
+	if giveUp {
+		delete(r.failed, name)
+		r.givenUp[name] = true
+	}
+	r.mu.Unlock()
+	if giveUp {
+		r.opts.Log.WithField("device", name).WithField("attempts", MaxRecoveryAttempts).
+			WithField("unhealthy until", "a container start prepares it, it comes back, or the configuration changes").
+			Warn("background recovery given up")
+		r.opts.Metrics.RecoveryGivenUp(r.opts.Resource)
 	}
 }

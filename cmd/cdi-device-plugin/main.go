@@ -310,7 +310,11 @@ func (s stateSpec) Write(snap *device.Snapshot) error {
 // command that does not parse is an error of its field.
 func newRunner(cfg *config.Config, i int, stateRoot string, src *device.Source, log *logrus.Entry, m *metrics.Metrics) (*prestart.Runner, error) {
 	rc := &cfg.Resources[i]
-	opts := prestart.Options{Resource: rc.Name, StateRoot: stateRoot, Health: src, Log: log, Metrics: m}
+	opts := prestart.Options{Resource: rc.Name, StateRoot: stateRoot, Health: src, Log: log, Metrics: m,
+		// Background recovery spares the devices containers hold.
+		Holders: func(ctx context.Context) ([]string, error) {
+			return metrics.HeldDevices(ctx, cfg.PodResourcesSocket, rc.Name)
+		}}
 	if p := rc.Prestart; p != nil {
 		opts.Budget = p.Budget.Duration
 		opts.MarkUnhealthy = p.OnFailure.MarksUnhealthy()
