@@ -96,6 +96,10 @@ type Resource struct {
 	// (<StateRoot>/<device>), mounted read-only at
 	// <ContainerStateRoot>/<device>.
 	StateRoot string
+	// NoStateMount, when set, names the devices whose state directory is
+	// unusable (a symlink planted there): their spec mounts none, so that
+	// it names no path that is missing or leads elsewhere.
+	NoStateMount func(device string) bool
 }
 
 // ContainerStateRoot is where device state directories appear in containers.
@@ -136,7 +140,7 @@ func BuildSpec(owner string, started int64, r Resource, snap *device.Snapshot) (
 		if k, v := DeviceEnv(r.EnvPrefix, d); k != "" {
 			edits.Env = []string{k + "=" + v}
 		}
-		if r.StateRoot != "" {
+		if r.StateRoot != "" && (r.NoStateMount == nil || !r.NoStateMount(d.Name)) {
 			edits.Mounts = []*specs.Mount{{
 				Type:          "bind",
 				HostPath:      filepath.Join(r.StateRoot, d.Name),

@@ -28,6 +28,7 @@ type Metrics struct {
 	specWrites        *prometheus.CounterVec
 	healthTransitions *prometheus.CounterVec
 	reloads           *prometheus.CounterVec
+	recoveryGivenUp   *prometheus.CounterVec
 }
 
 // New registers the plugin's metrics (and the Go runtime's and process's)
@@ -73,6 +74,10 @@ func New(version string) *Metrics {
 			Namespace: Namespace, Name: "config_reloads_total",
 			Help: "Configuration reloads, by result (applied, unchanged, refused).",
 		}, []string{"result"}),
+		recoveryGivenUp: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: Namespace, Name: "recovery_given_up_total",
+			Help: "Failed devices whose background re-preparation was given up after its last attempt, by resource.",
+		}, []string{"resource"}),
 	}
 	build := prometheus.NewGauge(prometheus.GaugeOpts{
 		Namespace: Namespace, Name: "build_info",
@@ -80,7 +85,7 @@ func New(version string) *Metrics {
 	})
 	build.Set(1)
 	m.reg.MustRegister(m.devices, m.rpcDuration, m.stepFailures, m.registrations, m.kubeletRestarts,
-		m.streams, m.specWrites, m.healthTransitions, m.reloads, build,
+		m.streams, m.specWrites, m.healthTransitions, m.reloads, m.recoveryGivenUp, build,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -114,6 +119,15 @@ func (m *Metrics) StepFailed(resource, step string) {
 		return
 	}
 	m.stepFailures.WithLabelValues(resource, step).Inc()
+}
+
+// RecoveryGivenUp records a failed device whose background re-preparation
+// was given up.
+func (m *Metrics) RecoveryGivenUp(resource string) {
+	if m == nil {
+		return
+	}
+	m.recoveryGivenUp.WithLabelValues(resource).Inc()
 }
 
 // Registered records a registration attempt's outcome.
@@ -205,6 +219,7 @@ func (m *Metrics) Forget(resource string) {
 	l := prometheus.Labels{"resource": resource}
 	for _, v := range []interface{ DeletePartialMatch(prometheus.Labels) int }{
 		m.devices, m.rpcDuration, m.stepFailures, m.registrations, m.kubeletRestarts, m.streams, m.specWrites, m.healthTransitions,
+		m.recoveryGivenUp,
 	} {
 		v.DeletePartialMatch(l)
 	}

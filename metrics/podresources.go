@@ -2,6 +2,7 @@ package metrics
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"slices"
 	"time"
@@ -56,13 +57,7 @@ func (p *podResources) Collect(ch chan<- prometheus.Metric) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	conn, err := grpc.NewClient("unix://"+p.socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		p.errors.Inc()
-		return
-	}
-	defer conn.Close()
-	resp, err := podresourcesapi.NewPodResourcesListerClient(conn).List(ctx, &podresourcesapi.ListPodResourcesRequest{})
+	resp, err := listPodResources(ctx, p.socket)
 	if err != nil {
 		p.errors.Inc()
 		return
@@ -80,4 +75,42 @@ func (p *podResources) Collect(ch chan<- prometheus.Metric) {
 			}
 		}
 	}
+}
+
+// listPodResources asks the kubelet's PodResources API on socket which
+// container holds which device.
+func listPodResources(ctx context.Context, socket string) (*podresourcesapi.ListPodResourcesResponse, error) {
+	conn, err := grpc.NewClient("unix://"+socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close()
+	return podresourcesapi.NewPodResourcesListerClient(conn).List(ctx, &podresourcesapi.ListPodResourcesRequest{})
+}
+
+// HeldDevices returns the device IDs (as advertised to the kubelet,
+// replica IDs included) of resource that containers hold, from the
+// kubelet's PodResources API on socket. A missing socket or a failed List
+// is an error naming the socket: nobody can tell then.
+func HeldDevices(ctx context.Context, socket, resource string) ([]string, error) {
+	if _, err := os.Stat(socket); err != nil {
+		return nil, fmt.Errorf("PodResources socket %s: %w", socket, err)
+	}
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	resp, err := listPodResources(ctx, socket)
+	if err != nil {
+		return nil, fmt.Errorf("PodResources List on %s: %w", socket, err)
+	}
+	var ids []string
+	for _, pod := range resp.PodResources {
+		for _, c := range pod.Containers {
+			for _, d := range c.Devices {
+				if d.ResourceName == resource {
+					ids = append(ids, d.DeviceIds...)
+				}
+			}
+		}
+	}
+	return ids, nil
 }

@@ -7,20 +7,26 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/sirupsen/logrus"
 	"github.com/sirupsen/logrus/hooks/test"
+	"google.golang.org/grpc"
+	podresourcesapi "k8s.io/kubelet/pkg/apis/podresources/v1"
 
 	"github.com/cdi-device-plugin/cdi-device-plugin/config"
 	"github.com/cdi-device-plugin/cdi-device-plugin/device"
+	"github.com/cdi-device-plugin/cdi-device-plugin/metrics"
 )
 
 // faults records what the runner reports, like device.Source.
@@ -118,9 +124,10 @@ func ino(t *testing.T, p string) uint64 {
 // TestEnsureWritesOnlyDirectories: a device's state directory exists
 // before the spec mounts it, and nothing else is written at start: a
 // device without a state file is new; its state appears with its first
-// preparation. A symlink planted where a state directory goes is refused.
+// preparation. A symlink planted where a state directory goes is refused:
+// that device is unhealthy (issue 18 item 3).
 func TestEnsureWritesOnlyDirectories(t *testing.T) {
-	r, _, _ := newRunner(t, Reset{})
+	r, f, _ := newRunner(t, Reset{})
 	for _, d := range devs(2) {
 		entries, err := os.ReadDir(r.Dir(d.Name))
 		if err != nil || len(entries) != 0 {
@@ -141,8 +148,8 @@ func TestEnsureWritesOnlyDirectories(t *testing.T) {
 	if err := os.Symlink(outside, r.Dir(planted.Name)); err != nil {
 		t.Fatal(err)
 	}
-	if err := r.Ensure(&device.Snapshot{Devices: []device.Device{planted}}); err == nil {
-		t.Fatal("a symlinked state directory was accepted")
+	if err := r.Ensure(&device.Snapshot{Devices: []device.Device{planted}}); err != nil || f.get("sim-9") == "" || !r.BadState("sim-9") {
+		t.Fatalf("a symlinked state directory was accepted: %v", err)
 	}
 }
 
@@ -532,6 +539,10 @@ func TestCorruptStateOneWay(t *testing.T) {
 	}
 }
 
+// noHolders is a PodResources lister that finds no container holding a
+// device.
+func noHolders(context.Context) ([]string, error) { return nil, nil }
+
 // failing is an exec-like step that fails while its flag file is absent.
 type failing struct{ flag string }
 
@@ -555,7 +566,7 @@ func TestBackgroundRecovery(t *testing.T) {
 			flag := filepath.Join(t.TempDir(), "ready")
 			f := &faults{}
 			r := NewRunner(Options{Resource: "example.com/serial", StateRoot: t.TempDir(), Steps: []Step{failing{flag}},
-				MarkUnhealthy: true, Recovery: mode, RecoveryInterval: 20 * time.Millisecond, Health: f})
+				MarkUnhealthy: true, Recovery: mode, RecoveryInterval: 20 * time.Millisecond, Health: f, Holders: noHolders})
 			if _, err := r.Init(&device.Snapshot{Devices: devs(1)}); err != nil {
 				t.Fatal(err)
 			}
@@ -571,7 +582,12 @@ func TestBackgroundRecovery(t *testing.T) {
 			if err := r.Prepare(context.Background(), devs(1)); err == nil {
 				t.Fatal("no error")
 			}
-			time.Sleep(150 * time.Millisecond) // a few background attempts fail
+			if mode == config.RecoverAuto {
+				// A background attempt fails (fewer than MaxRecoveryAttempts).
+				waitFor(t, "a background attempt", func() bool { return len(f.reports()) >= 2 })
+			} else {
+				time.Sleep(150 * time.Millisecond) // none would run
+			}
 			attempts := len(f.reports())
 			if f.get("sim-0") == "" {
 				t.Fatal("not unhealthy")
@@ -608,7 +624,7 @@ func TestRecoveryAfterRestoredFault(t *testing.T) {
 	}
 	f := &faults{}
 	r := NewRunner(Options{Resource: "example.com/sim", StateRoot: root, Steps: []Step{Reset{}}, MarkUnhealthy: true,
-		RecoveryInterval: 10 * time.Millisecond, Health: f})
+		RecoveryInterval: 10 * time.Millisecond, Health: f, Holders: noHolders})
 	got, err := r.Init(&device.Snapshot{Devices: devs(1)})
 	if err != nil || got["sim-0"] == "" {
 		t.Fatalf("fault not restored: %v %v", got, err)
@@ -651,9 +667,10 @@ func TestStateVersion(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir, StateFile), newer, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	_, err := r.Init(&device.Snapshot{Devices: devs(1)})
-	if !errors.Is(err, ErrStateVersion) || !strings.Contains(err.Error(), "version 2") {
-		t.Fatalf("unknown version: %v", err)
+	// Unhealthy, with the cause; not an error of the whole resource.
+	got, err := r.Init(&device.Snapshot{Devices: devs(1)})
+	if err != nil || !strings.Contains(got["sim-0"], "version 2") {
+		t.Fatalf("unknown version: %v %v", got, err)
 	}
 	if err := r.Prepare(context.Background(), devs(1)); !errors.Is(err, ErrStateVersion) {
 		t.Fatalf("prepare with an unknown version: %v", err)
@@ -695,5 +712,325 @@ func TestExecMetacharactersLiteral(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(dir, "pwned")); err == nil {
 		t.Error("a shell ran: pwned exists")
+	}
+}
+
+// TestCancelledIsNotAFault (issue 18 item 1): a PreStartContainer whose
+// caller goes away (the kubelet restarts, the socket is served again, a
+// reload) while a real exec step runs is not a device fault: no failed
+// state, no Unhealthy, no failed-step metric, no background recovery. The
+// device is left unprepared (the step may have half-run), so the next
+// start prepares it again; a device that had failed stays failed.
+func TestCancelledIsNotAFault(t *testing.T) {
+	for _, before := range []string{StatusNew, StatusFailed} {
+		t.Run(before, func(t *testing.T) {
+			started := filepath.Join(t.TempDir(), "started")
+			e, err := NewExec([]string{"/bin/sh", "-c", "touch " + started + "; sleep 30 & wait"}, nil, 20*time.Second)
+			if err != nil {
+				t.Fatal(err)
+			}
+			l, hook := test.NewNullLogger()
+			m := metrics.New("test")
+			f := &faults{}
+			root := t.TempDir()
+			if before == StatusFailed {
+				dir := filepath.Join(root, "sim-0")
+				if err := os.MkdirAll(dir, 0o755); err != nil {
+					t.Fatal(err)
+				}
+				st := State{Device: "sim-0", Status: StatusFailed, LastError: "step exec: boom"}
+				if err := st.Save(dir); err != nil {
+					t.Fatal(err)
+				}
+			}
+			r := NewRunner(Options{Resource: "example.com/sim", StateRoot: root, Steps: []Step{Reset{}, e}, Budget: 20 * time.Second,
+				MarkUnhealthy: true, Recovery: config.RecoverAuto, Health: f, Log: logrus.NewEntry(l), Metrics: m})
+			if _, err := r.Init(&device.Snapshot{Devices: devs(1)}); err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan error, 1)
+			go func() { done <- r.Prepare(ctx, devs(1)) }()
+			deadline := time.Now().Add(10 * time.Second)
+			for {
+				if _, err := os.Stat(started); err == nil {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatal("exec step never started")
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+			cancel()
+			err = <-done
+			if !errors.Is(err, context.Canceled) {
+				t.Fatalf("error %v, want context.Canceled", err)
+			}
+			if got := f.reports(); len(got) != 0 {
+				t.Fatalf("health reported: %v", got)
+			}
+			if n, err := testutil.GatherAndCount(m.Registry(), metrics.Namespace+"_prestart_step_failures_total"); err != nil || n != 0 {
+				t.Fatalf("failed steps counted: %d series (%v)", n, err)
+			}
+			s := state(t, r, "sim-0")
+			want := StatusUnprepared
+			if before == StatusFailed {
+				want = StatusFailed
+			}
+			if s.Status != want || s.Generation != 0 {
+				t.Fatalf("state %+v, want status %s", s, want)
+			}
+			r.mu.Lock()
+			_, recovering := r.failed["sim-0"]
+			r.mu.Unlock()
+			if recovering != (before == StatusFailed) {
+				t.Fatalf("background recovery entry %v, want %v", recovering, before == StatusFailed)
+			}
+			var logged bool
+			for _, en := range hook.AllEntries() {
+				if en.Message == "preparation cancelled" {
+					logged = true
+				}
+				if en.Level <= logrus.ErrorLevel {
+					t.Errorf("logged at %s: %s", en.Level, en.Message)
+				}
+			}
+			if !logged {
+				t.Fatal(`no "preparation cancelled" log`)
+			}
+		})
+	}
+}
+
+// TestBadStateDirHoldsBackNoOther (issue 18 item 3): a symlink planted at
+// one device's state directory makes that device unhealthy, with a reason
+// naming the path, in Ensure and in Init; the other devices get their
+// directories and are prepared.
+func TestBadStateDirHoldsBackNoOther(t *testing.T) {
+	root := t.TempDir()
+	bad := filepath.Join(root, "sim-1")
+	if err := os.Symlink(t.TempDir(), bad); err != nil {
+		t.Fatal(err)
+	}
+	f := &faults{}
+	r := NewRunner(Options{Resource: "example.com/sim", StateRoot: root, Steps: []Step{Reset{}}, MarkUnhealthy: true, Health: f})
+	snap := &device.Snapshot{Devices: devs(3)}
+	if err := r.Ensure(snap); err != nil {
+		t.Fatalf("Ensure: %v", err)
+	}
+	got, err := r.Init(snap)
+	if err != nil {
+		t.Fatalf("Init: %v", err)
+	}
+	for name, reason := range map[string]string{"ensure": f.get("sim-1"), "init": got["sim-1"]} {
+		if !strings.Contains(reason, bad) {
+			t.Errorf("%s: reason %q does not name %s", name, reason, bad)
+		}
+	}
+	if !r.BadState("sim-1") || r.BadState("sim-0") {
+		t.Error("BadState")
+	}
+	for _, d := range []string{"sim-0", "sim-2"} {
+		if f.get(d) != "" || got[d] != "" {
+			t.Errorf("%s unhealthy: %q %q", d, f.get(d), got[d])
+		}
+		if fi, err := os.Lstat(r.Dir(d)); err != nil || !fi.IsDir() {
+			t.Errorf("%s: no state directory: %v", d, err)
+		}
+	}
+	good := []device.Device{snap.Devices[0], snap.Devices[2]}
+	if err := r.Prepare(context.Background(), good); err != nil {
+		t.Fatal(err)
+	}
+	// Repaired, the device is healthy again at the next Ensure.
+	if err := os.Remove(bad); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Ensure(snap); err != nil || f.get("sim-1") != "" || r.BadState("sim-1") {
+		t.Fatalf("after repair: %v %q", err, f.get("sim-1"))
+	}
+}
+
+// podResources is the kubelet's PodResources API on a unix socket,
+// answering List with the device IDs of example.com/sim set by hold.
+type podResources struct {
+	podresourcesapi.UnimplementedPodResourcesListerServer
+	mu  sync.Mutex
+	ids []string
+}
+
+func (p *podResources) hold(ids ...string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.ids = ids
+}
+
+func (p *podResources) List(context.Context, *podresourcesapi.ListPodResourcesRequest) (*podresourcesapi.ListPodResourcesResponse, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return &podresourcesapi.ListPodResourcesResponse{PodResources: []*podresourcesapi.PodResources{{
+		Name: "a", Namespace: "default",
+		Containers: []*podresourcesapi.ContainerResources{{Name: "c", Devices: []*podresourcesapi.ContainerDevices{
+			{ResourceName: "example.com/sim", DeviceIds: slices.Clone(p.ids)},
+			{ResourceName: "vendor.com/other", DeviceIds: []string{"sim-0"}},
+		}}},
+	}}}, nil
+}
+
+func servePodResources(t *testing.T) (*podResources, string) {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "pr") // short: a unix socket path
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	sock := filepath.Join(dir, "kubelet.sock")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &podResources{}
+	srv := grpc.NewServer()
+	podresourcesapi.RegisterPodResourcesListerServer(srv, p)
+	done := make(chan struct{})
+	go func() { defer close(done); _ = srv.Serve(ln) }()
+	t.Cleanup(func() { srv.Stop(); <-done })
+	return p, sock
+}
+
+// counting is a step that always fails and counts its runs.
+type counting struct{ runs *atomic.Int32 }
+
+func (counting) Name() string           { return "exec" }
+func (counting) Timeout() time.Duration { return time.Second }
+func (c counting) Run(context.Context, *Target) error {
+	c.runs.Add(1)
+	return errors.New("wrong sha256")
+}
+
+// waitFor polls cond until it holds or the deadline passes.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("never: %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func logCount(hook *test.Hook, msg string) int {
+	n := 0
+	for _, e := range hook.AllEntries() {
+		if e.Message == msg {
+			n++
+		}
+	}
+	return n
+}
+
+// TestRecoverySparesHeldDevices (issue 18 item 2): a failed device that a
+// container holds (a replica of it, per the kubelet's PodResources List on
+// a real socket) is not prepared again in the background; once nobody
+// holds it, it is, at most MaxRecoveryAttempts times, then given up: one
+// log line, the metric, no more attempts, still Unhealthy. Without the
+// PodResources API nothing is prepared in the background, logged once.
+func TestRecoverySparesHeldDevices(t *testing.T) {
+	newRun := func(t *testing.T, holders func(context.Context) ([]string, error)) (*Runner, *faults, *test.Hook, *atomic.Int32, *metrics.Metrics) {
+		t.Helper()
+		l, hook := test.NewNullLogger()
+		l.SetLevel(logrus.DebugLevel)
+		f := &faults{}
+		m := metrics.New("test")
+		runs := &atomic.Int32{}
+		r := NewRunner(Options{Resource: "example.com/sim", StateRoot: t.TempDir(), Steps: []Step{counting{runs}},
+			MarkUnhealthy: true, Recovery: config.RecoverAuto, RecoveryInterval: time.Millisecond, Health: f,
+			Log: logrus.NewEntry(l), Metrics: m, Holders: holders})
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- r.Run(ctx) }()
+		t.Cleanup(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Error(err)
+			}
+		})
+		if err := r.Prepare(context.Background(), devs(1)); err == nil {
+			t.Fatal("no error")
+		}
+		return r, f, hook, runs, m
+	}
+	t.Run("held, then free, then given up", func(t *testing.T) {
+		p, sock := servePodResources(t)
+		p.hold("sim-1::0", "sim-0::1") // pod A runs on a replica of sim-0
+		var asked atomic.Int32
+		r, f, hook, runs, m := newRun(t, func(ctx context.Context) ([]string, error) {
+			asked.Add(1)
+			return metrics.HeldDevices(ctx, sock, "example.com/sim")
+		})
+		waitFor(t, "three background rounds", func() bool { return asked.Load() >= 3 })
+		if n := runs.Load(); n != 1 {
+			t.Fatalf("a held device was prepared again in the background: %d runs", n)
+		}
+		p.hold("sim-1::0")
+		waitFor(t, "recovery given up", func() bool { return logCount(hook, "background recovery given up") > 0 })
+		if n := runs.Load(); n != 1+MaxRecoveryAttempts {
+			t.Fatalf("%d runs, want 1 + %d", n, MaxRecoveryAttempts)
+		}
+		want := `# HELP cdi_device_plugin_recovery_given_up_total Failed devices whose background re-preparation was given up after its last attempt, by resource.
+# TYPE cdi_device_plugin_recovery_given_up_total counter
+cdi_device_plugin_recovery_given_up_total{resource="example.com/sim"} 1
+`
+		if err := testutil.GatherAndCompare(m.Registry(), strings.NewReader(want), metrics.Namespace+"_recovery_given_up_total"); err != nil {
+			t.Fatal(err)
+		}
+		if f.get("sim-0") == "" {
+			t.Fatal("given up, yet healthy")
+		}
+		r.mu.Lock()
+		_, scheduled := r.failed["sim-0"]
+		r.mu.Unlock()
+		if scheduled {
+			t.Fatal("still scheduled for background recovery")
+		}
+	})
+	t.Run("no PodResources socket", func(t *testing.T) {
+		var asked atomic.Int32
+		sock := filepath.Join(t.TempDir(), "missing.sock")
+		_, _, hook, runs, _ := newRun(t, func(ctx context.Context) ([]string, error) {
+			asked.Add(1)
+			return metrics.HeldDevices(ctx, sock, "example.com/sim")
+		})
+		waitFor(t, "three background rounds", func() bool { return asked.Load() >= 3 })
+		if n := runs.Load(); n != 1 {
+			t.Fatalf("prepared in the background without PodResources: %d runs", n)
+		}
+		if n := logCount(hook, "cannot tell which devices containers hold; no background recovery"); n != 1 {
+			t.Fatalf("logged %d times", n)
+		}
+	})
+}
+
+// TestHeldBy: the kubelet IDs of a physical device are its name and its
+// replica IDs, nothing else.
+func TestHeldBy(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		ids  []string
+		want bool
+	}{
+		{"sim-0", nil, false},
+		{"sim-0", []string{"sim-0"}, true},
+		{"sim-0", []string{"sim-0::3"}, true},
+		{"sim-0", []string{"sim-00", "sim-0::", "sim-0::x", "sim-1::0"}, false},
+		{"net::1", []string{"net::1::0"}, true}, // a name with an escaped ':'
+		{"net", []string{"net::1::0"}, false},
+	} {
+		t.Run(c.name+"/"+strings.Join(c.ids, ","), func(t *testing.T) {
+			if got := heldBy(c.name, c.ids); got != c.want {
+				t.Fatalf("got %v", got)
+			}
+		})
 	}
 }

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -40,6 +42,13 @@ func (e *StepError) Unwrap() error { return e.Err }
 // wait doubles after every failed attempt.
 const MaxRecoveryBackoff = 10 * time.Minute
 
+// MaxRecoveryAttempts bounds the background re-preparations of a failed
+// device: after the last one fails, background recovery of that device is
+// given up (logged once, counted in recovery_given_up_total) and it stays
+// Unhealthy until a container start prepares it successfully, the device
+// disappears and comes back, or the configuration changes (a new Runner).
+const MaxRecoveryAttempts = 5
+
 // Resetter is a step that returns the device to a clean state.
 type Resetter interface {
 	Resets() bool
@@ -64,6 +73,13 @@ type Options struct {
 	Log              *logrus.Entry
 	// Metrics, when set, counts the failed steps.
 	Metrics *metrics.Metrics
+	// Holders returns the device IDs of the resource, as advertised to the
+	// kubelet (replica IDs <device>::<n> included), that containers hold
+	// now (the kubelet's PodResources List, see metrics.HeldDevices). A
+	// device is prepared again in the background only while no container
+	// holds it: a reset would wipe what a running container uses. Nil, or
+	// an error, and no device is prepared in the background.
+	Holders func(ctx context.Context) ([]string, error)
 }
 
 // Runner prepares the devices of one resource.
@@ -75,13 +91,23 @@ type Runner struct {
 	// failed are the devices marked Unhealthy by a failed preparation, to
 	// be prepared again in the background.
 	failed map[string]*failure
-	kick   chan struct{}
+	// badState are the devices whose state directory is unusable, with
+	// their fault (see Ensure).
+	badState map[string]string
+	// givenUp are the failed devices whose background recovery was given
+	// up after MaxRecoveryAttempts.
+	givenUp map[string]bool
+	// noHolders is set while Options.Holders cannot tell (logged once).
+	noHolders bool
+	kick      chan struct{}
 }
 
 type failure struct {
 	dev     device.Device
 	next    time.Time
 	backoff time.Duration
+	// attempts counts the background re-preparations that failed.
+	attempts int
 }
 
 // NewRunner returns a runner; it touches nothing on disk.
@@ -98,7 +124,7 @@ func NewRunner(o Options) *Runner {
 	if o.Log == nil {
 		o.Log = logs.Discard()
 	}
-	return &Runner{opts: o, failed: map[string]*failure{}, kick: make(chan struct{}, 1)}
+	return &Runner{opts: o, failed: map[string]*failure{}, badState: map[string]string{}, givenUp: map[string]bool{}, kick: make(chan struct{}, 1)}
 }
 
 // Steps names the steps, in order.
@@ -120,6 +146,13 @@ func (r *Runner) Dir(name string) string { return filepath.Join(r.opts.StateRoot
 // spec mounts into its containers, so it must exist before the spec names
 // it. Nothing else is written: a device without a state.json is new, and
 // its state file appears with its first preparation.
+//
+// A device whose directory cannot be made, or is not a real directory (a
+// symlink planted there), holds back no other: it is reported unhealthy
+// (Options.Health) with a reason naming the path, BadState reports it, so
+// that the spec leaves its mount out, and it is healthy again at the first
+// Ensure that finds its directory usable. Only a state root that cannot be
+// made is an error.
 func (r *Runner) Ensure(snap *device.Snapshot) error {
 	// The state root is the plugin's alone; a device's directory is
 	// mounted into its containers, read by whatever user they run as.
@@ -127,11 +160,61 @@ func (r *Runner) Ensure(snap *device.Snapshot) error {
 		return fmt.Errorf("state root: %w", err)
 	}
 	for _, d := range snap.Devices {
-		if err := ensureDir(r.Dir(d.Name)); err != nil {
-			return fmt.Errorf("state of %s: %w", d.Name, err)
+		r.setBadState(d.Name, ensureDir(r.Dir(d.Name)))
+	}
+	// A device that is gone is recovered afresh when it comes back.
+	r.mu.Lock()
+	for name := range r.givenUp {
+		if !slices.ContainsFunc(snap.Devices, func(d device.Device) bool { return d.Name == name }) {
+			delete(r.givenUp, name)
 		}
 	}
+	r.mu.Unlock()
 	return nil
+}
+
+// BadState reports whether the state directory of a device was found
+// unusable by the last Ensure or Init: the spec must not mount it.
+func (r *Runner) BadState(name string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	_, bad := r.badState[name]
+	return bad
+}
+
+// badStateReason is the fault of a device whose state directory is
+// unusable.
+func badStateReason(err error) string { return "prestart: state directory: " + err.Error() }
+
+// setBadState records whether the state directory of a device is usable
+// (err nil) and reports the change to the health reporter. A repaired
+// directory clears the fault unless the device's preparation has failed
+// too (background recovery heals that one).
+func (r *Runner) setBadState(name string, err error) {
+	r.mu.Lock()
+	old, wasBad := r.badState[name]
+	_, failed := r.failed[name]
+	reason := ""
+	if err != nil {
+		reason = badStateReason(err)
+		r.badState[name] = reason
+	} else {
+		delete(r.badState, name)
+	}
+	r.mu.Unlock()
+	log := r.opts.Log.WithField("device", name)
+	switch {
+	case err != nil && reason != old:
+		log.WithError(err).Error("unusable device state directory; device unhealthy")
+		if r.opts.Health != nil {
+			r.opts.Health.SetFault(name, reason)
+		}
+	case err == nil && wasBad:
+		log.Info("device state directory usable again")
+		if r.opts.Health != nil && !failed {
+			r.opts.Health.SetFault(name, "")
+		}
+	}
 }
 
 // ensureDir makes dir with mode 0755 whatever the umask, and refuses one
@@ -157,14 +240,26 @@ func ensureDir(dir string) error {
 // Init restores the faults recorded by an earlier run (devices whose last
 // preparation failed), so health survives plugin restarts, and returns them
 // by device. It writes nothing (the spec's writer ensures the directories,
-// see Ensure), but sets aside an unreadable state file.
+// see Ensure), but sets aside an unreadable state file. A device whose
+// state directory is not a real directory, or whose state cannot be read
+// (another format version), is returned as a fault too, with the cause:
+// it holds back no other device. The error is always nil.
 func (r *Runner) Init(snap *device.Snapshot) (map[string]string, error) {
 	faults := map[string]string{}
 	for _, d := range snap.Devices {
 		log := r.opts.Log.WithField("device", d.Name)
-		st, err := loadOrAside(r.Dir(d.Name), log)
+		dir := r.Dir(d.Name)
+		if fi, err := os.Lstat(dir); err == nil && !fi.IsDir() {
+			err := fmt.Errorf("%s exists and is not a directory", dir)
+			r.setBadState(d.Name, err)
+			faults[d.Name] = badStateReason(err)
+			continue
+		}
+		st, err := loadOrAside(dir, log)
 		if err != nil {
-			return nil, fmt.Errorf("state of %s: %w", d.Name, err)
+			log.WithError(err).Error("unreadable device state; device unhealthy")
+			faults[d.Name] = fmt.Sprintf("prestart: state of %s: %v", d.Name, err)
+			continue
 		}
 		if st.Status == StatusFailed && r.opts.MarkUnhealthy {
 			faults[d.Name] = "prestart: " + st.LastError
@@ -220,6 +315,7 @@ func (r *Runner) prepareOne(ctx context.Context, d device.Device) error {
 	st.Device, st.Resource = d.Name, r.opts.Resource
 	t := &Target{ID: d.Name, Index: d.Index, HostPath: d.HostPath, ContainerPath: d.ContainerPath,
 		Resource: r.opts.Resource, Dir: dir, State: &st, Log: log}
+	prev := st.Status // a step may set it (a reset makes it ready)
 	start := time.Now()
 	didReset := false
 	var failed *StepError
@@ -246,6 +342,22 @@ func (r *Runner) prepareOne(ctx context.Context, d device.Device) error {
 		if rs, ok := s.(Resetter); ok && rs.Resets() {
 			didReset = true
 		}
+	}
+	// The caller gave up (the kubelet restarted, our socket was served
+	// again, a reload stopped the resource), not the budget or a step's
+	// limit: not a fault of the device. A step may have half-run, so the
+	// device is left unprepared and the next start prepares it again; one
+	// that had failed stays failed (and in background recovery).
+	if failed != nil && errors.Is(ctx.Err(), context.Canceled) {
+		st.Status = StatusUnprepared
+		if prev == StatusFailed {
+			st.Status = StatusFailed
+		}
+		if err := st.Save(dir); err != nil {
+			log.WithError(err).Error("writing device state")
+		}
+		log.WithField("step", failed.Step).WithField("status", st.Status).Warn("preparation cancelled")
+		return failed
 	}
 	if failed != nil {
 		st.Status = StatusFailed
@@ -285,6 +397,7 @@ func (r *Runner) prepareOne(ctx context.Context, d device.Device) error {
 	}
 	r.mu.Lock()
 	delete(r.failed, d.Name)
+	delete(r.givenUp, d.Name)
 	r.mu.Unlock()
 	// Clearing a fault the device does not have is a no-op for the source.
 	if r.opts.Health != nil {
@@ -309,6 +422,10 @@ func (r *Runner) heals(didReset bool) bool {
 // after the recovery interval, then after twice the last wait.
 func (r *Runner) recordFailure(d device.Device) {
 	r.mu.Lock()
+	if r.givenUp[d.Name] {
+		r.mu.Unlock()
+		return
+	}
 	f := r.failed[d.Name]
 	if f == nil {
 		f = &failure{backoff: r.opts.RecoveryInterval}
@@ -365,21 +482,118 @@ func (r *Runner) nextAttempt() (time.Time, bool) {
 	return next, !next.IsZero()
 }
 
-// recoverDue prepares the failed devices whose time has come.
+// recoverDue prepares the failed devices whose time has come and that no
+// container holds (Options.Holders): the steps may reset the device, and
+// with it what a running container uses (a replica of it included). When
+// nobody can tell which devices are held, nothing is prepared. A held
+// device, or one nobody can tell about, waits for its next turn without
+// using an attempt.
 func (r *Runner) recoverDue(ctx context.Context) {
 	now := time.Now()
-	var devs []device.Device
+	var due []device.Device
 	r.mu.Lock()
 	for _, f := range r.failed {
 		if !f.next.After(now) {
-			devs = append(devs, f.dev)
+			due = append(due, f.dev)
 		}
 	}
 	r.mu.Unlock()
-	for _, d := range devs {
-		r.opts.Log.WithField("device", d.Name).Info("preparing a failed device again")
+	if len(due) == 0 {
+		return
 	}
-	if err := r.Prepare(ctx, devs); err == nil && len(devs) > 0 {
+	held, err := r.holders(ctx)
+	if ctx.Err() != nil {
+		return
+	}
+	r.mu.Lock()
+	logDown, logUp := err != nil && !r.noHolders, err == nil && r.noHolders
+	r.noHolders = err != nil
+	r.mu.Unlock()
+	if logDown {
+		r.opts.Log.WithError(err).Warn("cannot tell which devices containers hold; no background recovery")
+	}
+	if logUp {
+		r.opts.Log.Info("devices held by containers known again; background recovery resumes")
+	}
+	var devs []device.Device
+	for _, d := range due {
+		switch {
+		case err != nil:
+			r.postpone(d.Name)
+		case heldBy(d.Name, held):
+			r.opts.Log.WithField("device", d.Name).Info("failed device held by a container; not prepared in the background")
+			r.postpone(d.Name)
+		default:
+			r.opts.Log.WithField("device", d.Name).Info("preparing a failed device again")
+			devs = append(devs, d)
+		}
+	}
+	if len(devs) == 0 {
+		return
+	}
+	if err := r.Prepare(ctx, devs); err == nil {
 		r.opts.Log.WithField("devices", len(devs)).Info("failed devices prepared again")
+	}
+	if ctx.Err() != nil {
+		return // cancelled: not an attempt
+	}
+	for _, d := range devs {
+		r.countAttempt(d.Name)
+	}
+}
+
+func (r *Runner) holders(ctx context.Context) ([]string, error) {
+	if r.opts.Holders == nil {
+		return nil, errors.New("no PodResources lister configured")
+	}
+	return r.opts.Holders(ctx)
+}
+
+// heldBy reports whether ids (kubelet device IDs) name the physical device
+// name: the device itself or one of its replicas, <name>::<n>.
+func heldBy(name string, ids []string) bool {
+	for _, id := range ids {
+		if id == name {
+			return true
+		}
+		n, ok := strings.CutPrefix(id, name+"::")
+		if ok && n != "" && strings.Trim(n, "0123456789") == "" {
+			return true
+		}
+	}
+	return false
+}
+
+// postpone moves a failed device's next background attempt one wait
+// later, without counting an attempt.
+func (r *Runner) postpone(name string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if f := r.failed[name]; f != nil {
+		f.next = time.Now().Add(f.backoff)
+	}
+}
+
+// countAttempt counts a background re-preparation of a device that left it
+// failed, and gives its background recovery up after MaxRecoveryAttempts.
+func (r *Runner) countAttempt(name string) {
+	r.mu.Lock()
+	f := r.failed[name]
+	if f == nil {
+		r.mu.Unlock()
+		return // healed
+	}
+	f.attempts++
+	giveUp := f.attempts >= MaxRecoveryAttempts
+	if giveUp {
+		delete(r.failed, name)
+		r.givenUp[name] = true
+	}
+	r.mu.Unlock()
+	if giveUp {
+		r.opts.Log.WithField("device", name).WithField("attempts", MaxRecoveryAttempts).
+			WithField("unhealthy until", "a container start prepares it, it comes back, or the configuration changes").
+			Warn("background recovery given up")
+		r.opts.Metrics.RecoveryGivenUp(r.opts.Resource)
 	}
 }

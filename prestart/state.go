@@ -24,6 +24,11 @@ const (
 	StatusNew    = "new"
 	StatusReady  = "ready"
 	StatusFailed = "failed"
+	// StatusUnprepared: a preparation was cancelled by its caller (the
+	// kubelet went away, or a reload restarted the resource) and its steps
+	// may have half-run. Not a fault: the device keeps its health, and the
+	// next container start prepares it again.
+	StatusUnprepared = "unprepared"
 )
 
 // StateFile is the state's file name in the device's state directory.

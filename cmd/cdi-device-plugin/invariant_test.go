@@ -11,6 +11,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -22,7 +23,9 @@ import (
 
 	oci "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
+	"google.golang.org/grpc"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+	podresourcesapi "k8s.io/kubelet/pkg/apis/podresources/v1"
 	cdiapi "tags.cncf.io/container-device-interface/pkg/cdi"
 
 	"github.com/cdi-device-plugin/cdi-device-plugin/internal/kubeletsim"
@@ -374,10 +377,20 @@ func TestCorruptStateAtStart(t *testing.T) {
 
 // TestRecoveryWithoutTheFailedPod (item 5): a host device whose exec step
 // failed becomes Healthy again once the cause is gone, without the kubelet
-// ever retrying that container (the pod may be gone).
+// ever retrying that container (the pod may be gone). The kubelet's
+// PodResources API says no container holds it (issue 18 item 2).
 func TestRecoveryWithoutTheFailedPod(t *testing.T) {
 	d := newDirs(t)
 	needRoot(t, d)
+	sock := filepath.Join(d.plugins, "pod-resources.sock")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer()
+	podresourcesapi.RegisterPodResourcesListerServer(srv, &podResourcesServer{})
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(srv.Stop)
 	mknod(t, d, "ttyR0", 4, 64)
 	ok := filepath.Join(t.TempDir(), "ok")
 	cfg := writeConfig(t, fmt.Sprintf(`
@@ -391,7 +404,7 @@ resources:
     - type: exec
       command: ["/bin/sh", "-c", "test -e %s"]
 `, ok))
-	r := startRun(t, d, []string{"--config", cfg}, nil)
+	r := startRun(t, d, []string{"--config", cfg, "--pod-resources-socket", sock}, nil)
 	waitResolves(t, r, d, 5*time.Second, "ser-ttyR0")
 	if _, err := r.c.PreStartContainer(context.Background(), &pluginapi.PreStartContainerRequest{DevicesIds: []string{"ser-ttyR0"}}); err == nil {
 		t.Fatal("exec step did not fail")

@@ -253,6 +253,7 @@ func build(cfg *config.Config, i int, writer *cdi.Writer, start int64, log *logr
 	specRes := cdi.Resource{Name: rc.Name, Kind: kind, EnvPrefix: rc.EnvPrefix}
 	if runner.HasSteps() {
 		specRes.StateRoot = stateRoot
+		specRes.NoStateMount = runner.BadState
 	}
 	spec := stateSpec{Spec: writer.Spec(specRes), runner: runner}
 	return &part{
@@ -270,7 +271,8 @@ func (p *part) prepare() error {
 		return fmt.Errorf("%s: %w", p.name, err)
 	}
 	// Every device has a state directory (mounted into its containers);
-	// a failed preparation recorded by an earlier run keeps it unhealthy.
+	// a failed preparation recorded by an earlier run keeps it unhealthy,
+	// and so does an unusable state (that device alone).
 	faults, err := p.runner.Init(snap)
 	if err != nil {
 		return fmt.Errorf("%s: %w", p.name, err)
@@ -287,7 +289,9 @@ func (p *part) prepare() error {
 
 // stateSpec is a resource's CDI spec whose writes first give every device
 // its state directory when the spec mounts it: the spec never names a
-// directory that does not exist (hot-plugged devices included).
+// directory that does not exist (hot-plugged devices included). A device
+// whose directory is unusable is made unhealthy by Ensure and its mount is
+// left out of the spec (cdi.Resource.NoStateMount); the others go on.
 type stateSpec struct {
 	*cdi.Spec
 	runner *prestart.Runner
@@ -306,7 +310,11 @@ func (s stateSpec) Write(snap *device.Snapshot) error {
 // command that does not parse is an error of its field.
 func newRunner(cfg *config.Config, i int, stateRoot string, src *device.Source, log *logrus.Entry, m *metrics.Metrics) (*prestart.Runner, error) {
 	rc := &cfg.Resources[i]
-	opts := prestart.Options{Resource: rc.Name, StateRoot: stateRoot, Health: src, Log: log, Metrics: m}
+	opts := prestart.Options{Resource: rc.Name, StateRoot: stateRoot, Health: src, Log: log, Metrics: m,
+		// Background recovery spares the devices containers hold.
+		Holders: func(ctx context.Context) ([]string, error) {
+			return metrics.HeldDevices(ctx, cfg.PodResourcesSocket, rc.Name)
+		}}
 	if p := rc.Prestart; p != nil {
 		opts.Budget = p.Budget.Duration
 		opts.MarkUnhealthy = p.OnFailure.MarksUnhealthy()
