@@ -26,11 +26,15 @@ var ErrLegacyID = errors.New("the kubelet holds a device ID of an earlier versio
 // PodResources API). The result maps each such old name to the name of the
 // device it names, and is for Spec.SetAliases. A held ID that is an ID of
 // this version is taken as such; one that no device had is not ours to
-// resolve. A held ID that an earlier version gave to a device and that is
-// now another device's ID, or that several devices had, cannot be resolved
-// to the device the container had: ErrLegacyID, naming the ID, the devices,
-// the containers and what to do.
-func LegacyAliases(snap *device.Snapshot, legacy map[string]string, held map[string][]string) (map[string]string, error) {
+// resolve. A held ID that several devices had cannot be resolved to the
+// device the container had: ErrLegacyID, naming the ID, the devices, the
+// containers and what to do. So is, when earlier is set, a held ID that an
+// earlier version gave to a device and that is now another device's ID.
+// Set earlier only when a hold may date from an earlier version although
+// the ID is one of this version: at the first start of this version for
+// the resource, before it advertised anything. Later, such a hold is this
+// version's own allocation.
+func LegacyAliases(snap *device.Snapshot, legacy map[string]string, held map[string][]string, earlier bool) (map[string]string, error) {
 	replicas := max(snap.Replicas, 1)
 	current := make(map[string]int, len(snap.Devices)*replicas) // kubelet ID -> device
 	byOld := map[string][]int{}                                 // earlier ID -> devices
@@ -52,6 +56,9 @@ func LegacyAliases(snap *device.Snapshot, legacy map[string]string, held map[str
 	for _, id := range ids {
 		holders := strings.Join(held[id], ", ")
 		if i, ok := current[id]; ok {
+			if !earlier {
+				continue
+			}
 			name := snap.Devices[i].Name
 			for _, j := range byOld[name] {
 				if j == i {
@@ -111,10 +118,14 @@ func (s *Spec) SetAliases(aliases map[string]string) {
 // device is in snap, that device's node and variable, and its state
 // directory mounted where the old name would have put it (the container's
 // checkpointed environment and annotations carry the old ID). Sorted by
-// name; an alias whose device is gone is left out.
-func aliasDevices(r Resource, snap *device.Snapshot, aliases map[string]string) []specs.Device {
+// name; an alias whose device is gone is left out. A device that appeared
+// with an alias's name is ErrLegacyID: the kubelet holds that name for a
+// container that had another device, so the spec keeps the alias and the
+// new device stays out of it (unhealthy) until the holders are gone and
+// the plugin restarts.
+func aliasDevices(r Resource, snap *device.Snapshot, aliases map[string]string) ([]specs.Device, error) {
 	if len(aliases) == 0 {
-		return nil
+		return nil, nil
 	}
 	byName := make(map[string]device.Device, len(snap.Devices))
 	for _, d := range snap.Devices {
@@ -128,8 +139,12 @@ func aliasDevices(r Resource, snap *device.Snapshot, aliases map[string]string) 
 	var out []specs.Device
 	for _, old := range olds {
 		d, ok := byName[aliases[old]]
-		if _, taken := byName[old]; !ok || taken {
-			continue // the device is gone, or the name is a device's now
+		if !ok {
+			continue // the device is gone
+		}
+		if other, taken := byName[old]; taken {
+			return nil, fmt.Errorf("%w: device %s appeared with ID %q, which the kubelet holds for %s (now %q) from a version before host IDs escaped '_' and ':': "+
+				"delete the pods that hold it, then restart the plugin", ErrLegacyID, other.HostPath, old, d.HostPath, d.Name)
 		}
 		edits := deviceEdits(r, d)
 		for _, m := range edits.Mounts {
@@ -138,5 +153,5 @@ func aliasDevices(r Resource, snap *device.Snapshot, aliases map[string]string) 
 		}
 		out = append(out, specs.Device{Name: old, ContainerEdits: edits})
 	}
-	return out
+	return out, nil
 }

@@ -49,7 +49,7 @@ func TestLegacyAliasRoundTrip(t *testing.T) {
 		t.Fatalf("legacy IDs %v, want x-n1-a:_b -> x-n1-a_b only", got)
 	}
 	held := map[string][]string{"x-n1-a_b": {"ns/p/c"}, "x-n1-c": {"ns/q/c"}}
-	aliases, err := LegacyAliases(snap, src.LegacyIDs(), held)
+	aliases, err := LegacyAliases(snap, src.LegacyIDs(), held, true)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -111,16 +111,23 @@ func TestLegacyAliasRoundTrip(t *testing.T) {
 // to do; IDs of this version and IDs nobody had are no conflict.
 func TestLegacyAliasConflicts(t *testing.T) {
 	for _, c := range []struct {
-		name  string
-		globs []string
-		rels  []string
-		held  map[string][]string
-		want  []string // in the message; none: no error
+		name    string
+		globs   []string
+		rels    []string
+		held    map[string][]string
+		earlier bool     // the first start of this version
+		want    []string // in the message; none: no error
 	}{
 		{
 			name: "old ID is now another device's ID", globs: []string{"a_b", "a/*"}, rels: []string{"a_b", "a/b"},
-			held: map[string][]string{"x-n1-a_b": {"ns/p/c"}},
+			held: map[string][]string{"x-n1-a_b": {"ns/p/c"}}, earlier: true,
 			want: []string{`"x-n1-a_b"`, `"x-n1-a:_b"`, "ns/p/c", "/a/b", "/a_b", "delete the pods"},
+		},
+		{
+			// After the first start, a hold of a current ID is this
+			// version's own allocation.
+			name: "current ID held after the first start", globs: []string{"a_b", "a/*"}, rels: []string{"a_b", "a/b"},
+			held: map[string][]string{"x-n1-a_b": {"ns/p/c"}},
 		},
 		{
 			name: "old ID of two devices", globs: []string{"a_b/*", "a/*"}, rels: []string{"a_b/c", "a/b_c"},
@@ -138,7 +145,7 @@ func TestLegacyAliasConflicts(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			src, snap := hostSource(t, c.globs, c.rels...)
-			_, err := LegacyAliases(snap, src.LegacyIDs(), c.held)
+			_, err := LegacyAliases(snap, src.LegacyIDs(), c.held, c.earlier)
 			if len(c.want) == 0 {
 				if err != nil {
 					t.Fatal(err)
@@ -154,5 +161,50 @@ func TestLegacyAliasConflicts(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestLegacyAliasKeptWhenItsNameAppears: a device that appears with the
+// name of a live alias (/dev/a/b is x-n1-a_b, which the kubelet holds for
+// /dev/a_b) fails the write with ErrLegacyID, and the spec on disk still
+// resolves the old name to the device the container had.
+func TestLegacyAliasKeptWhenItsNameAppears(t *testing.T) {
+	src, snap := hostSource(t, []string{"a_b", "a/*"}, "a_b")
+	aliases, err := LegacyAliases(snap, src.LegacyIDs(), map[string][]string{"x-n1-a_b": {"ns/p/c"}}, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res := testResource(t)
+	cdiDir := filepath.Join(t.TempDir(), "cdi")
+	spec := NewWriter(cdiDir, "test-plugin", 1).Spec(res)
+	spec.SetAliases(aliases)
+	if err := spec.Write(snap); err != nil {
+		t.Fatal(err)
+	}
+	root := filepath.Dir(snap.Devices[0].HostPath)
+	if err := os.MkdirAll(filepath.Join(root, "a"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mknod(filepath.Join(root, "a", "b"), unix.S_IFCHR|0o666, int(unix.Mkdev(1, 5))); err != nil {
+		t.Fatal(err)
+	}
+	next := src.Refresh()
+	if len(next.Devices) != 2 {
+		t.Fatalf("devices %v", next.Devices)
+	}
+	err = spec.Write(next)
+	if !errors.Is(err, ErrLegacyID) || !strings.Contains(err.Error(), `"x-n1-a_b"`) || !strings.Contains(err.Error(), "delete the pods") {
+		t.Fatalf("write: %v, want ErrLegacyID naming x-n1-a_b", err)
+	}
+	fresh, err := cdiapi.NewCache(cdiapi.WithSpecDirs(cdiDir), cdiapi.WithAutoRefresh(false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	oc := &oci.Spec{Process: &oci.Process{}, Linux: &oci.Linux{}}
+	if _, err := fresh.InjectDevices(oc, "k8s.example.com/fpga=x-n1-a_b"); err != nil {
+		t.Fatal(err)
+	}
+	if len(oc.Linux.Devices) != 1 || oc.Linux.Devices[0].Path != "/dev/a_b" || oc.Linux.Devices[0].Minor != 3 {
+		t.Fatalf("devices %+v, want /dev/a_b 1:3", oc.Linux.Devices)
 	}
 }

@@ -236,7 +236,11 @@ func (s *Spec) Write(snap *device.Snapshot) error {
 	s.mu.Lock()
 	aliases := s.aliases
 	s.mu.Unlock()
-	spec.Devices = append(spec.Devices, aliasDevices(s.r, snap, aliases)...)
+	extra, err := aliasDevices(s.r, snap, aliases)
+	if err != nil {
+		return err
+	}
+	spec.Devices = append(spec.Devices, extra...)
 	if err := validate(spec); err != nil {
 		return fmt.Errorf("CDI spec %s: %w", s.path, err)
 	}
