@@ -334,6 +334,7 @@ func (p *part) legacyAliases(snap *device.Snapshot, first bool) error {
 			Info("keeping the device ID of an earlier version resolvable while the kubelet holds it")
 	}
 	p.spec.SetAliases(aliases)
+	p.resource.Plugin.SetAliases(aliases) // PreStartContainer gets the checkpointed IDs
 	return nil
 }
 
