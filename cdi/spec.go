@@ -128,27 +128,7 @@ func BuildSpec(owner string, started int64, r Resource, snap *device.Snapshot) (
 		if err := parser.ValidateDeviceName(d.Name); err != nil {
 			return nil, fmt.Errorf("device %q: %w", d.Name, err)
 		}
-		node := &specs.DeviceNode{
-			Path:        d.ContainerPath,
-			HostPath:    d.HostPath,
-			Type:        string(d.Type),
-			Major:       int64(d.Major),
-			Minor:       int64(d.Minor),
-			Permissions: "rw",
-		}
-		edits := specs.ContainerEdits{DeviceNodes: []*specs.DeviceNode{node}}
-		if k, v := DeviceEnv(r.EnvPrefix, d); k != "" {
-			edits.Env = []string{k + "=" + v}
-		}
-		if r.StateRoot != "" && (r.NoStateMount == nil || !r.NoStateMount(d.Name)) {
-			edits.Mounts = []*specs.Mount{{
-				Type:          "bind",
-				HostPath:      filepath.Join(r.StateRoot, d.Name),
-				ContainerPath: path.Join(ContainerStateRoot, d.Name),
-				Options:       []string{"ro", "nosuid", "nodev", "noexec", "rbind"},
-			}}
-		}
-		spec.Devices = append(spec.Devices, specs.Device{Name: d.Name, ContainerEdits: edits})
+		spec.Devices = append(spec.Devices, specs.Device{Name: d.Name, ContainerEdits: deviceEdits(r, d)})
 	}
 	v, err := specs.MinimumRequiredVersion(spec)
 	if err != nil {
@@ -156,6 +136,32 @@ func BuildSpec(owner string, started int64, r Resource, snap *device.Snapshot) (
 	}
 	spec.Version = v
 	return spec, nil
+}
+
+// deviceEdits are the container edits of device d: its node, its variable
+// and its state directory.
+func deviceEdits(r Resource, d device.Device) specs.ContainerEdits {
+	node := &specs.DeviceNode{
+		Path:        d.ContainerPath,
+		HostPath:    d.HostPath,
+		Type:        string(d.Type),
+		Major:       int64(d.Major),
+		Minor:       int64(d.Minor),
+		Permissions: "rw",
+	}
+	edits := specs.ContainerEdits{DeviceNodes: []*specs.DeviceNode{node}}
+	if k, v := DeviceEnv(r.EnvPrefix, d); k != "" {
+		edits.Env = []string{k + "=" + v}
+	}
+	if r.StateRoot != "" && (r.NoStateMount == nil || !r.NoStateMount(d.Name)) {
+		edits.Mounts = []*specs.Mount{{
+			Type:          "bind",
+			HostPath:      filepath.Join(r.StateRoot, d.Name),
+			ContainerPath: path.Join(ContainerStateRoot, d.Name),
+			Options:       []string{"ro", "nosuid", "nodev", "noexec", "rbind"},
+		}}
+	}
+	return edits
 }
 
 // Writer writes and removes the specs of one plugin deployment in one
@@ -195,6 +201,9 @@ type Spec struct {
 	// empty: the last write had no device, so there is no file (the CDI
 	// library refuses a spec without devices).
 	empty bool
+	// aliases: old names of an earlier version kept resolvable (see
+	// SetAliases).
+	aliases map[string]string
 }
 
 // Path is the spec's file.
@@ -228,6 +237,14 @@ func (s *Spec) Write(snap *device.Snapshot) error {
 	if err != nil {
 		return err
 	}
+	s.mu.Lock()
+	aliases := s.aliases
+	s.mu.Unlock()
+	extra, err := aliasDevices(s.r, snap, aliases)
+	if err != nil {
+		return err
+	}
+	spec.Devices = append(spec.Devices, extra...)
 	if err := validate(spec); err != nil {
 		return fmt.Errorf("CDI spec %s: %w", s.path, err)
 	}

@@ -428,3 +428,23 @@ func TestRegistry(t *testing.T) {
 		t.Fatalf("corrupt registry not kept aside: %q %v", kept, err)
 	}
 }
+
+// TestLegacyHostSuffix: the escaping of versions before 654f80e ('/' as
+// '_', nothing else), next to today's, for the paths that differ.
+func TestLegacyHostSuffix(t *testing.T) {
+	for _, c := range []struct{ rel, legacy, now string }{
+		{"tun", "tun", "tun"},
+		{"net/tun", "net_tun", "net_tun"},
+		{"net_tun", "net_tun", "net:_tun"},
+		{"a:b/c", "a:b_c", "a::b_c"},
+	} {
+		t.Run(c.rel, func(t *testing.T) {
+			if got := LegacyHostSuffix(c.rel); got != c.legacy {
+				t.Errorf("legacy %q, want %q", got, c.legacy)
+			}
+			if got := HostSuffix(c.rel); got != c.now {
+				t.Errorf("now %q, want %q", got, c.now)
+			}
+		})
+	}
+}

@@ -312,6 +312,27 @@ func HostSuffix(rel string) string {
 	return b.String()
 }
 
+// LegacyHostSuffix is the last part of a host device's ID as versions
+// before the ':' escaping (commit 654f80e, the one that added the device
+// registry) wrote it: '/' became '_' and nothing was escaped, so /dev/a_b
+// and /dev/a/b were both a_b. Only to recognise IDs in kubelet checkpoints
+// of those versions.
+func LegacyHostSuffix(rel string) string { return strings.ReplaceAll(rel, "/", "_") }
+
+// LegacyIDs maps the ID of every known host device whose ID an earlier
+// version wrote differently (see LegacyHostSuffix) to that earlier ID.
+func (s *Source) LegacyIDs() map[string]string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := map[string]string{}
+	for rel, d := range s.known {
+		if old := s.deviceName(LegacyHostSuffix(rel)); old != d.Name {
+			out[d.Name] = old
+		}
+	}
+	return out
+}
+
 // watchDirs are the directories whose entries decide the snapshot: the dev
 // root, the directory of the simulated nodes, and for host globs every
 // existing directory that a directory part of the glob matches, at every

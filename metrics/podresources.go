@@ -114,3 +114,34 @@ func HeldDevices(ctx context.Context, socket, resource string) ([]string, error)
 	}
 	return ids, nil
 }
+
+// DeviceHolders returns the device IDs of resource that the kubelet's
+// PodResources API on socket says containers hold, each with the
+// containers holding it ("namespace/pod/container"). ok is false when
+// there is no socket (no kubelet, or the API is not mounted): nothing is
+// known then.
+func DeviceHolders(ctx context.Context, socket, resource string) (held map[string][]string, ok bool, err error) {
+	if _, err := os.Stat(socket); err != nil {
+		return nil, false, nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	resp, err := listPodResources(ctx, socket)
+	if err != nil {
+		return nil, false, fmt.Errorf("PodResources API at %s: List: %w", socket, err)
+	}
+	held = map[string][]string{}
+	for _, pod := range resp.PodResources {
+		for _, c := range pod.Containers {
+			for _, d := range c.Devices {
+				if d.ResourceName != resource {
+					continue
+				}
+				for _, id := range d.DeviceIds {
+					held[id] = append(held[id], pod.Namespace+"/"+pod.Name+"/"+c.Name)
+				}
+			}
+		}
+	}
+	return held, true, nil
+}

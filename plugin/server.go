@@ -80,6 +80,8 @@ type Plugin struct {
 	streams    atomic.Int32
 	// pings are answered by Run's loop (liveness).
 	pings chan chan struct{}
+	// aliases: device IDs of an earlier version (SetAliases).
+	aliases atomic.Pointer[map[string]string]
 }
 
 // view is everything the RPCs need, computed once per snapshot, so that
@@ -546,7 +548,7 @@ func (p *Plugin) PreStartContainer(ctx context.Context, req *pluginapi.PreStartC
 		}
 	}()
 	v := p.state.Load()
-	phys, err := p.physical(v, req.DevicesIds, false)
+	phys, err := p.physical(v, p.current(v, req.DevicesIds), false)
 	if err != nil {
 		return nil, err
 	}

@@ -9,6 +9,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"io/fs"
 	"net"
 	"os"
 	"os/signal"
@@ -176,6 +177,10 @@ type part struct {
 	// resource runs it all once prepared.
 	resource *plugin.Resource
 	log      *logrus.Entry
+	// registry is the host devices' registry file ("" for simulated
+	// devices); podResources the kubelet's PodResources socket: both to
+	// keep IDs of earlier versions resolvable (legacyAliases).
+	registry, podResources string
 }
 
 // build constructs the parts of resource i without touching the disk.
@@ -258,6 +263,7 @@ func build(cfg *config.Config, i int, writer *cdi.Writer, start int64, log *logr
 	spec := stateSpec{Spec: writer.Spec(specRes), runner: runner}
 	return &part{
 		name: rc.Name, kind: kind, src: src, runner: runner, spec: spec, log: log,
+		registry: opts.Registry, podResources: cfg.PodResourcesSocket,
 		resource: &plugin.Resource{Source: src, Spec: spec, Plugin: p, Recovery: runner, Log: log, Metrics: m},
 	}, nil
 }
@@ -266,8 +272,23 @@ func build(cfg *config.Config, i int, writer *cdi.Writer, start int64, log *logr
 // every device its state and restores the faults an earlier run recorded.
 // The spec is written by the resource, before it registers.
 func (p *part) prepare() error {
+	// No registry yet: the first start of a version that escapes host IDs
+	// (the registry came with the escaping), or of the resource.
+	first := false
+	if p.registry != "" {
+		_, err := os.Stat(p.registry)
+		first = errors.Is(err, fs.ErrNotExist)
+	}
 	snap, err := p.src.Prepare()
 	if err != nil {
+		return fmt.Errorf("%s: %w", p.name, err)
+	}
+	if err := p.legacyAliases(snap, first); err != nil {
+		if first {
+			// Refuse the next start too: without the registry that this
+			// start wrote, it is a first start again.
+			_ = os.Remove(p.registry)
+		}
 		return fmt.Errorf("%s: %w", p.name, err)
 	}
 	// Every device has a state directory (mounted into its containers);
@@ -284,6 +305,38 @@ func (p *part) prepare() error {
 		p.src.Refresh()
 	}
 	p.log.WithField("spec", p.spec.Path()).WithField("devices", len(snap.Devices)).Info("resource prepared")
+	return nil
+}
+
+// legacyAliases keeps the host device IDs of versions before the ':'
+// escaping that the kubelet still holds (a checkpoint reuses their CDI
+// names for container restarts) resolvable in the spec, to the same
+// device; an ID that cannot be resolved so is an error (cdi.ErrLegacyID).
+// first: no registry existed before this start (see cdi.LegacyAliases).
+// Without a PodResources socket nothing is known: no aliases.
+func (p *part) legacyAliases(snap *device.Snapshot, first bool) error {
+	legacy := p.src.LegacyIDs()
+	if len(legacy) == 0 {
+		return nil
+	}
+	held, ok, err := metrics.DeviceHolders(context.Background(), p.podResources, p.name)
+	if err != nil {
+		return err
+	}
+	if !ok {
+		p.log.WithField("socket", p.podResources).Warn("no PodResources API: host device IDs of versions before the ':' escaping that containers hold are not kept resolvable")
+		return nil
+	}
+	aliases, err := cdi.LegacyAliases(snap, legacy, held, first)
+	if err != nil {
+		return err
+	}
+	for old, name := range aliases {
+		p.log.WithField("old", old).WithField("device", name).WithField("holders", strings.Join(held[old], ",")).
+			Info("keeping the device ID of an earlier version resolvable while the kubelet holds it")
+	}
+	p.spec.SetAliases(aliases)
+	p.resource.Plugin.SetAliases(aliases) // PreStartContainer gets the checkpointed IDs
 	return nil
 }
 
