@@ -34,8 +34,8 @@ type fakeAPI struct {
 func (f *fakeAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	switch {
-	case r.URL.Path == "/api/v1/namespaces/bad/pods":
+	switch r.URL.Path {
+	case "/api/v1/namespaces/bad/pods":
 		s := f.statuses[min(f.lists, len(f.statuses)-1)]
 		f.lists++
 		l := corev1.PodList{
@@ -47,7 +47,7 @@ func (f *fakeAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		w.Header().Set("Content-Type", "application/json")
 		_ = json.NewEncoder(w).Encode(&l)
-	case r.URL.Path == "/api/v1/namespaces/bad/pods/plugin-x/log":
+	case "/api/v1/namespaces/bad/pods/plugin-x/log":
 		read := f.current
 		if r.URL.Query().Get("previous") == "true" {
 			read = f.previous
