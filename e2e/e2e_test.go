@@ -494,40 +494,7 @@ func (c *cluster) scenarioBadConfig(t *testing.T, node string) {
 		t.Fatal(err)
 	}
 	c.deploy(t, "apply", badVars(cfg))
-	var msg string
-	eventually(t, 2*time.Minute, "the bad plugin to exit with status 2", func() (bool, string) {
-		l, err := c.cs.CoreV1().Pods(badNS).List(context.Background(), metav1.ListOptions{})
-		if err != nil || len(l.Items) == 0 {
-			return false, fmt.Sprint("no pod yet ", err)
-		}
-		p := l.Items[0]
-		if len(p.Status.ContainerStatuses) == 0 {
-			return false, "no container status"
-		}
-		s := p.Status.ContainerStatuses[0]
-		term := s.State.Terminated
-		prev := false
-		if term == nil {
-			term, prev = s.LastTerminationState.Terminated, true
-		}
-		if term == nil {
-			return false, fmt.Sprintf("state %+v", s.State)
-		}
-		if term.ExitCode != 2 {
-			return false, fmt.Sprintf("exit code %d", term.ExitCode)
-		}
-		log, err := c.logs(context.Background(), badNS, p.Name, prev)
-		if err != nil {
-			return false, err.Error()
-		}
-		msg = log
-		return true, ""
-	})
-	for _, want := range []string{"invalid configuration", "idPrefix", "../evil"} {
-		if !strings.Contains(msg, want) {
-			t.Errorf("plugin log lacks %q:\n%s", want, msg)
-		}
-	}
+	msg := c.endedLog(t, badNS, 2, []string{"invalid configuration", "idPrefix", "../evil"}, 2*time.Minute)
 	t.Logf("bad config log: %s", strings.TrimSpace(msg))
 	if out := strings.TrimSpace(c.mustNodeSh(t, "ls /var/run/cdi/ | grep -c bad || true")); out != "0" {
 		t.Errorf("a CDI spec of the bad resource was written: %s", c.mustNodeSh(t, "ls -l /var/run/cdi/"))

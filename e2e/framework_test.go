@@ -263,6 +263,79 @@ func (c *cluster) logs(ctx context.Context, ns, pod string, previous bool) (stri
 	return string(b), err
 }
 
+// missing returns the strings of want that s lacks.
+func missing(s string, want []string) []string {
+	var out []string
+	for _, w := range want {
+		if !strings.Contains(s, w) {
+			out = append(out, w)
+		}
+	}
+	return out
+}
+
+// endedLog waits until the container of a pod in namespace ns has exited
+// with status code and returns the log of a container that ended, once it
+// holds every string of want. Status and log are read in the same poll, and
+// the log is retried while it lacks a line: with restartPolicy Always the
+// kubelet starts the next container while the API may still show the one
+// that ended as the current one (the kubelet's view runs ahead of the
+// status it reports), so the current container's log can be the new one's,
+// empty. When the restart count moved on between the status read and the
+// log read, the container that ended is the previous one.
+func (c *cluster) endedLog(t *testing.T, ns string, code int32, want []string, timeout time.Duration) string {
+	t.Helper()
+	ctx := context.Background()
+	first := func() (string, corev1.ContainerStatus, error) {
+		l, err := c.cs.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return "", corev1.ContainerStatus{}, err
+		}
+		if len(l.Items) == 0 {
+			return "", corev1.ContainerStatus{}, fmt.Errorf("no pod in %s yet", ns)
+		}
+		p := &l.Items[0]
+		if len(p.Status.ContainerStatuses) == 0 {
+			return p.Name, corev1.ContainerStatus{}, fmt.Errorf("pod %s: no container status", p.Name)
+		}
+		return p.Name, p.Status.ContainerStatuses[0], nil
+	}
+	var out string
+	eventually(t, timeout, fmt.Sprintf("a container in %s to exit with status %d and log %q", ns, code, want), func() (bool, string) {
+		pod, s, err := first()
+		if err != nil {
+			return false, err.Error()
+		}
+		term, prev := s.State.Terminated, false
+		if term == nil {
+			term, prev = s.LastTerminationState.Terminated, true
+		}
+		if term == nil {
+			return false, fmt.Sprintf("pod %s: state %+v, restarts %d", pod, s.State, s.RestartCount)
+		}
+		if term.ExitCode != code {
+			return false, fmt.Sprintf("pod %s: exit code %d, restarts %d", pod, term.ExitCode, s.RestartCount)
+		}
+		log, err := c.logs(ctx, ns, pod, prev)
+		if !prev && (err != nil || len(missing(log, want)) > 0) {
+			// The container that ended may be the previous one by now.
+			if pod2, s2, err2 := first(); err2 == nil && pod2 == pod && s2.RestartCount > s.RestartCount {
+				prev = true
+				log, err = c.logs(ctx, ns, pod, true)
+			}
+		}
+		if err != nil {
+			return false, fmt.Sprintf("pod %s: logs (previous=%v): %v", pod, prev, err)
+		}
+		if m := missing(log, want); len(m) > 0 {
+			return false, fmt.Sprintf("pod %s, restarts %d: the log (previous=%v) lacks %q: %q", pod, s.RestartCount, prev, m, log)
+		}
+		out = log
+		return true, ""
+	})
+	return out
+}
+
 // testPod is a busybox pod asking for n devices. Its container records the
 // device state it saw at start in /tmp/state-at-start and runs until
 // /tmp/exit exists, then exits 1 (so that a restart can be triggered from

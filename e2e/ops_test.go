@@ -226,11 +226,12 @@ func (c *cluster) scenarioHealthInPodStatus(t *testing.T) {
 	})
 	t.Logf("before: %s Healthy in p2's status (%v)", victim, d.Round(time.Millisecond))
 	c.mustNodeSh(t, "rm /dev/"+nodeOf(victim))
+	var seen string
 	d = eventually(t, time.Minute, victim+" Unhealthy in p2's status", func() (bool, string) {
-		h, seen := health()
+		var h string
+		h, seen = health()
 		return h == "Unhealthy", seen
 	})
-	_, seen := health()
 	t.Logf("removed /dev/%s: p2's status says %s after %v", nodeOf(victim), seen, d.Round(time.Millisecond))
 	c.mustNodeSh(t, "mknod -m 0666 /dev/"+nodeOf(victim)+" c 1 3")
 	d = eventually(t, time.Minute, victim+" Healthy again in p2's status", func() (bool, string) {
@@ -358,13 +359,15 @@ func (c *cluster) scenarioLiveReload(t *testing.T, node string) {
 	if _, a, err := c.nodeResource(context.Background(), node, opsResB); err != nil || a != 3 {
 		t.Errorf("after the bad configuration: allocatable %s = %d (%v), want 3", opsResB, a, err)
 	}
-	logs, err := c.logs(context.Background(), opsNS, plugin.Name, false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !strings.Contains(logs, "configuration reload refused") || !strings.Contains(logs, "../evil") {
-		t.Errorf("plugin log lacks the refusal naming ../evil")
-	}
+	// The plugin counts the refusal before it logs it: poll the log too.
+	eventually(t, 30*time.Second, "the refusal naming ../evil in the plugin's log", func() (bool, string) {
+		logs, err := c.logs(context.Background(), opsNS, plugin.Name, false)
+		if err != nil {
+			return false, err.Error()
+		}
+		m := missing(logs, []string{"configuration reload refused", "../evil"})
+		return len(m) == 0, fmt.Sprintf("the log lacks %q", m)
+	})
 	// A new pod still gets the added resource.
 	p = c.testPodOf("r2", opsResB, 2)
 	c.createPod(t, p)

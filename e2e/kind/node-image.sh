@@ -24,7 +24,8 @@
 #   in the Go module cache, never copied into this repository; the containerd
 #   config gets the pause image kubeadm wants and restrict_oom_score_adj = true
 #   (lowering oom_score_adj needs CAP_SYS_RESOURCE, which CI lacks);
-# - kubelet, kubeadm, kubectl, containerd, runc built by
+# - kubelet, kubeadm, kubectl, containerd, runc and crictl (for "kind export
+#   logs"; kind's /etc/crictl.yaml points it at containerd's socket) built by
 #   e2e/local/build-binaries.sh --kind; Debian's CNI plugins and a bridge
 #   conflist (the cluster runs with disableDefaultCNI: no kindnetd image);
 # - the images kubeadm deploys (kubeadm config images list), made from the same
@@ -252,6 +253,8 @@ install -d -m 0755 "${rootfs}/kind/bin" "${rootfs}/etc/containerd" "${rootfs}/et
 	"${rootfs}/etc/cni/net.d" "${rootfs}/opt/cni" "${rootfs}/usr/local/sbin"
 install -m 0755 "${files}"/kind/bin/* "${rootfs}/kind/bin/"
 install -m 0644 "${files}/etc/crictl.yaml" "${rootfs}/etc/"
+grep -qx 'runtime-endpoint: unix:///run/containerd/containerd.sock' "${rootfs}/etc/crictl.yaml" ||
+	die "kind's /etc/crictl.yaml changed: no runtime-endpoint at containerd's socket"
 install -m 0644 "${files}"/etc/containerd/* "${rootfs}/etc/containerd/"
 install -m 0644 "${files}"/etc/default/* "${rootfs}/etc/default/"
 install -m 0644 "${files}"/etc/sysctl.d/* "${rootfs}/etc/sysctl.d/"
@@ -266,7 +269,7 @@ echo "ReadKMsg=no" >>"${rootfs}/etc/systemd/journald.conf"
 ln -sfn /usr/lib/systemd/systemd "${rootfs}/sbin/init"
 # Binaries, where kind's units and kind itself look for them.
 for n in kubelet kubeadm kubectl; do install -m 0755 "${bin}/${n}" "${rootfs}/usr/bin/${n}"; done
-for n in containerd ctr containerd-shim-runc-v2; do install -m 0755 "${bin}/${n}" "${rootfs}/usr/local/bin/${n}"; done
+for n in containerd ctr containerd-shim-runc-v2 crictl; do install -m 0755 "${bin}/${n}" "${rootfs}/usr/local/bin/${n}"; done
 install -m 0755 "${bin}/runc" "${rootfs}/usr/local/sbin/runc"
 chroot "${rootfs}" systemctl enable kubelet.service containerd.service undo-mount-hacks.service 2>&1 | sed 's/^/  /' >&2
 chroot "${rootfs}" systemctl mask systemd-binfmt.service 2>&1 | sed 's/^/  /' >&2

@@ -29,6 +29,7 @@
 #   KIND_REUSE=1    use an existing cluster of that name instead of refusing;
 #                   a cluster this script did not create is never deleted
 #   KIND_KEEP=1     keep the cluster after the run
+#   KIND_EXPORT_LOGS=1  export kind's logs also when the run passed
 #   KIND            kind binary (default: kind ${KIND_VERSION}, installed with
 #                   go install into ${E2E_CACHE}/kind/bin when missing)
 #   E2E_ARTIFACTS   directory for the suite's logs and kind's
@@ -84,8 +85,8 @@ cleanup() {
 	local rc=$?
 	trap - EXIT INT TERM
 	set +e
-	if ((rc != 0 && (created || reused))) && cluster_exists; then
-		log "run failed (status ${rc}): exporting kind logs to ${artifacts}/kind-logs"
+	if ((created || reused)) && [[ ${rc} != 0 || ${KIND_EXPORT_LOGS:-} == 1 ]] && cluster_exists; then
+		log "run ended (status ${rc}): exporting kind logs to ${artifacts}/kind-logs"
 		"${kind_bin}" export logs "${artifacts}/kind-logs" --name "${cluster}" >&2
 	fi
 	if ((created)); then

@@ -15,8 +15,8 @@
 #                (DIR/kubelet -> .../kubelet-v1.36.3), so that the versions
 #                are named in this file only
 #   --kind       also build what a kind node image needs beside those:
-#                kubeadm and kube-proxy (same Kubernetes version) and coredns
-#                (e2e/kind/node-image.sh)
+#                kubeadm and kube-proxy (same Kubernetes version), coredns and
+#                crictl (e2e/kind/node-image.sh)
 #   --versions   print the versions as shell assignments and exit
 set -euo pipefail
 
@@ -27,6 +27,9 @@ RUNC_VERSION=${RUNC_VERSION:-v1.5.2}
 # The CoreDNS that kubeadm ${K8S_VERSION} deploys (kubeadm config images list);
 # only for the kind node image.
 COREDNS_VERSION=${COREDNS_VERSION:-v1.14.2}
+# crictl from the cri-tools release of the same Kubernetes minor; only for the
+# kind node image ("kind export logs" runs it in the node).
+CRICTL_VERSION=${CRICTL_VERSION:-v1.36.0}
 E2E_CACHE=${E2E_CACHE:-${XDG_CACHE_HOME:-${HOME}/.cache}/cdi-device-plugin-e2e}
 BIN_DIR=${E2E_CACHE}/bin
 export GOFLAGS="${GOFLAGS:-} -buildvcs=false"
@@ -49,8 +52,8 @@ while [[ $# -gt 0 ]]; do
 		shift
 		;;
 	--versions)
-		printf 'K8S_VERSION=%s\nETCD_VERSION=%s\nCONTAINERD_VERSION=%s\nRUNC_VERSION=%s\nCOREDNS_VERSION=%s\n' \
-			"${K8S_VERSION}" "${ETCD_VERSION}" "${CONTAINERD_VERSION}" "${RUNC_VERSION}" "${COREDNS_VERSION}"
+		printf 'K8S_VERSION=%s\nETCD_VERSION=%s\nCONTAINERD_VERSION=%s\nRUNC_VERSION=%s\nCOREDNS_VERSION=%s\nCRICTL_VERSION=%s\n' \
+			"${K8S_VERSION}" "${ETCD_VERSION}" "${CONTAINERD_VERSION}" "${RUNC_VERSION}" "${COREDNS_VERSION}" "${CRICTL_VERSION}"
 		exit 0
 		;;
 	*) die "usage: build-binaries.sh [--link DIR] [--kind] [--versions]" ;;
@@ -168,12 +171,28 @@ build_coredns() {
 	mv -f "${gobin}/coredns" "${BIN_DIR}/coredns-${COREDNS_VERSION}"
 }
 
+# crictl: "go install" works on cri-tools as it is (no replace directives);
+# the version it reports is set as cri-tools' Makefile sets it (no "v").
+build_crictl() {
+	have crictl "${CRICTL_VERSION}" && return 0
+	log "crictl ${CRICTL_VERSION}"
+	local gobin=${E2E_CACHE}/src/gobin-crictl-${CRICTL_VERSION}
+	mkdir -p "${gobin}"
+	GOBIN=${gobin} CGO_ENABLED=0 go install -trimpath \
+		-ldflags "-s -w -X sigs.k8s.io/cri-tools/pkg/version.Version=${CRICTL_VERSION#v}" \
+		"sigs.k8s.io/cri-tools/cmd/crictl@${CRICTL_VERSION}"
+	mv -f "${gobin}/crictl" "${BIN_DIR}/crictl-${CRICTL_VERSION}"
+}
+
 start=${SECONDS}
 build_runc
 build_containerd
 build_etcd
 build_k8s
-((KIND == 0)) || build_coredns
+if ((KIND)); then
+	build_coredns
+	build_crictl
+fi
 log "all binaries in ${BIN_DIR} ($((SECONDS - start)) s)"
 
 # link NAME VERSION: DIR/NAME -> the cached binary.
@@ -191,6 +210,7 @@ if [[ -n ${LINK_DIR} ]]; then
 			link "${n}" "${K8S_VERSION}"
 		done
 		link coredns "${COREDNS_VERSION}"
+		link crictl "${CRICTL_VERSION}"
 	fi
 	link etcd "${ETCD_VERSION}"
 	for n in containerd ctr containerd-shim-runc-v2; do
