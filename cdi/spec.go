@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"net"
 	"os"
 	"path"
 	"path/filepath"
@@ -36,6 +37,10 @@ const (
 	// StartedAnnotation is when the writing process started (Unix ns):
 	// of two processes writing the same spec, the newer one wins.
 	StartedAnnotation = "cdi-device-plugin/started"
+	// SocketAnnotation is the plugin socket the writing process serves
+	// for the resource (unique per process start): while nobody serves
+	// it, the process is gone, and an older one may take the spec over.
+	SocketAnnotation = "cdi-device-plugin/socket"
 )
 
 // specMode is the mode of written specs: containerd and tools running as
@@ -100,6 +105,10 @@ type Resource struct {
 	// unusable (a symlink planted there): their spec mounts none, so that
 	// it names no path that is missing or leads elsewhere.
 	NoStateMount func(device string) bool
+	// Socket is the plugin socket this process serves for the resource,
+	// written into the spec (SocketAnnotation) so that an older process
+	// can tell whether the newer one that wrote it still runs.
+	Socket string
 }
 
 // ContainerStateRoot is where device state directories appear in containers.
@@ -123,6 +132,9 @@ func BuildSpec(owner string, started int64, r Resource, snap *device.Snapshot) (
 			OwnerAnnotation: owner, ResourceAnnotation: r.Name, StartedAnnotation: strconv.FormatInt(started, 10),
 		},
 		Devices: make([]specs.Device, 0, len(snap.Devices)),
+	}
+	if r.Socket != "" {
+		spec.Annotations[SocketAnnotation] = r.Socket
 	}
 	for _, d := range snap.Devices {
 		if err := parser.ValidateDeviceName(d.Name); err != nil {
@@ -340,6 +352,10 @@ const (
 	// this deployment during a rolling update, or another deployment
 	// serving the same resource) wrote the file: leave it.
 	Superseded
+	// Orphaned means a process that started after us wrote the file, but
+	// nobody serves the plugin socket it named: it is gone (or has not
+	// served it yet), and the file may be taken over.
+	Orphaned
 )
 
 func (st Status) String() string {
@@ -352,6 +368,8 @@ func (st Status) String() string {
 		return "changed"
 	case Superseded:
 		return "superseded"
+	case Orphaned:
+		return "orphaned"
 	}
 	return "unknown"
 }
@@ -380,9 +398,33 @@ func (s *Spec) Check() (Status, string) {
 	}
 	started, err := strconv.ParseInt(other.Annotations[StartedAnnotation], 10, 64)
 	if err == nil && started > s.w.started {
-		return Superseded, fmt.Sprintf("written by %q, started after us", other.Annotations[OwnerAnnotation])
+		who := fmt.Sprintf("written by %q, started after us", other.Annotations[OwnerAnnotation])
+		if sock := other.Annotations[SocketAnnotation]; s.canJudge(sock) && !served(sock) {
+			return Orphaned, who + ", whose socket " + sock + " nobody serves"
+		}
+		return Superseded, who
 	}
 	return Changed, "changed by someone else"
+}
+
+// canJudge reports whether the liveness of the process serving sock can be
+// told here: a socket in our own plugin directory (a spec of an older
+// version names none, and a process with another directory is not ours to
+// judge).
+func (s *Spec) canJudge(sock string) bool {
+	return sock != "" && s.r.Socket != "" && filepath.IsAbs(sock) &&
+		filepath.Dir(filepath.Clean(sock)) == filepath.Dir(s.r.Socket)
+}
+
+// served reports whether a process accepts connections on the unix socket
+// sock. A missing file, or one nobody listens on, is not served.
+func served(sock string) bool {
+	c, err := net.DialTimeout("unix", sock, time.Second)
+	if err != nil {
+		return false
+	}
+	_ = c.Close()
+	return true
 }
 
 // Watch signals changed (without blocking; one pending signal is enough)
@@ -409,6 +451,9 @@ func (s *Spec) Watch(ctx context.Context, changed chan<- struct{}) error {
 		_ = w.Close()
 		return err
 	}
+	// The file may have changed between our first write and now, with no
+	// watch to tell: look once.
+	signal()
 	evs := make(chan []inotify.Event)
 	errc := make(chan error, 1)
 	readerDone := make(chan struct{})

@@ -1,12 +1,15 @@
 package cdi
 
 import (
+	"context"
 	"errors"
+	"net"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	oci "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
@@ -236,4 +239,97 @@ func TestBuildSpecRejectsBadName(t *testing.T) {
 	if _, err := BuildSpec("me", 1, testResource(t), snap); err == nil {
 		t.Fatal("accepted an invalid device name")
 	}
+}
+
+// TestCheckOwnerGone (issue 18 item 5): a spec written by a newer process
+// names that process's plugin socket; while the socket is served the spec
+// is Superseded, once nobody serves it the spec is Orphaned, so that the
+// older process can take over again. A socket outside our plugin directory
+// cannot be judged: it stays Superseded.
+func TestCheckOwnerGone(t *testing.T) {
+	dir, sockDir := t.TempDir(), shortTempDir(t)
+	snap := &device.Snapshot{Devices: []device.Device{{Name: "fpga-0", HostPath: "/dev/null", ContainerPath: "/dev/fpga-0", Type: device.Char, Major: 1, Minor: 3}}}
+	res := testResource(t)
+	res.Socket = filepath.Join(sockDir, "old.sock")
+	s := NewWriter(dir, "ns/plugin", 100).Spec(res)
+	if err := s.Write(snap); err != nil {
+		t.Fatal(err)
+	}
+	newerSock := filepath.Join(sockDir, "new.sock")
+	l, err := net.Listen("unix", newerSock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	newerRes := res
+	newerRes.Socket = newerSock
+	if err := NewWriter(dir, "ns/plugin", 200).Write(newerRes, snap); err != nil {
+		t.Fatal(err)
+	}
+	if st, why := s.Check(); st != Superseded {
+		t.Fatalf("newer process serving its socket: %v %s", st, why)
+	}
+	_ = l.Close() // a Go listener removes its socket file
+	if st, why := s.Check(); st != Orphaned || !strings.Contains(why, newerSock) {
+		t.Fatalf("newer process gone: %v %s", st, why)
+	}
+	// Its socket file left behind, nobody listening: gone too.
+	if err := os.WriteFile(newerSock, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if st, why := s.Check(); st != Orphaned {
+		t.Fatalf("newer process gone, socket file left: %v %s", st, why)
+	}
+	elsewhere := newerRes
+	elsewhere.Socket = filepath.Join(t.TempDir(), "x.sock")
+	if err := NewWriter(dir, "ns/plugin", 300).Write(elsewhere, snap); err != nil {
+		t.Fatal(err)
+	}
+	if st, why := s.Check(); st != Superseded {
+		t.Fatalf("a socket in another directory: %v %s", st, why)
+	}
+}
+
+// TestWatchSignalsOnceInPlace (issue 18 item 4): a spec removed between
+// our write and the watch being in place is seen: Watch signals once the
+// watch is added, without any later event.
+func TestWatchSignalsOnceInPlace(t *testing.T) {
+	dir := t.TempDir()
+	snap := &device.Snapshot{Devices: []device.Device{{Name: "fpga-0", HostPath: "/dev/null", ContainerPath: "/dev/fpga-0", Type: device.Char, Major: 1, Minor: 3}}}
+	s := NewWriter(dir, "ns/plugin", 100).Spec(testResource(t))
+	if err := s.Write(snap); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(s.Path()); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	changed := make(chan struct{}, 1)
+	done := make(chan error, 1)
+	go func() { done <- s.Watch(ctx, changed) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	}()
+	select {
+	case <-changed:
+	case <-time.After(5 * time.Second):
+		t.Fatal("no signal for a spec removed before the watch was in place")
+	}
+	if st, _ := s.Check(); st != Missing {
+		t.Fatalf("check after the signal: %v", st)
+	}
+}
+
+// shortTempDir is a temporary directory whose path fits a unix socket.
+func shortTempDir(t *testing.T) string {
+	t.Helper()
+	d, err := os.MkdirTemp("/tmp", "cdi")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(d) })
+	return d
 }

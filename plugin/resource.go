@@ -44,6 +44,9 @@ type Background interface {
 const (
 	DefaultRetryMin = 100 * time.Millisecond
 	DefaultRetryMax = 30 * time.Second
+	// DefaultYieldRecheck is how often a resource that yielded its spec to
+	// a newer process checks whether that process is still there.
+	DefaultYieldRecheck = 5 * time.Second
 )
 
 // Resource runs one resource: the device source, the CDI spec kept in step
@@ -62,6 +65,10 @@ type Resource struct {
 	// RetryMin and RetryMax bound the backoff between failed spec writes
 	// (defaults DefaultRetryMin, DefaultRetryMax).
 	RetryMin, RetryMax time.Duration
+	// YieldRecheck (default DefaultYieldRecheck) is how often the spec is
+	// checked while a newer process owns it: once nobody has served that
+	// process's socket for this long, the spec is taken back.
+	YieldRecheck time.Duration
 
 	once  sync.Once
 	pings chan chan struct{} // answered by the follower's loop
@@ -95,9 +102,15 @@ func (r *Resource) Ready() error { return r.Plugin.Ready() }
 // Run returns.
 func (r *Resource) Run(ctx context.Context) error {
 	r.init()
-	f := &follower{r: r, retryMin: r.RetryMin, retryMax: r.RetryMax, retry: time.NewTimer(0)}
+	f := &follower{r: r, retryMin: r.RetryMin, retryMax: r.RetryMax, retry: time.NewTimer(0),
+		recheck: time.NewTimer(0), recheckEvery: r.YieldRecheck}
 	f.retry.Stop()
 	defer f.retry.Stop()
+	f.recheck.Stop()
+	defer f.recheck.Stop()
+	if f.recheckEvery <= 0 {
+		f.recheckEvery = DefaultYieldRecheck
+	}
 	if f.retryMin <= 0 {
 		f.retryMin = DefaultRetryMin
 	}
@@ -135,6 +148,12 @@ type follower struct {
 	why error
 	// yielded: a newer process owns the spec file; do not write it.
 	yielded bool
+	// orphanedSince: when the newer process was first found gone (zero:
+	// it was not); the spec is taken back once it has stayed gone for
+	// recheckEvery. recheck looks again while yielded.
+	orphanedSince time.Time
+	recheck       *time.Timer
+	recheckEvery  time.Duration
 
 	retry              *time.Timer
 	backoff            time.Duration
@@ -153,6 +172,8 @@ func (f *follower) loop(ctx context.Context, updates <-chan *device.Snapshot, ch
 			}
 		case <-changed:
 			f.check()
+		case <-f.recheck.C:
+			f.check()
 		case <-f.retry.C:
 			f.write()
 		case reply := <-f.r.pings:
@@ -165,27 +186,50 @@ func (f *follower) loop(ctx context.Context, updates <-chan *device.Snapshot, ch
 	}
 }
 
-// check looks at the spec on disk after a change there: ours is left
-// alone, a missing or changed one is written again at once, a newer
-// process's one is left to it (and our devices are held back).
+// check looks at the spec on disk after a change there, and while a newer
+// process owns it: ours is left alone, a missing or changed one is written
+// again at once, a newer process's one is left to it (and our devices are
+// held back) for as long as that process serves its socket. Once nobody
+// has served it for recheckEvery (two looks, so that a process just
+// starting, or serving its socket again after a kubelet restart, is not
+// taken for gone), the spec is taken back.
 func (f *follower) check() {
 	st, why := f.r.Spec.Check()
 	log := f.r.Log.WithField("reason", why)
+	if st != cdi.Orphaned {
+		f.orphanedSince = time.Time{}
+	}
 	switch st {
 	case cdi.Intact:
 		return
-	case cdi.Superseded:
-		if !f.yielded {
-			log.Error("another process owns our CDI spec now; its devices are reported unhealthy here")
+	case cdi.Orphaned:
+		if f.orphanedSince.IsZero() {
+			f.orphanedSince = time.Now()
 		}
-		f.yielded, f.written = true, nil
-		f.why = errors.New("the CDI spec was taken over: " + why)
-		f.retry.Stop()
+		if !f.yielded || time.Since(f.orphanedSince) < f.recheckEvery {
+			break // look again before taking it back
+		}
+		log.Warn("the process that took our CDI spec over is gone; taking it back")
+		f.orphanedSince = time.Time{}
+		f.recheck.Stop()
+		f.yielded, f.written = false, nil
+		f.write()
+		return
+	case cdi.Superseded:
+	default:
+		log.WithField("status", st.String()).Warn("our CDI spec was changed by someone else; writing it again")
+		f.recheck.Stop()
+		f.yielded, f.written = false, nil
+		f.write()
 		return
 	}
-	log.WithField("status", st.String()).Warn("our CDI spec was changed by someone else; writing it again")
-	f.yielded, f.written = false, nil
-	f.write()
+	if !f.yielded {
+		log.Error("another process owns our CDI spec now; its devices are reported unhealthy here")
+	}
+	f.yielded, f.written = true, nil
+	f.why = errors.New("the CDI spec was taken over: " + why)
+	f.retry.Stop()
+	f.recheck.Reset(f.recheckEvery)
 }
 
 // write writes the spec of pending; on failure it retries later, with a

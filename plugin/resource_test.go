@@ -3,11 +3,14 @@ package plugin
 import (
 	"context"
 	"errors"
+	"net"
+	"path/filepath"
 	"sync"
 	"testing"
 	"time"
 
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+	cdiapi "tags.cncf.io/container-device-interface/pkg/cdi"
 
 	"github.com/cdi-device-plugin/cdi-device-plugin/cdi"
 	"github.com/cdi-device-plugin/cdi-device-plugin/device"
@@ -143,5 +146,75 @@ func TestResourceHoldsBackUnwrittenDevices(t *testing.T) {
 	wait("third device, held back", func(u kubeletsim.Update) bool { return len(u.Devices) == 3 && u.Healthy() == 0 })
 	if spec.count() != n {
 		t.Fatal("wrote a spec that a newer process owns")
+	}
+}
+
+// TestResourceTakesBackAnOrphanedSpec (issue 18 item 5): a newer process
+// takes the spec over (our devices are held back) and keeps it while it
+// serves its socket; once it is gone, leaving its spec behind, this one
+// takes the spec back without any file event and its devices are Healthy.
+func TestResourceTakesBackAnOrphanedSpec(t *testing.T) {
+	dir, cdiDir := shortDir(t), t.TempDir()
+	k := startKubelet(t, dir)
+	first := snapshot(2, 0, 1)
+	for i := range first.Devices {
+		first.Devices[i].HostPath = "/dev/null"
+	}
+	p := newPlugin(t, dir, nil, nil)
+	res := cdi.Resource{Name: resourceName, Kind: testKind(t), Socket: p.SocketPath()}
+	spec := cdi.NewWriter(cdiDir, "ns/plugin", 100).Spec(res)
+	src := &fakeSource{first: first, in: make(chan *device.Snapshot)}
+	r := &Resource{Source: src, Spec: spec, Plugin: p, Log: testLog(t), YieldRecheck: 20 * time.Millisecond}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	})
+	reg, err := k.WaitRegistration(5 * time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, updates := watch(t, dir, reg.Request.Endpoint)
+	wait := func(what string, cond func(kubeletsim.Update) bool) {
+		t.Helper()
+		if _, err := kubeletsim.WaitFor(updates, 5*time.Second, cond); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+	}
+	wait("ours", func(u kubeletsim.Update) bool { return u.Healthy() == 2 })
+	owner := func() string {
+		t.Helper()
+		s, err := cdiapi.ReadSpec(spec.Path(), 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s.Annotations[cdi.SocketAnnotation]
+	}
+
+	newerSock := filepath.Join(dir, "test-sim-newer.sock")
+	l, err := net.Listen("unix", newerSock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	newer := res
+	newer.Socket = newerSock
+	if err := cdi.NewWriter(cdiDir, "ns/plugin", 200).Write(newer, first); err != nil {
+		t.Fatal(err)
+	}
+	wait("yielded", func(u kubeletsim.Update) bool { return u.Healthy() == 0 })
+	// Rechecked many times while the newer process serves its socket: it
+	// keeps the spec.
+	time.Sleep(20 * r.YieldRecheck)
+	if got := owner(); got != newerSock {
+		t.Fatalf("spec taken back from a live newer process: socket %q", got)
+	}
+	_ = l.Close() // the newer process exits; its spec stays
+	wait("taken back", func(u kubeletsim.Update) bool { return u.Healthy() == 2 })
+	if got := owner(); got != p.SocketPath() {
+		t.Fatalf("spec after taking it back names socket %q, want ours %q", got, p.SocketPath())
 	}
 }

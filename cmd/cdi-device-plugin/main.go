@@ -255,7 +255,7 @@ func build(cfg *config.Config, i int, writer *cdi.Writer, start int64, log *logr
 	}
 	// The device state is mounted into containers when there is state to
 	// show: a resource with prestart steps.
-	specRes := cdi.Resource{Name: rc.Name, Kind: kind, EnvPrefix: rc.EnvPrefix}
+	specRes := cdi.Resource{Name: rc.Name, Kind: kind, EnvPrefix: rc.EnvPrefix, Socket: p.SocketPath()}
 	if runner.HasSteps() {
 		specRes.StateRoot = stateRoot
 		specRes.NoStateMount = runner.BadState
