@@ -341,7 +341,18 @@ func (p *Plugin) listAndWatch(stream pluginapi.DevicePlugin_ListAndWatchServer, 
 	}()
 	for {
 		v := p.state.Load()
-		if err := stream.SendMsg(v.message()); err != nil {
+		msg := v.message()
+		if size := messageSize(msg); size > MaxListMessage {
+			// Host devices can outgrow what the configuration allowed
+			// for: the kubelet will not read this list.
+			p.log.WithField("devices", len(v.list)).WithField("bytes", size).WithField("limit", MaxListMessage).
+				Error("the device list is larger than the kubelet reads; it will not see these devices")
+		}
+		if err := stream.SendMsg(msg); err != nil {
+			if stream.Context().Err() == nil {
+				p.log.WithError(err).WithField("devices", len(v.list)).WithField("bytes", messageSize(msg)).
+					Error("sending the device list to the kubelet failed")
+			}
 			return err
 		}
 		select {

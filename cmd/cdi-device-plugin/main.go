@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -206,6 +207,17 @@ func build(cfg *config.Config, i int, writer *cdi.Writer, start int64, log *logr
 		opts.Type = device.NodeType(rc.DeviceNode.Type.CDI())
 		opts.Major, opts.Minor = *rc.DeviceNode.Major, *rc.DeviceNode.Minor
 		opts.NUMANodes = rc.NUMANodes
+		// The kubelet must be able to read the longest list the resource
+		// can send: every ID, the longest ones, all Unhealthy.
+		n, replicas := rc.DeviceCount(), rc.ReplicaCount()
+		longest := device.ReplicaID(device.ID(rc.IDPrefix, cfg.NodeName, strconv.Itoa(n-1)), replicas-1, replicas)
+		numa := device.NoNUMA
+		if rc.NUMANodes > 0 {
+			numa = rc.NUMANodes - 1
+		}
+		if err := plugin.CheckListSize(rc.Name, n*max(replicas, 1), len(longest), numa); err != nil {
+			return nil, &config.FieldError{Field: field("count"), Value: strconv.Itoa(n), Reason: err.Error()}
+		}
 	} else {
 		opts.HostGlobs = rc.HostGlobs
 		// Host devices keep their IDs and indexes across restarts.

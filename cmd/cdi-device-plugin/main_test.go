@@ -125,11 +125,16 @@ func TestBadConfigExits2AndWritesNothing(t *testing.T) {
 		// Checked by the constructors, still before anything is written.
 		{"long socket dir", nil, []string{"--device-plugin-dir", "/" + strings.Repeat("d", 100)}, `device-plugin-dir="/ddd`},
 		{"bad exec template", map[string]string{"CONFIG_FILE": "EXEC_TEMPLATE"}, nil, `resources[0].prestart.steps[0].command="/bin/echo {{.Serial}}"`},
+		// Issue 18 item 8: 262,144 IDs, a list the kubelet cannot read.
+		{"list too large", map[string]string{"CONFIG_FILE": "BIG_LIST"}, nil, `example.com/big can list 262144 device IDs`},
 		{"no CDI annotation key", map[string]string{"DEVICE_LIST_STRATEGY": "cdi-annotations", "PLUGIN_NAME": strings.Repeat("p", 24), "RESOURCE_NAME": "example.com/" + strings.Repeat("r", 30)},
 			[]string{"--device-plugin-dir", "/t"}, `RESOURCE_NAME="example.com/rrrr`},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			d := newDirs(t)
+			if c.env["CONFIG_FILE"] == "BIG_LIST" {
+				c.env["CONFIG_FILE"] = writeConfig(t, "resources:\n- name: example.com/big\n  count: 4096\n  replicas: 64\n")
+			}
 			if c.env["CONFIG_FILE"] == "EXEC_TEMPLATE" {
 				c.env["CONFIG_FILE"] = writeConfig(t, "resources:\n- name: example.com/a\n  prestart:\n    steps: [{type: exec, command: [/bin/echo, \"{{.Serial}}\"]}]\n")
 			}
