@@ -242,8 +242,8 @@ type server struct {
 	wg   sync.WaitGroup
 }
 
-// stop ends the streams, stops serving, waits for the serving goroutine
-// and removes the socket.
+// stop ends the streams, stops serving, waits for the handlers and the
+// serving goroutine, and removes the socket.
 func (s *server) stop(log *logrus.Entry) {
 	close(s.done) // ends ListAndWatch streams, so Stop does not wait on them
 	s.grpc.Stop()
@@ -273,7 +273,11 @@ func (p *Plugin) serve() (*server, error) {
 		return nil, fmt.Errorf("socket mode: %w", err)
 	}
 	// The codec sends ListAndWatch's pre-encoded lists as they are.
-	s := &server{grpc: grpc.NewServer(grpc.ForceServerCodecV2(wireCodec{})), sock: sock, done: make(chan struct{}), errc: make(chan error, 1)}
+	// Stop waits for the handlers: a PreStartContainer in flight (its
+	// context cancelled by Stop, its steps bounded by their budget) ends
+	// before the server is gone, so none outlives it and overlaps the
+	// replacement's preparation of the same device.
+	s := &server{grpc: grpc.NewServer(grpc.ForceServerCodecV2(wireCodec{}), grpc.WaitForHandlers(true)), sock: sock, done: make(chan struct{}), errc: make(chan error, 1)}
 	pluginapi.RegisterDevicePluginServer(s.grpc, &handler{p: p, stop: s.done})
 	s.wg.Add(1)
 	go func() {

@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -605,5 +606,54 @@ func TestAnnotationsWithReplicas(t *testing.T) {
 	}
 	if x["example.com/dev-0"] != "sim-0::0,sim-0::1" || x["example.com/dev-1"] != "sim-1::1" {
 		t.Fatalf("annotations %v", x)
+	}
+}
+
+// slowPreparer holds Prepare until released, whatever its context says (a
+// step finishing its work within its budget), and records when it ended.
+type slowPreparer struct {
+	entered, release chan struct{}
+	ended            atomic.Bool
+}
+
+func (s *slowPreparer) Steps() []string { return []string{"slow"} }
+func (s *slowPreparer) Prepare(context.Context, []device.Device) error {
+	close(s.entered)
+	<-s.release
+	s.ended.Store(true)
+	return nil
+}
+
+// TestStopWaitsForHandlers (issue 18 item 2): a PreStartContainer in flight
+// when the plugin stops (a reload restarting the resource) has ended when
+// Run returns, so that no preparation outlives its server and overlaps
+// one of the replacement's.
+func TestStopWaitsForHandlers(t *testing.T) {
+	dir := shortDir(t)
+	k := startKubelet(t, dir)
+	prep := &slowPreparer{entered: make(chan struct{}), release: make(chan struct{})}
+	p := newPlugin(t, dir, snapshot(1, 0, 1), func(o *Options) { o.Preparer = prep })
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- p.Run(ctx) }()
+	reg, err := k.WaitRegistration(5 * time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, _ := watch(t, dir, reg.Request.Endpoint)
+	go func() { _, _ = c.PreStartContainer(context.Background(), &pluginapi.PreStartContainerRequest{DevicesIds: []string{"sim-0"}}) }()
+	<-prep.entered
+	cancel()
+	select {
+	case err := <-done:
+		t.Fatalf("Run returned (%v) while PreStartContainer still ran", err)
+	case <-time.After(300 * time.Millisecond):
+	}
+	close(prep.release)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if !prep.ended.Load() {
+		t.Fatal("Run returned before the handler ended")
 	}
 }
