@@ -641,7 +641,11 @@ func TestStopWaitsForHandlers(t *testing.T) {
 		t.Fatal(err)
 	}
 	c, _ := watch(t, dir, reg.Request.Endpoint)
-	go func() { _, _ = c.PreStartContainer(context.Background(), &pluginapi.PreStartContainerRequest{DevicesIds: []string{"sim-0"}}) }()
+	rpcDone := make(chan struct{})
+	go func() {
+		defer close(rpcDone)
+		_, _ = c.PreStartContainer(context.Background(), &pluginapi.PreStartContainerRequest{DevicesIds: []string{"sim-0"}})
+	}()
 	<-prep.entered
 	cancel()
 	select {
@@ -656,4 +660,5 @@ func TestStopWaitsForHandlers(t *testing.T) {
 	if !prep.ended.Load() {
 		t.Fatal("Run returned before the handler ended")
 	}
+	<-rpcDone
 }

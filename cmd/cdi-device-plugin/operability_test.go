@@ -361,3 +361,55 @@ func TestConfigReload(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestReloadStopsBeforePreparing (issue 18 item 2): a reload that changes
+// a resource prepares the replacement only once the old part has stopped
+// (its handlers ended), so that two parts never prepare one device or save
+// one registry at once. A replacement that fails to prepare refuses the
+// reload, and the resource runs again with its running configuration.
+func TestReloadStopsBeforePreparing(t *testing.T) {
+	d := newDirs(t)
+	needRoot(t, d)
+	cm := newConfigMapDir(t, resourceA)
+	addr := freeAddr(t)
+	r := startRun(t, d, []string{"--config", cm.path(), "--metrics-address", addr}, nil)
+	waitResolves(t, r, d, 5*time.Second, "a-0", "a-1")
+
+	cm.update(strings.Replace(resourceA, "count: 2", "count: 3", 1))
+	reg, err := r.kubelet.WaitRegistration(5 * time.Second)
+	if err != nil || reg.Request.ResourceName != "example.com/a" {
+		t.Fatalf("registration after changing a: %+v %v", reg.Request, err)
+	}
+	waitHTTP(t, addr, "/metrics", 5*time.Second, hasMetric(`cdi_device_plugin_config_reloads_total{result="applied"}`, 1))
+	log := r.stderr.String()
+	stopped := strings.Index(log, `msg="resource stopped"`)
+	prepared := strings.LastIndex(log, `msg="resource prepared"`)
+	if stopped < 0 || prepared < stopped {
+		t.Fatalf("the replacement was prepared (at %d) before the old part stopped (at %d):\n%s", prepared, stopped, log)
+	}
+
+	// A replacement that cannot prepare (its node's path is taken by a
+	// directory): refused, and a runs again as it was (3 devices).
+	if err := os.Mkdir(filepath.Join(d.dev, "b-0"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cm.update(strings.Replace(strings.Replace(resourceA, "count: 2", "count: 3", 1), "idPrefix: a", "idPrefix: a\n  deviceFilePrefix: b", 1))
+	waitHTTP(t, addr, "/metrics", 5*time.Second, hasMetric(`cdi_device_plugin_config_reloads_total{result="refused"}`, 1))
+	reg, err = r.kubelet.WaitRegistration(5 * time.Second)
+	if err != nil || reg.Request.ResourceName != "example.com/a" {
+		t.Fatalf("no registration of a restored: %+v %v\n%s", reg.Request, err, r.stderr.String())
+	}
+	c, err := kubeletsim.Dial(d.plugins, reg.Request.Endpoint)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	updates, err := c.Watch(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kubeletsim.WaitFor(updates, 5*time.Second, func(u kubeletsim.Update) bool { return u.Healthy() == 3 }); err != nil {
+		t.Fatalf("a restored: %v\n%s", err, r.stderr.String())
+	}
+	waitHTTP(t, addr, "/healthz", 5*time.Second, func(c int, _ string) bool { return c == 200 })
+}

@@ -85,10 +85,14 @@ type change struct{ added, removed, restarted []string }
 
 func (c change) empty() bool { return len(c.added)+len(c.removed)+len(c.restarted) == 0 }
 
-// apply makes the running resources those of next. New and changed
-// resources are built and prepared before anything running is touched, so
-// a configuration that fails there changes nothing; then the removed and
-// changed resources are stopped, the new and changed ones started, and the
+// apply makes the running resources those of next. Every new and changed
+// resource is built first (no disk is touched), and the new ones are
+// prepared, so a configuration that fails there changes nothing. A changed
+// resource's replacement is prepared only once its old part has stopped,
+// its handlers ended: two parts never prepare one device, or save one
+// registry, at once. If a replacement fails to prepare, the reload is
+// refused and the old parts stopped for it are started again. Then the
+// removed resources are stopped, the new and changed ones started, and the
 // specs of removed resources removed. Unchanged resources keep running.
 func (s *supervisor) apply(ctx context.Context, next *config.Config) (change, error) {
 	var ch change
@@ -121,8 +125,30 @@ func (s *supervisor) apply(ctx context.Context, next *config.Config) (change, er
 			ch.added = append(ch.added, rc.Name)
 		}
 	}
+	restarted := map[string]bool{}
+	for _, name := range ch.restarted {
+		restarted[name] = true
+	}
 	for _, p := range parts {
+		if restarted[p.name] {
+			continue
+		}
 		if err := p.prepare(); err != nil {
+			return ch, err
+		}
+	}
+	var stopped []string
+	for _, p := range parts {
+		if !restarted[p.name] {
+			continue
+		}
+		s.stop(p.name)
+		stopped = append(stopped, p.name)
+		if err := p.prepare(); err != nil {
+			for _, name := range stopped {
+				s.restore(ctx, name)
+			}
+			s.publish()
 			return ch, err
 		}
 	}
@@ -132,7 +158,7 @@ func (s *supervisor) apply(ctx context.Context, next *config.Config) (change, er
 		}
 	}
 	sort.Strings(ch.removed)
-	for _, name := range append(slices.Clone(ch.removed), ch.restarted...) {
+	for _, name := range ch.removed {
 		s.stop(name)
 	}
 	for _, name := range ch.removed {
@@ -178,7 +204,7 @@ func (s *supervisor) run(ctx context.Context, rc config.Resource, p *part) {
 	}()
 }
 
-// stop stops a running resource and waits for it.
+// stop stops a running resource and waits for it (its handlers too).
 func (s *supervisor) stop(name string) {
 	in := s.running[name]
 	if in == nil {
@@ -187,6 +213,32 @@ func (s *supervisor) stop(name string) {
 	in.cancel()
 	<-in.done
 	delete(s.running, name)
+	s.log.WithField("resource", name).Info("resource stopped")
+}
+
+// restore starts again, with the running configuration, a resource that
+// apply stopped for a replacement that then failed to prepare. If that
+// fails too, the process ends (through s.failed): nothing else would bring
+// the resource back.
+func (s *supervisor) restore(ctx context.Context, name string) {
+	i := slices.IndexFunc(s.cfg.Resources, func(rc config.Resource) bool { return rc.Name == name })
+	if i < 0 {
+		return
+	}
+	p, err := build(s.cfg, i, s.writer, time.Now().UnixNano(), s.log, s.metrics)
+	if err == nil {
+		err = p.prepare()
+	}
+	if err != nil {
+		s.log.WithError(err).WithField("resource", name).Error("restarting a resource with its running configuration failed")
+		select {
+		case s.failed <- fmt.Errorf("%s: restoring after a refused reload: %w", name, err):
+		default:
+		}
+		return
+	}
+	s.run(ctx, s.cfg.Resources[i], p)
+	s.log.WithField("resource", name).Info("resource restarted with its running configuration")
 }
 
 // stopAll stops every resource and waits for them.
