@@ -1,5 +1,6 @@
-// Package cdi builds CDI specs from device snapshots and writes them through
-// the CDI library's cache. It knows nothing of gRPC.
+// Package cdi builds CDI specs from device snapshots, validates them with the
+// CDI library's parser and spec checks, and writes them atomically
+// (Spec.Write, through internal/atomicfile). It knows nothing of gRPC.
 package cdi
 
 import (

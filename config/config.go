@@ -416,7 +416,7 @@ type EnvVar struct {
 }
 
 // EnvVars lists every environment variable the plugin reads: the one list
-// the README and deploy/deploy.sh are checked against.
+// docs/configuration.md and deploy/deploy.sh are checked against.
 func EnvVars() []EnvVar {
 	out := []EnvVar{{Name: configFlag.env, Flag: configFlag.name, Usage: configFlag.usage}}
 	for _, f := range flagDefs {

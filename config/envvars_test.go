@@ -9,11 +9,11 @@ import (
 )
 
 // TestEnvVarsDocumentedAndDeployable: EnvVars is the one list of the
-// environment variables the plugin reads. The README's configuration
+// environment variables the plugin reads. docs/configuration.md's
 // tables name each of them, and deploy/deploy.sh passes on each one a user
 // sets (all but those the DaemonSet sets itself), and no other.
 func TestEnvVarsDocumentedAndDeployable(t *testing.T) {
-	readme, err := os.ReadFile("../README.md")
+	readme, err := os.ReadFile("../docs/configuration.md")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -40,7 +40,7 @@ func TestEnvVarsDocumentedAndDeployable(t *testing.T) {
 	for _, e := range EnvVars() {
 		names = append(names, e.Name)
 		if !slices.ContainsFunc(tableRows, func(r string) bool { return strings.Contains(r, "`"+e.Name+"`") }) {
-			t.Errorf("%s is not in a README configuration table", e.Name)
+			t.Errorf("%s is not in a configuration table of docs/configuration.md", e.Name)
 		}
 		if !slices.Contains(bySelf, e.Name) && !slices.Contains(deployed, e.Name) {
 			t.Errorf("%s is missing from ENV_VARS in deploy/deploy.sh", e.Name)
