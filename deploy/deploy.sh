@@ -15,7 +15,7 @@
 #                   passed to the plugin's container env only when set (an
 #                   explicitly empty value is passed through as ""); when unset
 #                   the binary's default applies.
-#   PLUGIN_CONFIG   path of a YAML configuration file (see the README); when
+#   PLUGIN_CONFIG   path of a YAML configuration file (docs/configuration.md); when
 #                   set it is shipped as the ConfigMap cdi-device-plugin-config
 #                   (name suffixed with a content hash, so a change rolls the
 #                   DaemonSet) and the plugin runs with CONFIG_FILE pointing

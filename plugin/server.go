@@ -40,7 +40,7 @@ type Options struct {
 	SocketName string
 	// Kind is the CDI kind of the resource's devices.
 	Kind cdi.Kind
-	// EnvPrefix, AnnotationPrefix: see the README.
+	// EnvPrefix, AnnotationPrefix: see docs/configuration.md.
 	EnvPrefix, AnnotationPrefix string
 	// Strategies say how Allocate hands devices over (default cdi-cri).
 	Strategies config.Strategies

@@ -15,7 +15,7 @@ import (
 )
 
 // TestFileModes: everything the plugin creates has the narrowest mode that
-// works (README, "Files and modes"), whatever the umask, and nothing is
+// works (docs/reliability.md, "Files and modes"), whatever the umask, and nothing is
 // created outside the configured roots.
 func TestFileModes(t *testing.T) {
 	d := newDirs(t)
