@@ -11,7 +11,7 @@ import (
 // node, an env variable and a state mount (what the plugin writes at
 // start and on every change of the device set).
 func BenchmarkBuildSpec10000(b *testing.B) {
-	k, err := KindForResource("example.com/fpga")
+	k, err := kindForResource("example.com/fpga")
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -15,7 +15,6 @@ import (
 	"path"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -68,15 +67,6 @@ func NewKind(vendor, class string) (Kind, error) {
 // vendor is "k8s." + the domain and the class the name, so the plugin's
 // specs never clash with a device vendor's own specs.
 func KindFor(domain, name string) (Kind, error) { return NewKind("k8s."+domain, name) }
-
-// KindForResource is KindFor of a whole resource name.
-func KindForResource(resource string) (Kind, error) {
-	domain, name, ok := strings.Cut(resource, "/")
-	if !ok {
-		return Kind{}, fmt.Errorf("resource %q has no domain", resource)
-	}
-	return KindFor(domain, name)
-}
 
 func (k Kind) String() string { return k.Vendor + "/" + k.Class }
 

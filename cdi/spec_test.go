@@ -3,6 +3,7 @@ package cdi
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -20,7 +21,7 @@ import (
 
 func testResource(t *testing.T) Resource {
 	t.Helper()
-	k, err := KindForResource("example.com/fpga")
+	k, err := kindForResource("example.com/fpga")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -39,7 +40,7 @@ func TestKindForResource(t *testing.T) {
 		{"example.com/bad/class", "", false},
 	} {
 		t.Run(c.in, func(t *testing.T) {
-			k, err := KindForResource(c.in)
+			k, err := kindForResource(c.in)
 			if (err == nil) != c.ok {
 				t.Fatalf("err %v", err)
 			}
@@ -332,4 +333,13 @@ func shortTempDir(t *testing.T) string {
 	}
 	t.Cleanup(func() { _ = os.RemoveAll(d) })
 	return d
+}
+
+// kindForResource is KindFor of a whole resource name (a test helper).
+func kindForResource(resource string) (Kind, error) {
+	domain, name, ok := strings.Cut(resource, "/")
+	if !ok {
+		return Kind{}, fmt.Errorf("resource %q has no domain", resource)
+	}
+	return KindFor(domain, name)
 }

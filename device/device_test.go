@@ -252,16 +252,6 @@ func TestSameDevices(t *testing.T) {
 	}
 }
 
-func TestSendLatest(t *testing.T) {
-	ch := make(chan int, 1)
-	for i := 1; i <= 5; i++ {
-		SendLatest(ch, i)
-	}
-	if v := <-ch; v != 5 {
-		t.Fatalf("got %d, want the latest", v)
-	}
-}
-
 // waitSnap reads snapshots from out until cond holds.
 func waitSnap(t *testing.T, s *Source, out <-chan *Snapshot, d time.Duration, what string, cond func(*Snapshot) bool) {
 	t.Helper()

@@ -19,6 +19,7 @@ import (
 
 	"github.com/cdi-device-plugin/cdi-device-plugin/internal/atomicfile"
 	"github.com/cdi-device-plugin/cdi-device-plugin/internal/inotify"
+	"github.com/cdi-device-plugin/cdi-device-plugin/internal/latest"
 	"github.com/cdi-device-plugin/cdi-device-plugin/internal/logs"
 )
 
@@ -542,7 +543,7 @@ func (s *Source) publishNodes(out chan *Snapshot, idx []int) {
 	for _, i := range idx {
 		s.logHealth(prev, snap, i)
 	}
-	SendLatest(out, snap)
+	latest.Send(out, snap)
 }
 
 // logHealth logs device i of snap when its health differs from prev's.
@@ -575,23 +576,5 @@ func (s *Source) publish(out chan *Snapshot) {
 	for i := range snap.Devices {
 		s.logHealth(prev, snap, i)
 	}
-	SendLatest(out, snap)
-}
-
-// SendLatest puts v on a channel of capacity >= 1, replacing a value the
-// consumer has not taken yet; it never blocks. Only one goroutine may send.
-func SendLatest[T any](ch chan T, v T) {
-	for {
-		select {
-		case ch <- v:
-			return
-		default:
-		}
-		// Full: drop the stale value (if the consumer takes it first, the
-		// next send succeeds).
-		select {
-		case <-ch:
-		default:
-		}
-	}
+	latest.Send(out, snap)
 }

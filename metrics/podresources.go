@@ -13,10 +13,6 @@ import (
 	podresourcesapi "k8s.io/kubelet/pkg/apis/podresources/v1"
 )
 
-// DefaultPodResourcesSocket is where the kubelet serves its PodResources
-// API.
-const DefaultPodResourcesSocket = "/var/lib/kubelet/pod-resources/kubelet.sock"
-
 // podResources reports which container holds which device, from the
 // kubelet's PodResources API, asked at every scrape (nothing runs between
 // scrapes).

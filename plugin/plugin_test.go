@@ -43,7 +43,7 @@ func shortDir(t *testing.T) string {
 
 func testKind(t testing.TB) cdi.Kind {
 	t.Helper()
-	k, err := cdi.KindForResource(resourceName)
+	k, err := cdi.KindFor("example.com", "sim")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/cdi-device-plugin/cdi-device-plugin/cdi"
 	"github.com/cdi-device-plugin/cdi-device-plugin/device"
 	"github.com/cdi-device-plugin/cdi-device-plugin/internal/kubeletsim"
+	"github.com/cdi-device-plugin/cdi-device-plugin/internal/latest"
 )
 
 // fakeSource publishes the snapshots the test sends.
@@ -30,7 +31,7 @@ func (s *fakeSource) Run(ctx context.Context, out chan *device.Snapshot) error {
 		case <-ctx.Done():
 			return nil
 		case snap := <-s.in:
-			device.SendLatest(out, snap)
+			latest.Send(out, snap)
 		}
 	}
 }
