@@ -98,26 +98,7 @@ func TestResourceHoldsBackUnwrittenDevices(t *testing.T) {
 	src := &fakeSource{first: first, in: make(chan *device.Snapshot)}
 	spec := &flakySpec{changed: make(chan struct{})}
 	r := &Resource{Source: src, Spec: spec, Plugin: newPlugin(t, dir, nil, nil), Log: testLog(t), RetryMin: 10 * time.Millisecond, RetryMax: 40 * time.Millisecond}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- r.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Error(err)
-		}
-	})
-	reg, err := k.WaitRegistration(5 * time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, updates := watch(t, dir, reg.Request.Endpoint)
-	wait := func(what string, cond func(kubeletsim.Update) bool) {
-		t.Helper()
-		if _, err := kubeletsim.WaitFor(updates, 5*time.Second, cond); err != nil {
-			t.Fatalf("%s: %v", what, err)
-		}
-	}
+	wait := runResource(t, dir, k, r)
 	wait("first device", func(u kubeletsim.Update) bool { return u.Health("sim-0") == pluginapi.Healthy })
 
 	spec.set(true)
@@ -166,26 +147,7 @@ func TestResourceTakesBackAnOrphanedSpec(t *testing.T) {
 	spec := cdi.NewWriter(cdiDir, "ns/plugin", 100).Spec(res)
 	src := &fakeSource{first: first, in: make(chan *device.Snapshot)}
 	r := &Resource{Source: src, Spec: spec, Plugin: p, Log: testLog(t), YieldRecheck: 20 * time.Millisecond}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- r.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Error(err)
-		}
-	})
-	reg, err := k.WaitRegistration(5 * time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, updates := watch(t, dir, reg.Request.Endpoint)
-	wait := func(what string, cond func(kubeletsim.Update) bool) {
-		t.Helper()
-		if _, err := kubeletsim.WaitFor(updates, 5*time.Second, cond); err != nil {
-			t.Fatalf("%s: %v", what, err)
-		}
-	}
+	wait := runResource(t, dir, k, r)
 	wait("ours", func(u kubeletsim.Update) bool { return u.Healthy() == 2 })
 	owner := func() string {
 		t.Helper()
@@ -217,5 +179,32 @@ func TestResourceTakesBackAnOrphanedSpec(t *testing.T) {
 	wait("taken back", func(u kubeletsim.Update) bool { return u.Healthy() == 2 })
 	if got := owner(); got != p.SocketPath() {
 		t.Fatalf("spec after taking it back names socket %q, want ours %q", got, p.SocketPath())
+	}
+}
+
+// runResource runs r until the test ends (checking that Run returned
+// cleanly), waits for its registration with the kubelet stand-in k and
+// returns a wait for a condition on its ListAndWatch stream.
+func runResource(t *testing.T, dir string, k *kubeletsim.Kubelet, r *Resource) func(what string, cond func(kubeletsim.Update) bool) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	})
+	reg, err := k.WaitRegistration(5 * time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, updates := watch(t, dir, reg.Request.Endpoint)
+	return func(what string, cond func(kubeletsim.Update) bool) {
+		t.Helper()
+		if _, err := kubeletsim.WaitFor(updates, 5*time.Second, cond); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
 	}
 }
