@@ -4,9 +4,8 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
-
-	"github.com/sirupsen/logrus"
 )
 
 // Version is the version of the configuration file format this plugin
@@ -103,6 +102,42 @@ const (
 	LogJSON LogFormat = "json"
 )
 
+// Level is a log level, LogLevel parsed. It is config's own type, so that
+// callers need not share the logging library; cmd maps it onto logrus.
+type Level string
+
+// Log levels, from the most to the least verbose. Their values are the
+// canonical spellings; LogLevel may also spell them in any case, and Warn
+// as warning.
+const (
+	LevelTrace Level = "trace"
+	LevelDebug Level = "debug"
+	LevelInfo  Level = "info"
+	LevelWarn  Level = "warn"
+	LevelError Level = "error"
+	LevelFatal Level = "fatal"
+	LevelPanic Level = "panic"
+)
+
+var levels = []Level{LevelTrace, LevelDebug, LevelInfo, LevelWarn, LevelError, LevelFatal, LevelPanic}
+
+// String returns the canonical spelling of l.
+func (l Level) String() string { return string(l) }
+
+// parseLevel reads a LogLevel in any case, warning standing for warn: the
+// spellings logrus.ParseLevel accepts.
+func parseLevel(s string) (Level, bool) {
+	if strings.EqualFold(s, "warning") {
+		return LevelWarn, true
+	}
+	for _, l := range levels {
+		if strings.EqualFold(s, string(l)) {
+			return l, true
+		}
+	}
+	return "", false
+}
+
 // Defaults.
 const (
 	DefaultPluginName                    = "simple-device-plugin"
@@ -159,7 +194,7 @@ type Config struct {
 	Resources          []Resource `json:"resources,omitempty"`
 
 	// Level is LogLevel parsed.
-	Level logrus.Level `json:"-"`
+	Level Level `json:"-"`
 	// ConfigFile is the file the configuration was read from, if any.
 	ConfigFile string `json:"-"`
 	// Namespace is the namespace of the plugin's pod (POD_NAMESPACE, from
