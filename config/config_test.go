@@ -10,8 +10,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/sirupsen/logrus"
 )
 
 func envOf(m map[string]string) Env {
@@ -36,7 +34,7 @@ func TestDefaultsFromSimpleEnv(t *testing.T) {
 		cfg.CDIDir != DefaultCDIDir || cfg.DevRoot != DefaultDevRoot || cfg.StateDir != DefaultStateDir {
 		t.Fatalf("defaults: %+v", cfg)
 	}
-	if !reflect.DeepEqual(cfg.DeviceListStrategy, Strategies{StrategyCDICRI}) || cfg.Level != logrus.InfoLevel || cfg.Version != Version {
+	if !reflect.DeepEqual(cfg.DeviceListStrategy, Strategies{StrategyCDICRI}) || cfg.Level != LevelInfo || cfg.Version != Version {
 		t.Fatalf("strategy %v", cfg.DeviceListStrategy)
 	}
 	if len(cfg.Resources) != 1 {

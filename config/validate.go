@@ -11,7 +11,6 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/sirupsen/logrus"
 	"tags.cncf.io/container-device-interface/pkg/parser"
 )
 
@@ -103,8 +102,8 @@ func (c *Config) defaultAndValidate() error {
 			return fieldErr("metrics-address", c.MetricsAddress, "must be host:port, like :9400 or 127.0.0.1:9400")
 		}
 	}
-	lvl, err := logrus.ParseLevel(c.LogLevel)
-	if err != nil {
+	lvl, ok := parseLevel(c.LogLevel)
+	if !ok {
 		return fieldErr("log-level", c.LogLevel, "must be one of trace, debug, info, warn, error")
 	}
 	c.Level = lvl

@@ -57,7 +57,7 @@ func run(ctx context.Context, args []string, env config.Env, stderr io.Writer) i
 	}
 	logger := logrus.New()
 	logger.SetOutput(stderr)
-	logger.SetLevel(cfg.Level)
+	logger.SetLevel(logLevel(cfg.Level))
 	logger.SetFormatter(formatter(cfg.LogFormat))
 	log := logrus.NewEntry(logger).WithField("plugin", cfg.PluginName)
 	// A reload reads the same flags and environment, and the file again.
@@ -78,6 +78,26 @@ func formatter(f config.LogFormat) logrus.Formatter {
 		return &logrus.JSONFormatter{TimestampFormat: time.RFC3339Nano}
 	}
 	return &logrus.TextFormatter{FullTimestamp: true, TimestampFormat: time.RFC3339Nano}
+}
+
+// logLevel maps config's level onto logrus's; Load accepts no other.
+func logLevel(l config.Level) logrus.Level {
+	switch l {
+	case config.LevelTrace:
+		return logrus.TraceLevel
+	case config.LevelDebug:
+		return logrus.DebugLevel
+	case config.LevelWarn:
+		return logrus.WarnLevel
+	case config.LevelError:
+		return logrus.ErrorLevel
+	case config.LevelFatal:
+		return logrus.FatalLevel
+	case config.LevelPanic:
+		return logrus.PanicLevel
+	default:
+		return logrus.InfoLevel
+	}
 }
 
 // serve builds every resource first (the constructors check what the

@@ -178,7 +178,7 @@ func (s *supervisor) apply(ctx context.Context, next *config.Config) (change, er
 	if err != nil {
 		s.log.WithError(err).Warn("removing stale CDI specs")
 	}
-	s.logger.SetLevel(next.Level)
+	s.logger.SetLevel(logLevel(next.Level))
 	s.logger.SetFormatter(formatter(next.LogFormat))
 	s.cfg = next
 	s.publish()
