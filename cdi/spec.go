@@ -423,10 +423,6 @@ func served(sock string) bool {
 // renamed, its mode changed, or the directory itself removed. It returns
 // when ctx is done.
 func (s *Spec) Watch(ctx context.Context, changed chan<- struct{}) error {
-	w, err := inotify.New(inotify.EntryChanges | unix.IN_CLOSE_WRITE)
-	if err != nil {
-		return err
-	}
 	signal := func() {
 		select {
 		case changed <- struct{}{}:
@@ -435,48 +431,29 @@ func (s *Spec) Watch(ctx context.Context, changed chan<- struct{}) error {
 	}
 	name := filepath.Base(s.path)
 	if err := makeDir(s.w.dir); err != nil { // none yet: no spec was written
-		_ = w.Close()
 		return fmt.Errorf("CDI dir: %w", err)
 	}
-	if err := w.Add(s.w.dir); err != nil {
-		_ = w.Close()
+	w, err := inotify.Watch(ctx, inotify.EntryChanges|unix.IN_CLOSE_WRITE, s.w.dir)
+	if err != nil {
 		return err
 	}
+	defer w.Close()
 	// The file may have changed between our first write and now, with no
 	// watch to tell: look once.
 	signal()
-	evs := make(chan []inotify.Event)
-	errc := make(chan error, 1)
-	readerDone := make(chan struct{})
-	go func() {
-		defer close(readerDone)
-		buf := make([]byte, 64*1024)
-		for {
-			es, err := w.Read(buf)
-			if err != nil {
-				errc <- err
-				return
-			}
-			select {
-			case evs <- es:
-			case <-ctx.Done():
-			}
-		}
-	}()
-	defer func() {
-		_ = w.Close() // makes the reader's Read fail: it returns
-		<-readerDone
-	}()
 	retry := time.NewTimer(0)
 	retry.Stop()
+	defer retry.Stop()
 	backoff := 10 * time.Millisecond
 	for {
 		select {
-		case <-ctx.Done():
-			return nil
-		case err := <-errc:
-			return fmt.Errorf("watching %s: %w", s.w.dir, err)
-		case es := <-evs:
+		case es, ok := <-w.Events():
+			if !ok {
+				if err := w.Err(); err != nil {
+					return fmt.Errorf("watching %s: %w", s.w.dir, err)
+				}
+				return nil
+			}
 			for _, e := range es {
 				if e.Name == name || e.Name == "" {
 					signal()

@@ -1,6 +1,6 @@
 // Package device discovers the devices of one resource: it creates the
 // simulated device nodes, finds host device nodes, and turns both into
-// immutable snapshots whose health follows the nodes on disk (fsnotify).
+// immutable snapshots whose health follows the nodes on disk (inotify, internal/inotify).
 package device
 
 import (

@@ -369,10 +369,11 @@ func (s *Source) watchDirs() []string {
 // or their health change, until ctx is done. Only the latest snapshot
 // matters, so a consumer that falls behind gets the newest one.
 func (s *Source) Run(ctx context.Context, out chan *Snapshot) error {
-	w, err := inotify.New(inotify.EntryChanges)
+	w, err := inotify.Watch(ctx, inotify.EntryChanges)
 	if err != nil {
 		return err
 	}
+	defer w.Close()
 	addWatches := func() {
 		for _, d := range s.watchDirs() {
 			if w.Watching(d) {
@@ -386,68 +387,39 @@ func (s *Source) Run(ctx context.Context, out chan *Snapshot) error {
 	addWatches()
 	if s.Snapshot() == nil {
 		if _, err := s.Prepare(); err != nil {
-			_ = w.Close()
 			return err
 		}
 	}
 	// A change between Prepare and the watch being in place is caught here.
 	s.publish(out)
-
-	// The reader ends when the watcher is closed; it is joined before Run
-	// returns. It queues the events it reads (all of them, or "too many:
-	// rescan everything") and signals on events.
-	events := make(chan error, 1)
-	var (
-		evMu    sync.Mutex
-		pending []inotify.Event
-		flood   bool
-	)
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		buf := make([]byte, 64*1024)
-		for {
-			evs, err := w.Read(buf)
-			if err != nil {
-				select {
-				case events <- err:
-				case <-ctx.Done(): // Run is gone; the close caused this
-				}
-				return
-			}
-			evMu.Lock()
-			if pending = append(pending, evs...); len(pending) > maxPendingEvents {
-				pending, flood = nil, true
-			}
-			evMu.Unlock()
-			select {
-			case events <- nil:
-			default: // a rescan is already pending
-			}
-		}
-	}()
-	defer func() {
-		_ = w.Close()
-		wg.Wait()
-	}()
 	for {
 		select {
-		case <-ctx.Done():
-			return nil
 		case <-s.poke:
 			s.publish(out)
-		case err := <-events:
-			if err != nil {
-				if ctx.Err() != nil {
-					return nil
+		case evs, ok := <-w.Events():
+			if !ok {
+				if err := w.Err(); err != nil {
+					return fmt.Errorf("watching devices: %w", err)
 				}
-				return fmt.Errorf("watching devices: %w", err)
+				return nil
 			}
-			evMu.Lock()
-			evs, full := pending, flood
-			pending, flood = nil, false
-			evMu.Unlock()
+			// Take what else has been read, so a burst is published once;
+			// past maxPendingEvents every device is rescanned.
+			full := false
+		drain:
+			for {
+				select {
+				case more, ok := <-w.Events():
+					if !ok {
+						break drain
+					}
+					if evs = append(evs, more...); len(evs) > maxPendingEvents {
+						evs, full = nil, true
+					}
+				default:
+					break drain
+				}
+			}
 			addWatches()
 			s.publishEvents(out, evs, full)
 		}

@@ -93,7 +93,7 @@ func TestBootBeforeTheKubelet(t *testing.T) {
 	}
 	took := time.Since(start)
 	t.Logf("registered %v after kubelet.sock appeared", took.Round(time.Microsecond))
-	// fsnotify, not a retry timer: well under the kubelet's own start-up.
+	// inotify, not a retry timer: well under the kubelet's own start-up.
 	if took > time.Second {
 		t.Errorf("registered %v after kubelet.sock appeared", took)
 	}

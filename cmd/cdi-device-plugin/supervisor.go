@@ -297,42 +297,24 @@ func (s *supervisor) reload(ctx context.Context, load func() (*config.Config, er
 // ConfigMap changes by swapping a symlink, and waits for 200 ms of quiet
 // so that a change is seen whole.
 func watchConfig(ctx context.Context, path string, reloads chan<- struct{}) error {
-	w, err := inotify.New(inotify.EntryChanges | unix.IN_CLOSE_WRITE)
-	if err != nil {
-		return err
-	}
 	dir := filepath.Dir(path)
-	if err := w.Add(dir); err != nil {
-		_ = w.Close()
+	w, err := inotify.Watch(ctx, inotify.EntryChanges|unix.IN_CLOSE_WRITE, dir)
+	if err != nil {
 		return fmt.Errorf("watch %s: %w", dir, err)
 	}
-	events := make(chan struct{}, 1)
-	readerDone := make(chan struct{})
-	go func() {
-		defer close(readerDone)
-		buf := make([]byte, 64*1024)
-		for {
-			if _, err := w.Read(buf); err != nil {
-				return // closed
-			}
-			select {
-			case events <- struct{}{}:
-			default:
-			}
-		}
-	}()
-	defer func() {
-		_ = w.Close()
-		<-readerDone
-	}()
+	defer w.Close()
 	quiet := time.NewTimer(0)
 	quiet.Stop()
 	defer quiet.Stop()
 	for {
 		select {
-		case <-ctx.Done():
-			return nil
-		case <-events:
+		case _, ok := <-w.Events():
+			if !ok {
+				if err := w.Err(); err != nil {
+					return fmt.Errorf("watching %s: %w", dir, err)
+				}
+				return nil
+			}
 			quiet.Reset(200 * time.Millisecond)
 		case <-quiet.C:
 			select {

@@ -1,9 +1,13 @@
-// Package inotify is a minimal inotify watcher of directories. Reads go
-// through the runtime poller, so Close unblocks a pending Read.
+// Package inotify is the one directory watcher of the binary: a minimal
+// inotify watcher (reads go through the runtime poller, so Close unblocks a
+// pending Read) and Stream, its one reader goroutine, which every part that
+// watches directories (the device nodes, the CDI spec, the configuration
+// file, the kubelet's plugin directory) uses.
 package inotify
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"os"
 	"sync"
@@ -106,3 +110,92 @@ func (w *Watcher) Read(buf []byte) ([]Event, error) {
 
 // Close stops watching; a pending Read returns an error.
 func (w *Watcher) Close() error { return w.f.Close() }
+
+// Stream is a Watcher read by one goroutine: the events of each read
+// arrive on Events, in order. The kernel queues what the receiver has not
+// taken yet (merging repeats; past its limit, one IN_Q_OVERFLOW event).
+type Stream struct {
+	w         *Watcher
+	events    chan []Event
+	done      chan struct{}
+	closed    chan struct{}
+	closeOnce sync.Once
+	stopAfter func() bool
+	err       error
+}
+
+// Watch watches dirs for mask and starts the one reader. The stream ends
+// when ctx is done, on Close, or when reading fails: Events is then
+// closed and Err says why (nil after ctx or Close). Whoever called Watch
+// calls Close, which waits for the reader, before returning.
+func Watch(ctx context.Context, mask uint32, dirs ...string) (*Stream, error) {
+	w, err := New(mask)
+	if err != nil {
+		return nil, err
+	}
+	for _, d := range dirs {
+		if err := w.Add(d); err != nil {
+			_ = w.Close()
+			return nil, err
+		}
+	}
+	s := &Stream{w: w, events: make(chan []Event), done: make(chan struct{}), closed: make(chan struct{})}
+	s.stopAfter = context.AfterFunc(ctx, s.closeWatcher)
+	go s.read()
+	return s, nil
+}
+
+func (s *Stream) read() {
+	defer close(s.done)
+	defer close(s.events)
+	buf := make([]byte, 64*1024)
+	for {
+		evs, err := s.w.Read(buf)
+		if err != nil {
+			select {
+			case <-s.closed: // our own close made the read fail
+			default:
+				s.err = err
+			}
+			return
+		}
+		select {
+		case s.events <- evs:
+		case <-s.closed:
+			return
+		}
+	}
+}
+
+// closeWatcher closes the watcher once; a pending Read returns.
+func (s *Stream) closeWatcher() {
+	s.closeOnce.Do(func() {
+		close(s.closed)
+		_ = s.w.Close()
+	})
+}
+
+// Events delivers the events of each read; it is closed when the stream
+// ends.
+func (s *Stream) Events() <-chan []Event { return s.events }
+
+// Add watches dir too; watching a directory twice is a no-op.
+func (s *Stream) Add(dir string) error { return s.w.Add(dir) }
+
+// Watching reports whether dir is watched (the kernel drops the watch of a
+// removed directory).
+func (s *Stream) Watching(dir string) bool { return s.w.Watching(dir) }
+
+// Err is why the stream ended, nil when it was closed or its context done.
+// It waits for the end.
+func (s *Stream) Err() error {
+	<-s.done
+	return s.err
+}
+
+// Close stops watching and waits for the reader.
+func (s *Stream) Close() {
+	s.stopAfter()
+	s.closeWatcher()
+	<-s.done
+}

@@ -13,12 +13,13 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/fsnotify/fsnotify"
 	"github.com/sirupsen/logrus"
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+
+	"github.com/cdi-device-plugin/cdi-device-plugin/internal/inotify"
 )
 
 // KubeletSocket is the kubelet's registration socket name in the plugin dir.
@@ -32,137 +33,183 @@ func (p *Plugin) SocketPath() string { return filepath.Join(p.opts.Dir, p.opts.S
 
 // Run serves the plugin and keeps it registered until ctx is done:
 // serve → register → watch. When the kubelet restarts it wipes the plugin
-// directory and creates kubelet.sock again; both are seen through fsnotify
-// and answered at once (a new socket if ours is gone, then Register).
-// Registration runs beside the loop, so a kubelet that accepts the
-// connection but hangs never keeps the loop from answering events. While
-// registered, nothing wakes the loop but events. On return the socket is
-// removed.
+// directory and creates kubelet.sock again; both are seen through the
+// directory's inotify stream and answered at once (a new socket if ours is
+// gone, then Register). Registration runs beside the loop, so a kubelet
+// that accepts the connection but hangs never keeps the loop from
+// answering events. While registered, nothing wakes the loop but events.
+// On return the socket is removed.
 func (p *Plugin) Run(ctx context.Context) error {
-	w, err := fsnotify.NewWatcher()
-	if err != nil {
-		return fmt.Errorf("fsnotify: %w", err)
-	}
-	defer w.Close()
 	// Watch before serving, so no kubelet.sock event between the first
 	// registration attempt and the watch is lost.
-	if err := w.Add(p.opts.Dir); err != nil {
+	w, err := inotify.Watch(ctx, inotify.EntryChanges, p.opts.Dir)
+	if err != nil {
 		return fmt.Errorf("watch %s: %w", p.opts.Dir, err)
 	}
-	sock := p.SocketPath()
-	kubeletSock := filepath.Join(p.opts.Dir, KubeletSocket)
-	var (
-		kubeletIno fileID // the kubelet.sock we are registered with
-		failures   int    // failed attempts since the last registration
-	)
+	defer w.Close()
+	r := &runner{p: p, ctx: ctx, sock: p.SocketPath(), kubeletSock: filepath.Join(p.opts.Dir, KubeletSocket), retry: time.NewTimer(0)}
+	r.retry.Stop()
+	defer r.retry.Stop()
 	for {
-		srv, err := p.serve()
-		if err != nil {
+		if err := r.serve(); err != nil {
 			return err
 		}
-		ourIno := inode(sock)
-		reg := &registrar{p: p, sock: kubeletSock}
-		reg.start(ctx)
-		registered := false
-		retry := time.NewTimer(0)
-		retry.Stop()
-		restart := false
-		for !restart {
-			select {
-			case <-ctx.Done():
-				retry.Stop()
-				reg.stop()
-				srv.stop(p.log)
-				p.registered.Store(false)
-				return nil
-			case reply := <-p.pings:
-				close(reply)
-			case err := <-srv.errc:
-				p.log.WithError(err).Warn("gRPC server stopped; serving again")
-				restart = true
-			case err := <-reg.done():
-				ino := reg.finish()
-				p.opts.Metrics.Registered(p.opts.ResourceName, err)
-				p.registered.Store(err == nil)
-				if err == nil {
-					if !kubeletIno.none() && ino != kubeletIno {
-						// Registered with another kubelet than before.
-						p.opts.Metrics.KubeletRestart(p.opts.ResourceName)
-					}
-					registered, kubeletIno = true, ino
-					if failures > 0 {
-						p.log.WithField("attempts", failures+1).Info("registered after failed attempts")
-					}
-					failures = 0
-					break
+		restart, err := r.loop(w)
+		r.stop()
+		if !restart {
+			return err
+		}
+	}
+}
+
+// runner is Run's state, owned by its goroutine: one incarnation of the
+// server at a time, the registration attempt beside it, and the kubelet
+// we are registered with. Each event has its method.
+type runner struct {
+	p                 *Plugin
+	ctx               context.Context
+	sock, kubeletSock string
+
+	srv        *server
+	ourIno     fileID // our socket as this incarnation created it
+	reg        *registrar
+	registered bool
+	kubeletIno fileID // the kubelet.sock we are registered with
+	failures   int    // failed attempts since the last registration
+	retry      *time.Timer
+}
+
+// serve starts an incarnation of the server and registers it.
+func (r *runner) serve() error {
+	srv, err := r.p.serve()
+	if err != nil {
+		return err
+	}
+	r.srv, r.ourIno = srv, inode(r.sock)
+	r.reg = &registrar{p: r.p, sock: r.kubeletSock}
+	r.registered = false
+	r.reg.start(r.ctx)
+	return nil
+}
+
+// stop ends the incarnation: the attempt, the server, its socket.
+func (r *runner) stop() {
+	r.retry.Stop()
+	r.reg.stop()
+	r.srv.stop(r.p.log)
+	r.p.registered.Store(false)
+}
+
+// loop dispatches events until ctx is done (false, nil), the incarnation
+// must be replaced (true) or the watch fails (false, its error).
+func (r *runner) loop(w *inotify.Stream) (restart bool, err error) {
+	for {
+		select {
+		case <-r.ctx.Done():
+			return false, nil
+		case reply := <-r.p.pings:
+			close(reply)
+		case err := <-r.srv.errc:
+			r.p.log.WithError(err).Warn("gRPC server stopped; serving again")
+			return true, nil
+		case err := <-r.reg.done():
+			r.registrationDone(err)
+		case evs, ok := <-w.Events():
+			if !ok {
+				if err := w.Err(); err != nil {
+					return false, fmt.Errorf("watching %s: %w", r.p.opts.Dir, err)
 				}
-				l := p.log.WithError(err)
-				if failures == 0 {
-					l.Warn("registration failed; retrying when kubelet.sock appears")
-				} else {
-					l.Debug("registration failed again")
-				}
-				failures++
-				// The kubelet.sock the attempt dialed refused us: try
-				// again later. None now: its creation is the signal.
-				// Another one (created after the attempt looked; its
-				// creation event was taken for the attempt): at once.
-				switch now := inode(kubeletSock); {
-				case now.none():
-				case now != ino:
-					reg.start(ctx)
-				default:
-					retry.Reset(p.opts.RetryInterval)
-				}
-			case ev, ok := <-w.Events:
-				if !ok {
-					reg.stop()
-					srv.stop(p.log)
-					return errors.New("fsnotify watcher closed")
-				}
-				// Events can be stale by the time they are read: act on
-				// what is on disk now, so one kubelet restart gives one
-				// new socket and one registration.
-				switch {
-				case ev.Name == sock && ev.Has(fsnotify.Remove|fsnotify.Rename):
-					if inode(sock) != ourIno || ourIno.none() {
-						p.log.Info("our socket was removed (kubelet restart?); serving again")
-						restart = true
-					}
-				case ev.Name == kubeletSock && ev.Has(fsnotify.Create):
-					// An attempt that has not dialed yet dials this one
-					// (or fails for want of it, and is started again
-					// when it reports); one that dialed another kubelet
-					// cannot reach this one and is replaced.
-					ino := inode(kubeletSock)
-					if ino.none() || reg.targets(ino) || reg.targets(fileID{}) || (registered && ino == kubeletIno) {
-						break
-					}
-					p.log.Info("kubelet.sock created; registering again")
-					registered = false
-					p.registered.Store(false)
-					retry.Stop()
-					reg.start(ctx)
-				}
-			case err := <-w.Errors:
-				// An overflow may have hidden events: look at the disk.
-				p.log.WithError(err).Warn("fsnotify error; checking the sockets")
-				if _, err := os.Lstat(sock); err != nil {
-					restart = true
-				} else if ino := inode(kubeletSock); !ino.none() && !reg.targets(ino) && (!registered || ino != kubeletIno) {
-					reg.start(ctx)
-				}
-			case <-retry.C:
-				if !registered && !reg.running() {
-					reg.start(ctx)
-				}
+				return false, nil
+			}
+			if r.dirChanged(evs) {
+				return true, nil
+			}
+		case <-r.retry.C:
+			if !r.registered && !r.reg.running() {
+				r.reg.start(r.ctx)
 			}
 		}
-		retry.Stop()
-		reg.stop()
-		srv.stop(p.log)
-		p.registered.Store(false)
 	}
+}
+
+// registrationDone takes the result of a registration attempt.
+func (r *runner) registrationDone(err error) {
+	ino := r.reg.finish()
+	p := r.p
+	p.opts.Metrics.Registered(p.opts.ResourceName, err)
+	p.registered.Store(err == nil)
+	if err == nil {
+		if !r.kubeletIno.none() && ino != r.kubeletIno {
+			// Registered with another kubelet than before.
+			p.opts.Metrics.KubeletRestart(p.opts.ResourceName)
+		}
+		r.registered, r.kubeletIno = true, ino
+		if r.failures > 0 {
+			p.log.WithField("attempts", r.failures+1).Info("registered after failed attempts")
+		}
+		r.failures = 0
+		return
+	}
+	l := p.log.WithError(err)
+	if r.failures == 0 {
+		l.Warn("registration failed; retrying when kubelet.sock appears")
+	} else {
+		l.Debug("registration failed again")
+	}
+	r.failures++
+	// The kubelet.sock the attempt dialed refused us: try again later.
+	// None now: its creation is the signal. Another one (created after the
+	// attempt looked; its creation event was taken for the attempt): at
+	// once.
+	switch now := inode(r.kubeletSock); {
+	case now.none():
+	case now != ino:
+		r.reg.start(r.ctx)
+	default:
+		r.retry.Reset(p.opts.RetryInterval)
+	}
+}
+
+// dirChanged takes a batch of the plugin directory's events and reports
+// whether our socket is gone. Events can be stale by the time they are
+// read: it acts on what is on disk now, so one kubelet restart gives one
+// new socket and one registration.
+func (r *runner) dirChanged(evs []inotify.Event) (restart bool) {
+	for _, ev := range evs {
+		switch {
+		case ev.Mask&unix.IN_Q_OVERFLOW != 0:
+			// Events were lost: look at the disk.
+			r.p.log.Warn("inotify queue overflow; checking the sockets")
+			if _, err := os.Lstat(r.sock); err != nil {
+				return true
+			}
+			r.kubeletSockAppeared()
+		case ev.Name == r.p.opts.SocketName && ev.Mask&(unix.IN_DELETE|unix.IN_MOVED_FROM) != 0:
+			if inode(r.sock) != r.ourIno || r.ourIno.none() {
+				r.p.log.Info("our socket was removed (kubelet restart?); serving again")
+				return true
+			}
+		case ev.Name == KubeletSocket && ev.Mask&(unix.IN_CREATE|unix.IN_MOVED_TO) != 0:
+			r.kubeletSockAppeared()
+		}
+	}
+	return false
+}
+
+// kubeletSockAppeared registers with the kubelet.sock on disk unless an
+// attempt under way dials it (or has not dialed yet: it will), or we are
+// registered with it. One that dialed another kubelet cannot reach this
+// one and is replaced.
+func (r *runner) kubeletSockAppeared() {
+	ino := inode(r.kubeletSock)
+	if ino.none() || r.reg.targets(ino) || r.reg.targets(fileID{}) || (r.registered && ino == r.kubeletIno) {
+		return
+	}
+	r.p.log.Info("kubelet.sock created; registering again")
+	r.registered = false
+	r.p.registered.Store(false)
+	r.retry.Stop()
+	r.reg.start(r.ctx)
 }
 
 // registrar runs one registration attempt at a time, beside Run's loop
@@ -318,34 +365,6 @@ func (p *Plugin) removeDeadSockets() {
 			p.log.WithField("socket", name).Info("removed the socket of a plugin run that was killed")
 		}
 	}
-}
-
-// handler serves the device plugin API for one incarnation of the server:
-// its ListAndWatch streams end when that incarnation stops.
-type handler struct {
-	pluginapi.UnimplementedDevicePluginServer
-	p    *Plugin
-	stop <-chan struct{}
-}
-
-func (h *handler) GetDevicePluginOptions(ctx context.Context, e *pluginapi.Empty) (*pluginapi.DevicePluginOptions, error) {
-	return h.p.GetDevicePluginOptions(ctx, e)
-}
-
-func (h *handler) ListAndWatch(_ *pluginapi.Empty, st pluginapi.DevicePlugin_ListAndWatchServer) error {
-	return h.p.listAndWatch(st, h.stop)
-}
-
-func (h *handler) Allocate(ctx context.Context, r *pluginapi.AllocateRequest) (*pluginapi.AllocateResponse, error) {
-	return h.p.Allocate(ctx, r)
-}
-
-func (h *handler) GetPreferredAllocation(ctx context.Context, r *pluginapi.PreferredAllocationRequest) (*pluginapi.PreferredAllocationResponse, error) {
-	return h.p.GetPreferredAllocation(ctx, r)
-}
-
-func (h *handler) PreStartContainer(ctx context.Context, r *pluginapi.PreStartContainerRequest) (*pluginapi.PreStartContainerResponse, error) {
-	return h.p.PreStartContainer(ctx, r)
 }
 
 // registerSoon registers, retrying quickly for about a second: a
