@@ -25,7 +25,7 @@ ARG VERSION=dev
 ARG TARGETOS
 ARG TARGETARCH
 RUN CGO_ENABLED=0 GOOS="${TARGETOS:-linux}" GOARCH="${TARGETARCH}" \
-    go build -trimpath -ldflags "-s -w -X main.version=${VERSION}" \
+    go build -trimpath -tags grpcnotrace -ldflags "-s -w -X main.version=${VERSION}" \
       -o /out/cdi-device-plugin ./cmd/cdi-device-plugin
 
 # The root variant of distroless/static on purpose (not :nonroot): mknod in /dev

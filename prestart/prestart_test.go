@@ -231,7 +231,7 @@ func TestBuiltinImage(t *testing.T) {
 		t.Fatal(err)
 	}
 	s := state(t, r, "sim-0")
-	want := sha256.Sum256(builtinImage)
+	want := sha256.Sum256(builtinImage())
 	if s.Firmware == nil || s.Firmware.Name != BuiltinImageName || s.Firmware.SHA256 != hex.EncodeToString(want[:]) {
 		t.Fatalf("%+v", s.Firmware)
 	}

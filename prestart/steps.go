@@ -124,10 +124,12 @@ func (r *Reprogram) Timeout() time.Duration { return r.Limit }
 // BuiltinImageName names the image used when none is configured.
 const BuiltinImageName = "builtin-sim-firmware-v1"
 
-var builtinImage = func() []byte {
+// builtinImage is made on first use, not at package init: a plugin that
+// never reprograms with it does not pay for it.
+var builtinImage = sync.OnceValue(func() []byte {
 	line := []byte("cdi-device-plugin simulated firmware image v1\n")
 	return bytes.Repeat(line, 64*1024/len(line))
-}()
+})
 
 func (r *Reprogram) imageName() string {
 	if r.Image == "" {
@@ -140,7 +142,7 @@ func (r *Reprogram) imageName() string {
 // since the last call (same inode, size, mtime and ctime).
 func (r *Reprogram) digest() (string, error) {
 	if r.Image == "" {
-		sum := sha256.Sum256(builtinImage)
+		sum := sha256.Sum256(builtinImage())
 		return hex.EncodeToString(sum[:]), nil
 	}
 	var st syscall.Stat_t
@@ -186,7 +188,7 @@ func (r *Reprogram) Run(ctx context.Context, t *Target) error {
 			return nil
 		}
 	}
-	var src io.Reader = bytes.NewReader(builtinImage)
+	var src io.Reader = bytes.NewReader(builtinImage())
 	if r.Image != "" {
 		f, err := os.Open(r.Image)
 		if err != nil {
