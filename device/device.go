@@ -39,10 +39,12 @@ type Device struct {
 	Major, Minor  uint32
 	// NUMANode is the device's NUMA node, or NoNUMA.
 	NUMANode int
-	// Healthy is true when the node exists and is what it should be.
+	// Healthy is true when the node exists and is what it should be, and
+	// nothing else (a failed preparation, the spec) holds it back: when
+	// Problem is none. Set both with SetProblem.
 	Healthy bool
-	// Reason says why the device is unhealthy.
-	Reason string
+	// Problem says why the device is unhealthy.
+	Problem Problem
 }
 
 // Snapshot is an immutable view of a resource's devices.
@@ -92,7 +94,7 @@ func SameDevices(a, b *Snapshot) bool {
 // SameDevice reports whether a and b describe the same device (name,
 // index, paths, node, NUMA), ignoring health.
 func SameDevice(a, b Device) bool {
-	a.Healthy, a.Reason, b.Healthy, b.Reason = false, "", false, ""
+	a.Healthy, a.Problem, b.Healthy, b.Problem = false, Problem{}, false, Problem{}
 	return a == b
 }
 
@@ -105,7 +107,7 @@ func Equal(a, b *Snapshot) bool {
 		return false
 	}
 	for i := range a.Devices {
-		if a.Devices[i].Healthy != b.Devices[i].Healthy || a.Devices[i].Reason != b.Devices[i].Reason {
+		if a.Devices[i].Healthy != b.Devices[i].Healthy || a.Devices[i].Problem != b.Devices[i].Problem {
 			return false
 		}
 	}

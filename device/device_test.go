@@ -176,8 +176,8 @@ func TestHealthFollowsNodes(t *testing.T) {
 		t.Fatal(err)
 	}
 	wait(false, "wrong node") // still unhealthy; make sure the reason says why
-	if r := s.Snapshot().Devices[1].Reason; r == "" || r == "missing" {
-		t.Fatalf("reason %q", r)
+	if p := s.Snapshot().Devices[1].Problem; p.Cause != CauseWrongNode || p.String() != "wrong_node: is c 1:5, want c 1:3" {
+		t.Fatalf("problem %+v (%q), want a wrong node saying what it is", p, p)
 	}
 	_ = os.Remove(p)
 	if err := unix.Mknod(p, unix.S_IFCHR|0o666, int(unix.Mkdev(1, 3))); err != nil {
@@ -245,7 +245,7 @@ func TestHostDevices(t *testing.T) {
 
 func TestSameDevices(t *testing.T) {
 	a := &Snapshot{Devices: []Device{{Name: "a", Healthy: true}}}
-	b := &Snapshot{Devices: []Device{{Name: "a", Healthy: false, Reason: "missing"}}}
+	b := &Snapshot{Devices: []Device{{Name: "a", Healthy: false, Problem: Problem{Cause: CauseMissing}}}}
 	c := &Snapshot{Devices: []Device{{Name: "a", Minor: 4, Healthy: true}}}
 	if !SameDevices(a, b) || Equal(a, b) || SameDevices(a, c) || SameDevices(a, nil) {
 		t.Fatal("SameDevices/Equal disagree with their contract")

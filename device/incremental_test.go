@@ -29,9 +29,9 @@ func TestNodeEventsRescanOnlyTheirDevices(t *testing.T) {
 		cond func(*Snapshot) bool
 	}{
 		{"node 3 removed", func() error { return os.Remove(node("3")) },
-			func(s *Snapshot) bool { return !s.Devices[3].Healthy && s.Devices[3].Reason == "missing" }},
+			func(s *Snapshot) bool { return !s.Devices[3].Healthy && s.Devices[3].Problem.Cause == CauseMissing }},
 		{"node 3 back with other numbers", func() error { return unix.Mknod(node("3"), unix.S_IFCHR|0o666, int(unix.Mkdev(1, 5))) },
-			func(s *Snapshot) bool { return !s.Devices[3].Healthy && s.Devices[3].Reason != "missing" }},
+			func(s *Snapshot) bool { return !s.Devices[3].Healthy && s.Devices[3].Problem.Cause == CauseWrongNode }},
 		{"node 3 right again", func() error {
 			if err := os.Remove(node("3")); err != nil {
 				return err
@@ -68,11 +68,13 @@ func TestNodeEventsRescanOnlyTheirDevices(t *testing.T) {
 
 	// A fault (set while the node is missing) applies to the node when it
 	// comes back.
-	s.SetFault(s.Snapshot().Devices[10].Name, "prestart failed")
+	s.SetFault(s.Snapshot().Devices[10].Name, Problem{Cause: CausePrepareFailed, Message: "step reset failed"})
 	if err := unix.Mknod(node("10"), unix.S_IFCHR|0o666, int(unix.Mkdev(1, 3))); err != nil {
 		t.Fatal(err)
 	}
-	waitSnap(t, s, out, 2*time.Second, "node 10 back, faulted", func(s *Snapshot) bool { return s.Devices[10].Reason == "prestart failed" })
+	waitSnap(t, s, out, 2*time.Second, "node 10 back, faulted", func(s *Snapshot) bool {
+		return s.Devices[10].Problem == Problem{Cause: CausePrepareFailed, Message: "step reset failed"} && !s.Devices[10].Healthy
+	})
 	if cur, full := s.Snapshot(), s.scan(); !Equal(cur, full) {
 		t.Fatalf("faulted: published %+v\nfull rescan %+v", cur.Devices, full.Devices)
 	}

@@ -49,24 +49,24 @@ func inRoot(root, rel string) (string, error) {
 }
 
 // nodeStatus inspects the node at p without following symlinks and says why
-// it is not the wanted node ("" when it is).
-func nodeStatus(p string, t NodeType, major, minor uint32) string {
+// it is not the wanted node (none when it is).
+func nodeStatus(p string, t NodeType, major, minor uint32) Problem {
 	var st unix.Stat_t
 	if err := unix.Lstat(p, &st); err != nil {
 		if errors.Is(err, unix.ENOENT) {
-			return "missing"
+			return Problem{Cause: CauseMissing}
 		}
-		return err.Error()
+		return Problem{Cause: CauseNodeError, Message: err.Error()}
 	}
 	got, ok := nodeType(st.Mode)
 	if !ok {
-		return "not a device node"
+		return Problem{Cause: CauseWrongNode, Message: "not a device node"}
 	}
 	gotMajor, gotMinor := unix.Major(uint64(st.Rdev)), unix.Minor(uint64(st.Rdev))
 	if got != t || gotMajor != major || gotMinor != minor {
-		return fmt.Sprintf("is %s %d:%d, want %s %d:%d", got, gotMajor, gotMinor, t, major, minor)
+		return Problemf(CauseWrongNode, "is %s %d:%d, want %s %d:%d", got, gotMajor, gotMinor, t, major, minor)
 	}
-	return ""
+	return Problem{}
 }
 
 // EnsureNode makes root/rel a device node of type t and major:minor. A
@@ -79,7 +79,7 @@ func EnsureNode(root, rel string, t NodeType, major, minor uint32) (bool, error)
 		return false, err
 	}
 	status := nodeStatus(p, t, major, minor)
-	if status == "" {
+	if status.None() {
 		return false, nil
 	}
 	if err := mkdirInRoot(root, filepath.Dir(rel)); err != nil {
@@ -89,7 +89,7 @@ func EnsureNode(root, rel string, t NodeType, major, minor uint32) (bool, error)
 	if t == Block {
 		mode = unix.S_IFBLK
 	}
-	if status == "missing" {
+	if status.Cause == CauseMissing {
 		// Nothing to replace: create it in place (nobody uses it before
 		// the spec names it), then give it the mode we promise (mknod
 		// honours the umask).
@@ -102,7 +102,7 @@ func EnsureNode(root, rel string, t NodeType, major, minor uint32) (bool, error)
 			return true, nil
 		}
 		// Created by someone else meanwhile: check and replace it below.
-		if nodeStatus(p, t, major, minor) == "" {
+		if nodeStatus(p, t, major, minor).None() {
 			return false, nil
 		}
 	}

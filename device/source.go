@@ -72,7 +72,7 @@ type Source struct {
 	// nextIndex is the index the next new host device gets.
 	nextIndex int
 	// faults reported by others (a failed preparation), by device name.
-	faults map[string]string
+	faults map[string]Problem
 	// poke asks Run to publish after a fault changed.
 	poke chan struct{}
 	// fullScans counts the rescans of every device Run made (tests).
@@ -104,7 +104,7 @@ func NewSource(o Options) (*Source, error) {
 	if err := parser.ValidateDeviceName(longest); err != nil {
 		return nil, fmt.Errorf("device IDs like %q: %w: %w", longest, ErrDeviceName, err)
 	}
-	return &Source{opts: o, root: root, log: o.Log, known: map[string]Device{}, faults: map[string]string{}, poke: make(chan struct{}, 1)}, nil
+	return &Source{opts: o, root: root, log: o.Log, known: map[string]Device{}, faults: map[string]Problem{}, poke: make(chan struct{}, 1)}, nil
 }
 
 // Prepare creates the simulated nodes (idempotently), or loads the host
@@ -135,18 +135,18 @@ func (s *Source) Prepare() (*Snapshot, error) {
 	return s.Refresh(), nil
 }
 
-// SetFault marks a device unhealthy for reason, or healthy again (as far
-// as its node allows) when reason is "". Run publishes the change.
-func (s *Source) SetFault(name, reason string) {
+// SetFault marks a device unhealthy for p, or healthy again (as far as
+// its node allows) when p is none. Run publishes the change.
+func (s *Source) SetFault(name string, p Problem) {
 	s.mu.Lock()
-	if s.faults[name] == reason {
+	if s.faults[name] == p {
 		s.mu.Unlock()
 		return
 	}
-	if reason == "" {
+	if p.None() {
 		delete(s.faults, name)
 	} else {
-		s.faults[name] = reason
+		s.faults[name] = p
 	}
 	s.mu.Unlock()
 	select {
@@ -201,8 +201,8 @@ func (s *Source) scan() *Snapshot {
 // applyFault reports a device whose node is fine unhealthy when a fault is
 // set for it. The caller holds s.mu.
 func (s *Source) applyFault(d *Device) {
-	if f := s.faults[d.Name]; f != "" && d.Healthy {
-		d.Healthy, d.Reason = false, f
+	if f := s.faults[d.Name]; !f.None() && d.Healthy {
+		d.SetProblem(f)
 	}
 }
 
@@ -225,8 +225,7 @@ func (s *Source) scanNodes() *Snapshot {
 			if s.opts.NUMANodes > 0 {
 				d.NUMANode = i * s.opts.NUMANodes / s.opts.Count
 			}
-			d.Reason = nodeStatus(d.HostPath, d.Type, d.Major, d.Minor)
-			d.Healthy = d.Reason == ""
+			d.SetProblem(nodeStatus(d.HostPath, d.Type, d.Major, d.Minor))
 			snap.Devices[i] = d
 		}
 		return snap
@@ -276,9 +275,9 @@ func (s *Source) scanHost(snap *Snapshot) *Snapshot {
 	}
 	snap.Devices = make([]Device, 0, len(s.known))
 	for rel, d := range s.known {
-		d.Healthy, d.Reason = seen[rel], ""
-		if !d.Healthy {
-			d.Reason = "missing"
+		d.SetProblem(Problem{})
+		if !seen[rel] {
+			d.SetProblem(Problem{Cause: CauseMissing})
 		}
 		snap.Devices = append(snap.Devices, d)
 	}
@@ -481,7 +480,7 @@ func (s *Source) publishNodes(out chan *Snapshot, idx []int) {
 		s.publish(out)
 		return
 	}
-	status := make([]string, len(idx))
+	status := make([]Problem, len(idx))
 	for k, i := range idx {
 		d := prev.Devices[i]
 		status[k] = nodeStatus(d.HostPath, d.Type, d.Major, d.Minor)
@@ -495,10 +494,9 @@ func (s *Source) publishNodes(out chan *Snapshot, idx []int) {
 	var snap *Snapshot
 	for k, i := range idx {
 		d := prev.Devices[i]
-		d.Reason = status[k]
-		d.Healthy = d.Reason == ""
+		d.SetProblem(status[k])
 		s.applyFault(&d)
-		if d.Healthy == prev.Devices[i].Healthy && d.Reason == prev.Devices[i].Reason {
+		if d.Problem == prev.Devices[i].Problem {
 			continue
 		}
 		if snap == nil {
@@ -528,7 +526,7 @@ func (s *Source) logHealth(prev, snap *Snapshot, i int) {
 	if d.Healthy {
 		l.Info("device healthy")
 	} else {
-		l.WithField("reason", d.Reason).Warn("device unhealthy")
+		l.WithField("cause", d.Problem.Cause.String()).WithField("reason", d.Problem.String()).Warn("device unhealthy")
 	}
 }
 

@@ -5,7 +5,6 @@
 package metrics
 
 import (
-	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -171,35 +170,18 @@ func (m *Metrics) Devices(resource string, healthy, unhealthy int) {
 	m.devices.WithLabelValues(resource, "unhealthy").Set(float64(unhealthy))
 }
 
-// HealthTransition records a device that became healthy (reason "") or
-// unhealthy for reason.
-func (m *Metrics) HealthTransition(resource string, healthy bool, reason string) {
+// HealthTransition records a device that became healthy or unhealthy for
+// cause (device.Cause's label value: missing, wrong_node, node_error,
+// prestart, no_cdi_spec, yielded).
+func (m *Metrics) HealthTransition(resource string, healthy bool, cause string) {
 	if m == nil {
 		return
 	}
 	health := "unhealthy"
 	if healthy {
-		health, reason = "healthy", ""
-	} else {
-		reason = ReasonClass(reason)
+		health, cause = "healthy", ""
 	}
-	m.healthTransitions.WithLabelValues(resource, health, reason).Inc()
-}
-
-// ReasonClass turns why a device is unhealthy into a label value of a few
-// known values, so that error texts never become label values.
-func ReasonClass(reason string) string {
-	switch {
-	case reason == "missing":
-		return "missing"
-	case strings.HasPrefix(reason, "prestart:"):
-		return "prestart"
-	case strings.HasPrefix(reason, "not in the CDI spec"):
-		return "no_cdi_spec"
-	case strings.HasPrefix(reason, "is ") || reason == "not a device node":
-		return "wrong_node"
-	}
-	return "other"
+	m.healthTransitions.WithLabelValues(resource, health, cause).Inc()
 }
 
 // Reload records a configuration reload: "applied", "unchanged" or

@@ -275,7 +275,7 @@ func (p *Plugin) record(old, cur *device.Snapshot) {
 		// The same devices in the same order: no map needed.
 		for i, d := range cur.Devices {
 			if old.Devices[i].Healthy != d.Healthy {
-				m.HealthTransition(p.opts.ResourceName, d.Healthy, d.Reason)
+				m.HealthTransition(p.opts.ResourceName, d.Healthy, d.Problem.Cause.String())
 			}
 		}
 		return
@@ -286,7 +286,7 @@ func (p *Plugin) record(old, cur *device.Snapshot) {
 	}
 	for _, d := range cur.Devices {
 		if h, known := was[d.Name]; (known && h != d.Healthy) || (!known && !d.Healthy) {
-			m.HealthTransition(p.opts.ResourceName, d.Healthy, d.Reason)
+			m.HealthTransition(p.opts.ResourceName, d.Healthy, d.Problem.Cause.String())
 		}
 	}
 }

@@ -246,7 +246,7 @@ func TestListAndWatchSendsUpdates(t *testing.T) {
 		t.Fatalf("first list %+v %v", first, err)
 	}
 	s := snapshot(3, 0, 1)
-	s.Devices[2].Healthy, s.Devices[2].Reason = false, "missing"
+	s.Devices[2].SetProblem(device.Problem{Cause: device.CauseMissing})
 	if err := p.Update(s); err != nil {
 		t.Fatal(err)
 	}
@@ -368,7 +368,7 @@ func TestAllocateReplicasShareOneCDIDevice(t *testing.T) {
 
 func TestAllocateRejects(t *testing.T) {
 	s := snapshot(3, 0, 1)
-	s.Devices[1].Healthy, s.Devices[1].Reason = false, "missing"
+	s.Devices[1].SetProblem(device.Problem{Cause: device.CauseMissing})
 	p := newPlugin(t, shortDir(t), s, nil)
 	for _, c := range []struct {
 		name, bad string

@@ -2,7 +2,6 @@ package plugin
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -144,8 +143,9 @@ type follower struct {
 	// pending is the latest snapshot, written what the spec on disk
 	// describes (nil: nothing known), published what the plugin serves.
 	pending, written, published *device.Snapshot
-	// why pending is not written: the last write's error.
-	why error
+	// why pending is not written: the last write's error, or the spec
+	// yielded to another process.
+	why device.Problem
 	// yielded: a newer process owns the spec file; do not write it.
 	yielded bool
 	// orphanedSince: when the newer process was first found gone (zero:
@@ -227,7 +227,7 @@ func (f *follower) check() {
 		log.Error("another process owns our CDI spec now; its devices are reported unhealthy here")
 	}
 	f.yielded, f.written = true, nil
-	f.why = errors.New("the CDI spec was taken over: " + why)
+	f.why = device.Problem{Cause: device.CauseYielded, Message: "the CDI spec was taken over: " + why}
 	f.retry.Stop()
 	f.recheck.Reset(f.recheckEvery)
 }
@@ -243,16 +243,16 @@ func (f *follower) write() {
 	if err != nil {
 		f.r.Log.WithError(err).WithField("retry in", f.backoff).
 			Error("writing the CDI spec failed; the devices it does not describe are reported unhealthy until it works")
-		f.why = err
+		f.why = device.Problem{Cause: device.CauseNotInSpec, Message: "writing the CDI spec failed: " + err.Error()}
 		f.retry.Reset(f.backoff)
 		f.backoff = min(2*f.backoff, f.retryMax)
 		return
 	}
-	if f.why != nil {
+	if !f.why.None() {
 		f.r.Log.Info("CDI spec written after failures")
 	}
 	f.r.Log.WithField("devices", len(f.pending.Devices)).Debug("CDI spec written")
-	f.written, f.why = f.pending, nil
+	f.written, f.why = f.pending, device.Problem{}
 	f.backoff = f.retryMin
 	f.retry.Stop()
 }
@@ -268,8 +268,9 @@ func (f *follower) publish() error {
 }
 
 // gate returns snap with every healthy device that written does not
-// describe (as it is in snap) reported unhealthy, for the reason why.
-func gate(snap, written *device.Snapshot, why error) *device.Snapshot {
+// describe (as it is in snap) reported unhealthy, for the reason why (none:
+// the spec is not written yet).
+func gate(snap, written *device.Snapshot, why device.Problem) *device.Snapshot {
 	if snap == written || (written != nil && device.SameDevices(snap, written)) {
 		// Every device is described as it is (health aside).
 		return snap
@@ -288,11 +289,11 @@ func gate(snap, written *device.Snapshot, why error) *device.Snapshot {
 		if out == nil {
 			out = &device.Snapshot{Replicas: snap.Replicas, Devices: slices.Clone(snap.Devices)}
 		}
-		reason := "not in the CDI spec yet"
-		if why != nil {
-			reason += ": " + why.Error()
+		p := why
+		if p.None() {
+			p = device.Problem{Cause: device.CauseNotInSpec, Message: "not in the CDI spec yet"}
 		}
-		out.Devices[i].Healthy, out.Devices[i].Reason = false, reason
+		out.Devices[i].SetProblem(p)
 	}
 	if out == nil {
 		return snap

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -169,6 +170,12 @@ func TestResourceTakesBackAnOrphanedSpec(t *testing.T) {
 		t.Fatal(err)
 	}
 	wait("yielded", func(u kubeletsim.Update) bool { return u.Healthy() == 0 })
+	// The devices say why, with the cause metrics and logs read.
+	for _, d := range p.state.Load().snap.Devices {
+		if d.Problem.Cause != device.CauseYielded || !strings.Contains(d.Problem.Message, "taken over") {
+			t.Fatalf("%s: problem %q, want yielded to the newer process", d.Name, d.Problem)
+		}
+	}
 	// Rechecked many times while the newer process serves its socket: it
 	// keeps the spec.
 	time.Sleep(20 * r.YieldRecheck)

@@ -155,7 +155,7 @@ func (p *Plugin) physical(v *view, ids []string, healthy bool) ([]int, error) {
 		}
 		asked[id] = true
 		if d := v.snap.Devices[i]; healthy && !d.Healthy {
-			return nil, status.Errorf(codes.InvalidArgument, "%s: device ID %s is unhealthy: %s", p.opts.ResourceName, quoteID(id), d.Reason)
+			return nil, status.Errorf(codes.InvalidArgument, "%s: device ID %s is unhealthy: %s", p.opts.ResourceName, quoteID(id), d.Problem)
 		}
 		if !seen[i] {
 			seen[i] = true

@@ -13,7 +13,11 @@ import (
 // withHealth returns a copy of snap with device i's health set.
 func withHealth(snap *device.Snapshot, i int, healthy bool, reason string) *device.Snapshot {
 	out := &device.Snapshot{Replicas: snap.Replicas, Devices: slices.Clone(snap.Devices)}
-	out.Devices[i].Healthy, out.Devices[i].Reason = healthy, reason
+	if healthy {
+		out.Devices[i].SetProblem(device.Problem{})
+	} else {
+		out.Devices[i].SetProblem(device.Problem{Cause: device.CauseWrongNode, Message: reason})
+	}
 	return out
 }
 

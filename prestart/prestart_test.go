@@ -36,7 +36,11 @@ type faults struct {
 	cur   map[string]string
 }
 
-func (f *faults) SetFault(name, reason string) {
+func (f *faults) SetFault(name string, p device.Problem) {
+	reason := p.String()
+	if !p.None() && p.Cause != device.CausePrepareFailed {
+		reason = "wrong cause " + reason
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.cur == nil {
@@ -273,7 +277,7 @@ func TestCorruptImageAndRecovery(t *testing.T) {
 	}
 	// A restarted plugin remembers the fault.
 	r2 := NewRunner(Options{Resource: "example.com/sim", StateRoot: filepath.Dir(r.Dir("sim-0")), MarkUnhealthy: true})
-	if got, _ := r2.Init(&device.Snapshot{Devices: d}); got["sim-0"] == "" {
+	if got, _ := r2.Init(&device.Snapshot{Devices: d}); got["sim-0"].None() {
 		t.Fatalf("fault not restored: %v", got)
 	}
 
@@ -626,7 +630,7 @@ func TestRecoveryAfterRestoredFault(t *testing.T) {
 	r := NewRunner(Options{Resource: "example.com/sim", StateRoot: root, Steps: []Step{Reset{}}, MarkUnhealthy: true,
 		RecoveryInterval: 10 * time.Millisecond, Health: f, Holders: noHolders})
 	got, err := r.Init(&device.Snapshot{Devices: devs(1)})
-	if err != nil || got["sim-0"] == "" {
+	if err != nil || got["sim-0"].None() {
 		t.Fatalf("fault not restored: %v %v", got, err)
 	}
 	f.SetFault("sim-0", got["sim-0"])
@@ -669,7 +673,7 @@ func TestStateVersion(t *testing.T) {
 	}
 	// Unhealthy, with the cause; not an error of the whole resource.
 	got, err := r.Init(&device.Snapshot{Devices: devs(1)})
-	if err != nil || !strings.Contains(got["sim-0"], "version 2") {
+	if err != nil || !strings.Contains(got["sim-0"].String(), "version 2") {
 		t.Fatalf("unknown version: %v %v", got, err)
 	}
 	if err := r.Prepare(context.Background(), devs(1)); !errors.Is(err, ErrStateVersion) {
@@ -822,7 +826,7 @@ func TestBadStateDirHoldsBackNoOther(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Init: %v", err)
 	}
-	for name, reason := range map[string]string{"ensure": f.get("sim-1"), "init": got["sim-1"]} {
+	for name, reason := range map[string]string{"ensure": f.get("sim-1"), "init": got["sim-1"].String()} {
 		if !strings.Contains(reason, bad) {
 			t.Errorf("%s: reason %q does not name %s", name, reason, bad)
 		}
@@ -831,7 +835,7 @@ func TestBadStateDirHoldsBackNoOther(t *testing.T) {
 		t.Error("BadState")
 	}
 	for _, d := range []string{"sim-0", "sim-2"} {
-		if f.get(d) != "" || got[d] != "" {
+		if f.get(d) != "" || !got[d].None() {
 			t.Errorf("%s unhealthy: %q %q", d, f.get(d), got[d])
 		}
 		if fi, err := os.Lstat(r.Dir(d)); err != nil || !fi.IsDir() {

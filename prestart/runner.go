@@ -19,10 +19,10 @@ import (
 	"github.com/cdi-device-plugin/cdi-device-plugin/metrics"
 )
 
-// HealthReporter receives preparation faults (device.Source): a non-empty
-// reason makes the device unhealthy, "" clears it.
+// HealthReporter receives preparation faults (device.Source): a problem
+// makes the device unhealthy, none clears it.
 type HealthReporter interface {
-	SetFault(device, reason string)
+	SetFault(device string, p device.Problem)
 }
 
 // StepError says which device and step failed, and why.
@@ -93,7 +93,7 @@ type Runner struct {
 	failed map[string]*failure
 	// badState are the devices whose state directory is unusable, with
 	// their fault (see Ensure).
-	badState map[string]string
+	badState map[string]device.Problem
 	// givenUp are the failed devices whose background recovery was given
 	// up after MaxRecoveryAttempts.
 	givenUp map[string]bool
@@ -124,7 +124,7 @@ func NewRunner(o Options) *Runner {
 	if o.Log == nil {
 		o.Log = logs.Discard()
 	}
-	return &Runner{opts: o, failed: map[string]*failure{}, badState: map[string]string{}, givenUp: map[string]bool{}, kick: make(chan struct{}, 1)}
+	return &Runner{opts: o, failed: map[string]*failure{}, badState: map[string]device.Problem{}, givenUp: map[string]bool{}, kick: make(chan struct{}, 1)}
 }
 
 // Steps names the steps, in order.
@@ -182,9 +182,11 @@ func (r *Runner) BadState(name string) bool {
 	return bad
 }
 
-// badStateReason is the fault of a device whose state directory is
+// badStateProblem is the fault of a device whose state directory is
 // unusable.
-func badStateReason(err error) string { return "prestart: state directory: " + err.Error() }
+func badStateProblem(err error) device.Problem {
+	return device.Problem{Cause: device.CausePrepareFailed, Message: "state directory: " + err.Error()}
+}
 
 // setBadState records whether the state directory of a device is usable
 // (err nil) and reports the change to the health reporter. A repaired
@@ -194,9 +196,9 @@ func (r *Runner) setBadState(name string, err error) {
 	r.mu.Lock()
 	old, wasBad := r.badState[name]
 	_, failed := r.failed[name]
-	reason := ""
+	var reason device.Problem
 	if err != nil {
-		reason = badStateReason(err)
+		reason = badStateProblem(err)
 		r.badState[name] = reason
 	} else {
 		delete(r.badState, name)
@@ -212,7 +214,7 @@ func (r *Runner) setBadState(name string, err error) {
 	case err == nil && wasBad:
 		log.Info("device state directory usable again")
 		if r.opts.Health != nil && !failed {
-			r.opts.Health.SetFault(name, "")
+			r.opts.Health.SetFault(name, device.Problem{})
 		}
 	}
 }
@@ -244,25 +246,25 @@ func ensureDir(dir string) error {
 // state directory is not a real directory, or whose state cannot be read
 // (another format version), is returned as a fault too, with the cause:
 // it holds back no other device. The error is always nil.
-func (r *Runner) Init(snap *device.Snapshot) (map[string]string, error) {
-	faults := map[string]string{}
+func (r *Runner) Init(snap *device.Snapshot) (map[string]device.Problem, error) {
+	faults := map[string]device.Problem{}
 	for _, d := range snap.Devices {
 		log := r.opts.Log.WithField("device", d.Name)
 		dir := r.Dir(d.Name)
 		if fi, err := os.Lstat(dir); err == nil && !fi.IsDir() {
 			err := fmt.Errorf("%s exists and is not a directory", dir)
 			r.setBadState(d.Name, err)
-			faults[d.Name] = badStateReason(err)
+			faults[d.Name] = badStateProblem(err)
 			continue
 		}
 		st, err := loadOrAside(dir, log)
 		if err != nil {
 			log.WithError(err).Error("unreadable device state; device unhealthy")
-			faults[d.Name] = fmt.Sprintf("prestart: state of %s: %v", d.Name, err)
+			faults[d.Name] = device.Problemf(device.CausePrepareFailed, "state of %s: %v", d.Name, err)
 			continue
 		}
 		if st.Status == StatusFailed && r.opts.MarkUnhealthy {
-			faults[d.Name] = "prestart: " + st.LastError
+			faults[d.Name] = device.Problem{Cause: device.CausePrepareFailed, Message: st.LastError}
 			r.recordFailure(d)
 		}
 	}
@@ -379,7 +381,7 @@ func (r *Runner) prepareOne(ctx context.Context, d device.Device) error {
 		log.WithError(failed.Err).WithField("step", failed.Step).Warn("device preparation failed")
 		if r.opts.MarkUnhealthy {
 			if r.opts.Health != nil {
-				r.opts.Health.SetFault(d.Name, "prestart: "+st.LastError)
+				r.opts.Health.SetFault(d.Name, device.Problem{Cause: device.CausePrepareFailed, Message: st.LastError})
 			}
 			r.recordFailure(d)
 		}
@@ -401,7 +403,7 @@ func (r *Runner) prepareOne(ctx context.Context, d device.Device) error {
 	r.mu.Unlock()
 	// Clearing a fault the device does not have is a no-op for the source.
 	if r.opts.Health != nil {
-		r.opts.Health.SetFault(d.Name, "")
+		r.opts.Health.SetFault(d.Name, device.Problem{})
 	}
 	return nil
 }

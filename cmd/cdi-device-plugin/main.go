@@ -331,8 +331,8 @@ func (p *part) prepare() error {
 		return fmt.Errorf("%s: %w", p.name, err)
 	}
 	if len(faults) > 0 {
-		for name, reason := range faults {
-			p.src.SetFault(name, reason)
+		for name, problem := range faults {
+			p.src.SetFault(name, problem)
 		}
 		p.src.Refresh()
 	}

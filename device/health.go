@@ -1,0 +1,84 @@
+package device
+
+import "fmt"
+
+// Cause says why a device is unhealthy. The zero Cause means it is not.
+// Its String is the reason label of the health metrics, so logs, metrics
+// and ListAndWatch read one value.
+type Cause uint8
+
+const (
+	// CauseNone: the device is healthy.
+	CauseNone Cause = iota
+	// CauseMissing: its node (or host device) is not there.
+	CauseMissing
+	// CauseWrongNode: the path is no device node, or another type or
+	// major:minor than the device's.
+	CauseWrongNode
+	// CauseNodeError: its node cannot be looked at (other than missing).
+	CauseNodeError
+	// CausePrepareFailed: its preparation (PreStartContainer steps) failed,
+	// or its state cannot be kept (an unusable state directory or file).
+	CausePrepareFailed
+	// CauseNotInSpec: the CDI spec does not describe it (yet): the write
+	// failed or is pending.
+	CauseNotInSpec
+	// CauseYielded: another process owns the resource's CDI spec.
+	CauseYielded
+)
+
+var causeNames = [...]string{
+	CauseNone:          "",
+	CauseMissing:       "missing",
+	CauseWrongNode:     "wrong_node",
+	CauseNodeError:     "node_error",
+	CausePrepareFailed: "prestart",
+	CauseNotInSpec:     "no_cdi_spec",
+	CauseYielded:       "yielded",
+}
+
+// Causes are the causes of an unhealthy device, in order.
+func Causes() []Cause {
+	return []Cause{CauseMissing, CauseWrongNode, CauseNodeError, CausePrepareFailed, CauseNotInSpec, CauseYielded}
+}
+
+// String is the cause's label value ("" for CauseNone).
+func (c Cause) String() string {
+	if int(c) < len(causeNames) {
+		return causeNames[c]
+	}
+	return fmt.Sprintf("cause(%d)", uint8(c))
+}
+
+// Problem is why a device is unhealthy: a cause and what happened. The
+// zero Problem is none.
+type Problem struct {
+	Cause Cause
+	// Message says what happened, for logs and errors.
+	Message string
+}
+
+// Problemf returns a problem of cause c.
+func Problemf(c Cause, format string, args ...any) Problem {
+	return Problem{Cause: c, Message: fmt.Sprintf(format, args...)}
+}
+
+// None reports whether there is no problem.
+func (p Problem) None() bool { return p.Cause == CauseNone }
+
+// String is the message, prefixed by the cause ("missing", "prestart: step
+// reset: exit status 1").
+func (p Problem) String() string {
+	switch {
+	case p.Cause == CauseNone:
+		return ""
+	case p.Message == "":
+		return p.Cause.String()
+	}
+	return p.Cause.String() + ": " + p.Message
+}
+
+// SetProblem sets the device's problem and, with it, its health.
+func (d *Device) SetProblem(p Problem) {
+	d.Problem, d.Healthy = p, p.None()
+}
