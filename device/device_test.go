@@ -13,16 +13,9 @@ import (
 
 	"golang.org/x/sys/unix"
 	"tags.cncf.io/container-device-interface/pkg/parser"
-)
 
-// needMknod skips when the test cannot create device nodes (not root).
-func needMknod(t *testing.T) {
-	t.Helper()
-	p := filepath.Join(t.TempDir(), "probe")
-	if err := unix.Mknod(p, unix.S_IFCHR|0o666, int(unix.Mkdev(1, 3))); err != nil {
-		t.Skipf("cannot mknod here (%v): run as root", err)
-	}
-}
+	"github.com/cdi-device-plugin/cdi-device-plugin/internal/testutil"
+)
 
 func rdev(t *testing.T, p string) (uint32, uint32, uint32) {
 	t.Helper()
@@ -34,7 +27,7 @@ func rdev(t *testing.T, p string) (uint32, uint32, uint32) {
 }
 
 func TestEnsureNode(t *testing.T) {
-	needMknod(t)
+	testutil.NeedMknod(t)
 	root := t.TempDir()
 	p := filepath.Join(root, "sub", "dev-0")
 
@@ -95,7 +88,7 @@ func TestEnsureNode(t *testing.T) {
 }
 
 func TestEnsureNodeRefusesSymlinkedParent(t *testing.T) {
-	needMknod(t)
+	testutil.NeedMknod(t)
 	root, outside := t.TempDir(), t.TempDir()
 	if err := os.Symlink(outside, filepath.Join(root, "escape")); err != nil {
 		t.Fatal(err)
@@ -119,7 +112,7 @@ func newSim(t *testing.T, root string, n, numa int) *Source {
 }
 
 func TestPrepareSnapshot(t *testing.T) {
-	needMknod(t)
+	testutil.NeedMknod(t)
 	root := t.TempDir()
 	s := newSim(t, root, 4, 2)
 	snap, err := s.Prepare()
@@ -141,7 +134,7 @@ func TestPrepareSnapshot(t *testing.T) {
 // TestHealthFollowsNodes removes, replaces and restores a node and expects
 // a snapshot for each change, promptly.
 func TestHealthFollowsNodes(t *testing.T) {
-	needMknod(t)
+	testutil.NeedMknod(t)
 	root := t.TempDir()
 	s := newSim(t, root, 3, 0)
 	if _, err := s.Prepare(); err != nil {
@@ -194,7 +187,7 @@ func TestHealthFollowsNodes(t *testing.T) {
 }
 
 func TestHostDevices(t *testing.T) {
-	needMknod(t)
+	testutil.NeedMknod(t)
 	root := t.TempDir()
 	for _, n := range []string{"ttyX0", "ttyX1"} {
 		if err := unix.Mknod(filepath.Join(root, n), unix.S_IFCHR|0o666, int(unix.Mkdev(4, 64))); err != nil {
@@ -283,23 +276,13 @@ func runSource(t *testing.T, s *Source) <-chan *Snapshot {
 	return out
 }
 
-func mknodAt(t *testing.T, p string, major, minor uint32) {
-	t.Helper()
-	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := unix.Mknod(p, unix.S_IFCHR|0o666, int(unix.Mkdev(major, minor))); err != nil {
-		t.Fatal(err)
-	}
-}
-
 // TestWildcardDirectoriesWatched (issue 8 item 6): a glob with wildcard
 // directories sees nodes come and go in every matching directory,
 // including directories created after start.
 func TestWildcardDirectoriesWatched(t *testing.T) {
-	needMknod(t)
+	testutil.NeedMknod(t)
 	root := t.TempDir()
-	mknodAt(t, filepath.Join(root, "bus0", "n0"), 4, 64)
+	testutil.Mknod(t, filepath.Join(root, "bus0", "n0"), 4, 64)
 	if err := os.Mkdir(filepath.Join(root, "bus1"), 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -316,7 +299,7 @@ func TestWildcardDirectoriesWatched(t *testing.T) {
 			return slices.ContainsFunc(snap.Devices, func(d Device) bool { return d.ContainerPath == path && d.Healthy == healthy })
 		}
 	}
-	mknodAt(t, filepath.Join(root, "bus1", "n1"), 4, 65)
+	testutil.Mknod(t, filepath.Join(root, "bus1", "n1"), 4, 65)
 	waitSnap(t, s, out, 2*time.Second, "node in an existing wildcard directory", has("/dev/bus1/n1", true))
 	if err := os.Remove(filepath.Join(root, "bus0", "n0")); err != nil {
 		t.Fatal(err)
@@ -326,17 +309,17 @@ func TestWildcardDirectoriesWatched(t *testing.T) {
 		t.Fatal(err)
 	}
 	time.Sleep(50 * time.Millisecond) // the new directory is seen before the node
-	mknodAt(t, filepath.Join(root, "bus2", "n2"), 4, 66)
+	testutil.Mknod(t, filepath.Join(root, "bus2", "n2"), 4, 66)
 	waitSnap(t, s, out, 2*time.Second, "node in a new wildcard directory", has("/dev/bus2/n2", true))
 }
 
 // TestHostIDsInjective (item 7): distinct paths give distinct, valid IDs;
 // a path without '_' or ':' keeps the ID it always had.
 func TestHostIDsInjective(t *testing.T) {
-	needMknod(t)
+	testutil.NeedMknod(t)
 	root := t.TempDir()
 	for _, p := range []string{"net/tun", "net_tun", "a_/b", "a/_b", "c:d", "c_d"} {
-		mknodAt(t, filepath.Join(root, p), 10, 200)
+		testutil.Mknod(t, filepath.Join(root, p), 10, 200)
 	}
 	s, err := NewSource(Options{DevRoot: root, IDPrefix: "x", HostGlobs: []string{"net/tun", "net_tun", "a_/b", "a/_b", "c:d", "c_d"}})
 	if err != nil {
@@ -366,7 +349,7 @@ func TestHostIDsInjective(t *testing.T) {
 // and entries the configuration no longer gives are dropped without their
 // index being given to anyone else.
 func TestRegistry(t *testing.T) {
-	needMknod(t)
+	testutil.NeedMknod(t)
 	root := t.TempDir()
 	reg := filepath.Join(t.TempDir(), "resources", "serial.json")
 	src := func(globs ...string) (*Source, *Snapshot, error) {
@@ -384,19 +367,19 @@ func TestRegistry(t *testing.T) {
 		}
 		return m
 	}
-	mknodAt(t, filepath.Join(root, "ttyR3"), 4, 67)
-	mknodAt(t, filepath.Join(root, "ttyS0"), 4, 70)
+	testutil.Mknod(t, filepath.Join(root, "ttyR3"), 4, 67)
+	testutil.Mknod(t, filepath.Join(root, "ttyS0"), 4, 70)
 	if _, snap, err := src("ttyR*", "ttyS*"); err != nil || !maps.Equal(index(snap), map[string]int{"/dev/ttyR3": 0, "/dev/ttyS0": 1}) {
 		t.Fatalf("%v %v", index(snap), err)
 	}
-	mknodAt(t, filepath.Join(root, "ttyR1"), 4, 65)
+	testutil.Mknod(t, filepath.Join(root, "ttyR1"), 4, 65)
 	_, snap, err := src("ttyR*", "ttyS*")
 	if err != nil || !maps.Equal(index(snap), map[string]int{"/dev/ttyR3": 0, "/dev/ttyS0": 1, "/dev/ttyR1": 2}) {
 		t.Fatalf("after restart with a new device: %v %v", index(snap), err)
 	}
 	// ttyS* is no longer configured: ttyS0 is forgotten, its index is not
 	// reused.
-	mknodAt(t, filepath.Join(root, "ttyR0"), 4, 64)
+	testutil.Mknod(t, filepath.Join(root, "ttyR0"), 4, 64)
 	_, snap, err = src("ttyR*")
 	if err != nil || !maps.Equal(index(snap), map[string]int{"/dev/ttyR3": 0, "/dev/ttyR1": 2, "/dev/ttyR0": 3}) {
 		t.Fatalf("after dropping a glob: %v %v", index(snap), err)

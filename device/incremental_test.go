@@ -7,13 +7,15 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/cdi-device-plugin/cdi-device-plugin/internal/testutil"
 )
 
 // TestNodeEventsRescanOnlyTheirDevices: an event that names a simulated
 // node re-checks that node alone, and the snapshot published is the one a
 // full rescan of the disk gives.
 func TestNodeEventsRescanOnlyTheirDevices(t *testing.T) {
-	needMknod(t)
+	testutil.NeedMknod(t)
 	root := t.TempDir()
 	s := newSim(t, root, 200, 2)
 	if _, err := s.Prepare(); err != nil {
@@ -84,7 +86,7 @@ func TestNodeEventsRescanOnlyTheirDevices(t *testing.T) {
 // the directory reports every device, and putting it back heals them (the
 // directory events are not node events: a full rescan answers them).
 func TestNodeDirectoryRemoved(t *testing.T) {
-	needMknod(t)
+	testutil.NeedMknod(t)
 	root := t.TempDir()
 	s, err := NewSource(Options{DevRoot: root, IDPrefix: "sim", NodeName: "node1", Count: 5, FilePrefix: "sub/sim", Type: Char, Major: 1, Minor: 3, Replicas: 1})
 	if err != nil {
@@ -100,7 +102,7 @@ func TestNodeDirectoryRemoved(t *testing.T) {
 	}
 	waitSnap(t, s, out, 2*time.Second, "directory removed", func(s *Snapshot) bool { return s.Healthy() == 0 })
 	for i := 0; i < 5; i++ {
-		mknodAt(t, filepath.Join(root, "sub", "sim-"+string(rune('0'+i))), 1, 3)
+		testutil.Mknod(t, filepath.Join(root, "sub", "sim-"+string(rune('0'+i))), 1, 3)
 	}
 	waitSnap(t, s, out, 2*time.Second, "directory back", func(s *Snapshot) bool { return s.Healthy() == 5 })
 	if cur, full := s.Snapshot(), s.scan(); !Equal(cur, full) {

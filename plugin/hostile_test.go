@@ -8,13 +8,15 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+
+	"github.com/cdi-device-plugin/cdi-device-plugin/internal/testutil"
 )
 
 // TestHostileRequests: requests the kubelet never sends get a clear
 // InvalidArgument naming what is wrong (an ID quoted, cut at 128 bytes),
 // and no answer.
 func TestHostileRequests(t *testing.T) {
-	p := newPlugin(t, shortDir(t), snapshot(4, 0, 1), func(o *Options) { o.Preparer = &recorder{}; o.EnvPrefix = "SIM" })
+	p := newPlugin(t, testutil.ShortDir(t), snapshot(4, 0, 1), func(o *Options) { o.Preparer = &recorder{}; o.EnvPrefix = "SIM" })
 	huge := make([]string, 100000)
 	for i := range huge {
 		huge[i] = "sim-0"

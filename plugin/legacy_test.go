@@ -9,6 +9,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+
+	"github.com/cdi-device-plugin/cdi-device-plugin/internal/testutil"
 )
 
 // TestPreStartContainerLegacyID: the kubelet starts a container again with
@@ -28,7 +30,7 @@ func TestPreStartContainerLegacyID(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			rec := &recorder{}
-			p := newPlugin(t, shortDir(t), snapshot(3, 0, c.replicas), func(o *Options) { o.Preparer = rec })
+			p := newPlugin(t, testutil.ShortDir(t), snapshot(3, 0, c.replicas), func(o *Options) { o.Preparer = rec })
 			req := &pluginapi.PreStartContainerRequest{DevicesIds: c.ids}
 			if _, err := p.PreStartContainer(ctx, req); status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "old-1") {
 				t.Fatalf("without the alias: %v, want an unknown ID", err)

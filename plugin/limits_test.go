@@ -15,7 +15,7 @@ import (
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"github.com/cdi-device-plugin/cdi-device-plugin/device"
-	"github.com/cdi-device-plugin/cdi-device-plugin/internal/kubeletsim"
+	"github.com/cdi-device-plugin/cdi-device-plugin/internal/testutil"
 )
 
 // TestListSize: ListSize is the size of the real encoding, by protobuf and
@@ -83,7 +83,7 @@ func TestCheckListSize(t *testing.T) {
 // time) is logged as an error with its size; the kubelet stand-in, with
 // the kubelet's default receive limit, gets no list.
 func TestListAndWatchLogsAnUnreadableList(t *testing.T) {
-	dir := shortDir(t)
+	dir := testutil.ShortDir(t)
 	log, hook := logtest.NewNullLogger()
 	n := MaxListMessage / ListSize(1, 100, device.NoNUMA) * 11 / 10 // healthy entries are shorter
 	snap := &device.Snapshot{Replicas: 1}
@@ -99,17 +99,7 @@ func TestListAndWatchLogsAnUnreadableList(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := kubeletsim.Dial(dir, reg.Request.Endpoint)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	updates, err := c.Watch(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, updates := testutil.Watch(t, context.Background(), dir, reg.Request.Endpoint)
 	deadline := time.Now().Add(5 * time.Second)
 	for {
 		var found *logrus.Entry

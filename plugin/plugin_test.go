@@ -25,21 +25,10 @@ import (
 	"github.com/cdi-device-plugin/cdi-device-plugin/config"
 	"github.com/cdi-device-plugin/cdi-device-plugin/device"
 	"github.com/cdi-device-plugin/cdi-device-plugin/internal/kubeletsim"
+	"github.com/cdi-device-plugin/cdi-device-plugin/internal/testutil"
 )
 
 const resourceName = "example.com/sim"
-
-// shortDir is a temp dir with a short path: unix socket paths are limited
-// to 107 bytes and t.TempDir() paths are long.
-func shortDir(t *testing.T) string {
-	t.Helper()
-	d, err := os.MkdirTemp("", "dp")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = os.RemoveAll(d) })
-	return d
-}
 
 func testKind(t testing.TB) cdi.Kind {
 	t.Helper()
@@ -106,22 +95,6 @@ func startKubelet(t *testing.T, dir string) *kubeletsim.Kubelet {
 	return k
 }
 
-// watch dials endpoint and runs ListAndWatch until the test ends.
-func watch(t *testing.T, dir, endpoint string) (*kubeletsim.Client, <-chan kubeletsim.Update) {
-	t.Helper()
-	c, err := kubeletsim.Dial(dir, endpoint)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(func() { cancel(); _ = c.Close() })
-	updates, err := c.Watch(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return c, updates
-}
-
 // runPlugin runs p until the test ends and checks Run returned cleanly.
 func runPlugin(t *testing.T, p *Plugin) context.CancelFunc {
 	t.Helper()
@@ -143,7 +116,7 @@ func runPlugin(t *testing.T, p *Plugin) context.CancelFunc {
 }
 
 func TestRegistrationAndKubeletRestart(t *testing.T) {
-	dir := shortDir(t)
+	dir := testutil.ShortDir(t)
 	k := startKubelet(t, dir)
 	p := newPlugin(t, dir, snapshot(8, 0, 1), nil)
 	runPlugin(t, p)
@@ -157,7 +130,7 @@ func TestRegistrationAndKubeletRestart(t *testing.T) {
 		!r.Options.GetPreferredAllocationAvailable || r.Options.PreStartRequired {
 		t.Fatalf("registration %+v", r)
 	}
-	c, updates := watch(t, dir, r.Endpoint)
+	c, updates := testutil.Watch(t, context.Background(), dir, r.Endpoint)
 	opts, err := c.GetDevicePluginOptions(context.Background(), &pluginapi.Empty{})
 	if err != nil || !opts.GetPreferredAllocationAvailable || opts.PreStartRequired {
 		t.Fatalf("options %+v %v", opts, err)
@@ -179,7 +152,7 @@ func TestRegistrationAndKubeletRestart(t *testing.T) {
 		if _, err := os.Stat(filepath.Join(dir, reg.Request.Endpoint)); err != nil {
 			t.Fatalf("restart %d: socket not served again: %v", i, err)
 		}
-		_, u := watch(t, dir, reg.Request.Endpoint)
+		_, u := testutil.Watch(t, context.Background(), dir, reg.Request.Endpoint)
 		if _, err := kubeletsim.WaitFor(u, 5*time.Second, func(u kubeletsim.Update) bool { return len(u.Devices) == 8 }); err != nil {
 			t.Fatalf("restart %d: %v", i, err)
 		}
@@ -197,7 +170,7 @@ func TestRegistrationAndKubeletRestart(t *testing.T) {
 }
 
 func TestRegistersWhenKubeletComesLater(t *testing.T) {
-	dir := shortDir(t)
+	dir := testutil.ShortDir(t)
 	p := newPlugin(t, dir, snapshot(2, 0, 1), nil)
 	runPlugin(t, p)
 	time.Sleep(50 * time.Millisecond) // the first attempt fails: no kubelet
@@ -208,7 +181,7 @@ func TestRegistersWhenKubeletComesLater(t *testing.T) {
 }
 
 func TestShutdownRemovesSocket(t *testing.T) {
-	dir := shortDir(t)
+	dir := testutil.ShortDir(t)
 	k := startKubelet(t, dir)
 	p := newPlugin(t, dir, snapshot(2, 0, 1), nil)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -217,7 +190,7 @@ func TestShutdownRemovesSocket(t *testing.T) {
 	if _, err := k.WaitRegistration(5 * time.Second); err != nil {
 		t.Fatal(err)
 	}
-	_, updates := watch(t, dir, "test-sim.sock")
+	_, updates := testutil.Watch(t, context.Background(), dir, "test-sim.sock")
 	<-updates
 	cancel()
 	if err := <-done; err != nil {
@@ -233,14 +206,14 @@ func TestShutdownRemovesSocket(t *testing.T) {
 }
 
 func TestListAndWatchSendsUpdates(t *testing.T) {
-	dir := shortDir(t)
+	dir := testutil.ShortDir(t)
 	p := newPlugin(t, dir, snapshot(3, 0, 1), nil)
 	runPlugin(t, p)
 	k := startKubelet(t, dir)
 	if _, err := k.WaitRegistration(5 * time.Second); err != nil {
 		t.Fatal(err)
 	}
-	_, updates := watch(t, dir, "test-sim.sock")
+	_, updates := testutil.Watch(t, context.Background(), dir, "test-sim.sock")
 	first, err := kubeletsim.WaitFor(updates, 5*time.Second, func(kubeletsim.Update) bool { return true })
 	if err != nil || first.Healthy() != 3 {
 		t.Fatalf("first list %+v %v", first, err)
@@ -285,7 +258,7 @@ func TestAllocateStrategies(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			p := newPlugin(t, shortDir(t), snapshot(4, 0, 1), func(o *Options) {
+			p := newPlugin(t, testutil.ShortDir(t), snapshot(4, 0, 1), func(o *Options) {
 				o.Strategies = c.strategies
 				o.EnvPrefix, o.AnnotationPrefix, o.Mounts = "SIM", "example.com/sim", mounts
 			})
@@ -340,7 +313,7 @@ func TestAllocateStrategies(t *testing.T) {
 }
 
 func TestAllocateWithoutPrefixes(t *testing.T) {
-	p := newPlugin(t, shortDir(t), snapshot(2, 0, 1), nil)
+	p := newPlugin(t, testutil.ShortDir(t), snapshot(2, 0, 1), nil)
 	resp, err := allocate(t, p, []string{"sim-0"})
 	if err != nil {
 		t.Fatal(err)
@@ -352,7 +325,7 @@ func TestAllocateWithoutPrefixes(t *testing.T) {
 }
 
 func TestAllocateReplicasShareOneCDIDevice(t *testing.T) {
-	p := newPlugin(t, shortDir(t), snapshot(2, 0, 3), nil)
+	p := newPlugin(t, testutil.ShortDir(t), snapshot(2, 0, 3), nil)
 	resp, err := allocate(t, p, []string{"sim-1::0", "sim-1::2", "sim-0::1"})
 	if err != nil {
 		t.Fatal(err)
@@ -369,7 +342,7 @@ func TestAllocateReplicasShareOneCDIDevice(t *testing.T) {
 func TestAllocateRejects(t *testing.T) {
 	s := snapshot(3, 0, 1)
 	s.Devices[1].SetProblem(device.Problem{Cause: device.CauseMissing})
-	p := newPlugin(t, shortDir(t), s, nil)
+	p := newPlugin(t, testutil.ShortDir(t), s, nil)
 	for _, c := range []struct {
 		name, bad string
 		ids       []string
@@ -424,7 +397,7 @@ func TestPreferredAllocation(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			p := newPlugin(t, shortDir(t), c.snap, nil)
+			p := newPlugin(t, testutil.ShortDir(t), c.snap, nil)
 			avail := c.available
 			if avail == nil {
 				avail = ids(c.snap)
@@ -443,7 +416,7 @@ func TestPreferredAllocation(t *testing.T) {
 			}
 		})
 	}
-	p := newPlugin(t, shortDir(t), snapshot(2, 0, 1), nil)
+	p := newPlugin(t, testutil.ShortDir(t), snapshot(2, 0, 1), nil)
 	_, err := p.GetPreferredAllocation(context.Background(), &pluginapi.PreferredAllocationRequest{ContainerRequests: []*pluginapi.ContainerPreferredAllocationRequest{{
 		AvailableDeviceIDs: []string{"sim-0"}, MustIncludeDeviceIDs: []string{"nope"}, AllocationSize: 1,
 	}}})
@@ -453,7 +426,7 @@ func TestPreferredAllocation(t *testing.T) {
 }
 
 func TestTopologyReported(t *testing.T) {
-	p := newPlugin(t, shortDir(t), snapshot(4, 2, 1), nil)
+	p := newPlugin(t, testutil.ShortDir(t), snapshot(4, 2, 1), nil)
 	v := p.state.Load()
 	for i, d := range v.list {
 		want := int64(i * 2 / 4)
@@ -461,7 +434,7 @@ func TestTopologyReported(t *testing.T) {
 			t.Fatalf("device %s topology %+v, want node %d", d.ID, d.Topology, want)
 		}
 	}
-	p = newPlugin(t, shortDir(t), snapshot(2, 0, 1), nil)
+	p = newPlugin(t, testutil.ShortDir(t), snapshot(2, 0, 1), nil)
 	if p.state.Load().list[0].Topology != nil {
 		t.Fatal("topology without NUMA nodes")
 	}
@@ -488,7 +461,7 @@ func (r *recorder) Prepare(_ context.Context, devs []device.Device) error {
 }
 
 func TestPreStartContainer(t *testing.T) {
-	dir := shortDir(t)
+	dir := testutil.ShortDir(t)
 	k := startKubelet(t, dir)
 	rec := &recorder{}
 	p := newPlugin(t, dir, snapshot(3, 0, 2), func(o *Options) { o.Preparer = rec })
@@ -500,7 +473,7 @@ func TestPreStartContainer(t *testing.T) {
 	if !reg.Request.Options.PreStartRequired {
 		t.Fatal("PreStartRequired not advertised with a preparer")
 	}
-	c, _ := watch(t, dir, reg.Request.Endpoint)
+	c, _ := testutil.Watch(t, context.Background(), dir, reg.Request.Endpoint)
 	ctx := context.Background()
 	// Two replicas of sim-1 and one of sim-2: each physical device once.
 	if _, err := c.PreStartContainer(ctx, &pluginapi.PreStartContainerRequest{DevicesIds: []string{"sim-1::0", "sim-2::1", "sim-1::1"}}); err != nil {
@@ -554,7 +527,7 @@ func startHangingKubelet(t *testing.T, dir string) *hangingKubelet {
 // call hangs, the plugin still serves a new socket when its own is
 // removed, and registers at once with a kubelet that comes back.
 func TestHungRegistrationDoesNotBlock(t *testing.T) {
-	dir := shortDir(t)
+	dir := testutil.ShortDir(t)
 	h := startHangingKubelet(t, dir)
 	p := newPlugin(t, dir, snapshot(2, 0, 1), nil)
 	runPlugin(t, p)
@@ -591,7 +564,7 @@ func TestHungRegistrationDoesNotBlock(t *testing.T) {
 // TestAnnotationsWithReplicas (item 11): with replicas, the per-device
 // annotation does not depend on the order of the requested IDs.
 func TestAnnotationsWithReplicas(t *testing.T) {
-	p := newPlugin(t, shortDir(t), snapshot(2, 0, 2), func(o *Options) { o.AnnotationPrefix = "example.com/dev" })
+	p := newPlugin(t, testutil.ShortDir(t), snapshot(2, 0, 2), func(o *Options) { o.AnnotationPrefix = "example.com/dev" })
 	a, err := allocate(t, p, []string{"sim-0::0", "sim-0::1", "sim-1::1"})
 	if err != nil {
 		t.Fatal(err)
@@ -629,7 +602,7 @@ func (s *slowPreparer) Prepare(context.Context, []device.Device) error {
 // Run returns, so that no preparation outlives its server and overlaps
 // one of the replacement's.
 func TestStopWaitsForHandlers(t *testing.T) {
-	dir := shortDir(t)
+	dir := testutil.ShortDir(t)
 	k := startKubelet(t, dir)
 	prep := &slowPreparer{entered: make(chan struct{}), release: make(chan struct{})}
 	p := newPlugin(t, dir, snapshot(1, 0, 1), func(o *Options) { o.Preparer = prep })
@@ -640,7 +613,7 @@ func TestStopWaitsForHandlers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, _ := watch(t, dir, reg.Request.Endpoint)
+	c, _ := testutil.Watch(t, context.Background(), dir, reg.Request.Endpoint)
 	rpcDone := make(chan struct{})
 	go func() {
 		defer close(rpcDone)

@@ -17,6 +17,7 @@ import (
 	"github.com/cdi-device-plugin/cdi-device-plugin/device"
 	"github.com/cdi-device-plugin/cdi-device-plugin/internal/kubeletsim"
 	"github.com/cdi-device-plugin/cdi-device-plugin/internal/latest"
+	"github.com/cdi-device-plugin/cdi-device-plugin/internal/testutil"
 )
 
 // fakeSource publishes the snapshots the test sends.
@@ -93,7 +94,7 @@ func (s *flakySpec) Watch(ctx context.Context, changed chan<- struct{}) error {
 // is retried with a backoff, and the device is Healthy once it succeeds.
 // A spec taken over by a newer process holds every device back.
 func TestResourceHoldsBackUnwrittenDevices(t *testing.T) {
-	dir := shortDir(t)
+	dir := testutil.ShortDir(t)
 	k := startKubelet(t, dir)
 	first := snapshot(1, 0, 1)
 	src := &fakeSource{first: first, in: make(chan *device.Snapshot)}
@@ -137,7 +138,7 @@ func TestResourceHoldsBackUnwrittenDevices(t *testing.T) {
 // serves its socket; once it is gone, leaving its spec behind, this one
 // takes the spec back without any file event and its devices are Healthy.
 func TestResourceTakesBackAnOrphanedSpec(t *testing.T) {
-	dir, cdiDir := shortDir(t), t.TempDir()
+	dir, cdiDir := testutil.ShortDir(t), t.TempDir()
 	k := startKubelet(t, dir)
 	first := snapshot(2, 0, 1)
 	for i := range first.Devices {
@@ -207,7 +208,7 @@ func runResource(t *testing.T, dir string, k *kubeletsim.Kubelet, r *Resource) f
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, updates := watch(t, dir, reg.Request.Endpoint)
+	_, updates := testutil.Watch(t, context.Background(), dir, reg.Request.Endpoint)
 	return func(what string, cond func(kubeletsim.Update) bool) {
 		t.Helper()
 		if _, err := kubeletsim.WaitFor(updates, 5*time.Second, cond); err != nil {

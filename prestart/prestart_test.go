@@ -7,7 +7,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -18,11 +17,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus/testutil"
+	promtest "github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/sirupsen/logrus"
 	"github.com/sirupsen/logrus/hooks/test"
-	"google.golang.org/grpc"
 	podresourcesapi "k8s.io/kubelet/pkg/apis/podresources/v1"
+
+	"github.com/cdi-device-plugin/cdi-device-plugin/internal/testutil"
 
 	"github.com/cdi-device-plugin/cdi-device-plugin/config"
 	"github.com/cdi-device-plugin/cdi-device-plugin/device"
@@ -773,7 +773,7 @@ func TestCancelledIsNotAFault(t *testing.T) {
 			if got := f.reports(); len(got) != 0 {
 				t.Fatalf("health reported: %v", got)
 			}
-			if n, err := testutil.GatherAndCount(m.Registry(), metrics.Namespace+"_prestart_step_failures_total"); err != nil || n != 0 {
+			if n, err := promtest.GatherAndCount(m.Registry(), metrics.Namespace+"_prestart_step_failures_total"); err != nil || n != 0 {
 				t.Fatalf("failed steps counted: %d series (%v)", n, err)
 			}
 			s := state(t, r, "sim-0")
@@ -857,48 +857,23 @@ func TestBadStateDirHoldsBackNoOther(t *testing.T) {
 
 // podResources is the kubelet's PodResources API on a unix socket,
 // answering List with the device IDs of example.com/sim set by hold.
-type podResources struct {
-	podresourcesapi.UnimplementedPodResourcesListerServer
-	mu  sync.Mutex
-	ids []string
-}
+type podResources struct{ *testutil.PodResources }
 
-func (p *podResources) hold(ids ...string) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.ids = ids
-}
-
-func (p *podResources) List(context.Context, *podresourcesapi.ListPodResourcesRequest) (*podresourcesapi.ListPodResourcesResponse, error) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return &podresourcesapi.ListPodResourcesResponse{PodResources: []*podresourcesapi.PodResources{{
+func (p podResources) hold(ids ...string) {
+	p.Set(&podresourcesapi.PodResources{
 		Name: "a", Namespace: "default",
 		Containers: []*podresourcesapi.ContainerResources{{Name: "c", Devices: []*podresourcesapi.ContainerDevices{
-			{ResourceName: "example.com/sim", DeviceIds: slices.Clone(p.ids)},
+			{ResourceName: "example.com/sim", DeviceIds: slices.Clone(ids)},
 			{ResourceName: "vendor.com/other", DeviceIds: []string{"sim-0"}},
 		}}},
-	}}}, nil
+	})
 }
 
-func servePodResources(t *testing.T) (*podResources, string) {
+func servePodResources(t *testing.T) (podResources, string) {
 	t.Helper()
-	dir, err := os.MkdirTemp("", "pr") // short: a unix socket path
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = os.RemoveAll(dir) })
-	sock := filepath.Join(dir, "kubelet.sock")
-	ln, err := net.Listen("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &podResources{}
-	srv := grpc.NewServer()
-	podresourcesapi.RegisterPodResourcesListerServer(srv, p)
-	done := make(chan struct{})
-	go func() { defer close(done); _ = srv.Serve(ln) }()
-	t.Cleanup(func() { srv.Stop(); <-done })
+	sock := filepath.Join(testutil.ShortDir(t), "kubelet.sock")
+	p := podResources{testutil.ServePodResources(t, sock)}
+	p.hold()
 	return p, sock
 }
 
@@ -986,7 +961,7 @@ func TestRecoverySparesHeldDevices(t *testing.T) {
 # TYPE cdi_device_plugin_recovery_given_up_total counter
 cdi_device_plugin_recovery_given_up_total{resource="example.com/sim"} 1
 `
-		if err := testutil.GatherAndCompare(m.Registry(), strings.NewReader(want), metrics.Namespace+"_recovery_given_up_total"); err != nil {
+		if err := promtest.GatherAndCompare(m.Registry(), strings.NewReader(want), metrics.Namespace+"_recovery_given_up_total"); err != nil {
 			t.Fatal(err)
 		}
 		if f.get("sim-0") == "" {

@@ -9,9 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/cdi-device-plugin/cdi-device-plugin/internal/kubeletsim"
+	"github.com/cdi-device-plugin/cdi-device-plugin/internal/testutil"
 )
 
 // TestBootBeforeTheKubelet is the host mode's start after a reboot
@@ -22,9 +21,7 @@ import (
 // as soon as kubelet.sock appears, its devices healthy at once.
 func TestBootBeforeTheKubelet(t *testing.T) {
 	d := newDirs(t)
-	if err := unix.Mknod(filepath.Join(d.dev, "probe"), unix.S_IFCHR|0o666, int(unix.Mkdev(1, 3))); err != nil {
-		t.Skipf("cannot mknod (%v): run as root", err)
-	}
+	testutil.NeedMknod(t)
 	d.plugins = filepath.Join(d.plugins, "device-plugins") // made by the kubelet, later
 	env := map[string]string{"NUMBER_DEVICES": "4", "RESOURCE_NAME": "example.com/boot", "DEVICE_ID_PREFIX": "boot",
 		"METRICS_ADDRESS": "127.0.0.1:0", "POD_RESOURCES_SOCKET": filepath.Join(d.plugins, "..", "pod-resources", "kubelet.sock")}
@@ -97,15 +94,7 @@ func TestBootBeforeTheKubelet(t *testing.T) {
 	if took > time.Second {
 		t.Errorf("registered %v after kubelet.sock appeared", took)
 	}
-	c, err := kubeletsim.Dial(d.plugins, reg.Request.Endpoint)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = c.Close() }()
-	updates, err := c.Watch(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, updates := testutil.Watch(t, ctx, d.plugins, reg.Request.Endpoint)
 	first, err := kubeletsim.WaitFor(updates, 5*time.Second, func(kubeletsim.Update) bool { return true })
 	if err != nil || first.Healthy() != 4 {
 		t.Fatalf("first list %+v %v", first, err)

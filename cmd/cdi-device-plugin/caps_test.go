@@ -12,6 +12,7 @@ import (
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"github.com/cdi-device-plugin/cdi-device-plugin/internal/kubeletsim"
+	"github.com/cdi-device-plugin/cdi-device-plugin/internal/testutil"
 )
 
 // TestCapabilities runs the built binary as root under setpriv with every
@@ -26,7 +27,7 @@ import (
 // are not needed.
 func TestCapabilities(t *testing.T) {
 	d := newDirs(t)
-	needRoot(t, d)
+	testutil.NeedMknod(t)
 	setpriv, err := exec.LookPath("setpriv")
 	if err != nil {
 		t.Skip("setpriv (util-linux) not found")
@@ -72,15 +73,7 @@ func TestCapabilities(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%v; log:\n%s", err, out.String())
 		}
-		c, err := kubeletsim.Dial(d.plugins, reg.Request.Endpoint)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer func() { _ = c.Close() }()
-		updates, err := c.Watch(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
+		c, updates := testutil.Watch(t, ctx, d.plugins, reg.Request.Endpoint)
 		if _, err := kubeletsim.WaitFor(updates, 5*time.Second, func(u kubeletsim.Update) bool { return u.Healthy() == 2 }); err != nil {
 			t.Fatalf("ListAndWatch: %v; log:\n%s", err, out.String())
 		}

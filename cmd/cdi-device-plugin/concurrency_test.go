@@ -18,6 +18,7 @@ import (
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"github.com/cdi-device-plugin/cdi-device-plugin/internal/kubeletsim"
+	"github.com/cdi-device-plugin/cdi-device-plugin/internal/testutil"
 )
 
 // concurrencyConfig: 8 devices × 2 replicas with reset and reprogram steps.
@@ -44,7 +45,7 @@ func TestConcurrentCalls(t *testing.T) {
 		t.Skip("16,000 calls")
 	}
 	d := newDirs(t)
-	needRoot(t, d)
+	testutil.NeedMknod(t)
 	cm := newConfigMapDir(t, concurrencyConfig)
 	r := startRun(t, d, []string{"--config", cm.path(), "--node-name", "n"}, nil)
 	var ids []string

@@ -22,6 +22,7 @@ import (
 	cdiapi "tags.cncf.io/container-device-interface/pkg/cdi"
 
 	"github.com/cdi-device-plugin/cdi-device-plugin/internal/kubeletsim"
+	"github.com/cdi-device-plugin/cdi-device-plugin/internal/testutil"
 	"github.com/cdi-device-plugin/cdi-device-plugin/prestart"
 )
 
@@ -101,7 +102,7 @@ func TestCrashSafety(t *testing.T) {
 		t.Skip("200 runs of the built binary")
 	}
 	d := newDirs(t)
-	needRoot(t, d)
+	testutil.NeedMknod(t)
 	bin, err := buildBinary()
 	if err != nil {
 		t.Fatal(err)

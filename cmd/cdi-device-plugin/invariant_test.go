@@ -11,7 +11,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -23,33 +22,17 @@ import (
 
 	oci "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
-	"google.golang.org/grpc"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
-	podresourcesapi "k8s.io/kubelet/pkg/apis/podresources/v1"
 	cdiapi "tags.cncf.io/container-device-interface/pkg/cdi"
 
 	"github.com/cdi-device-plugin/cdi-device-plugin/internal/kubeletsim"
+	"github.com/cdi-device-plugin/cdi-device-plugin/internal/testutil"
 )
-
-// needRoot skips tests that mknod in the test's dev root.
-func needRoot(t *testing.T, d dirs) {
-	t.Helper()
-	if err := unix.Mknod(filepath.Join(d.dev, ".probe"), unix.S_IFCHR|0o666, int(unix.Mkdev(1, 3))); err != nil {
-		t.Skipf("cannot mknod (%v): run as root", err)
-	}
-	_ = os.Remove(filepath.Join(d.dev, ".probe"))
-}
 
 // mknod makes a char device node below the dev root (parents included).
 func mknod(t *testing.T, d dirs, rel string, major, minor uint32) {
 	t.Helper()
-	p := filepath.Join(d.dev, rel)
-	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := unix.Mknod(p, unix.S_IFCHR|0o666, int(unix.Mkdev(major, minor))); err != nil {
-		t.Fatal(err)
-	}
+	testutil.Mknod(t, filepath.Join(d.dev, rel), major, minor)
 }
 
 func writeConfig(t *testing.T, body string) string {
@@ -146,7 +129,7 @@ func TestHotPluggedHostDeviceResolves(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			d := newDirs(t)
-			needRoot(t, d)
+			testutil.NeedMknod(t)
 			mknod(t, d, "ttyR0", 4, 64)
 			r := startRun(t, d, []string{"--config", writeConfig(t, c.cfg)}, nil)
 			spec := waitResolves(t, r, d, 5*time.Second, "ser-ttyR0")
@@ -165,7 +148,7 @@ func TestHotPluggedHostDeviceResolves(t *testing.T) {
 // one); the first device that appears gets a spec and resolves.
 func TestNoHostDeviceAtStart(t *testing.T) {
 	d := newDirs(t)
-	needRoot(t, d)
+	testutil.NeedMknod(t)
 	r := startRun(t, d, []string{"--config", writeConfig(t, serialConfig)}, nil)
 	if u, err := r.wait(5*time.Second, func(kubeletsim.Update) bool { return true }); err != nil || len(u.Devices) != 0 {
 		t.Fatalf("first list %+v %v", u.Devices, err)
@@ -187,7 +170,7 @@ func TestNoHostDeviceAtStart(t *testing.T) {
 // describes stay Healthy throughout.
 func TestSpecWriteFailureHoldsDevicesBack(t *testing.T) {
 	d := newDirs(t)
-	needRoot(t, d)
+	testutil.NeedMknod(t)
 	mknod(t, d, "ttyR0", 4, 64)
 	r := startRun(t, d, []string{"--config", writeConfig(t, serialConfig)}, nil)
 	waitResolves(t, r, d, 5*time.Second, "ser-ttyR0")
@@ -222,7 +205,7 @@ func TestSpecWriteFailureHoldsDevicesBack(t *testing.T) {
 // someone else is written back at once.
 func TestSpecRestored(t *testing.T) {
 	d := newDirs(t)
-	needRoot(t, d)
+	testutil.NeedMknod(t)
 	r := startRun(t, d, nil, map[string]string{"NUMBER_DEVICES": "2", "RESOURCE_NAME": "example.com/sim", "DEVICE_ID_PREFIX": "sim", "PRESTART_STEPS": "none"})
 	waitResolves(t, r, d, 5*time.Second, "sim-0", "sim-1")
 	spec := filepath.Join(d.cdi, "k8s.example.com-sim.json")
@@ -271,7 +254,7 @@ func TestSpecRestored(t *testing.T) {
 // name in different namespaces do not remove each other's specs at start.
 func TestOwnerIsPerDeployment(t *testing.T) {
 	d := newDirs(t)
-	needRoot(t, d)
+	testutil.NeedMknod(t)
 	a := startRun(t, d, nil, map[string]string{"POD_NAMESPACE": "team-a", "RESOURCE_NAME": "example.com/a", "DEVICE_ID_PREFIX": "a", "PRESTART_STEPS": "none"})
 	waitResolves(t, a, d, 5*time.Second, "a-0")
 	if code := a.stop(); code != 0 {
@@ -291,7 +274,7 @@ func TestOwnerIsPerDeployment(t *testing.T) {
 func TestHostIDsInjectiveAndIndexesStable(t *testing.T) {
 	t.Run("injective", func(t *testing.T) {
 		d := newDirs(t)
-		needRoot(t, d)
+		testutil.NeedMknod(t)
 		mknod(t, d, "net/tun", 10, 200)
 		mknod(t, d, "net_tun", 10, 201)
 		cfg := writeConfig(t, "resources:\n- name: example.com/tun\n  idPrefix: tun\n  hostDevices: [\"net/tun\", \"net_tun\"]\n")
@@ -314,7 +297,7 @@ func TestHostIDsInjectiveAndIndexesStable(t *testing.T) {
 	})
 	t.Run("stable indexes", func(t *testing.T) {
 		d := newDirs(t)
-		needRoot(t, d)
+		testutil.NeedMknod(t)
 		mknod(t, d, "ttyR2", 4, 66)
 		mknod(t, d, "ttyR5", 4, 69)
 		cfg := writeConfig(t, serialConfig)
@@ -354,7 +337,7 @@ func TestHostIDsInjectiveAndIndexesStable(t *testing.T) {
 // the plugin; it is set aside, logged, and the device starts afresh.
 func TestCorruptStateAtStart(t *testing.T) {
 	d := newDirs(t)
-	needRoot(t, d)
+	testutil.NeedMknod(t)
 	dir := filepath.Join(d.state, "devices", "sim-0")
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Fatal(err)
@@ -381,16 +364,9 @@ func TestCorruptStateAtStart(t *testing.T) {
 // PodResources API says no container holds it (issue 18 item 2).
 func TestRecoveryWithoutTheFailedPod(t *testing.T) {
 	d := newDirs(t)
-	needRoot(t, d)
+	testutil.NeedMknod(t)
 	sock := filepath.Join(d.plugins, "pod-resources.sock")
-	ln, err := net.Listen("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := grpc.NewServer()
-	podresourcesapi.RegisterPodResourcesListerServer(srv, &podResourcesServer{})
-	go func() { _ = srv.Serve(ln) }()
-	t.Cleanup(srv.Stop)
+	testutil.ServePodResources(t, sock)
 	mknod(t, d, "ttyR0", 4, 64)
 	ok := filepath.Join(t.TempDir(), "ok")
 	cfg := writeConfig(t, fmt.Sprintf(`
@@ -423,7 +399,7 @@ resources:
 // event on its name would show one).
 func TestSpecAppearsWithFinalMode(t *testing.T) {
 	d := newDirs(t)
-	needRoot(t, d)
+	testutil.NeedMknod(t)
 	if err := os.MkdirAll(d.cdi, 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -473,7 +449,7 @@ func TestSpecAppearsWithFinalMode(t *testing.T) {
 // its devices unhealthy.
 func TestNewerProcessOwnsTheSpec(t *testing.T) {
 	d := newDirs(t)
-	needRoot(t, d)
+	testutil.NeedMknod(t)
 	env := map[string]string{"NUMBER_DEVICES": "1", "RESOURCE_NAME": "example.com/sim", "DEVICE_ID_PREFIX": "sim", "PRESTART_STEPS": "none"}
 	old := startRun(t, d, nil, env)
 	waitResolves(t, old, d, 5*time.Second, "sim-0")

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -10,10 +9,11 @@ import (
 	"time"
 
 	oci "github.com/opencontainers/runtime-spec/specs-go"
-	"google.golang.org/grpc"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 	podresourcesapi "k8s.io/kubelet/pkg/apis/podresources/v1"
 	cdiapi "tags.cncf.io/container-device-interface/pkg/cdi"
+
+	"github.com/cdi-device-plugin/cdi-device-plugin/internal/testutil"
 )
 
 // servePodResources serves the kubelet's PodResources API on a socket in
@@ -21,20 +21,12 @@ import (
 func servePodResources(t *testing.T, d dirs, resource string, ids ...string) string {
 	t.Helper()
 	sock := filepath.Join(d.plugins, "pod-resources.sock")
-	ln, err := net.Listen("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := grpc.NewServer()
-	podresourcesapi.RegisterPodResourcesListerServer(srv, &podResourcesServer{pods: []*podresourcesapi.PodResources{{
+	testutil.ServePodResources(t, sock, &podresourcesapi.PodResources{
 		Name: "p", Namespace: "ns",
 		Containers: []*podresourcesapi.ContainerResources{{Name: "c", Devices: []*podresourcesapi.ContainerDevices{
 			{ResourceName: resource, DeviceIds: ids},
 		}}},
-	}}})
-	served := make(chan struct{})
-	go func() { defer close(served); _ = srv.Serve(ln) }()
-	t.Cleanup(func() { srv.Stop(); <-served })
+	})
 	return sock
 }
 
@@ -51,7 +43,7 @@ func TestLegacyHostIDs(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			d := newDirs(t)
-			needRoot(t, d)
+			testutil.NeedMknod(t)
 			mknod(t, d, "net_tun", 10, 201)
 			sock := servePodResources(t, d, "example.com/tun", "tun-net_tun")
 			r := startRun(t, d, []string{"--config", writeConfig(t, c.cfg), "--pod-resources-socket", sock}, nil)
@@ -91,7 +83,7 @@ func TestLegacyHostIDs(t *testing.T) {
 	}
 	t.Run("an old name that is another device's now is refused", func(t *testing.T) {
 		d := newDirs(t)
-		needRoot(t, d)
+		testutil.NeedMknod(t)
 		mknod(t, d, "net_tun", 10, 201)
 		mknod(t, d, "net/tun", 10, 200) // tun-net_tun now
 		sock := servePodResources(t, d, "example.com/tun", "tun-net_tun")

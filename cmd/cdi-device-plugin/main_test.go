@@ -22,6 +22,7 @@ import (
 	cdiapi "tags.cncf.io/container-device-interface/pkg/cdi"
 
 	"github.com/cdi-device-plugin/cdi-device-plugin/internal/kubeletsim"
+	"github.com/cdi-device-plugin/cdi-device-plugin/internal/testutil"
 	"github.com/cdi-device-plugin/cdi-device-plugin/prestart"
 )
 
@@ -101,13 +102,7 @@ func startRun(t *testing.T, d dirs, args []string, env map[string]string) *runni
 	if r.reg, err = k.WaitRegistration(5 * time.Second); err != nil {
 		t.Fatalf("%v; log:\n%s", err, r.stderr.String())
 	}
-	if r.c, err = kubeletsim.Dial(d.plugins, r.reg.Request.Endpoint); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = r.c.Close() })
-	if r.updates, err = r.c.Watch(ctx); err != nil {
-		t.Fatal(err)
-	}
+	r.c, r.updates = testutil.Watch(t, ctx, d.plugins, r.reg.Request.Endpoint)
 	return r
 }
 
@@ -168,9 +163,7 @@ func TestBadConfigExits2AndWritesNothing(t *testing.T) {
 // and cleanup on shutdown. Stale specs of this plugin go at start.
 func TestPluginEndToEnd(t *testing.T) {
 	d := newDirs(t)
-	if err := unix.Mknod(filepath.Join(d.dev, "probe"), unix.S_IFCHR|0o666, int(unix.Mkdev(1, 3))); err != nil {
-		t.Skipf("cannot mknod (%v): run as root", err)
-	}
+	testutil.NeedMknod(t)
 	// A stale spec of ours (resource no longer configured) and a foreign one.
 	if err := os.MkdirAll(d.cdi, 0o755); err != nil {
 		t.Fatal(err)
@@ -283,9 +276,7 @@ func TestSIGTERM(t *testing.T) {
 		t.Skip("builds the binary")
 	}
 	d := newDirs(t)
-	if err := unix.Mknod(filepath.Join(d.dev, "probe"), unix.S_IFCHR|0o666, int(unix.Mkdev(1, 3))); err != nil {
-		t.Skipf("cannot mknod (%v): run as root", err)
-	}
+	testutil.NeedMknod(t)
 	bin := filepath.Join(t.TempDir(), "cdi-device-plugin")
 	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
 		t.Fatalf("build: %v\n%s", err, out)
@@ -325,9 +316,7 @@ func TestSIGTERM(t *testing.T) {
 // the device Unhealthy on ListAndWatch; a fixed image and a reset heal it.
 func TestPreStartEndToEnd(t *testing.T) {
 	d := newDirs(t)
-	if err := unix.Mknod(filepath.Join(d.dev, "probe"), unix.S_IFCHR|0o666, int(unix.Mkdev(1, 3))); err != nil {
-		t.Skipf("cannot mknod (%v): run as root", err)
-	}
+	testutil.NeedMknod(t)
 	img := filepath.Join(t.TempDir(), "bitstream.bin")
 	good := bytes.Repeat([]byte{0xa5}, 1<<20)
 	if err := os.WriteFile(img, good, 0o644); err != nil {

@@ -12,6 +12,7 @@ import (
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"github.com/cdi-device-plugin/cdi-device-plugin/internal/kubeletsim"
+	"github.com/cdi-device-plugin/cdi-device-plugin/internal/testutil"
 )
 
 // TestFileModes: everything the plugin creates has the narrowest mode that
@@ -19,7 +20,7 @@ import (
 // created outside the configured roots.
 func TestFileModes(t *testing.T) {
 	d := newDirs(t)
-	needRoot(t, d)
+	testutil.NeedMknod(t)
 	// The narrowest umask: modes that must be wider are set, not left to
 	// it. (No test of this package runs in parallel.)
 	defer unix.Umask(unix.Umask(0o077))

@@ -19,11 +19,11 @@ import (
 	"testing"
 	"time"
 
-	"google.golang.org/grpc"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 	podresourcesapi "k8s.io/kubelet/pkg/apis/podresources/v1"
 
 	"github.com/cdi-device-plugin/cdi-device-plugin/internal/kubeletsim"
+	"github.com/cdi-device-plugin/cdi-device-plugin/internal/testutil"
 )
 
 // freeAddr returns a loopback address with a port that was free a moment
@@ -92,7 +92,7 @@ func hasMetric(series string, want float64) func(int, string) bool {
 // result, a kubelet restart, a removed node, a failed step.
 func TestMetricsAndProbes(t *testing.T) {
 	d := newDirs(t)
-	needRoot(t, d)
+	testutil.NeedMknod(t)
 	addr := freeAddr(t)
 	img := filepath.Join(t.TempDir(), "fw.bin")
 	if err := os.WriteFile(img, []byte("firmware"), 0o644); err != nil {
@@ -124,16 +124,7 @@ func TestMetricsAndProbes(t *testing.T) {
 	waitHTTP(t, addr, "/readyz", 5*time.Second, func(c int, b string) bool {
 		return c == 503 && strings.Contains(b, "example.com/sim: registered, but the kubelet has no ListAndWatch stream open")
 	})
-	c, err := kubeletsim.Dial(d.plugins, reg.Request.Endpoint)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	wctx, wcancel := context.WithCancel(ctx)
-	defer wcancel()
-	if _, err := c.Watch(wctx); err != nil {
-		t.Fatal(err)
-	}
+	c, _ := testutil.Watch(t, ctx, d.plugins, reg.Request.Endpoint)
 	waitHTTP(t, addr, "/readyz", 5*time.Second, func(c int, b string) bool { return c == 200 && strings.TrimSpace(b) == "ok" })
 
 	res := `resource="example.com/sim"`
@@ -200,36 +191,20 @@ func TestMetricsAndProbes(t *testing.T) {
 
 // podResourcesServer is the kubelet's PodResources API, answering List with
 // pods.
-type podResourcesServer struct {
-	podresourcesapi.UnimplementedPodResourcesListerServer
-	pods []*podresourcesapi.PodResources
-}
-
-func (s *podResourcesServer) List(context.Context, *podresourcesapi.ListPodResourcesRequest) (*podresourcesapi.ListPodResourcesResponse, error) {
-	return &podresourcesapi.ListPodResourcesResponse{PodResources: s.pods}, nil
-}
-
 // TestPodDeviceAssignmentMetric: the assignment of our devices to
 // containers, as the kubelet's PodResources API reports it, is a metric;
 // other resources' devices are not.
 func TestPodDeviceAssignmentMetric(t *testing.T) {
 	d := newDirs(t)
-	needRoot(t, d)
+	testutil.NeedMknod(t)
 	sock := filepath.Join(d.plugins, "pod-resources.sock")
-	ln, err := net.Listen("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := grpc.NewServer()
-	podresourcesapi.RegisterPodResourcesListerServer(srv, &podResourcesServer{pods: []*podresourcesapi.PodResources{{
+	testutil.ServePodResources(t, sock, &podresourcesapi.PodResources{
 		Name: "p2", Namespace: "team-a",
 		Containers: []*podresourcesapi.ContainerResources{{Name: "c", Devices: []*podresourcesapi.ContainerDevices{
 			{ResourceName: "example.com/sim", DeviceIds: []string{"sim-1"}},
 			{ResourceName: "vendor.com/gpu", DeviceIds: []string{"gpu-0"}},
 		}}},
-	}}})
-	go func() { _ = srv.Serve(ln) }()
-	t.Cleanup(srv.Stop)
+	})
 	addr := freeAddr(t)
 	startRun(t, d, []string{"--pod-resources-socket", sock, "--metrics-address", addr},
 		map[string]string{"RESOURCE_NAME": "example.com/sim", "DEVICE_ID_PREFIX": "sim", "PRESTART_STEPS": "none"})
@@ -297,7 +272,7 @@ resources:
 // its spec goes.
 func TestConfigReload(t *testing.T) {
 	d := newDirs(t)
-	needRoot(t, d)
+	testutil.NeedMknod(t)
 	cm := newConfigMapDir(t, resourceA)
 	addr := freeAddr(t)
 	r := startRun(t, d, []string{"--config", cm.path(), "--metrics-address", addr}, nil)
@@ -369,7 +344,7 @@ func TestConfigReload(t *testing.T) {
 // reload, and the resource runs again with its running configuration.
 func TestReloadStopsBeforePreparing(t *testing.T) {
 	d := newDirs(t)
-	needRoot(t, d)
+	testutil.NeedMknod(t)
 	cm := newConfigMapDir(t, resourceA)
 	addr := freeAddr(t)
 	r := startRun(t, d, []string{"--config", cm.path(), "--metrics-address", addr}, nil)
@@ -399,15 +374,7 @@ func TestReloadStopsBeforePreparing(t *testing.T) {
 	if err != nil || reg.Request.ResourceName != "example.com/a" {
 		t.Fatalf("no registration of a restored: %+v %v\n%s", reg.Request, err, r.stderr.String())
 	}
-	c, err := kubeletsim.Dial(d.plugins, reg.Request.Endpoint)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	updates, err := c.Watch(t.Context())
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, updates := testutil.Watch(t, t.Context(), d.plugins, reg.Request.Endpoint)
 	if _, err := kubeletsim.WaitFor(updates, 5*time.Second, func(u kubeletsim.Update) bool { return u.Healthy() == 3 }); err != nil {
 		t.Fatalf("a restored: %v\n%s", err, r.stderr.String())
 	}

@@ -10,6 +10,7 @@ import (
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"github.com/cdi-device-plugin/cdi-device-plugin/internal/kubeletsim"
+	"github.com/cdi-device-plugin/cdi-device-plugin/internal/testutil"
 )
 
 // openFDs counts this process's open file descriptors.
@@ -43,7 +44,7 @@ func TestKubeletRestarts(t *testing.T) {
 		t.Skip("100 restarts")
 	}
 	d := newDirs(t)
-	needRoot(t, d)
+	testutil.NeedMknod(t)
 	r := startRun(t, d, nil, map[string]string{"NUMBER_DEVICES": "8", "RESOURCE_NAME": "example.com/sim"})
 	// The first ListAndWatch stream ends with the first restart; the
 	// baseline is taken with no client connection open, as it is after.

@@ -13,6 +13,7 @@ import (
 	cdiapi "tags.cncf.io/container-device-interface/pkg/cdi"
 
 	"github.com/cdi-device-plugin/cdi-device-plugin/internal/kubeletsim"
+	"github.com/cdi-device-plugin/cdi-device-plugin/internal/testutil"
 	"github.com/cdi-device-plugin/cdi-device-plugin/prestart"
 )
 
@@ -22,7 +23,7 @@ import (
 // writes through them, and the files outside are unchanged.
 func TestPlantedSymlinks(t *testing.T) {
 	d := newDirs(t)
-	needRoot(t, d)
+	testutil.NeedMknod(t)
 	outside := t.TempDir()
 	victims := map[string][]byte{}
 	victim := func(name string) string {
@@ -83,7 +84,7 @@ func TestPlantedSymlinks(t *testing.T) {
 // leads elsewhere).
 func TestPlantedStateDirSymlink(t *testing.T) {
 	d := newDirs(t)
-	needRoot(t, d)
+	testutil.NeedMknod(t)
 	outside := t.TempDir()
 	bad := filepath.Join(d.state, "devices", "sim-1")
 	if err := os.MkdirAll(filepath.Dir(bad), 0o700); err != nil {

@@ -12,6 +12,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/cdi-device-plugin/cdi-device-plugin/internal/testutil"
 )
 
 // bins are the plugins the tests run, built once per test binary.
@@ -69,13 +71,6 @@ func ourPlugin() Target {
 	}
 }
 
-func requireRoot(t *testing.T) {
-	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root (mknod of device files)")
-	}
-}
-
 // runAll runs the targets once each, concurrently (they mostly wait), and
 // returns their results in order.
 func runAll(t *testing.T, targets []Target) []*RunResult {
@@ -103,7 +98,7 @@ func runAll(t *testing.T, targets []Target) []*RunResult {
 // check that guards the rule it breaks, and the plugin without a fault
 // passes every check.
 func TestChecksCatchFaults(t *testing.T) {
-	requireRoot(t)
+	testutil.NeedMknod(t)
 	cases := []struct {
 		fault string
 		fails []string
@@ -166,7 +161,7 @@ func assertAllPass(t *testing.T, r *RunResult) {
 // TestOurPluginPassesAll: the plugin of this repository passes every
 // check, and the run measured what it should.
 func TestOurPluginPassesAll(t *testing.T) {
-	requireRoot(t)
+	testutil.NeedMknod(t)
 	r := runAll(t, []Target{ourPlugin()})[0]
 	assertAllPass(t, r)
 	for _, m := range []string{"start-registered", "start-listed", "ids", "rss", "allocate", "preferred", "prestart", "restart-registered", "removed-update"} {
@@ -185,7 +180,7 @@ func TestOurPluginPassesAll(t *testing.T) {
 // TestPrivateMounts: a plugin that insists on fixed directories gets the
 // run's fresh ones bound there, in its own mount namespace only.
 func TestPrivateMounts(t *testing.T) {
-	requireRoot(t)
+	testutil.NeedMknod(t)
 	base := t.TempDir()
 	tg := testPlugin("")
 	tg.SocketDir = filepath.Join(base, "not", "there", "device-plugins")

@@ -1,9 +1,8 @@
-package kubeletsim
+package kubeletsim_test
 
 import (
 	"context"
 	"net"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -12,6 +11,9 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+
+	"github.com/cdi-device-plugin/cdi-device-plugin/internal/kubeletsim"
+	"github.com/cdi-device-plugin/cdi-device-plugin/internal/testutil"
 )
 
 func TestIsExtendedResourceName(t *testing.T) {
@@ -28,22 +30,11 @@ func TestIsExtendedResourceName(t *testing.T) {
 		{"example.com/bad name", false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			if got := IsExtendedResourceName(c.name); got != c.want {
-				t.Fatalf("IsExtendedResourceName(%q) = %v, want %v", c.name, got, c.want)
+			if got := kubeletsim.IsExtendedResourceName(c.name); got != c.want {
+				t.Fatalf("kubeletsim.IsExtendedResourceName(%q) = %v, want %v", c.name, got, c.want)
 			}
 		})
 	}
-}
-
-// shortDir is a temporary directory with a path short enough for sockets.
-func shortDir(t *testing.T) string {
-	t.Helper()
-	d, err := os.MkdirTemp("", "ks")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(d) })
-	return d
 }
 
 type optsServer struct {
@@ -57,8 +48,8 @@ func (optsServer) GetDevicePluginOptions(context.Context, *pluginapi.Empty) (*pl
 // TestRegister: like the kubelet, a registration is accepted only when the
 // endpoint answers GetDevicePluginOptions; refused calls are recorded too.
 func TestRegister(t *testing.T) {
-	dir := shortDir(t)
-	k, err := StartWith(dir, Options{ConnectTimeout: time.Second})
+	dir := testutil.ShortDir(t)
+	k, err := kubeletsim.StartWith(dir, kubeletsim.Options{ConnectTimeout: time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,0 +1,122 @@
+// Package testutil holds what the tests of several packages share: short
+// socket directories and device nodes. Only tests import it.
+package testutil
+
+import (
+	"context"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync"
+	"testing"
+
+	"github.com/cdi-device-plugin/cdi-device-plugin/internal/kubeletsim"
+	"golang.org/x/sys/unix"
+	"google.golang.org/grpc"
+	podresourcesapi "k8s.io/kubelet/pkg/apis/podresources/v1"
+)
+
+// ShortDir is a temporary directory with a path short enough for unix
+// sockets (their paths are limited to 107 bytes; t.TempDir() paths are
+// long), removed when the test ends.
+func ShortDir(t testing.TB) string {
+	t.Helper()
+	d, err := os.MkdirTemp("", "cdp")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(d) })
+	return d
+}
+
+// CanMknod reports why device nodes cannot be made here (nil: they can):
+// it needs CAP_MKNOD, root in practice.
+func CanMknod() error {
+	d, err := os.MkdirTemp("", "mknod")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(d)
+	return unix.Mknod(filepath.Join(d, "probe"), unix.S_IFCHR|0o666, int(unix.Mkdev(1, 3)))
+}
+
+// NeedMknod skips the test when device nodes cannot be made here.
+func NeedMknod(t testing.TB) {
+	t.Helper()
+	if err := CanMknod(); err != nil {
+		t.Skipf("cannot mknod (%v): run as root", err)
+	}
+}
+
+// Mknod makes a character device node major:minor, mode 0666, at p (its
+// parents included), replacing what is there.
+func Mknod(t testing.TB, p string, major, minor uint32) {
+	t.Helper()
+	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(p); err != nil && !os.IsNotExist(err) {
+		t.Fatal(err)
+	}
+	if err := unix.Mknod(p, unix.S_IFCHR|0o666, int(unix.Mkdev(major, minor))); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Watch dials a plugin's endpoint in dir as the kubelet does and opens its
+// ListAndWatch stream; both end when the test ends (or ctx is done).
+func Watch(t testing.TB, ctx context.Context, dir, endpoint string) (*kubeletsim.Client, <-chan kubeletsim.Update) {
+	t.Helper()
+	c, err := kubeletsim.Dial(dir, endpoint)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	t.Cleanup(func() { cancel(); _ = c.Close() })
+	updates, err := c.Watch(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c, updates
+}
+
+// PodResources is the kubelet's PodResources List, answering the pods
+// last set.
+type PodResources struct {
+	podresourcesapi.UnimplementedPodResourcesListerServer
+	mu   sync.Mutex
+	pods []*podresourcesapi.PodResources
+}
+
+// Set replaces the pods List answers.
+func (s *PodResources) Set(pods ...*podresourcesapi.PodResources) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.pods = pods
+}
+
+// List answers the pods.
+func (s *PodResources) List(context.Context, *podresourcesapi.ListPodResourcesRequest) (*podresourcesapi.ListPodResourcesResponse, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return &podresourcesapi.ListPodResourcesResponse{PodResources: slices.Clone(s.pods)}, nil
+}
+
+// ServePodResources serves the PodResources API on the unix socket sock,
+// answering pods, until the test ends (the server is stopped and its
+// goroutine joined).
+func ServePodResources(t testing.TB, sock string, pods ...*podresourcesapi.PodResources) *PodResources {
+	t.Helper()
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer()
+	p := &PodResources{pods: pods}
+	podresourcesapi.RegisterPodResourcesListerServer(srv, p)
+	served := make(chan struct{})
+	go func() { defer close(served); _ = srv.Serve(ln) }()
+	t.Cleanup(func() { srv.Stop(); <-served })
+	return p
+}
