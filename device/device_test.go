@@ -20,7 +20,7 @@ import (
 func rdev(t *testing.T, p string) (uint32, uint32, uint32) {
 	t.Helper()
 	var st unix.Stat_t
-	if err := unix.Lstat(p, &st); err != nil {
+	if err := nodeOps.lstat(p, &st); err != nil {
 		t.Fatal(err)
 	}
 	return st.Mode & unix.S_IFMT, unix.Major(uint64(st.Rdev)), unix.Minor(uint64(st.Rdev))
@@ -112,7 +112,7 @@ func newSim(t *testing.T, root string, n, numa int) *Source {
 }
 
 func TestPrepareSnapshot(t *testing.T) {
-	testutil.NeedMknod(t)
+	useFakeNodes(t)
 	root := t.TempDir()
 	s := newSim(t, root, 4, 2)
 	snap, err := s.Prepare()
@@ -134,17 +134,13 @@ func TestPrepareSnapshot(t *testing.T) {
 // TestHealthFollowsNodes removes, replaces and restores a node and expects
 // a snapshot for each change, promptly.
 func TestHealthFollowsNodes(t *testing.T) {
-	testutil.NeedMknod(t)
+	fn := useFakeNodes(t)
 	root := t.TempDir()
 	s := newSim(t, root, 3, 0)
 	if _, err := s.Prepare(); err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	out := make(chan *Snapshot, 1)
-	done := make(chan error, 1)
-	go func() { done <- s.Run(ctx, out) }()
+	out := runSource(t, s)
 	p := filepath.Join(root, "sim-1")
 	wait := func(healthy bool, why string) {
 		t.Helper()
@@ -165,7 +161,7 @@ func TestHealthFollowsNodes(t *testing.T) {
 		t.Fatal(err)
 	}
 	wait(false, "removed")
-	if err := unix.Mknod(p, unix.S_IFCHR|0o666, int(unix.Mkdev(1, 5))); err != nil {
+	if err := fn.mknod(p, unix.S_IFCHR|0o666, int(unix.Mkdev(1, 5))); err != nil {
 		t.Fatal(err)
 	}
 	wait(false, "wrong node") // still unhealthy; make sure the reason says why
@@ -173,24 +169,20 @@ func TestHealthFollowsNodes(t *testing.T) {
 		t.Fatalf("problem %+v (%q), want a wrong node saying what it is", p, p)
 	}
 	_ = os.Remove(p)
-	if err := unix.Mknod(p, unix.S_IFCHR|0o666, int(unix.Mkdev(1, 3))); err != nil {
+	if err := fn.mknod(p, unix.S_IFCHR|0o666, int(unix.Mkdev(1, 3))); err != nil {
 		t.Fatal(err)
 	}
 	wait(true, "restored")
 	if h := s.Snapshot().Healthy(); h != 3 {
 		t.Fatalf("healthy %d", h)
 	}
-	cancel()
-	if err := <-done; err != nil {
-		t.Fatal(err)
-	}
 }
 
 func TestHostDevices(t *testing.T) {
-	testutil.NeedMknod(t)
+	fn := useFakeNodes(t)
 	root := t.TempDir()
 	for _, n := range []string{"ttyX0", "ttyX1"} {
-		if err := unix.Mknod(filepath.Join(root, n), unix.S_IFCHR|0o666, int(unix.Mkdev(4, 64))); err != nil {
+		if err := fn.mknod(filepath.Join(root, n), unix.S_IFCHR|0o666, int(unix.Mkdev(4, 64))); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -198,7 +190,7 @@ func TestHostDevices(t *testing.T) {
 		t.Fatal(err)
 	}
 	outside := filepath.Join(t.TempDir(), "node")
-	_ = unix.Mknod(outside, unix.S_IFCHR|0o666, int(unix.Mkdev(1, 3)))
+	_ = fn.mknod(outside, unix.S_IFCHR|0o666, int(unix.Mkdev(1, 3)))
 	_ = os.Symlink(outside, filepath.Join(root, "ttyXlink"))
 
 	s, err := NewSource(Options{DevRoot: root, IDPrefix: "serial", HostGlobs: []string{"ttyX*"}})
@@ -214,13 +206,10 @@ func TestHostDevices(t *testing.T) {
 		t.Fatalf("only the two real nodes inside the root: %+v", snap.Devices)
 	}
 
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	out := make(chan *Snapshot, 1)
-	go func() { _ = s.Run(ctx, out) }()
+	out := runSource(t, s)
 	time.Sleep(20 * time.Millisecond)
 	_ = os.Remove(filepath.Join(root, "ttyX0"))
-	if err := unix.Mknod(filepath.Join(root, "ttyX2"), unix.S_IFCHR|0o666, int(unix.Mkdev(4, 66))); err != nil {
+	if err := fn.mknod(filepath.Join(root, "ttyX2"), unix.S_IFCHR|0o666, int(unix.Mkdev(4, 66))); err != nil {
 		t.Fatal(err)
 	}
 	deadline := time.After(2 * time.Second)
@@ -280,9 +269,9 @@ func runSource(t *testing.T, s *Source) <-chan *Snapshot {
 // directories sees nodes come and go in every matching directory,
 // including directories created after start.
 func TestWildcardDirectoriesWatched(t *testing.T) {
-	testutil.NeedMknod(t)
+	fn := useFakeNodes(t)
 	root := t.TempDir()
-	testutil.Mknod(t, filepath.Join(root, "bus0", "n0"), 4, 64)
+	fn.make(t, filepath.Join(root, "bus0", "n0"), 4, 64)
 	if err := os.Mkdir(filepath.Join(root, "bus1"), 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -299,7 +288,7 @@ func TestWildcardDirectoriesWatched(t *testing.T) {
 			return slices.ContainsFunc(snap.Devices, func(d Device) bool { return d.ContainerPath == path && d.Healthy == healthy })
 		}
 	}
-	testutil.Mknod(t, filepath.Join(root, "bus1", "n1"), 4, 65)
+	fn.make(t, filepath.Join(root, "bus1", "n1"), 4, 65)
 	waitSnap(t, s, out, 2*time.Second, "node in an existing wildcard directory", has("/dev/bus1/n1", true))
 	if err := os.Remove(filepath.Join(root, "bus0", "n0")); err != nil {
 		t.Fatal(err)
@@ -309,17 +298,17 @@ func TestWildcardDirectoriesWatched(t *testing.T) {
 		t.Fatal(err)
 	}
 	time.Sleep(50 * time.Millisecond) // the new directory is seen before the node
-	testutil.Mknod(t, filepath.Join(root, "bus2", "n2"), 4, 66)
+	fn.make(t, filepath.Join(root, "bus2", "n2"), 4, 66)
 	waitSnap(t, s, out, 2*time.Second, "node in a new wildcard directory", has("/dev/bus2/n2", true))
 }
 
 // TestHostIDsInjective (item 7): distinct paths give distinct, valid IDs;
 // a path without '_' or ':' keeps the ID it always had.
 func TestHostIDsInjective(t *testing.T) {
-	testutil.NeedMknod(t)
+	fn := useFakeNodes(t)
 	root := t.TempDir()
 	for _, p := range []string{"net/tun", "net_tun", "a_/b", "a/_b", "c:d", "c_d"} {
-		testutil.Mknod(t, filepath.Join(root, p), 10, 200)
+		fn.make(t, filepath.Join(root, p), 10, 200)
 	}
 	s, err := NewSource(Options{DevRoot: root, IDPrefix: "x", HostGlobs: []string{"net/tun", "net_tun", "a_/b", "a/_b", "c:d", "c_d"}})
 	if err != nil {
@@ -349,7 +338,7 @@ func TestHostIDsInjective(t *testing.T) {
 // and entries the configuration no longer gives are dropped without their
 // index being given to anyone else.
 func TestRegistry(t *testing.T) {
-	testutil.NeedMknod(t)
+	fn := useFakeNodes(t)
 	root := t.TempDir()
 	reg := filepath.Join(t.TempDir(), "resources", "serial.json")
 	src := func(globs ...string) (*Source, *Snapshot, error) {
@@ -367,19 +356,19 @@ func TestRegistry(t *testing.T) {
 		}
 		return m
 	}
-	testutil.Mknod(t, filepath.Join(root, "ttyR3"), 4, 67)
-	testutil.Mknod(t, filepath.Join(root, "ttyS0"), 4, 70)
+	fn.make(t, filepath.Join(root, "ttyR3"), 4, 67)
+	fn.make(t, filepath.Join(root, "ttyS0"), 4, 70)
 	if _, snap, err := src("ttyR*", "ttyS*"); err != nil || !maps.Equal(index(snap), map[string]int{"/dev/ttyR3": 0, "/dev/ttyS0": 1}) {
 		t.Fatalf("%v %v", index(snap), err)
 	}
-	testutil.Mknod(t, filepath.Join(root, "ttyR1"), 4, 65)
+	fn.make(t, filepath.Join(root, "ttyR1"), 4, 65)
 	_, snap, err := src("ttyR*", "ttyS*")
 	if err != nil || !maps.Equal(index(snap), map[string]int{"/dev/ttyR3": 0, "/dev/ttyS0": 1, "/dev/ttyR1": 2}) {
 		t.Fatalf("after restart with a new device: %v %v", index(snap), err)
 	}
 	// ttyS* is no longer configured: ttyS0 is forgotten, its index is not
 	// reused.
-	testutil.Mknod(t, filepath.Join(root, "ttyR0"), 4, 64)
+	fn.make(t, filepath.Join(root, "ttyR0"), 4, 64)
 	_, snap, err = src("ttyR*")
 	if err != nil || !maps.Equal(index(snap), map[string]int{"/dev/ttyR3": 0, "/dev/ttyR1": 2, "/dev/ttyR0": 3}) {
 		t.Fatalf("after dropping a glob: %v %v", index(snap), err)

@@ -7,15 +7,13 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
-
-	"github.com/cdi-device-plugin/cdi-device-plugin/internal/testutil"
 )
 
 // TestNodeEventsRescanOnlyTheirDevices: an event that names a simulated
 // node re-checks that node alone, and the snapshot published is the one a
 // full rescan of the disk gives.
 func TestNodeEventsRescanOnlyTheirDevices(t *testing.T) {
-	testutil.NeedMknod(t)
+	fn := useFakeNodes(t)
 	root := t.TempDir()
 	s := newSim(t, root, 200, 2)
 	if _, err := s.Prepare(); err != nil {
@@ -32,13 +30,13 @@ func TestNodeEventsRescanOnlyTheirDevices(t *testing.T) {
 	}{
 		{"node 3 removed", func() error { return os.Remove(node("3")) },
 			func(s *Snapshot) bool { return !s.Devices[3].Healthy && s.Devices[3].Problem.Cause == CauseMissing }},
-		{"node 3 back with other numbers", func() error { return unix.Mknod(node("3"), unix.S_IFCHR|0o666, int(unix.Mkdev(1, 5))) },
+		{"node 3 back with other numbers", func() error { return fn.mknod(node("3"), unix.S_IFCHR|0o666, int(unix.Mkdev(1, 5))) },
 			func(s *Snapshot) bool { return !s.Devices[3].Healthy && s.Devices[3].Problem.Cause == CauseWrongNode }},
 		{"node 3 right again", func() error {
 			if err := os.Remove(node("3")); err != nil {
 				return err
 			}
-			return unix.Mknod(node("3"), unix.S_IFCHR|0o666, int(unix.Mkdev(1, 3)))
+			return fn.mknod(node("3"), unix.S_IFCHR|0o666, int(unix.Mkdev(1, 3)))
 		}, func(s *Snapshot) bool { return s.Healthy() == 200 }},
 		{"node 199 renamed away", func() error { return os.Rename(node("199"), node("x")) },
 			func(s *Snapshot) bool { return !s.Devices[199].Healthy }},
@@ -71,7 +69,7 @@ func TestNodeEventsRescanOnlyTheirDevices(t *testing.T) {
 	// A fault (set while the node is missing) applies to the node when it
 	// comes back.
 	s.SetFault(s.Snapshot().Devices[10].Name, Problem{Cause: CausePrepareFailed, Message: "step reset failed"})
-	if err := unix.Mknod(node("10"), unix.S_IFCHR|0o666, int(unix.Mkdev(1, 3))); err != nil {
+	if err := fn.mknod(node("10"), unix.S_IFCHR|0o666, int(unix.Mkdev(1, 3))); err != nil {
 		t.Fatal(err)
 	}
 	waitSnap(t, s, out, 2*time.Second, "node 10 back, faulted", func(s *Snapshot) bool {
@@ -86,7 +84,7 @@ func TestNodeEventsRescanOnlyTheirDevices(t *testing.T) {
 // the directory reports every device, and putting it back heals them (the
 // directory events are not node events: a full rescan answers them).
 func TestNodeDirectoryRemoved(t *testing.T) {
-	testutil.NeedMknod(t)
+	fn := useFakeNodes(t)
 	root := t.TempDir()
 	s, err := NewSource(Options{DevRoot: root, IDPrefix: "sim", NodeName: "node1", Count: 5, FilePrefix: "sub/sim", Type: Char, Major: 1, Minor: 3, Replicas: 1})
 	if err != nil {
@@ -102,7 +100,7 @@ func TestNodeDirectoryRemoved(t *testing.T) {
 	}
 	waitSnap(t, s, out, 2*time.Second, "directory removed", func(s *Snapshot) bool { return s.Healthy() == 0 })
 	for i := 0; i < 5; i++ {
-		testutil.Mknod(t, filepath.Join(root, "sub", "sim-"+string(rune('0'+i))), 1, 3)
+		fn.make(t, filepath.Join(root, "sub", "sim-"+string(rune('0'+i))), 1, 3)
 	}
 	waitSnap(t, s, out, 2*time.Second, "directory back", func(s *Snapshot) bool { return s.Healthy() == 5 })
 	if cur, full := s.Snapshot(), s.scan(); !Equal(cur, full) {

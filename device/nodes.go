@@ -48,11 +48,20 @@ func inRoot(root, rel string) (string, error) {
 	return p, nil
 }
 
+// nodeOps makes and looks at device nodes: the system calls, or in tests
+// that need no root a stand-in that keeps nodes as regular files (see
+// fakeNodes in the tests). Every node the package makes or reads goes
+// through it.
+var nodeOps = struct {
+	mknod       func(path string, mode uint32, dev int) error
+	lstat, stat func(path string, st *unix.Stat_t) error
+}{unix.Mknod, unix.Lstat, unix.Stat}
+
 // nodeStatus inspects the node at p without following symlinks and says why
 // it is not the wanted node (none when it is).
 func nodeStatus(p string, t NodeType, major, minor uint32) Problem {
 	var st unix.Stat_t
-	if err := unix.Lstat(p, &st); err != nil {
+	if err := nodeOps.lstat(p, &st); err != nil {
 		if errors.Is(err, unix.ENOENT) {
 			return Problem{Cause: CauseMissing}
 		}
@@ -93,7 +102,7 @@ func EnsureNode(root, rel string, t NodeType, major, minor uint32) (bool, error)
 		// Nothing to replace: create it in place (nobody uses it before
 		// the spec names it), then give it the mode we promise (mknod
 		// honours the umask).
-		if err := unix.Mknod(p, mode|nodeMode, int(unix.Mkdev(major, minor))); err != nil && !errors.Is(err, unix.EEXIST) {
+		if err := nodeOps.mknod(p, mode|nodeMode, int(unix.Mkdev(major, minor))); err != nil && !errors.Is(err, unix.EEXIST) {
 			return false, fmt.Errorf("mknod %s: %w", p, err)
 		} else if err == nil {
 			if err := unix.Chmod(p, nodeMode); err != nil {
@@ -108,7 +117,7 @@ func EnsureNode(root, rel string, t NodeType, major, minor uint32) (bool, error)
 	}
 	tmp := atomicfile.TempName(p)
 	_ = os.Remove(tmp)
-	if err := unix.Mknod(tmp, mode|nodeMode, int(unix.Mkdev(major, minor))); err != nil {
+	if err := nodeOps.mknod(tmp, mode|nodeMode, int(unix.Mkdev(major, minor))); err != nil {
 		return false, fmt.Errorf("mknod %s: %w", tmp, err)
 	}
 	// mknod honours the umask; set the mode we promise.
@@ -157,7 +166,7 @@ func hostNode(root, p string) (NodeType, uint32, uint32, error) {
 		return "", 0, 0, fmt.Errorf("%q resolves to %q: %w", p, target, ErrEscape)
 	}
 	var st unix.Stat_t
-	if err := unix.Stat(target, &st); err != nil {
+	if err := nodeOps.stat(target, &st); err != nil {
 		return "", 0, 0, err
 	}
 	t, ok := nodeType(st.Mode)
