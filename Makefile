@@ -9,14 +9,16 @@ LDFLAGS   := -s -w -X main.version=$(VERSION)
 # grpcnotrace leaves out gRPC's x/net/trace (and html/template with it):
 # the plugin never serves /debug/requests.
 GO_TAGS   := grpcnotrace
-# The linter, built with go install at this version into GOBIN (outside the
-# clone, so CI's cache keeps it) when missing or at another version.
-GOLANGCI_LINT_VERSION ?= v2.15.0
+# Every pinned version (Kubernetes, containerd, kind, helm, the linter, ...),
+# shared with the e2e and bench scripts; override on the command line.
+include e2e/versions.env
+# The linter, built with go install at GOLANGCI_LINT_VERSION into GOBIN
+# (outside the clone, so CI's cache keeps it) when missing or at another
+# version.
 GOBIN     ?= $(shell $(GO) env GOPATH)/bin
 GOLANGCI_LINT := $(GOBIN)/golangci-lint
 # helm, for the chart's tests and the e2e scenario that installs with it:
-# built with go install at this version into a cache outside the clone.
-HELM_VERSION ?= v3.22.0
+# built with go install at HELM_VERSION into a cache outside the clone.
 TOOLS_CACHE  ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/cdi-device-plugin-tools
 HELM         ?= $(TOOLS_CACHE)/helm-$(HELM_VERSION)/helm
 export HELM

@@ -15,39 +15,21 @@
 #
 # Prints "name=path" for every binary it has on stdout, progress on stderr.
 set -euo pipefail
-
-K8S_VERSION=${K8S_VERSION:-v1.36.3}
-SQUAT_VERSION=${SQUAT_VERSION:-v0.0.0-20260409131346-179b1fee5dcb}
+LOG_TAG=peers
+# shellcheck source=e2e/lib.sh
+source "$(dirname -- "${BASH_SOURCE[0]}")/../../e2e/lib.sh"
 BENCH_CACHE=${BENCH_CACHE:-${XDG_CACHE_HOME:-${HOME}/.cache}/cdi-device-plugin-bench}
 BIN_DIR=${BENCH_CACHE}/bin
-export GOFLAGS="${GOFLAGS:-} -buildvcs=false"
-export GOTOOLCHAIN=${GOTOOLCHAIN:-auto}
-
-log() { printf '[peers %s] %s\n' "$(date +%T)" "$*" >&2; }
-die() { printf 'peers.sh: %s\n' "$*" >&2; exit 1; }
 
 mkdir -p "${BIN_DIR}" "${BENCH_CACHE}/src"
 
 build_sample() {
 	local out=${BIN_DIR}/sample-device-plugin-${K8S_VERSION}
 	[[ -x ${out} ]] && return 0
-	local dir=${BENCH_CACHE}/src/sample-device-plugin-${K8S_VERSION} gomod
+	local dir=${BENCH_CACHE}/src/sample-device-plugin-${K8S_VERSION}
 	log "sample-device-plugin ${K8S_VERSION}"
-	if [[ ! -f ${dir}/.ready ]]; then
-		rm -rf "${dir}"
-		mkdir -p "${dir}"
-		printf 'module bench.local/wrapper\n\ngo 1.26\n\nrequire k8s.io/kubernetes %s\n' "${K8S_VERSION}" >"${dir}/go.mod"
-		gomod=$(cd "${dir}" && go mod download -json "k8s.io/kubernetes@${K8S_VERSION}" | sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",\{0,1\}$/\1/p')
-		[[ -f ${gomod} ]] || die "go.mod of k8s.io/kubernetes@${K8S_VERSION} not found"
-		# Every staging module k8s.io/X => ./staging/... becomes k8s.io/X v0.<minor>.<patch>.
-		awk -v v="v0.${K8S_VERSION#v1.}" '$1 ~ /^k8s\.io\// && $2 == "=>" && $3 ~ /^\.\/staging\// { print "replace " $1 " => " $1 " " v }' "${gomod}" >>"${dir}/go.mod"
-		grep -q '^replace k8s.io/api ' "${dir}/go.mod" || die "no staging replaces found in ${gomod}"
-		printf '//go:build tools\n\npackage tools\n\nimport _ "k8s.io/kubernetes/test/images/sample-device-plugin"\n' >"${dir}/tools.go"
-		(cd "${dir}" && go mod tidy >&2)
-		touch "${dir}/.ready"
-	fi
-	(cd "${dir}" && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "${out}.tmp" k8s.io/kubernetes/test/images/sample-device-plugin)
-	mv -f "${out}.tmp" "${out}"
+	k8s_wrapper "${dir}" bench.local/wrapper "$(printf '//go:build tools\n\npackage tools\n\nimport _ "k8s.io/kubernetes/test/images/sample-device-plugin"\n')"
+	k8s_build "${dir}" k8s.io/kubernetes/test/images/sample-device-plugin "${out}"
 }
 
 build_squat() {

@@ -23,10 +23,8 @@
 # node getting its address back, which its certificates and etcd name).
 set -euo pipefail
 
-die() {
-	printf 'node-hooks.sh: %s\n' "$*" >&2
-	exit 1
-}
+# shellcheck source=e2e/lib.sh
+source "$(dirname -- "${BASH_SOURCE[0]}")/../lib.sh"
 
 [[ $# -ge 3 ]] || die "usage: node-hooks.sh ENGINE NODE plugin-host start VAR=VALUE... | plugin-host stop | simulate-reboot"
 engine=$1 node=$2

@@ -55,23 +55,17 @@ PACKAGES=(
 IMAGE_REPO=localhost/cdi-e2e-node
 POD_SUBNET=10.244.0.0/24 # the node's podCIDR: the first /24 of kind's 10.244.0.0/16
 
-log() { printf '[node-image %s] %s\n' "$(date +%T)" "$*" >&2; }
-die() {
-	printf 'node-image.sh: %s\n' "$*" >&2
-	exit 1
-}
-
-script_dir=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd -P)
-repo_root=$(cd -- "${script_dir}/../.." && pwd -P)
+LOG_TAG=node-image
+# shellcheck source=e2e/lib.sh
+source "$(dirname -- "${BASH_SOURCE[0]}")/../lib.sh"
+script_dir=${REPO}/e2e/kind
+repo_root=${REPO}
 engine=${1:-}
 [[ ${engine} == podman || ${engine} == docker ]] || die "usage: node-image.sh podman|docker"
-[[ -n ${KIND_VERSION:-} ]] || die "KIND_VERSION is not set (e2e/kind/run.sh sets it)"
-E2E_CACHE=${E2E_CACHE:-${XDG_CACHE_HOME:-${HOME}/.cache}/cdi-device-plugin-e2e}
-export E2E_CACHE
 cache=${E2E_CACHE}/kind
 build_binaries=${repo_root}/e2e/local/build-binaries.sh
 
-# Versions, named in build-binaries.sh only.
+# The versions build-binaries.sh builds (from e2e/versions.env).
 versions=$("${build_binaries}" --versions)
 eval "${versions}"
 

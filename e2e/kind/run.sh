@@ -41,7 +41,6 @@ set -euo pipefail
 
 # Keep in step with the node image in kind-config.yaml: a node image is only
 # supported by the kind release that built it.
-KIND_VERSION=v0.33.0
 PLUGIN_IMAGE=docker.io/library/cdi-device-plugin:e2e
 # Another tag of the same image, for the upgrade scenario's rollout.
 PLUGIN_IMAGE_NEXT=docker.io/library/cdi-device-plugin:e2e-next
@@ -49,20 +48,15 @@ TEST_IMAGE=docker.io/library/busybox:1.36.1 # registry mode
 LOCAL_TEST_IMAGE=e2e.local/busybox:debian   # local mode: Debian's busybox-static
 export KIND_VERSION
 
-log() { printf '[kind-e2e %s] %s\n' "$(date +%T)" "$*" >&2; }
-die() {
-	printf 'run.sh: %s\n' "$*" >&2
-	exit 1
-}
-
-script_dir=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd -P)
-repo_root=$(cd -- "${script_dir}/../.." && pwd -P)
+LOG_TAG=kind-e2e
+# shellcheck source=e2e/lib.sh
+source "$(dirname -- "${BASH_SOURCE[0]}")/../lib.sh"
+script_dir=${REPO}/e2e/kind
+repo_root=${REPO}
 
 cluster=${KIND_CLUSTER:-cdi-e2e}
 [[ ${cluster} =~ ^[a-z0-9.-]+$ ]] || die "invalid KIND_CLUSTER '${cluster}' (lower-case letters, digits, '.' and '-')"
 node=${cluster}-control-plane
-E2E_CACHE=${E2E_CACHE:-${XDG_CACHE_HOME:-${HOME}/.cache}/cdi-device-plugin-e2e}
-export E2E_CACHE
 
 artifacts=${E2E_ARTIFACTS:-${repo_root}/_artifacts/kind}
 mkdir -p -- "${artifacts}"
@@ -445,14 +439,10 @@ main() {
 	export E2E_ARTIFACTS=${artifacts}
 	export KUBECTL=${kubectl_bin}
 
-	log "running the suite (artifacts: ${artifacts}; cluster ready after $((SECONDS - t0)) s)"
-	local rc=0 t1=${SECONDS}
-	(cd -- "${repo_root}" && go test -tags e2e -count=1 -timeout 30m -v ./e2e/ "$@") || rc=$?
-	if ((rc == 0)); then
-		log "suite passed in $((SECONDS - t1)) s ($((SECONDS - t0)) s in all)"
-	else
-		log "suite failed (status ${rc})"
-	fi
+	log "cluster ready after $((SECONDS - t0)) s"
+	local rc=0
+	run_suite "" "$@" || rc=$?
+	log "$((SECONDS - t0)) s in all"
 	exit "${rc}"
 }
 

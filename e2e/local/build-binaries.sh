@@ -13,30 +13,16 @@
 # Prints progress on stderr. Options:
 #   --link DIR   also link each binary into DIR under its plain name
 #                (DIR/kubelet -> .../kubelet-v1.36.3), so that the versions
-#                are named in this file only
+#                are named in e2e/versions.env only
 #   --kind       also build what a kind node image needs beside those:
 #                kubeadm and kube-proxy (same Kubernetes version), coredns and
 #                crictl (e2e/kind/node-image.sh)
 #   --versions   print the versions as shell assignments and exit
 set -euo pipefail
-
-K8S_VERSION=${K8S_VERSION:-v1.36.3}
-ETCD_VERSION=${ETCD_VERSION:-v3.6.8}
-CONTAINERD_VERSION=${CONTAINERD_VERSION:-v2.4.2}
-RUNC_VERSION=${RUNC_VERSION:-v1.5.2}
-# The CoreDNS that kubeadm ${K8S_VERSION} deploys (kubeadm config images list);
-# only for the kind node image.
-COREDNS_VERSION=${COREDNS_VERSION:-v1.14.2}
-# crictl from the cri-tools release of the same Kubernetes minor; only for the
-# kind node image ("kind export logs" runs it in the node).
-CRICTL_VERSION=${CRICTL_VERSION:-v1.36.0}
-E2E_CACHE=${E2E_CACHE:-${XDG_CACHE_HOME:-${HOME}/.cache}/cdi-device-plugin-e2e}
+LOG_TAG=build
+# shellcheck source=e2e/lib.sh
+source "$(dirname -- "${BASH_SOURCE[0]}")/../lib.sh"
 BIN_DIR=${E2E_CACHE}/bin
-export GOFLAGS="${GOFLAGS:-} -buildvcs=false"
-export GOTOOLCHAIN=${GOTOOLCHAIN:-auto}
-
-log() { printf '[build %s] %s\n' "$(date +%T)" "$*" >&2; }
-die() { printf 'build-binaries.sh: %s\n' "$*" >&2; exit 1; }
 
 LINK_DIR=
 KIND=0
@@ -95,37 +81,12 @@ build_k8s() {
 	((KIND == 0)) || names+=("${KIND_K8S_NAMES[@]}")
 	for n in "${names[@]}"; do have "${n}" "${K8S_VERSION}" || missing+=("${n}"); done
 	[[ ${#missing[@]} -gt 0 ]] || return 0
-	local dir=${E2E_CACHE}/src/kubernetes-${K8S_VERSION} gomod minor
+	local dir=${E2E_CACHE}/src/kubernetes-${K8S_VERSION}
 	log "kubernetes ${K8S_VERSION}: ${missing[*]}"
-	# A wrapper made before tools.go listed every command: add them.
-	if [[ -f ${dir}/.ready ]] && ! cmp -s <(k8s_tools_go) "${dir}/tools.go"; then
-		rm -f "${dir}/.ready"
-		k8s_tools_go >"${dir}/tools.go"
-		(cd "${dir}" && go mod tidy >&2)
-		touch "${dir}/.ready"
-	fi
-	if [[ ! -f ${dir}/.ready ]]; then
-		rm -rf "${dir}"
-		mkdir -p "${dir}"
-		printf 'module e2e.local/wrapper\n\ngo 1.26\n\nrequire k8s.io/kubernetes %s\n' "${K8S_VERSION}" >"${dir}/go.mod"
-		gomod=$(cd "${dir}" && go mod download -json "k8s.io/kubernetes@${K8S_VERSION}" | sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",\{0,1\}$/\1/p')
-		[[ -f ${gomod} ]] || die "go.mod of k8s.io/kubernetes@${K8S_VERSION} not found"
-		# Every staging module k8s.io/X => ./staging/... becomes k8s.io/X v0.<minor>.<patch>.
-		local staging=v0.${K8S_VERSION#v1.}
-		awk -v v="${staging}" '$1 ~ /^k8s\.io\// && $2 == "=>" && $3 ~ /^\.\/staging\// { print "replace " $1 " => " $1 " " v }' "${gomod}" >>"${dir}/go.mod"
-		grep -q '^replace k8s.io/api ' "${dir}/go.mod" || die "no staging replaces found in ${gomod}"
-		k8s_tools_go >"${dir}/tools.go"
-		(cd "${dir}" && go mod tidy >&2)
-		touch "${dir}/.ready"
-	fi
-	minor=${K8S_VERSION#v1.}
-	minor=${minor%%.*}
-	local ld="-s -w -X k8s.io/component-base/version.gitVersion=${K8S_VERSION} -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=${minor} -X k8s.io/component-base/version.gitTreeState=clean"
-	ld+=" -X k8s.io/client-go/pkg/version.gitVersion=${K8S_VERSION} -X k8s.io/client-go/pkg/version.gitMajor=1 -X k8s.io/client-go/pkg/version.gitMinor=${minor}"
+	k8s_wrapper "${dir}" e2e.local/wrapper "$(k8s_tools_go)"
 	for n in "${missing[@]}"; do
 		log "  go build ${n}"
-		(cd "${dir}" && CGO_ENABLED=0 go build -trimpath -ldflags "${ld}" -o "${BIN_DIR}/.${n}-${K8S_VERSION}.tmp" "k8s.io/kubernetes/cmd/${n}")
-		mv -f "${BIN_DIR}/.${n}-${K8S_VERSION}.tmp" "${BIN_DIR}/${n}-${K8S_VERSION}"
+		k8s_build "${dir}" "k8s.io/kubernetes/cmd/${n}" "${BIN_DIR}/${n}-${K8S_VERSION}" "$(k8s_version_ldflags)"
 	done
 }
 

@@ -36,7 +36,9 @@
 # real node's kubelet state.
 set -euo pipefail
 
-REPO=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/../.." && pwd -P)
+LOG_TAG=cluster
+# shellcheck source=e2e/lib.sh
+source "$(dirname -- "${BASH_SOURCE[0]}")/../lib.sh"
 E2E_WORK=${E2E_WORK:-/var/lib/cdi-device-plugin-e2e}
 NODE_NAME=${E2E_NODE_NAME:-e2e-node}
 CGROUP_ROOT=/e2enode
@@ -68,8 +70,6 @@ MARKER=${E2E_WORK}/made-by-cluster-sh
 UNIT=${REPO}/deploy/systemd/cdi-device-plugin.service
 UNIT_ENV=${REPO}/deploy/systemd/cdi-device-plugin.env
 
-log() { printf '[cluster %s] %s\n' "$(date +%T)" "$*" >&2; }
-die() { printf 'cluster.sh: %s\n' "$*" >&2; exit 1; }
 
 node_ip() {
 	local ip

@@ -3,7 +3,9 @@
 # devices, run a pod that asks for 2 and print what it sees. The node stays
 # up; "make demo-down" (e2e/local/cluster.sh down) removes it.
 set -euo pipefail
-REPO=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/../.." && pwd -P)
+LOG_TAG=demo
+# shellcheck source=e2e/lib.sh
+source "$(dirname -- "${BASH_SOURCE[0]}")/../lib.sh"
 cd "${REPO}"
 E2E_WORK=${E2E_WORK:-/var/lib/cdi-device-plugin-e2e}
 export E2E_WORK

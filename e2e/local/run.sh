@@ -4,7 +4,9 @@
 # component's log (kubelet, containerd, apiserver, ...) is printed and copied
 # with the suite's artifacts to E2E_ARTIFACTS (default _artifacts/local).
 set -euo pipefail
-REPO=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/../.." && pwd -P)
+LOG_TAG=e2e
+# shellcheck source=e2e/lib.sh
+source "$(dirname -- "${BASH_SOURCE[0]}")/../lib.sh"
 cd "${REPO}"
 export E2E_ARTIFACTS=${E2E_ARTIFACTS:-${REPO}/_artifacts/local}
 E2E_WORK=${E2E_WORK:-/var/lib/cdi-device-plugin-e2e}
@@ -42,9 +44,6 @@ start=${SECONDS}
 up=$((SECONDS - start))
 # shellcheck disable=SC1091
 source "${E2E_WORK}/env"
-set +e
-go test -tags e2e -count=1 -timeout "${E2E_TIMEOUT:-30m}" -v ./e2e/ 2>&1 | tee "${E2E_WORK}/logs/suite.log"
-status=${PIPESTATUS[0]}
-set -e
-echo "e2e: node up in ${up} s, suite and node in $((SECONDS - start)) s, status ${status}" >&2
+run_suite "${E2E_WORK}/logs/suite.log" || status=$?
+log "node up in ${up} s, suite and node in $((SECONDS - start)) s, status ${status}"
 exit "${status}"
