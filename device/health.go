@@ -8,22 +8,22 @@ import "fmt"
 type Cause uint8
 
 const (
-	// CauseNone: the device is healthy.
+	// CauseNone means the device is healthy.
 	CauseNone Cause = iota
-	// CauseMissing: its node (or host device) is not there.
+	// CauseMissing means its node (or host device) is not there.
 	CauseMissing
-	// CauseWrongNode: the path is no device node, or another type or
+	// CauseWrongNode means the path is no device node, or another type or
 	// major:minor than the device's.
 	CauseWrongNode
-	// CauseNodeError: its node cannot be looked at (other than missing).
+	// CauseNodeError means its node cannot be looked at (other than missing).
 	CauseNodeError
-	// CausePrepareFailed: its preparation (PreStartContainer steps) failed,
+	// CausePrepareFailed means its preparation (PreStartContainer steps) failed,
 	// or its state cannot be kept (an unusable state directory or file).
 	CausePrepareFailed
-	// CauseNotInSpec: the CDI spec does not describe it (yet): the write
+	// CauseNotInSpec means the CDI spec does not describe it (yet): the write
 	// failed or is pending.
 	CauseNotInSpec
-	// CauseYielded: another process owns the resource's CDI spec.
+	// CauseYielded means another process owns the resource's CDI spec.
 	CauseYielded
 )
 

@@ -99,7 +99,7 @@ func TestListAndWatchLogsAnUnreadableList(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, updates := testutil.Watch(t, context.Background(), dir, reg.Request.Endpoint)
+	_, updates := testutil.Watch(context.Background(), t, dir, reg.Request.Endpoint)
 	deadline := time.Now().Add(5 * time.Second)
 	for {
 		var found *logrus.Entry

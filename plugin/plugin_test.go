@@ -130,7 +130,7 @@ func TestRegistrationAndKubeletRestart(t *testing.T) {
 		!r.Options.GetPreferredAllocationAvailable || r.Options.PreStartRequired {
 		t.Fatalf("registration %+v", r)
 	}
-	c, updates := testutil.Watch(t, context.Background(), dir, r.Endpoint)
+	c, updates := testutil.Watch(context.Background(), t, dir, r.Endpoint)
 	opts, err := c.GetDevicePluginOptions(context.Background(), &pluginapi.Empty{})
 	if err != nil || !opts.GetPreferredAllocationAvailable || opts.PreStartRequired {
 		t.Fatalf("options %+v %v", opts, err)
@@ -152,7 +152,7 @@ func TestRegistrationAndKubeletRestart(t *testing.T) {
 		if _, err := os.Stat(filepath.Join(dir, reg.Request.Endpoint)); err != nil {
 			t.Fatalf("restart %d: socket not served again: %v", i, err)
 		}
-		_, u := testutil.Watch(t, context.Background(), dir, reg.Request.Endpoint)
+		_, u := testutil.Watch(context.Background(), t, dir, reg.Request.Endpoint)
 		if _, err := kubeletsim.WaitFor(u, 5*time.Second, func(u kubeletsim.Update) bool { return len(u.Devices) == 8 }); err != nil {
 			t.Fatalf("restart %d: %v", i, err)
 		}
@@ -190,7 +190,7 @@ func TestShutdownRemovesSocket(t *testing.T) {
 	if _, err := k.WaitRegistration(5 * time.Second); err != nil {
 		t.Fatal(err)
 	}
-	_, updates := testutil.Watch(t, context.Background(), dir, "test-sim.sock")
+	_, updates := testutil.Watch(context.Background(), t, dir, "test-sim.sock")
 	<-updates
 	cancel()
 	if err := <-done; err != nil {
@@ -213,7 +213,7 @@ func TestListAndWatchSendsUpdates(t *testing.T) {
 	if _, err := k.WaitRegistration(5 * time.Second); err != nil {
 		t.Fatal(err)
 	}
-	_, updates := testutil.Watch(t, context.Background(), dir, "test-sim.sock")
+	_, updates := testutil.Watch(context.Background(), t, dir, "test-sim.sock")
 	first, err := kubeletsim.WaitFor(updates, 5*time.Second, func(kubeletsim.Update) bool { return true })
 	if err != nil || first.Healthy() != 3 {
 		t.Fatalf("first list %+v %v", first, err)
@@ -473,7 +473,7 @@ func TestPreStartContainer(t *testing.T) {
 	if !reg.Request.Options.PreStartRequired {
 		t.Fatal("PreStartRequired not advertised with a preparer")
 	}
-	c, _ := testutil.Watch(t, context.Background(), dir, reg.Request.Endpoint)
+	c, _ := testutil.Watch(context.Background(), t, dir, reg.Request.Endpoint)
 	ctx := context.Background()
 	// Two replicas of sim-1 and one of sim-2: each physical device once.
 	if _, err := c.PreStartContainer(ctx, &pluginapi.PreStartContainerRequest{DevicesIds: []string{"sim-1::0", "sim-2::1", "sim-1::1"}}); err != nil {
@@ -613,7 +613,7 @@ func TestStopWaitsForHandlers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, _ := testutil.Watch(t, context.Background(), dir, reg.Request.Endpoint)
+	c, _ := testutil.Watch(context.Background(), t, dir, reg.Request.Endpoint)
 	rpcDone := make(chan struct{})
 	go func() {
 		defer close(rpcDone)

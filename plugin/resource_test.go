@@ -208,7 +208,7 @@ func runResource(t *testing.T, dir string, k *kubeletsim.Kubelet, r *Resource) f
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, updates := testutil.Watch(t, context.Background(), dir, reg.Request.Endpoint)
+	_, updates := testutil.Watch(context.Background(), t, dir, reg.Request.Endpoint)
 	return func(what string, cond func(kubeletsim.Update) bool) {
 		t.Helper()
 		if _, err := kubeletsim.WaitFor(updates, 5*time.Second, cond); err != nil {

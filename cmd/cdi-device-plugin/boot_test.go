@@ -94,7 +94,7 @@ func TestBootBeforeTheKubelet(t *testing.T) {
 	if took > time.Second {
 		t.Errorf("registered %v after kubelet.sock appeared", took)
 	}
-	_, updates := testutil.Watch(t, ctx, d.plugins, reg.Request.Endpoint)
+	_, updates := testutil.Watch(ctx, t, d.plugins, reg.Request.Endpoint)
 	first, err := kubeletsim.WaitFor(updates, 5*time.Second, func(kubeletsim.Update) bool { return true })
 	if err != nil || first.Healthy() != 4 {
 		t.Fatalf("first list %+v %v", first, err)

@@ -73,7 +73,7 @@ func TestCapabilities(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%v; log:\n%s", err, out.String())
 		}
-		c, updates := testutil.Watch(t, ctx, d.plugins, reg.Request.Endpoint)
+		c, updates := testutil.Watch(ctx, t, d.plugins, reg.Request.Endpoint)
 		if _, err := kubeletsim.WaitFor(updates, 5*time.Second, func(u kubeletsim.Update) bool { return u.Healthy() == 2 }); err != nil {
 			t.Fatalf("ListAndWatch: %v; log:\n%s", err, out.String())
 		}

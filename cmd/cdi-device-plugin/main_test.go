@@ -102,7 +102,7 @@ func startRun(t *testing.T, d dirs, args []string, env map[string]string) *runni
 	if r.reg, err = k.WaitRegistration(5 * time.Second); err != nil {
 		t.Fatalf("%v; log:\n%s", err, r.stderr.String())
 	}
-	r.c, r.updates = testutil.Watch(t, ctx, d.plugins, r.reg.Request.Endpoint)
+	r.c, r.updates = testutil.Watch(ctx, t, d.plugins, r.reg.Request.Endpoint)
 	return r
 }
 

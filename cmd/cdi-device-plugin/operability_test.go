@@ -124,7 +124,7 @@ func TestMetricsAndProbes(t *testing.T) {
 	waitHTTP(t, addr, "/readyz", 5*time.Second, func(c int, b string) bool {
 		return c == 503 && strings.Contains(b, "example.com/sim: registered, but the kubelet has no ListAndWatch stream open")
 	})
-	c, _ := testutil.Watch(t, ctx, d.plugins, reg.Request.Endpoint)
+	c, _ := testutil.Watch(ctx, t, d.plugins, reg.Request.Endpoint)
 	waitHTTP(t, addr, "/readyz", 5*time.Second, func(c int, b string) bool { return c == 200 && strings.TrimSpace(b) == "ok" })
 
 	res := `resource="example.com/sim"`
@@ -374,7 +374,7 @@ func TestReloadStopsBeforePreparing(t *testing.T) {
 	if err != nil || reg.Request.ResourceName != "example.com/a" {
 		t.Fatalf("no registration of a restored: %+v %v\n%s", reg.Request, err, r.stderr.String())
 	}
-	_, updates := testutil.Watch(t, t.Context(), d.plugins, reg.Request.Endpoint)
+	_, updates := testutil.Watch(t.Context(), t, d.plugins, reg.Request.Endpoint)
 	if _, err := kubeletsim.WaitFor(updates, 5*time.Second, func(u kubeletsim.Update) bool { return u.Healthy() == 3 }); err != nil {
 		t.Fatalf("a restored: %v\n%s", err, r.stderr.String())
 	}

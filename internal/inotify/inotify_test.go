@@ -60,7 +60,7 @@ func TestStream(t *testing.T) {
 		defer f.Close()
 		next(t, s) // its creation
 		for range 100 {
-			if _, err := f.Write([]byte("x")); err != nil {
+			if _, err := f.WriteString("x"); err != nil {
 				t.Fatal(err)
 			}
 		}

@@ -66,7 +66,7 @@ func Mknod(t testing.TB, p string, major, minor uint32) {
 
 // Watch dials a plugin's endpoint in dir as the kubelet does and opens its
 // ListAndWatch stream; both end when the test ends (or ctx is done).
-func Watch(t testing.TB, ctx context.Context, dir, endpoint string) (*kubeletsim.Client, <-chan kubeletsim.Update) {
+func Watch(ctx context.Context, t testing.TB, dir, endpoint string) (*kubeletsim.Client, <-chan kubeletsim.Update) {
 	t.Helper()
 	c, err := kubeletsim.Dial(dir, endpoint)
 	if err != nil {
