@@ -7,8 +7,6 @@ import (
 	"sync"
 	"testing"
 	"time"
-
-	"golang.org/x/sys/unix"
 )
 
 // fakeDiscovery is a discovery whose devices the test sets.
@@ -46,16 +44,11 @@ func itoa(u uint32) string { return string(rune('0' + u)) }
 // device whose node is missing or wrong, or that the discovery no longer
 // finds, is Unhealthy with that cause, and Healthy again when it is back.
 func TestDiscoveredDevices(t *testing.T) {
-	needMknod(t)
+	fn := useFakeNodes(t)
 	root, state := t.TempDir(), t.TempDir()
 	mk := func(rel string, major, minor uint32) {
 		t.Helper()
-		p := filepath.Join(root, rel)
-		_ = os.MkdirAll(filepath.Dir(p), 0o755)
-		_ = os.Remove(p)
-		if err := unix.Mknod(p, unix.S_IFCHR|0o666, int(unix.Mkdev(major, minor))); err != nil {
-			t.Fatal(err)
-		}
+		fn.make(t, filepath.Join(root, rel), major, minor)
 	}
 	mk("nvidia0", 195, 0)
 	mk("nvidia1", 195, 1)
