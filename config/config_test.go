@@ -210,11 +210,11 @@ func TestValidationErrors(t *testing.T) {
 		{name: "pci with hostDevices", file: "resources:\n- name: example.com/gpu\n  hostDevices: [nvidia0]\n  pci: {vendor: 10de}\n", field: "resources[0].hostDevices", value: "nvidia0"},
 		{name: "pci and usb", file: "resources:\n- name: example.com/gpu\n  pci: {vendor: 10de}\n  usb: {vendor: \"0403\"}\n", field: "resources[0].usb", value: "0403"},
 		{name: "usb product", file: "resources:\n- name: example.com/ser\n  usb: {vendor: \"0403\", product: \"60011\"}\n", field: "resources[0].usb.product", value: "60011"},
+		{name: "usb not available yet", file: "resources:\n- name: example.com/ser\n  usb: {vendor: \"0403\", product: \"6001\"}\n", field: "resources[0].usb", value: "0403"},
 		{name: "shared node escapes", file: "resources:\n- name: example.com/gpu\n  pci: {vendor: 10de}\n  sharedNodes: [/dev/../etc/passwd]\n", field: "resources[0].sharedNodes[0]", value: "/dev/../etc/passwd"},
 		{name: "shared nodes on simulated", file: "resources:\n- name: example.com/a\n  sharedNodes: [nvidiactl]\n", field: "resources[0].sharedNodes", value: "nvidiactl"},
-		{name: "container path field", file: "resources:\n- name: example.com/ser\n  usb: {vendor: \"0403\"}\n  containerPath: /dev/ttyUSB{{.Name}}\n", field: "resources[0].containerPath", value: "/dev/ttyUSB{{.Name}}"},
-		{name: "container path relative", file: "resources:\n- name: example.com/ser\n  usb: {vendor: \"0403\"}\n  containerPath: ttyUSB{{.Index}}\n", field: "resources[0].containerPath", value: "ttyUSB{{.Index}}"},
-		{name: "forget after", file: "resources:\n- name: example.com/ser\n  usb: {vendor: \"0403\"}\n  forgetAfter: 1ms\n", field: "resources[0].forgetAfter", value: "1ms"},
+		{name: "container path field", file: "resources:\n- name: example.com/ser\n  hostDevices: [ttyUSB*]\n  containerPath: /dev/ttyUSB{{.Name}}\n", field: "resources[0].containerPath", value: "/dev/ttyUSB{{.Name}}"},
+		{name: "container path relative", file: "resources:\n- name: example.com/ser\n  hostDevices: [ttyUSB*]\n  containerPath: ttyUSB{{.Index}}\n", field: "resources[0].containerPath", value: "ttyUSB{{.Index}}"},
 		{name: "sys root relative", args: []string{"--sys-root", "sys"}, field: "sys-root", value: "sys"},
 	}
 	for _, c := range cases {
@@ -311,9 +311,8 @@ resources:
   pci: {vendor: "8086", device: "154c", driver: vfio-pci}
 - name: example.com/serial
   idPrefix: ser
-  usb: {vendor: "0403", product: "6001"}
+  hostDevices: ["/dev/serial/by-id/usb-FTDI_*"]
   containerPath: "/dev/ttyUSB{{.Index}}"
-  forgetAfter: 30s
 `)}), io.Discard)
 	if err != nil {
 		t.Fatal(err)
@@ -326,13 +325,13 @@ resources:
 	if gpu.Discovery() != DiscoverPCI || !reflect.DeepEqual(*gpu.PCI, want) {
 		t.Errorf("gpu: %s %+v, want pci %+v", gpu.Discovery(), gpu.PCI, want)
 	}
-	if !reflect.DeepEqual(gpu.SharedRel, []string{"nvidiactl", "nvidia-uvm"}) || gpu.ForgetAfterOrDefault() != DefaultForgetAfter {
-		t.Errorf("gpu: shared %q, forget after %s", gpu.SharedRel, gpu.ForgetAfterOrDefault())
+	if !reflect.DeepEqual(gpu.SharedRel, []string{"nvidiactl", "nvidia-uvm"}) {
+		t.Errorf("gpu: shared %q", gpu.SharedRel)
 	}
 	if !reflect.DeepEqual(vf.PCI.Device, StringList{"154c"}) {
 		t.Errorf("vf device %q: one string is a list of one", vf.PCI.Device)
 	}
-	if ser.Discovery() != DiscoverUSB || ser.USB.Product != "6001" || ser.ForgetAfterOrDefault() != 30*time.Second {
+	if ser.Discovery() != DiscoverGlobs {
 		t.Errorf("serial: %+v", ser)
 	}
 	if got := ser.ContainerPathOf(3, "bus/usb/001/004"); got != "/dev/ttyUSB3" {

@@ -7,7 +7,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"time"
 )
 
 // Discovery says where a resource's devices come from.
@@ -24,10 +23,6 @@ const (
 	// DiscoverUSB: USB devices matched by usb, with their nodes.
 	DiscoverUSB Discovery = "usb"
 )
-
-// DefaultForgetAfter is how long a vanished device that no container
-// holds is kept (Unhealthy) before it is forgotten.
-const DefaultForgetAfter = 10 * time.Minute
 
 // DefaultSysRoot and DefaultProcRoot are where sysfs and procfs are read.
 const (
@@ -140,7 +135,7 @@ var driverNameOK = func(s string) bool {
 }
 
 // validateDiscovered checks a pci or usb resource (f names its fields).
-func validateDiscovered(f func(string) string, r *Resource) error {
+func validateDiscovered(f func(string) string, r *Resource) (err error) {
 	if r.PCI != nil && r.USB != nil {
 		return fieldErr(f("usb"), r.USB.Vendor, "pci and usb exclude each other")
 	}
@@ -180,6 +175,13 @@ func validateDiscovered(f func(string) string, r *Resource) error {
 		}
 	}
 	if u := r.USB; u != nil {
+		// The selector is read and checked, but USB discovery is not
+		// there yet: refuse it rather than advertise nothing.
+		defer func() {
+			if err == nil {
+				err = fieldErr(f("usb"), u.Vendor, "USB discovery is not available in this version")
+			}
+		}()
 		u.Vendor, u.Product = normHex(u.Vendor), normHex(u.Product)
 		if !isHex(u.Vendor, 4) {
 			return fieldErr(f("usb.vendor"), u.Vendor, "must be 4 hexadecimal digits, like 0403")
@@ -194,7 +196,7 @@ func validateDiscovered(f func(string) string, r *Resource) error {
 	return nil
 }
 
-// validateNodes checks sharedNodes, containerPath and forgetAfter, the
+// validateNodes checks sharedNodes and containerPath, the
 // fields of resources whose devices are found on the host.
 func validateNodes(f func(string) string, r *Resource) error {
 	r.SharedRel = make([]string, len(r.SharedNodes))
@@ -214,16 +216,5 @@ func validateNodes(f func(string) string, r *Resource) error {
 			return fieldErr(f("containerPath"), r.ContainerPath, "must give a clean absolute path, gives %q", p)
 		}
 	}
-	if r.ForgetAfter != nil && (r.ForgetAfter.Duration < time.Second || r.ForgetAfter.Duration > 7*24*time.Hour) {
-		return fieldErr(f("forgetAfter"), r.ForgetAfter.String(), "must be between 1s and 168h")
-	}
 	return nil
-}
-
-// ForgetAfterOrDefault is ForgetAfter, or DefaultForgetAfter when unset.
-func (r *Resource) ForgetAfterOrDefault() time.Duration {
-	if r.ForgetAfter == nil {
-		return DefaultForgetAfter
-	}
-	return r.ForgetAfter.Duration
 }

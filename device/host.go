@@ -16,7 +16,8 @@ type Found struct {
 	// the ID and index given to it.
 	Key string
 	// Node is its own node, Extra its other ones; paths relative to the
-	// dev root ("nvidia0", "vfio/42"), ContainerPath ignored.
+	// dev root ("nvidia0", "vfio/42"), ContainerPath ignored; numbers 0:0
+	// are taken from the node on disk.
 	Node  Node
 	Extra []Node
 	// NUMANode is its NUMA node, or NoNUMA.
@@ -61,7 +62,11 @@ func (s *Source) candidates() (map[string]candidate, []string) {
 			if _, dup := out[k]; dup {
 				continue
 			}
-			out[k] = candidate{key: k, node: f.Node, extra: f.Extra, numa: f.NUMANode, identity: f.Identity}
+			extra := make([]Node, len(f.Extra))
+			for i, n := range f.Extra {
+				extra[i] = s.numbers(n)
+			}
+			out[k] = candidate{key: k, node: s.numbers(f.Node), extra: extra, numa: f.NUMANode, identity: f.Identity}
 			order = append(order, k)
 		}
 		return out, order
@@ -95,6 +100,19 @@ func (s *Source) candidates() (map[string]candidate, []string) {
 		}
 	}
 	return out, order
+}
+
+// numbers fills in the type and numbers of a found node that the
+// discovery leaves to the disk (0:0, as for /dev/vfio/<group>): those of
+// the node there now, if any.
+func (s *Source) numbers(n Node) Node {
+	if n.Major != 0 || n.Minor != 0 {
+		return n
+	}
+	if t, major, minor, err := hostNode(s.root, filepath.Join(s.root, n.HostPath)); err == nil {
+		n.Type, n.Major, n.Minor = t, major, minor
+	}
+	return n
 }
 
 // containerPath is where the own node rel of device index appears.
