@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"path"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -91,7 +92,7 @@ func (r *Resource) Discovery() Discovery {
 // the same path below /dev.
 func (r *Resource) ContainerPathOf(index int, hostRel string) string {
 	if r.ContainerPath == "" {
-		return filepath.Join("/dev", hostRel)
+		return path.Join("/dev", hostRel)
 	}
 	return strings.ReplaceAll(r.ContainerPath, indexField, strconv.Itoa(index))
 }
@@ -109,7 +110,7 @@ func isHex(s string, n ...int) bool {
 		return false
 	}
 	for _, c := range s {
-		if !('0' <= c && c <= '9' || 'a' <= c && c <= 'f') {
+		if (c < '0' || c > '9') && (c < 'a' || c > 'f') {
 			return false
 		}
 	}
@@ -127,7 +128,7 @@ var driverNameOK = func(s string) bool {
 		return false
 	}
 	for _, c := range s {
-		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '_' || c == '-' || c == '.') {
+		if (c < 'a' || c > 'z') && (c < 'A' || c > 'Z') && (c < '0' || c > '9') && c != '_' && c != '-' && c != '.' {
 			return false
 		}
 	}

@@ -246,9 +246,9 @@ func nodeOf(dir string) (device.Node, bool) {
 	if err != nil {
 		return device.Node{}, false
 	}
-	maj, min, ok := strings.Cut(strings.TrimSpace(string(b)), ":")
-	major, err1 := strconv.ParseUint(maj, 10, 12)
-	minor, err2 := strconv.ParseUint(min, 10, 20)
+	majs, mins, ok := strings.Cut(strings.TrimSpace(string(b)), ":")
+	major, err1 := strconv.ParseUint(majs, 10, 12)
+	minor, err2 := strconv.ParseUint(mins, 10, 20)
 	if !ok || err1 != nil || err2 != nil {
 		return device.Node{}, false
 	}

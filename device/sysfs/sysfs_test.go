@@ -126,11 +126,11 @@ func TestMadeTrees(t *testing.T) {
 	// Two GPUs over two NUMA nodes.
 	tr.function("pci0000:00", "0000:01:00.0", "10de", "2330", "030200", "nvidia", 0)
 	tr.function("pci0000:80", "0000:81:00.0", "10de", "2330", "030200", "nvidia", 1)
-	tr.file(filepath.Join(tr.proc, "driver/nvidia/gpus/0000:01:00.0/information"), "Model: \t H100\nDevice Minor: \t 0\n")
-	tr.file(filepath.Join(tr.proc, "driver/nvidia/gpus/0000:81:00.0/information"), "Model: \t H100\nDevice Minor: \t 1\n")
+	tr.file(filepath.Join(tr.proc, "driver", "nvidia", "gpus", "0000:01:00.0", "information"), "Model: \t H100\nDevice Minor: \t 0\n")
+	tr.file(filepath.Join(tr.proc, "driver", "nvidia", "gpus", "0000:81:00.0", "information"), "Model: \t H100\nDevice Minor: \t 1\n")
 	// A function bound to vfio-pci, IOMMU group 42.
 	vf := tr.function("pci0000:00", "0000:3b:00.2", "8086", "154c", "020000", "vfio-pci", 0)
-	_ = os.MkdirAll(filepath.Join(tr.sys, "kernel/iommu_groups/42"), 0o755)
+	_ = os.MkdirAll(filepath.Join(tr.sys, "kernel", "iommu_groups", "42"), 0o755)
 	tr.link(filepath.Join(vf, "iommu_group"), "../../../kernel/iommu_groups/42")
 	// A GPU of another vendor with its DRM nodes (and a link out of it that
 	// must not be followed).
@@ -179,8 +179,8 @@ func TestMadeTrees(t *testing.T) {
 	}
 
 	// The NUMA node of a char node, through /sys/dev/char.
-	tr.link(filepath.Join(sys, "dev/char/226:128"), "../../devices/pci0000:00/0000:c1:00.0/drm/renderD128")
-	tr.link(filepath.Join(sys, "dev/char/195:1"), "../../devices/pci0000:80/0000:81:00.0")
+	tr.link(filepath.Join(sys, "dev", "char", "226:128"), "../../devices/pci0000:00/0000:c1:00.0/drm/renderD128")
+	tr.link(filepath.Join(sys, "dev", "char", "195:1"), "../../devices/pci0000:80/0000:81:00.0")
 	for _, c := range []struct {
 		major, minor uint32
 		want         int
@@ -194,7 +194,7 @@ func TestMadeTrees(t *testing.T) {
 func TestMalformed(t *testing.T) {
 	tr := newTree(t)
 	tr.function("pci0000:00", "0000:01:00.0", "10de", "2330", "030200", "nvidia", 0)
-	tr.file(filepath.Join(tr.proc, "driver/nvidia/gpus/0000:01:00.0/information"), "Device Minor: \t zero\n")
+	tr.file(filepath.Join(tr.proc, "driver", "nvidia", "gpus", "0000:01:00.0", "information"), "Device Minor: \t zero\n")
 	if _, err := PCIFunctions(tr.sys, tr.proc); err == nil {
 		t.Error("a Device Minor that is no number: no error")
 	}
