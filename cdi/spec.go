@@ -131,7 +131,7 @@ func BuildSpec(owner string, started int64, r Resource, snap *device.Snapshot) (
 		if err := parser.ValidateDeviceName(d.Name); err != nil {
 			return nil, fmt.Errorf("device %q: %w", d.Name, err)
 		}
-		spec.Devices = append(spec.Devices, specs.Device{Name: d.Name, ContainerEdits: deviceEdits(r, d)})
+		spec.Devices = append(spec.Devices, specs.Device{Name: d.Name, Annotations: d.Identity.Annotations(IdentityAnnotationPrefix), ContainerEdits: deviceEdits(r, d)})
 	}
 	v, err := specs.MinimumRequiredVersion(spec)
 	if err != nil {
@@ -141,18 +141,24 @@ func BuildSpec(owner string, started int64, r Resource, snap *device.Snapshot) (
 	return spec, nil
 }
 
-// deviceEdits are the container edits of device d: its node, its variable
-// and its state directory.
+// IdentityAnnotationPrefix starts the keys of the annotations of a device
+// found by its identity: cdi-device-plugin/pci-address and so on.
+const IdentityAnnotationPrefix = "cdi-device-plugin/"
+
+// deviceEdits are the container edits of device d: its nodes (its own,
+// its other ones, the shared ones), its variable and its state directory.
 func deviceEdits(r Resource, d device.Device) specs.ContainerEdits {
-	node := &specs.DeviceNode{
-		Path:        d.ContainerPath,
-		HostPath:    d.HostPath,
-		Type:        string(d.Type),
-		Major:       int64(d.Major),
-		Minor:       int64(d.Minor),
-		Permissions: "rw",
+	var edits specs.ContainerEdits
+	for _, n := range d.AllNodes() {
+		edits.DeviceNodes = append(edits.DeviceNodes, &specs.DeviceNode{
+			Path:        n.ContainerPath,
+			HostPath:    n.HostPath,
+			Type:        string(n.Type),
+			Major:       int64(n.Major),
+			Minor:       int64(n.Minor),
+			Permissions: "rw",
+		})
 	}
-	edits := specs.ContainerEdits{DeviceNodes: []*specs.DeviceNode{node}}
 	if k, v := DeviceEnv(r.EnvPrefix, d); k != "" {
 		edits.Env = []string{k + "=" + v}
 	}

@@ -343,3 +343,69 @@ func kindForResource(resource string) (Kind, error) {
 	}
 	return KindFor(domain, name)
 }
+
+// TestRoundTripSeveralNodes: a device found by its identity carries its
+// own node, its other nodes and the shared ones, and its identity as
+// annotations; a fresh CDI cache injects them all, a shared node once
+// for two devices.
+func TestRoundTripSeveralNodes(t *testing.T) {
+	devRoot, cdiDir := t.TempDir(), filepath.Join(t.TempDir(), "cdi")
+	mk := func(rel string, major, minor uint32) device.Node {
+		t.Helper()
+		p := filepath.Join(devRoot, rel)
+		_ = os.MkdirAll(filepath.Dir(p), 0o755)
+		if err := unix.Mknod(p, unix.S_IFCHR|0o666, int(unix.Mkdev(major, minor))); err != nil {
+			t.Skipf("cannot create device nodes here (%v): run as root", err)
+		}
+		return device.Node{HostPath: p, ContainerPath: "/dev/" + rel, Type: device.Char, Major: major, Minor: minor}
+	}
+	ctl, uvm := mk("nvidiactl", 195, 255), mk("nvidia-uvm", 238, 0)
+	snap := &device.Snapshot{Replicas: 1}
+	for i, addr := range []string{"0000:01:00.0", "0000:41:00.0"} {
+		own := mk(fmt.Sprintf("nvidia%d", i), 195, uint32(i))
+		render := mk(fmt.Sprintf("dri/renderD%d", 128+i), 226, uint32(128+i))
+		snap.Devices = append(snap.Devices, device.Device{
+			Name: fmt.Sprintf("gpu-n1-%d", i), Index: i, HostPath: own.HostPath, ContainerPath: own.ContainerPath,
+			Type: device.Char, Major: 195, Minor: uint32(i), NUMANode: i, Healthy: true,
+			Extra: []device.Node{render}, Shared: []device.Node{ctl, uvm},
+			Identity: device.Identity{PCIAddress: addr, PCIVendor: "10de", PCIDevice: "2330", PCIClass: "030200", PCIDriver: "nvidia"},
+		})
+	}
+	kind, err := NewKind("k8s.example.com", "gpu")
+	if err != nil {
+		t.Fatal(err)
+	}
+	res := Resource{Name: "example.com/gpu", Kind: kind, EnvPrefix: "GPU"}
+	w := NewWriter(cdiDir, "test-plugin", 1)
+	if err := w.Write(res, snap); err != nil {
+		t.Fatal(err)
+	}
+	fresh, err := cdiapi.NewCache(cdiapi.WithSpecDirs(cdiDir), cdiapi.WithAutoRefresh(false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if errs := fresh.GetErrors(); len(errs) != 0 {
+		t.Fatalf("cache errors: %v", errs)
+	}
+	d := fresh.GetDevice("k8s.example.com/gpu=gpu-n1-1")
+	if d == nil || d.Annotations[IdentityAnnotationPrefix+"pci-address"] != "0000:41:00.0" || d.Annotations[IdentityAnnotationPrefix+"pci-driver"] != "nvidia" {
+		t.Fatalf("device annotations: %+v", d)
+	}
+	spec := &oci.Spec{Process: &oci.Process{}, Linux: &oci.Linux{}}
+	unresolved, err := fresh.InjectDevices(spec, "k8s.example.com/gpu=gpu-n1-0", "k8s.example.com/gpu=gpu-n1-1")
+	if err != nil || len(unresolved) != 0 {
+		t.Fatalf("inject: %v %v", unresolved, err)
+	}
+	var paths []string
+	for _, n := range spec.Linux.Devices {
+		paths = append(paths, n.Path)
+	}
+	slices.Sort(paths)
+	want := []string{"/dev/dri/renderD128", "/dev/dri/renderD129", "/dev/nvidia-uvm", "/dev/nvidia0", "/dev/nvidia1", "/dev/nvidiactl"}
+	if !slices.Equal(paths, want) {
+		t.Fatalf("injected nodes %q, want %q", paths, want)
+	}
+	if !slices.Contains(spec.Process.Env, "GPU_1=/dev/nvidia1") {
+		t.Fatalf("env %v", spec.Process.Env)
+	}
+}

@@ -200,6 +200,22 @@ func TestValidationErrors(t *testing.T) {
 		{name: "resource name with a space", file: "resources:\n- name: example.com/a b\n", field: "resources[0].name", value: "example.com/a b"},
 		{name: "NUL in a name", env: map[string]string{"RESOURCE_NAME": "example.com/a\x00b"}, field: "RESOURCE_NAME", value: "example.com/a\x00b"},
 		{name: "class starts with digit", file: "resources:\n- name: example.com/9a\n", field: "resources[0].name", value: "example.com/9a"},
+		{name: "pci vendor not hex", file: "resources:\n- name: example.com/gpu\n  pci: {vendor: 10dx}\n", field: "resources[0].pci.vendor", value: "10dx"},
+		{name: "pci vendor missing", file: "resources:\n- name: example.com/gpu\n  pci: {driver: nvidia}\n", field: "resources[0].pci.vendor"},
+		{name: "pci device too long", file: "resources:\n- name: example.com/gpu\n  pci: {vendor: 10de, device: [\"2330\", \"23301\"]}\n", field: "resources[0].pci.device[1]", value: "23301"},
+		{name: "pci class too long", file: "resources:\n- name: example.com/gpu\n  pci: {vendor: 10de, class: \"03020001\"}\n", field: "resources[0].pci.class", value: "03020001"},
+		{name: "pci class odd length", file: "resources:\n- name: example.com/gpu\n  pci: {vendor: 10de, class: \"030\"}\n", field: "resources[0].pci.class", value: "030"},
+		{name: "pci driver", file: "resources:\n- name: example.com/gpu\n  pci: {vendor: 10de, driver: \"nv/idia\"}\n", field: "resources[0].pci.driver", value: "nv/idia"},
+		{name: "pci with count", file: "resources:\n- name: example.com/gpu\n  count: 2\n  pci: {vendor: 10de}\n", field: "resources[0].count", value: "2"},
+		{name: "pci with hostDevices", file: "resources:\n- name: example.com/gpu\n  hostDevices: [nvidia0]\n  pci: {vendor: 10de}\n", field: "resources[0].hostDevices", value: "nvidia0"},
+		{name: "pci and usb", file: "resources:\n- name: example.com/gpu\n  pci: {vendor: 10de}\n  usb: {vendor: \"0403\"}\n", field: "resources[0].usb", value: "0403"},
+		{name: "usb product", file: "resources:\n- name: example.com/ser\n  usb: {vendor: \"0403\", product: \"60011\"}\n", field: "resources[0].usb.product", value: "60011"},
+		{name: "usb not available yet", file: "resources:\n- name: example.com/ser\n  usb: {vendor: \"0403\", product: \"6001\"}\n", field: "resources[0].usb", value: "0403"},
+		{name: "shared node escapes", file: "resources:\n- name: example.com/gpu\n  pci: {vendor: 10de}\n  sharedNodes: [/dev/../etc/passwd]\n", field: "resources[0].sharedNodes[0]", value: "/dev/../etc/passwd"},
+		{name: "shared nodes on simulated", file: "resources:\n- name: example.com/a\n  sharedNodes: [nvidiactl]\n", field: "resources[0].sharedNodes", value: "nvidiactl"},
+		{name: "container path field", file: "resources:\n- name: example.com/ser\n  hostDevices: [ttyUSB*]\n  containerPath: /dev/ttyUSB{{.Name}}\n", field: "resources[0].containerPath", value: "/dev/ttyUSB{{.Name}}"},
+		{name: "container path relative", file: "resources:\n- name: example.com/ser\n  hostDevices: [ttyUSB*]\n  containerPath: ttyUSB{{.Index}}\n", field: "resources[0].containerPath", value: "ttyUSB{{.Index}}"},
+		{name: "sys root relative", args: []string{"--sys-root", "sys"}, field: "sys-root", value: "sys"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -279,5 +295,52 @@ func TestVersionAndHelp(t *testing.T) {
 	}
 	if _, err := Load([]string{"-h"}, envOf(nil), io.Discard); !errors.Is(err, flag.ErrHelp) {
 		t.Fatalf("help: %v", err)
+	}
+}
+
+func TestHardwareSelectors(t *testing.T) {
+	cfg, err := Load([]string{"--sys-root", "/fixture/sys"}, envOf(map[string]string{"CONFIG_FILE": writeFile(t, `procRoot: /fixture/proc
+resources:
+- name: example.com/gpu
+  idPrefix: gpu
+  pci: {vendor: "0x10DE", device: ["2330", "0x2335"], class: "0302", driver: nvidia}
+  sharedNodes: [/dev/nvidiactl, nvidia-uvm]
+  envPrefix: GPU
+- name: example.com/vf
+  idPrefix: vf
+  pci: {vendor: "8086", device: "154c", driver: vfio-pci}
+- name: example.com/serial
+  idPrefix: ser
+  hostDevices: ["/dev/serial/by-id/usb-FTDI_*"]
+  containerPath: "/dev/ttyUSB{{.Index}}"
+`)}), io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.SysRoot != "/fixture/sys" || cfg.ProcRoot != "/fixture/proc" {
+		t.Errorf("roots %q %q", cfg.SysRoot, cfg.ProcRoot)
+	}
+	gpu, vf, ser := cfg.Resources[0], cfg.Resources[1], cfg.Resources[2]
+	want := PCISelector{Vendor: "10de", Device: StringList{"2330", "2335"}, Class: "0302", Driver: "nvidia"}
+	if gpu.Discovery() != DiscoverPCI || !reflect.DeepEqual(*gpu.PCI, want) {
+		t.Errorf("gpu: %s %+v, want pci %+v", gpu.Discovery(), gpu.PCI, want)
+	}
+	if !reflect.DeepEqual(gpu.SharedRel, []string{"nvidiactl", "nvidia-uvm"}) {
+		t.Errorf("gpu: shared %q", gpu.SharedRel)
+	}
+	if !reflect.DeepEqual(vf.PCI.Device, StringList{"154c"}) {
+		t.Errorf("vf device %q: one string is a list of one", vf.PCI.Device)
+	}
+	if ser.Discovery() != DiscoverGlobs {
+		t.Errorf("serial: %+v", ser)
+	}
+	if got := ser.ContainerPathOf(3, "bus/usb/001/004"); got != "/dev/ttyUSB3" {
+		t.Errorf("container path %q", got)
+	}
+	if got := gpu.ContainerPathOf(3, "nvidia3"); got != "/dev/nvidia3" {
+		t.Errorf("container path %q", got)
+	}
+	if gpu.Simulated() || ser.Simulated() {
+		t.Error("pci and usb resources are not simulated")
 	}
 }

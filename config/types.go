@@ -190,8 +190,13 @@ type Config struct {
 	MetricsAddress string `json:"metricsAddress,omitempty"`
 	// PodResourcesSocket is the kubelet's PodResources API, read for the
 	// pod_device_assignment metric.
-	PodResourcesSocket string     `json:"podResourcesSocket,omitempty"`
-	Resources          []Resource `json:"resources,omitempty"`
+	PodResourcesSocket string `json:"podResourcesSocket,omitempty"`
+	// SysRoot and ProcRoot are where sysfs and procfs are read (pci, usb,
+	// NUMA of host devices): /sys and /proc unless tests or e2e point
+	// them at a fixture tree.
+	SysRoot   string     `json:"sysRoot,omitempty"`
+	ProcRoot  string     `json:"procRoot,omitempty"`
+	Resources []Resource `json:"resources,omitempty"`
 
 	// Level is LogLevel parsed.
 	Level Level `json:"-"`
@@ -239,12 +244,25 @@ type Resource struct {
 	Mounts []Mount `json:"mounts,omitempty"`
 	// Prestart configures PreStartContainer (nil: no steps).
 	Prestart *Prestart `json:"prestart,omitempty"`
+	// PCI finds the devices by PCI identity, USB by USB identity (each
+	// excludes count and hostDevices).
+	PCI *PCISelector `json:"pci,omitempty"`
+	USB *USBSelector `json:"usb,omitempty"`
+	// SharedNodes are added to every device of a host resource (globs,
+	// pci, usb): paths below the dev root ("/dev/" optional); absent
+	// ones are skipped.
+	SharedNodes []string `json:"sharedNodes,omitempty"`
+	// ContainerPath is where a device's own node appears in the
+	// container, a template of {{.Index}}; empty: the host path.
+	ContainerPath string `json:"containerPath,omitempty"`
 
 	// Domain and Class are the two parts of Name (the CDI class).
 	Domain string `json:"-"`
 	Class  string `json:"-"`
 	// HostGlobs are HostDevices relative to the dev root ("/dev/" removed).
 	HostGlobs []string `json:"-"`
+	// SharedRel are SharedNodes relative to the dev root.
+	SharedRel []string `json:"-"`
 }
 
 // Prestart is the device preparation run before every container start.
@@ -319,7 +337,7 @@ type Mount struct {
 }
 
 // Simulated reports whether the resource creates its own nodes.
-func (r *Resource) Simulated() bool { return len(r.HostDevices) == 0 }
+func (r *Resource) Simulated() bool { return r.Discovery() == DiscoverSimulated }
 
 // ReplicaCount returns the replica count.
 func (r *Resource) ReplicaCount() int {

@@ -75,6 +75,8 @@ func (c *Config) defaultAndValidate() error {
 	def(&c.LogLevel, DefaultLogLevel)
 	def(&c.LogFormat, DefaultLogFormat)
 	def(&c.PodResourcesSocket, DefaultPodResourcesSocket)
+	def(&c.SysRoot, DefaultSysRoot)
+	def(&c.ProcRoot, DefaultProcRoot)
 	if len(c.DeviceListStrategy) == 0 {
 		c.DeviceListStrategy = Strategies{StrategyCDICRI}
 	}
@@ -88,6 +90,7 @@ func (c *Config) defaultAndValidate() error {
 	for _, d := range []struct{ field, path string }{
 		{"device-plugin-dir", c.DevicePluginDir}, {"cdi-dir", c.CDIDir},
 		{"dev-root", c.DevRoot}, {"state-dir", c.StateDir}, {"pod-resources-socket", c.PodResourcesSocket},
+		{"sys-root", c.SysRoot}, {"proc-root", c.ProcRoot},
 	} {
 		if err := cleanAbs(d.field, d.path); err != nil {
 			return err
@@ -174,12 +177,27 @@ func (c *Config) validateResource(i int, r *Resource) error {
 		}
 	}
 
-	if r.Simulated() {
+	switch r.Discovery() {
+	case DiscoverSimulated:
+		if len(r.SharedNodes) > 0 || r.ContainerPath != "" {
+			return fieldErr(f("sharedNodes"), strings.Join(r.SharedNodes, ","), "sharedNodes and containerPath apply to host devices (hostDevices, pci)")
+		}
 		if err := validateSimulated(f, r); err != nil {
 			return err
 		}
-	} else if err := validateHost(f, r); err != nil {
-		return err
+	case DiscoverGlobs:
+		if err := validateHost(f, r); err != nil {
+			return err
+		}
+	default:
+		if err := validateDiscovered(f, r); err != nil {
+			return err
+		}
+	}
+	if !r.Simulated() {
+		if err := validateNodes(f, r); err != nil {
+			return err
+		}
 	}
 	if r.Prestart != nil {
 		if err := validatePrestart(f, r); err != nil {

@@ -66,6 +66,8 @@ ENV_VARS=(
 	PRESTART_BUDGET
 	FIRMWARE_IMAGE
 	FIRMWARE_SHA256
+	SYS_ROOT
+	PROC_ROOT
 )
 
 # quote VALUE: set REPLY to VALUE as a double-quoted YAML (= JSON) string, so

@@ -39,6 +39,12 @@ type Device struct {
 	Major, Minor  uint32
 	// NUMANode is the device's NUMA node, or NoNUMA.
 	NUMANode int
+	// Extra are the device's other nodes (a GPU's render node, a USB
+	// adapter's tty), Shared the nodes every device of the resource
+	// shares (/dev/nvidiactl): both go into its CDI entry.
+	Extra, Shared []Node
+	// Identity is what identifies it on its bus (PCI, USB).
+	Identity Identity
 	// Healthy is true when the node exists and is what it should be, and
 	// nothing else (a failed preparation, the spec) holds it back: when
 	// Problem is none. Set both with SetProblem.
@@ -89,13 +95,6 @@ func SameDevices(a, b *Snapshot) bool {
 		}
 	}
 	return true
-}
-
-// SameDevice reports whether a and b describe the same device (name,
-// index, paths, node, NUMA), ignoring health.
-func SameDevice(a, b Device) bool {
-	a.Healthy, a.Problem, b.Healthy, b.Problem = false, Problem{}, false, Problem{}
-	return a == b
 }
 
 // Equal reports whether a and b are the same including health.

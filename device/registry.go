@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/cdi-device-plugin/cdi-device-plugin/internal/atomicfile"
@@ -35,6 +36,9 @@ type registryEntry struct {
 	Type  NodeType `json:"type"`
 	Major uint32   `json:"major"`
 	Minor uint32   `json:"minor"`
+	// Node is the own node of a discovered device (pci, usb), relative
+	// to the dev root; Path is then its key, "<kind>/<key>".
+	Node string `json:"node,omitempty"`
 }
 
 // loadRegistry restores the host devices seen by earlier runs. A missing
@@ -69,19 +73,34 @@ func (s *Source) loadRegistry() error {
 	defer s.mu.Unlock()
 	for _, e := range f.Devices {
 		s.nextIndex = max(s.nextIndex, e.Index+1)
-		if !s.matchesGlob(e.Path) || e.ID != s.deviceName(HostSuffix(e.Path)) || e.Index < 0 || (e.Type != Char && e.Type != Block) {
+		if !s.registered(e) || e.Index < 0 || (e.Type != Char && e.Type != Block) {
 			s.log.WithField("device", e.ID).WithField("path", e.Path).Info("forgetting a host device the configuration no longer gives")
 			continue
 		}
 		if _, dup := s.known[e.Path]; dup {
 			continue
 		}
+		rel := e.Path
+		if s.opts.Discover != nil {
+			rel = e.Node
+		}
 		s.known[e.Path] = Device{
-			Name: e.ID, Index: e.Index, HostPath: filepath.Join(s.root, e.Path), ContainerPath: filepath.Join(s.opts.ContainerDevRoot, e.Path),
+			Name: e.ID, Index: e.Index, HostPath: filepath.Join(s.root, rel), ContainerPath: s.containerPath(e.Index, rel),
 			Type: e.Type, Major: e.Major, Minor: e.Minor, NUMANode: NoNUMA,
 		}
 	}
 	return nil
+}
+
+// registered reports whether a registry entry is one the configuration
+// still gives: a path a glob matches with its ID, or a key of this
+// discovery with an ID of its index and a clean node path.
+func (s *Source) registered(e registryEntry) bool {
+	if s.opts.Discover == nil {
+		return s.matchesGlob(e.Path) && e.ID == s.deviceName(HostSuffix(e.Path))
+	}
+	return strings.HasPrefix(e.Path, s.opts.DiscoverKind+"/") && e.ID == s.deviceName(strconv.Itoa(e.Index)) &&
+		e.Node != "" && !filepath.IsAbs(e.Node) && filepath.Clean(e.Node) == e.Node && !strings.HasPrefix(e.Node, "../")
 }
 
 // matchesGlob reports whether rel is a clean path inside the root that one
@@ -107,7 +126,11 @@ func (s *Source) saveRegistry() {
 	}
 	f := registryFile{Version: RegistryVersion, Devices: make([]registryEntry, 0, len(s.known))}
 	for rel, d := range s.known {
-		f.Devices = append(f.Devices, registryEntry{Path: rel, ID: d.Name, Index: d.Index, Type: d.Type, Major: d.Major, Minor: d.Minor})
+		e := registryEntry{Path: rel, ID: d.Name, Index: d.Index, Type: d.Type, Major: d.Major, Minor: d.Minor}
+		if s.opts.Discover != nil {
+			e.Node, _ = filepath.Rel(s.root, d.HostPath)
+		}
+		f.Devices = append(f.Devices, e)
 	}
 	slices.SortFunc(f.Devices, func(a, b registryEntry) int { return a.Index - b.Index })
 	data, err := json.MarshalIndent(f, "", "  ")

@@ -48,6 +48,20 @@ type Options struct {
 
 	// HostGlobs, relative to DevRoot: existing nodes to expose instead.
 	HostGlobs []string
+	// Discover, when set, finds the host devices by identity (PCI, USB)
+	// instead of HostGlobs; it is called on every rescan. DiscoverKind
+	// names it ("pci", "usb") in registry keys and logs.
+	Discover     func() ([]Found, error)
+	DiscoverKind string
+	// SharedNodes, relative to DevRoot: nodes every host device gets, when
+	// they exist (/dev/nvidiactl).
+	SharedNodes []string
+	// NUMAOf, when set, gives host glob devices their NUMA node from
+	// their numbers (sysfs.NUMAOfNode); NoNUMA when unknown.
+	NUMAOf func(t NodeType, major, minor uint32) int
+	// ContainerPath, when set, says where the own node (rel, relative to
+	// DevRoot) of host device index appears in containers.
+	ContainerPath func(index int, rel string) string
 	// Registry, when set, is the file where the host devices ever seen are
 	// remembered (ID, index, node), so that IDs and indexes stay stable
 	// and vanished devices stay known across restarts.
@@ -95,8 +109,8 @@ func NewSource(o Options) (*Source, error) {
 	if o.Log == nil {
 		o.Log = logs.Discard()
 	}
-	if len(o.HostGlobs) == 0 && o.Count < 1 {
-		return nil, errors.New("a source needs a count or host globs")
+	if len(o.HostGlobs) == 0 && o.Discover == nil && o.Count < 1 {
+		return nil, errors.New("a source needs a count, host globs or a discovery")
 	}
 	// The longest ID must be a valid CDI device name (host device IDs are
 	// checked one by one as they appear).
@@ -110,12 +124,11 @@ func NewSource(o Options) (*Source, error) {
 // Prepare creates the simulated nodes (idempotently), or loads the host
 // devices seen before, and returns the first snapshot.
 func (s *Source) Prepare() (*Snapshot, error) {
-	if len(s.opts.HostGlobs) > 0 {
+	if s.host() {
 		if err := s.loadRegistry(); err != nil {
 			return nil, err
 		}
-	}
-	if len(s.opts.HostGlobs) == 0 {
+	} else {
 		created := 0
 		for i := 0; i < s.opts.Count; i++ {
 			rel := s.simRel(i)
@@ -208,7 +221,7 @@ func (s *Source) applyFault(d *Device) {
 
 func (s *Source) scanNodes() *Snapshot {
 	snap := &Snapshot{Replicas: s.opts.Replicas}
-	if len(s.opts.HostGlobs) == 0 {
+	if !s.host() {
 		snap.Devices = make([]Device, s.opts.Count)
 		for i := range snap.Devices {
 			rel := s.simRel(i)
@@ -231,58 +244,6 @@ func (s *Source) scanNodes() *Snapshot {
 		return snap
 	}
 	return s.scanHost(snap)
-}
-
-func (s *Source) scanHost(snap *Snapshot) *Snapshot {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	seen := map[string]bool{}
-	changed := false
-	for _, g := range s.opts.HostGlobs {
-		matches, _ := filepath.Glob(filepath.Join(s.root, g))
-		for _, m := range matches {
-			rel, err := filepath.Rel(s.root, m)
-			if err != nil || strings.HasPrefix(rel, "..") || seen[rel] {
-				continue
-			}
-			t, major, minor, err := hostNode(s.root, m)
-			if err != nil {
-				if _, ok := s.known[rel]; !ok {
-					s.log.WithError(err).Debugf("skipping %s", m)
-				}
-				continue
-			}
-			d, ok := s.known[rel]
-			if !ok {
-				name := s.deviceName(HostSuffix(rel))
-				if err := parser.ValidateDeviceName(name); err != nil {
-					s.log.WithError(err).Warnf("skipping host device %s: no valid device name", m)
-					continue
-				}
-				d = Device{Name: name, Index: s.nextIndex, HostPath: m, ContainerPath: filepath.Join(s.opts.ContainerDevRoot, rel), NUMANode: NoNUMA}
-				s.nextIndex++
-			}
-			seen[rel] = true
-			if !ok || d.Type != t || d.Major != major || d.Minor != minor {
-				d.Type, d.Major, d.Minor = t, major, minor
-				s.known[rel] = d
-				changed = true
-			}
-		}
-	}
-	if changed {
-		s.saveRegistry()
-	}
-	snap.Devices = make([]Device, 0, len(s.known))
-	for rel, d := range s.known {
-		d.SetProblem(Problem{})
-		if !seen[rel] {
-			d.SetProblem(Problem{Cause: CauseMissing})
-		}
-		snap.Devices = append(snap.Devices, d)
-	}
-	sort.Slice(snap.Devices, func(i, j int) bool { return snap.Devices[i].Index < snap.Devices[j].Index })
-	return snap
 }
 
 // HostSuffix turns a host device path relative to the dev root into the
@@ -339,8 +300,11 @@ func (s *Source) LegacyIDs() map[string]string {
 // depth (for bus*/n*: the root, and every bus* directory).
 func (s *Source) watchDirs() []string {
 	dirs := map[string]bool{s.root: true}
-	if len(s.opts.HostGlobs) == 0 {
+	if !s.host() {
 		dirs[filepath.Dir(filepath.Join(s.root, s.opts.FilePrefix))] = true
+	}
+	for _, d := range s.discoveredDirs() {
+		dirs[d] = true
 	}
 	for _, g := range s.opts.HostGlobs {
 		parts := strings.Split(filepath.Dir(g), string(os.PathSeparator))
@@ -435,7 +399,7 @@ const maxPendingEvents = 4096
 // rescans every device. Entries of the nodes' directory that are no
 // node (temp files, other devices) change nothing.
 func (s *Source) publishEvents(out chan *Snapshot, evs []inotify.Event, full bool) {
-	if full || len(s.opts.HostGlobs) > 0 {
+	if full || s.host() {
 		s.publish(out)
 		return
 	}

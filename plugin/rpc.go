@@ -5,6 +5,7 @@ package plugin
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"strconv"
 	"strings"
@@ -228,13 +229,28 @@ func (p *Plugin) allocateContainer(v *view, ids []string) (*pluginapi.ContainerA
 		}
 	}
 	if strategies.Includes(config.StrategyDeviceSpecs) {
+		seen := map[string]bool{} // shared nodes once
 		for _, i := range phys {
 			d := v.snap.Devices[i]
-			r.Devices = append(r.Devices, &pluginapi.DeviceSpec{ContainerPath: d.ContainerPath, HostPath: d.HostPath, Permissions: "rw"})
+			for _, n := range d.AllNodes() {
+				if !seen[n.ContainerPath] {
+					seen[n.ContainerPath] = true
+					r.Devices = append(r.Devices, &pluginapi.DeviceSpec{ContainerPath: n.ContainerPath, HostPath: n.HostPath, Permissions: "rw"})
+				}
+			}
 		}
 	}
+	if k, val := p.identityEnv(v, phys); k != "" {
+		if r.Envs == nil {
+			r.Envs = map[string]string{}
+		}
+		r.Envs[k] = val
+	}
 	if p.opts.EnvPrefix != "" {
-		r.Envs = map[string]string{p.opts.EnvPrefix + "_DEVICES": strings.Join(ids, ",")}
+		if r.Envs == nil {
+			r.Envs = map[string]string{}
+		}
+		r.Envs[p.opts.EnvPrefix+"_DEVICES"] = strings.Join(ids, ",")
 		// Without a CDI strategy the runtime never sees the spec's
 		// per-device variables: send them here.
 		if !strategies.AnyCDI() {
@@ -299,4 +315,42 @@ func (p *Plugin) PreStartContainer(ctx context.Context, req *pluginapi.PreStartC
 		return nil, status.Errorf(codes.FailedPrecondition, "%s: %v", p.opts.ResourceName, err)
 	}
 	return &pluginapi.PreStartContainerResponse{}, nil
+}
+
+// identityEnv is the variable that tells a container which bus devices it
+// got: PCI_RESOURCE_<RESOURCE> with their PCI addresses (KubeVirt's
+// convention), or USB_RESOURCE_<RESOURCE> with their bus:device numbers,
+// comma-separated in the order of the devices; none for other devices.
+func (p *Plugin) identityEnv(v *view, phys []int) (string, string) {
+	var pci, usb []string
+	for _, i := range phys {
+		id := v.snap.Devices[i].Identity
+		switch {
+		case id.PCIAddress != "":
+			pci = append(pci, id.PCIAddress)
+		case id.USBBus > 0:
+			usb = append(usb, fmt.Sprintf("%03d:%03d", id.USBBus, id.USBDevice))
+		}
+	}
+	switch {
+	case len(pci) > 0:
+		return "PCI_RESOURCE_" + EnvName(p.opts.ResourceName), strings.Join(pci, ",")
+	case len(usb) > 0:
+		return "USB_RESOURCE_" + EnvName(p.opts.ResourceName), strings.Join(usb, ",")
+	}
+	return "", ""
+}
+
+// EnvName turns a resource name into the end of a variable name:
+// example.com/gpu gives EXAMPLE_COM_GPU.
+func EnvName(resource string) string {
+	return strings.Map(func(r rune) rune {
+		switch {
+		case 'a' <= r && r <= 'z':
+			return r - 'a' + 'A'
+		case 'A' <= r && r <= 'Z', '0' <= r && r <= '9':
+			return r
+		}
+		return '_'
+	}, resource)
 }

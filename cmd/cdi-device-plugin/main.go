@@ -26,6 +26,7 @@ import (
 	"github.com/cdi-device-plugin/cdi-device-plugin/cdi"
 	"github.com/cdi-device-plugin/cdi-device-plugin/config"
 	"github.com/cdi-device-plugin/cdi-device-plugin/device"
+	"github.com/cdi-device-plugin/cdi-device-plugin/device/sysfs"
 	"github.com/cdi-device-plugin/cdi-device-plugin/internal/atomicfile"
 	"github.com/cdi-device-plugin/cdi-device-plugin/metrics"
 	"github.com/cdi-device-plugin/cdi-device-plugin/plugin"
@@ -239,9 +240,21 @@ func build(cfg *config.Config, i int, writer *cdi.Writer, start int64, log *logr
 			return nil, &config.FieldError{Field: field("count"), Value: strconv.Itoa(n), Reason: err.Error()}
 		}
 	} else {
-		opts.HostGlobs = rc.HostGlobs
 		// Host devices keep their IDs and indexes across restarts.
 		opts.Registry = filepath.Join(cfg.StateDir, "resources", kind.SpecName()+".json")
+		opts.SharedNodes = rc.SharedRel
+		if rc.ContainerPath != "" {
+			opts.ContainerPath = rc.ContainerPathOf
+		}
+		switch rc.Discovery() {
+		case config.DiscoverPCI:
+			sel := sysfs.PCISelector{Vendor: rc.PCI.Vendor, Device: rc.PCI.Device, Class: rc.PCI.Class, Driver: rc.PCI.Driver}
+			opts.Discover, opts.DiscoverKind = sysfs.Discover(cfg.SysRoot, cfg.ProcRoot, sel), string(config.DiscoverPCI)
+		default:
+			opts.HostGlobs = rc.HostGlobs
+			sysRoot := cfg.SysRoot
+			opts.NUMAOf = func(t device.NodeType, major, minor uint32) int { return sysfs.NUMAOfNode(sysRoot, t, major, minor) }
+		}
 	}
 	src, err := device.NewSource(opts)
 	if errors.Is(err, device.ErrDeviceName) {

@@ -1,0 +1,245 @@
+package device
+
+import (
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+
+	"tags.cncf.io/container-device-interface/pkg/parser"
+)
+
+// Found is a host device as a discovery (Options.Discover) finds it.
+type Found struct {
+	// Key identifies the device across rescans and restarts, within its
+	// discovery: the PCI address, the USB port path. The registry keeps
+	// the ID and index given to it.
+	Key string
+	// Node is its own node, Extra its other ones; paths relative to the
+	// dev root ("nvidia0", "vfio/42"), ContainerPath ignored; numbers 0:0
+	// are taken from the node on disk.
+	Node  Node
+	Extra []Node
+	// NUMANode is its NUMA node, or NoNUMA.
+	NUMANode int
+	Identity Identity
+}
+
+// host reports whether the devices are found on the host (globs or a
+// discovery), not simulated.
+func (s *Source) host() bool { return len(s.opts.HostGlobs) > 0 || s.opts.Discover != nil }
+
+// registryKey is the registry's key of a discovered device: the
+// discovery's kind and the device's key ("pci/0000:00:06.0"); a glob
+// device's key is its path.
+func (s *Source) registryKey(key string) string { return s.opts.DiscoverKind + "/" + key }
+
+// candidate is one host device found by this scan, before it is matched
+// with the devices known.
+type candidate struct {
+	key      string // registry key
+	suffix   string // the end of its ID for a new device ("" : its index)
+	node     Node   // own node, HostPath relative to the root
+	extra    []Node
+	numa     int
+	identity Identity
+}
+
+// candidates are the host devices found now, by registry key, and their
+// keys in the order found (globs in their order, each sorted; a
+// discovery's order), the order new devices get their indexes in.
+func (s *Source) candidates() (map[string]candidate, []string) {
+	out := map[string]candidate{}
+	var order []string
+	if s.opts.Discover != nil {
+		found, err := s.opts.Discover()
+		if err != nil {
+			s.log.WithError(err).Warn("device discovery failed; keeping what is known")
+			return nil, nil
+		}
+		for _, f := range found {
+			k := s.registryKey(f.Key)
+			if _, dup := out[k]; dup {
+				continue
+			}
+			extra := make([]Node, len(f.Extra))
+			for i, n := range f.Extra {
+				extra[i] = s.numbers(n)
+			}
+			out[k] = candidate{key: k, node: s.numbers(f.Node), extra: extra, numa: f.NUMANode, identity: f.Identity}
+			order = append(order, k)
+		}
+		return out, order
+	}
+	for _, g := range s.opts.HostGlobs {
+		matches, _ := filepath.Glob(filepath.Join(s.root, g))
+		for _, m := range matches {
+			rel, err := filepath.Rel(s.root, m)
+			if err != nil || strings.HasPrefix(rel, "..") {
+				continue
+			}
+			if _, dup := out[rel]; dup {
+				continue
+			}
+			t, major, minor, err := hostNode(s.root, m)
+			if err != nil {
+				s.mu.Lock()
+				_, known := s.known[rel]
+				s.mu.Unlock()
+				if !known {
+					s.log.WithError(err).Debugf("skipping %s", m)
+				}
+				continue
+			}
+			numa := NoNUMA
+			if s.opts.NUMAOf != nil {
+				numa = s.opts.NUMAOf(t, major, minor)
+			}
+			out[rel] = candidate{key: rel, suffix: HostSuffix(rel), node: Node{HostPath: rel, Type: t, Major: major, Minor: minor}, numa: numa}
+			order = append(order, rel)
+		}
+	}
+	return out, order
+}
+
+// numbers fills in the type and numbers of a found node that the
+// discovery leaves to the disk (0:0, as for /dev/vfio/<group>): those of
+// the node there now, if any.
+func (s *Source) numbers(n Node) Node {
+	if n.Major != 0 || n.Minor != 0 {
+		return n
+	}
+	if t, major, minor, err := hostNode(s.root, filepath.Join(s.root, n.HostPath)); err == nil {
+		n.Type, n.Major, n.Minor = t, major, minor
+	}
+	return n
+}
+
+// containerPath is where the own node rel of device index appears.
+func (s *Source) containerPath(index int, rel string) string {
+	if s.opts.ContainerPath != nil {
+		return s.opts.ContainerPath(index, rel)
+	}
+	return filepath.Join(s.opts.ContainerDevRoot, rel)
+}
+
+// sharedNodes are the shared nodes that exist now.
+func (s *Source) sharedNodes() []Node {
+	var out []Node
+	for _, rel := range s.opts.SharedNodes {
+		p := filepath.Join(s.root, rel)
+		t, major, minor, err := hostNode(s.root, p)
+		if err != nil {
+			continue // absent ones are skipped
+		}
+		out = append(out, Node{HostPath: p, ContainerPath: filepath.Join(s.opts.ContainerDevRoot, rel), Type: t, Major: major, Minor: minor})
+	}
+	return out
+}
+
+// absNodes makes the candidate's other nodes absolute on both sides.
+func (s *Source) absNodes(ns []Node) []Node {
+	if len(ns) == 0 {
+		return nil
+	}
+	out := make([]Node, len(ns))
+	for i, n := range ns {
+		out[i] = Node{HostPath: filepath.Join(s.root, n.HostPath), ContainerPath: filepath.Join(s.opts.ContainerDevRoot, n.HostPath), Type: n.Type, Major: n.Major, Minor: n.Minor}
+	}
+	return out
+}
+
+// scanHost matches the devices found now with those known (a new one gets
+// the next index; a vanished one stays, Unhealthy) and returns them with
+// their health: a found glob device is healthy; a discovered one when its
+// nodes are what the discovery says.
+func (s *Source) scanHost(snap *Snapshot) *Snapshot {
+	cands, keys := s.candidates()
+	shared := s.sharedNodes()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	changed := false
+	for _, k := range keys {
+		c := cands[k]
+		d, ok := s.known[k]
+		if !ok {
+			suffix := c.suffix
+			if suffix == "" {
+				suffix = strconv.Itoa(s.nextIndex)
+			}
+			name := s.deviceName(suffix)
+			if err := parser.ValidateDeviceName(name); err != nil {
+				s.log.WithError(err).Warnf("skipping host device %s: no valid device name", k)
+				continue
+			}
+			d = Device{Name: name, Index: s.nextIndex, NUMANode: NoNUMA}
+			s.nextIndex++
+		}
+		next := d
+		next.HostPath, next.ContainerPath = filepath.Join(s.root, c.node.HostPath), s.containerPath(d.Index, c.node.HostPath)
+		next.Type, next.Major, next.Minor = c.node.Type, c.node.Major, c.node.Minor
+		next.Extra, next.NUMANode, next.Identity = s.absNodes(c.extra), c.numa, c.identity
+		if !ok || !SameDevice(d, next) {
+			s.known[k] = next
+			changed = true
+		}
+	}
+	if changed {
+		s.saveRegistry()
+	}
+	snap.Devices = make([]Device, 0, len(s.known))
+	for k, d := range s.known {
+		d.Shared = shared
+		_, found := cands[k]
+		switch {
+		case cands == nil && s.opts.Discover != nil:
+			// The discovery failed: health as the disk says.
+			d.SetProblem(s.nodesStatus(d))
+		case !found:
+			d.SetProblem(Problem{Cause: CauseMissing})
+		case s.opts.Discover != nil:
+			d.SetProblem(s.nodesStatus(d))
+		default:
+			d.SetProblem(Problem{})
+		}
+		snap.Devices = append(snap.Devices, d)
+	}
+	sort.Slice(snap.Devices, func(i, j int) bool { return snap.Devices[i].Index < snap.Devices[j].Index })
+	return snap
+}
+
+// nodesStatus checks a discovered device's own and other nodes on disk.
+func (s *Source) nodesStatus(d Device) Problem {
+	if p := nodeStatus(d.HostPath, d.Type, d.Major, d.Minor); !p.None() {
+		p.Message = strings.TrimSpace(d.HostPath + " " + p.Message)
+		return p
+	}
+	for _, n := range d.Extra {
+		if p := nodeStatus(n.HostPath, n.Type, n.Major, n.Minor); !p.None() {
+			p.Message = strings.TrimSpace(n.HostPath + " " + p.Message)
+			return p
+		}
+	}
+	return Problem{}
+}
+
+// discoveredDirs are the directories of the nodes of discovered devices
+// and of the shared nodes (their entries change health).
+func (s *Source) discoveredDirs() []string {
+	var dirs []string
+	for _, rel := range s.opts.SharedNodes {
+		dirs = append(dirs, filepath.Dir(filepath.Join(s.root, rel)))
+	}
+	if s.opts.Discover == nil {
+		return dirs
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, d := range s.known {
+		dirs = append(dirs, filepath.Dir(d.HostPath))
+		for _, n := range d.Extra {
+			dirs = append(dirs, filepath.Dir(n.HostPath))
+		}
+	}
+	return dirs
+}

@@ -1,0 +1,145 @@
+package device
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+)
+
+// fakeDiscovery is a discovery whose devices the test sets.
+type fakeDiscovery struct {
+	mu    sync.Mutex
+	found []Found
+}
+
+func (f *fakeDiscovery) set(found ...Found) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.found = found
+}
+
+func (f *fakeDiscovery) discover() ([]Found, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]Found(nil), f.found...), nil
+}
+
+func gpu(addr string, minor uint32, numa int) Found {
+	return Found{
+		Key:      addr,
+		Node:     Node{HostPath: "nvidia" + itoa(minor), Type: Char, Major: 195, Minor: minor},
+		NUMANode: numa,
+		Identity: Identity{PCIAddress: addr, PCIVendor: "10de", PCIDevice: "2330", PCIClass: "030200", PCIDriver: "nvidia"},
+	}
+}
+
+func itoa(u uint32) string { return string(rune('0' + u)) }
+
+// TestDiscoveredDevices: devices a discovery finds get stable IDs and
+// indexes (kept in the registry across restarts), their nodes and the
+// shared ones (absent ones skipped), their NUMA node and identity; a
+// device whose node is missing or wrong, or that the discovery no longer
+// finds, is Unhealthy with that cause, and Healthy again when it is back.
+func TestDiscoveredDevices(t *testing.T) {
+	fn := useFakeNodes(t)
+	root, state := t.TempDir(), t.TempDir()
+	mk := func(rel string, major, minor uint32) {
+		t.Helper()
+		fn.make(t, filepath.Join(root, rel), major, minor)
+	}
+	mk("nvidia0", 195, 0)
+	mk("nvidia1", 195, 1)
+	mk("nvidiactl", 195, 255)
+	mk("nvidia-uvm", 238, 0)
+	fd := &fakeDiscovery{}
+	fd.set(gpu("0000:41:00.0", 1, 1), gpu("0000:01:00.0", 0, 0))
+	opts := Options{
+		DevRoot: root, IDPrefix: "gpu", NodeName: "n1", Discover: fd.discover, DiscoverKind: "pci",
+		SharedNodes: []string{"nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"}, Registry: filepath.Join(state, "registry.json"),
+	}
+	src, err := NewSource(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	snap, err := src.Prepare()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(snap.Devices) != 2 || snap.Healthy() != 2 {
+		t.Fatalf("devices %+v", snap.Devices)
+	}
+	d0, d1 := snap.Devices[0], snap.Devices[1]
+	if d0.Name != "gpu-n1-0" || d0.Identity.PCIAddress != "0000:41:00.0" || d0.HostPath != filepath.Join(root, "nvidia1") ||
+		d0.ContainerPath != "/dev/nvidia1" || d0.NUMANode != 1 || d0.Minor != 1 {
+		t.Errorf("first found is device 0: %+v", d0)
+	}
+	if d1.Name != "gpu-n1-1" || d1.Identity.PCIAddress != "0000:01:00.0" || d1.NUMANode != 0 {
+		t.Errorf("second found is device 1: %+v", d1)
+	}
+	if len(d0.Shared) != 2 || d0.Shared[0].ContainerPath != "/dev/nvidiactl" || d0.Shared[0].Minor != 255 || d0.Shared[1].Major != 238 {
+		t.Errorf("shared nodes (nvidia-uvm-tools absent, skipped): %+v", d0.Shared)
+	}
+	if n := d0.AllNodes(); len(n) != 3 || n[0].HostPath != d0.HostPath {
+		t.Errorf("all nodes %+v", n)
+	}
+
+	out := make(chan *Snapshot, 1)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- src.Run(ctx, out) }()
+	stopped := false
+	stop := func() {
+		if !stopped {
+			stopped = true
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("Run: %v", err)
+			}
+		}
+	}
+	defer stop()
+	wait := func(what string, cond func(*Snapshot) bool) {
+		t.Helper()
+		waitSnap(t, src, out, 2*time.Second, what, cond)
+	}
+	// The node of device 1 removed: Unhealthy, missing (seen by inotify).
+	_ = os.Remove(filepath.Join(root, "nvidia0"))
+	wait("node removed", func(s *Snapshot) bool { return s.Devices[1].Problem.Cause == CauseMissing && s.Devices[0].Healthy })
+	// Back with other numbers: a wrong node.
+	mk("nvidia0", 195, 7)
+	wait("wrong node", func(s *Snapshot) bool { return s.Devices[1].Problem.Cause == CauseWrongNode })
+	mk("nvidia0", 195, 0)
+	wait("node right", func(s *Snapshot) bool { return s.Healthy() == 2 })
+	// The function vanishes (unbound): Unhealthy, kept under its ID.
+	fd.set(gpu("0000:01:00.0", 0, 0))
+	src.Refresh()
+	if s := src.Snapshot(); len(s.Devices) != 2 || s.Devices[0].Healthy || s.Devices[0].Problem.Cause != CauseMissing {
+		t.Fatalf("vanished function: %+v", s.Devices)
+	}
+	stop()
+
+	// A restart finds it again under the same ID and index, and a new
+	// function gets the next index.
+	fd.set(gpu("0000:c1:00.0", 0, 1), gpu("0000:41:00.0", 1, 1), gpu("0000:01:00.0", 0, 0))
+	src2, err := NewSource(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	snap, err = src2.Prepare()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]string{}
+	for _, d := range snap.Devices {
+		got[d.Identity.PCIAddress] = d.Name
+	}
+	want := map[string]string{"0000:41:00.0": "gpu-n1-0", "0000:01:00.0": "gpu-n1-1", "0000:c1:00.0": "gpu-n1-2"}
+	for k, v := range want {
+		if got[k] != v {
+			t.Errorf("after restart %s is %q, want %q (all: %v)", k, got[k], v, got)
+		}
+	}
+}

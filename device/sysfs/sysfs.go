@@ -1,0 +1,326 @@
+// Package sysfs finds real devices by their identity in a sysfs tree and
+// a procfs tree (both roots are parameters, so tests and e2e point them at
+// a fixture): PCI functions with the device nodes that belong to them, and
+// the NUMA node of a device node. It only reads.
+//
+// The nodes of a PCI function, found without configuration:
+//   - bound to vfio-pci: /dev/vfio/<IOMMU group>; /dev/vfio/vfio is shared
+//     by every function (configure it in sharedNodes);
+//   - bound to nvidia: /dev/nvidia<Device Minor> (char 195), the minor from
+//     <procRoot>/driver/nvidia/gpus/<address>/information: the NVIDIA
+//     driver registers its nodes in /proc/devices only, nowhere in sysfs;
+//   - any driver: every character or block device the kernel registers
+//     below the function (a "dev" file holding major:minor), named by the
+//     DEVNAME of the "uevent" beside it: DRM card* and renderD*, accel*,
+//     InfiniBand uverbs*. Links out of the function's directory (driver,
+//     subsystem, iommu_group, physfn, virtfn*, ...) are not followed.
+package sysfs
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/cdi-device-plugin/cdi-device-plugin/device"
+)
+
+// PCISelector picks PCI functions: Vendor always, the rest when set.
+// Values are lowercase hexadecimal without 0x (config normalises them).
+type PCISelector struct {
+	Vendor string
+	// Device: any of these device IDs; empty: any.
+	Device []string
+	// Class: a prefix of the 6-digit class ("0302" matches "030200").
+	Class string
+	// Driver: the name of the bound driver.
+	Driver string
+}
+
+// PCIFunction is one function as sysfs describes it.
+type PCIFunction struct {
+	Address, Vendor, Device, Class, Driver, IOMMUGroup string
+	// NUMANode is the function's NUMA node, device.NoNUMA when none.
+	NUMANode int
+	// Nodes are its device nodes, paths relative to the dev root.
+	Nodes []device.Node
+}
+
+// Match reports whether f is what s picks.
+func (s PCISelector) Match(f PCIFunction) bool {
+	if f.Vendor != s.Vendor || !strings.HasPrefix(f.Class, s.Class) || (s.Driver != "" && f.Driver != s.Driver) {
+		return false
+	}
+	if len(s.Device) == 0 {
+		return true
+	}
+	for _, d := range s.Device {
+		if d == f.Device {
+			return true
+		}
+	}
+	return false
+}
+
+// PCIFunctions reads every PCI function of sysRoot, in address order.
+func PCIFunctions(sysRoot, procRoot string) ([]PCIFunction, error) {
+	dir := filepath.Join(sysRoot, "bus", "pci", "devices")
+	entries, err := os.ReadDir(dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil // no PCI bus
+	}
+	if err != nil {
+		return nil, err
+	}
+	var out []PCIFunction
+	for _, e := range entries {
+		f, err := readFunction(filepath.Join(dir, e.Name()), e.Name(), procRoot)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, f)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Address < out[j].Address })
+	return out, nil
+}
+
+// readFunction reads the function at p (its bus/pci/devices link).
+func readFunction(p, addr, procRoot string) (PCIFunction, error) {
+	f := PCIFunction{Address: addr, NUMANode: device.NoNUMA}
+	var err error
+	if f.Vendor, err = hexAttr(p, "vendor", 4); err != nil {
+		return f, err
+	}
+	if f.Device, err = hexAttr(p, "device", 4); err != nil {
+		return f, err
+	}
+	if f.Class, err = hexAttr(p, "class", 6); err != nil {
+		return f, err
+	}
+	f.Driver = linkBase(filepath.Join(p, "driver"))
+	f.IOMMUGroup = linkBase(filepath.Join(p, "iommu_group"))
+	f.NUMANode = numaAttr(filepath.Join(p, "numa_node"))
+	switch f.Driver {
+	case "vfio-pci":
+		if f.IOMMUGroup != "" {
+			if n, ok := vfioNode(f.IOMMUGroup); ok {
+				f.Nodes = append(f.Nodes, n)
+			}
+		}
+	case "nvidia":
+		n, err := nvidiaNode(procRoot, addr)
+		if err != nil {
+			return f, err
+		}
+		if n != nil {
+			f.Nodes = append(f.Nodes, *n)
+		}
+	}
+	sub, err := registeredNodes(p)
+	if err != nil {
+		return f, err
+	}
+	f.Nodes = append(f.Nodes, sub...)
+	return f, nil
+}
+
+// hexAttr reads a 0x-prefixed hexadecimal attribute of n digits.
+func hexAttr(dir, name string, n int) (string, error) {
+	b, err := os.ReadFile(filepath.Join(dir, name))
+	if err != nil {
+		return "", fmt.Errorf("sysfs: %w", err)
+	}
+	v := strings.TrimPrefix(strings.ToLower(strings.TrimSpace(string(b))), "0x")
+	if len(v) != n {
+		return "", fmt.Errorf("sysfs: %s: %q is not %d hexadecimal digits", filepath.Join(dir, name), strings.TrimSpace(string(b)), n)
+	}
+	if _, err := strconv.ParseUint(v, 16, 32); err != nil {
+		return "", fmt.Errorf("sysfs: %s: %q is not %d hexadecimal digits", filepath.Join(dir, name), strings.TrimSpace(string(b)), n)
+	}
+	return v, nil
+}
+
+// linkBase is the last element of the link at p ("" when there is none).
+func linkBase(p string) string {
+	t, err := os.Readlink(p)
+	if err != nil {
+		return ""
+	}
+	return filepath.Base(t)
+}
+
+// numaAttr reads a numa_node file; -1, a missing or unreadable file: none.
+func numaAttr(p string) int {
+	b, err := os.ReadFile(p)
+	if err != nil {
+		return device.NoNUMA
+	}
+	n, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil || n < 0 {
+		return device.NoNUMA
+	}
+	return n
+}
+
+// vfioNode is the node of IOMMU group g; numbers are read from the node
+// itself by the device source, so they are left zero here.
+func vfioNode(g string) (device.Node, bool) {
+	if _, err := strconv.Atoi(g); err != nil {
+		return device.Node{}, false
+	}
+	return device.Node{HostPath: "vfio/" + g, Type: device.Char}, true
+}
+
+// nvidiaMajor is the NVIDIA driver's character major (/proc/devices).
+const nvidiaMajor = 195
+
+// nvidiaNode reads the Device Minor of the GPU at addr from the NVIDIA
+// driver's procfs; none when the driver reports no such GPU.
+func nvidiaNode(procRoot, addr string) (*device.Node, error) {
+	p := filepath.Join(procRoot, "driver", "nvidia", "gpus", addr, "information")
+	file, err := os.Open(p)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("procfs: %w", err)
+	}
+	defer file.Close()
+	sc := bufio.NewScanner(file)
+	for sc.Scan() {
+		k, v, ok := strings.Cut(sc.Text(), ":")
+		if !ok || strings.TrimSpace(k) != "Device Minor" {
+			continue
+		}
+		m, err := strconv.ParseUint(strings.TrimSpace(v), 10, 20)
+		if err != nil {
+			return nil, fmt.Errorf("procfs: %s: Device Minor %q: %w", p, strings.TrimSpace(v), err)
+		}
+		return &device.Node{HostPath: "nvidia" + strconv.FormatUint(m, 10), Type: device.Char, Major: nvidiaMajor, Minor: uint32(m)}, nil
+	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("procfs: %s: %w", p, err)
+	}
+	return nil, fmt.Errorf("procfs: %s: no Device Minor line", p)
+}
+
+// registeredNodes are the device nodes the kernel registers below the
+// function directory p: every "dev" file of its subtree (no link
+// followed), named by the DEVNAME of the uevent beside it.
+func registeredNodes(p string) ([]device.Node, error) {
+	root, err := filepath.EvalSymlinks(p)
+	if err != nil {
+		return nil, fmt.Errorf("sysfs: %w", err)
+	}
+	var out []device.Node
+	err = filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return nil // a file that went away meanwhile
+		}
+		if d.Type()&fs.ModeSymlink != 0 || d.Name() != "dev" || d.IsDir() {
+			return nil
+		}
+		dir := filepath.Dir(path)
+		if dir == root {
+			return nil // the function's own dev, if any, is no node of it
+		}
+		n, ok := nodeOf(dir)
+		if ok {
+			out = append(out, n)
+		}
+		return nil
+	})
+	sort.Slice(out, func(i, j int) bool { return out[i].HostPath < out[j].HostPath })
+	return out, err
+}
+
+// nodeOf reads the node a sysfs device directory registers: major:minor
+// from dev, the name from DEVNAME in uevent, block when its subsystem is.
+func nodeOf(dir string) (device.Node, bool) {
+	b, err := os.ReadFile(filepath.Join(dir, "dev"))
+	if err != nil {
+		return device.Node{}, false
+	}
+	majs, mins, ok := strings.Cut(strings.TrimSpace(string(b)), ":")
+	major, err1 := strconv.ParseUint(majs, 10, 12)
+	minor, err2 := strconv.ParseUint(mins, 10, 20)
+	if !ok || err1 != nil || err2 != nil {
+		return device.Node{}, false
+	}
+	name := ueventValue(filepath.Join(dir, "uevent"), "DEVNAME")
+	if name == "" || strings.HasPrefix(name, "/") || strings.Contains(name, "..") {
+		return device.Node{}, false
+	}
+	t := device.Char
+	if linkBase(filepath.Join(dir, "subsystem")) == "block" {
+		t = device.Block
+	}
+	return device.Node{HostPath: name, Type: t, Major: uint32(major), Minor: uint32(minor)}, true
+}
+
+// ueventValue is KEY's value in a uevent file ("" when absent).
+func ueventValue(p, key string) string {
+	b, err := os.ReadFile(p)
+	if err != nil {
+		return ""
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if k, v, ok := strings.Cut(line, "="); ok && k == key {
+			return v
+		}
+	}
+	return ""
+}
+
+// NUMAOfNode is the NUMA node of the device behind a node's numbers:
+// <sysRoot>/dev/{char,block}/<major>:<minor>/device, then its parents,
+// until one has a numa_node; device.NoNUMA when none says.
+func NUMAOfNode(sysRoot string, t device.NodeType, major, minor uint32) int {
+	kind := "char"
+	if t == device.Block {
+		kind = "block"
+	}
+	p, err := filepath.EvalSymlinks(filepath.Join(sysRoot, "dev", kind, fmt.Sprintf("%d:%d", major, minor)))
+	if err != nil {
+		return device.NoNUMA
+	}
+	root, err := filepath.EvalSymlinks(sysRoot)
+	if err != nil {
+		return device.NoNUMA
+	}
+	for dir := p; strings.HasPrefix(dir, root+string(filepath.Separator)); dir = filepath.Dir(dir) {
+		if _, err := os.Stat(filepath.Join(dir, "numa_node")); err == nil {
+			return numaAttr(filepath.Join(dir, "numa_node"))
+		}
+	}
+	return device.NoNUMA
+}
+
+// Discover returns the discovery of a resource whose devices are the PCI
+// functions sel picks (device.Options.Discover): each function is a
+// device keyed by its address, its first node its own, the others extra.
+// A function with no node is skipped (nothing to give a container).
+func Discover(sysRoot, procRoot string, sel PCISelector) func() ([]device.Found, error) {
+	return func() ([]device.Found, error) {
+		fns, err := PCIFunctions(sysRoot, procRoot)
+		if err != nil {
+			return nil, err
+		}
+		var out []device.Found
+		for _, f := range fns {
+			if !sel.Match(f) || len(f.Nodes) == 0 {
+				continue
+			}
+			out = append(out, device.Found{
+				Key: f.Address, Node: f.Nodes[0], Extra: f.Nodes[1:], NUMANode: f.NUMANode,
+				Identity: device.Identity{PCIAddress: f.Address, PCIVendor: f.Vendor, PCIDevice: f.Device, PCIClass: f.Class, PCIDriver: f.Driver, IOMMUGroup: f.IOMMUGroup},
+			})
+		}
+		return out, nil
+	}
+}

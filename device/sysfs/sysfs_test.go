@@ -1,0 +1,210 @@
+package sysfs
+
+import (
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+
+	"github.com/cdi-device-plugin/cdi-device-plugin/device"
+)
+
+// fixture is a real machine's sysfs and procfs (see its README.md): a
+// cloud VM with one NVIDIA H100 at 0000:00:06.0, driver nvidia, no NUMA.
+const fixture = "testdata/nvidia-h100-vm"
+
+func TestFixtureH100(t *testing.T) {
+	sys, proc := filepath.Join(fixture, "sys"), filepath.Join(fixture, "proc")
+	fns, err := PCIFunctions(sys, proc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(fns) != 7 {
+		t.Fatalf("%d functions, want the fixture's 7: %+v", len(fns), fns)
+	}
+	found, err := Discover(sys, proc, PCISelector{Vendor: "10de"})()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(found) != 1 {
+		t.Fatalf("found %+v, want the H100 alone", found)
+	}
+	f := found[0]
+	want := device.Found{
+		Key:      "0000:00:06.0",
+		Node:     device.Node{HostPath: "nvidia0", Type: device.Char, Major: 195, Minor: 0},
+		NUMANode: device.NoNUMA,
+		Identity: device.Identity{PCIAddress: "0000:00:06.0", PCIVendor: "10de", PCIDevice: "2330", PCIClass: "030200", PCIDriver: "nvidia"},
+	}
+	if f.Key != want.Key || f.Node != want.Node || len(f.Extra) != 0 || f.NUMANode != want.NUMANode || f.Identity != want.Identity {
+		t.Fatalf("found %+v\nwant  %+v", f, want)
+	}
+	for _, c := range []struct {
+		name string
+		sel  PCISelector
+		n    int
+	}{
+		{"vendor, device, class, driver", PCISelector{Vendor: "10de", Device: []string{"2335", "2330"}, Class: "0302", Driver: "nvidia"}, 1},
+		{"class of two digits", PCISelector{Vendor: "10de", Class: "03"}, 1},
+		{"other device", PCISelector{Vendor: "10de", Device: []string{"2335"}}, 0},
+		{"other driver", PCISelector{Vendor: "10de", Driver: "vfio-pci"}, 0},
+		{"other class", PCISelector{Vendor: "10de", Class: "0300"}, 0},
+		{"virtio (no nodes)", PCISelector{Vendor: "1af4"}, 0},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			found, err := Discover(sys, proc, c.sel)()
+			if err != nil || len(found) != c.n {
+				t.Fatalf("found %d (%v), want %d", len(found), err, c.n)
+			}
+		})
+	}
+}
+
+// tree builds a sysfs and procfs in a temporary directory.
+type tree struct {
+	t               *testing.T
+	sys, proc, root string
+}
+
+func newTree(t *testing.T) *tree {
+	root := t.TempDir()
+	return &tree{t: t, root: root, sys: filepath.Join(root, "sys"), proc: filepath.Join(root, "proc")}
+}
+
+func (tr *tree) file(p, content string) {
+	tr.t.Helper()
+	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+		tr.t.Fatal(err)
+	}
+	if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
+		tr.t.Fatal(err)
+	}
+}
+
+func (tr *tree) link(p, target string) {
+	tr.t.Helper()
+	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+		tr.t.Fatal(err)
+	}
+	if err := os.Symlink(target, p); err != nil {
+		tr.t.Fatal(err)
+	}
+}
+
+// function makes a PCI function below bus bus (pci0000:xx) and links it
+// from bus/pci/devices, as the kernel does; it returns its directory.
+func (tr *tree) function(bus, addr, vendor, dev, class, driver string, numa int) string {
+	dir := filepath.Join(tr.sys, "devices", bus, addr)
+	tr.file(filepath.Join(dir, "vendor"), "0x"+vendor+"\n")
+	tr.file(filepath.Join(dir, "device"), "0x"+dev+"\n")
+	tr.file(filepath.Join(dir, "class"), "0x"+class+"\n")
+	tr.file(filepath.Join(dir, "numa_node"), itoa(numa)+"\n")
+	if driver != "" {
+		_ = os.MkdirAll(filepath.Join(tr.sys, "bus", "pci", "drivers", driver), 0o755)
+		tr.link(filepath.Join(dir, "driver"), "../../../bus/pci/drivers/"+driver)
+	}
+	tr.link(filepath.Join(tr.sys, "bus", "pci", "devices", addr), "../../../devices/"+bus+"/"+addr)
+	return dir
+}
+
+func itoa(n int) string {
+	if n < 0 {
+		return "-1"
+	}
+	return string(rune('0' + n))
+}
+
+// registered makes a node the kernel registers below dir.
+func (tr *tree) registered(dir, class, name, devname, majmin string) {
+	d := filepath.Join(dir, class, name)
+	tr.file(filepath.Join(d, "dev"), majmin+"\n")
+	tr.file(filepath.Join(d, "uevent"), "MAJOR=x\nMINOR=y\nDEVNAME="+devname+"\n")
+}
+
+func TestMadeTrees(t *testing.T) {
+	tr := newTree(t)
+	// Two GPUs over two NUMA nodes.
+	tr.function("pci0000:00", "0000:01:00.0", "10de", "2330", "030200", "nvidia", 0)
+	tr.function("pci0000:80", "0000:81:00.0", "10de", "2330", "030200", "nvidia", 1)
+	tr.file(filepath.Join(tr.proc, "driver", "nvidia", "gpus", "0000:01:00.0", "information"), "Model: \t H100\nDevice Minor: \t 0\n")
+	tr.file(filepath.Join(tr.proc, "driver", "nvidia", "gpus", "0000:81:00.0", "information"), "Model: \t H100\nDevice Minor: \t 1\n")
+	// A function bound to vfio-pci, IOMMU group 42.
+	vf := tr.function("pci0000:00", "0000:3b:00.2", "8086", "154c", "020000", "vfio-pci", 0)
+	_ = os.MkdirAll(filepath.Join(tr.sys, "kernel", "iommu_groups", "42"), 0o755)
+	tr.link(filepath.Join(vf, "iommu_group"), "../../../kernel/iommu_groups/42")
+	// A GPU of another vendor with its DRM nodes (and a link out of it that
+	// must not be followed).
+	amd := tr.function("pci0000:00", "0000:c1:00.0", "1002", "74a1", "038000", "amdgpu", -1)
+	tr.registered(amd, "drm", "card1", "dri/card1", "226:1")
+	tr.registered(amd, "drm", "renderD128", "dri/renderD128", "226:128")
+	tr.link(filepath.Join(amd, "subsystem"), "../../../bus/pci")
+
+	sys, proc := tr.sys, tr.proc
+	for _, c := range []struct {
+		name string
+		sel  PCISelector
+		want []device.Found
+	}{
+		{"GPUs over two NUMA nodes", PCISelector{Vendor: "10de"}, []device.Found{
+			{Key: "0000:01:00.0", Node: device.Node{HostPath: "nvidia0", Type: device.Char, Major: 195, Minor: 0}, NUMANode: 0},
+			{Key: "0000:81:00.0", Node: device.Node{HostPath: "nvidia1", Type: device.Char, Major: 195, Minor: 1}, NUMANode: 1},
+		}},
+		{"vfio-pci", PCISelector{Vendor: "8086", Driver: "vfio-pci"}, []device.Found{
+			{Key: "0000:3b:00.2", Node: device.Node{HostPath: "vfio/42", Type: device.Char}, NUMANode: 0},
+		}},
+		{"DRM card and render node", PCISelector{Vendor: "1002", Class: "03"}, []device.Found{
+			{Key: "0000:c1:00.0", Node: device.Node{HostPath: "dri/card1", Type: device.Char, Major: 226, Minor: 1},
+				Extra: []device.Node{{HostPath: "dri/renderD128", Type: device.Char, Major: 226, Minor: 128}}, NUMANode: device.NoNUMA},
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			found, err := Discover(sys, proc, c.sel)()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(found) != len(c.want) {
+				t.Fatalf("found %+v, want %+v", found, c.want)
+			}
+			for i, w := range c.want {
+				f := found[i]
+				if f.Key != w.Key || f.Node != w.Node || !slices.Equal(f.Extra, w.Extra) || f.NUMANode != w.NUMANode || f.Identity.PCIAddress != w.Key {
+					t.Errorf("found %+v\nwant  %+v", f, w)
+				}
+			}
+		})
+	}
+	fns, _ := PCIFunctions(sys, proc)
+	if len(fns) != 4 || fns[1].Address != "0000:3b:00.2" || fns[1].IOMMUGroup != "42" || fns[1].Driver != "vfio-pci" {
+		t.Errorf("functions in address order, the vfio one second with its group: %+v", fns)
+	}
+
+	// The NUMA node of a char node, through /sys/dev/char.
+	tr.link(filepath.Join(sys, "dev", "char", "226:128"), "../../devices/pci0000:00/0000:c1:00.0/drm/renderD128")
+	tr.link(filepath.Join(sys, "dev", "char", "195:1"), "../../devices/pci0000:80/0000:81:00.0")
+	for _, c := range []struct {
+		major, minor uint32
+		want         int
+	}{{195, 1, 1}, {226, 128, device.NoNUMA}, {4, 64, device.NoNUMA}} {
+		if got := NUMAOfNode(sys, device.Char, c.major, c.minor); got != c.want {
+			t.Errorf("NUMA of %d:%d = %d, want %d", c.major, c.minor, got, c.want)
+		}
+	}
+}
+
+func TestMalformed(t *testing.T) {
+	tr := newTree(t)
+	tr.function("pci0000:00", "0000:01:00.0", "10de", "2330", "030200", "nvidia", 0)
+	tr.file(filepath.Join(tr.proc, "driver", "nvidia", "gpus", "0000:01:00.0", "information"), "Device Minor: \t zero\n")
+	if _, err := PCIFunctions(tr.sys, tr.proc); err == nil {
+		t.Error("a Device Minor that is no number: no error")
+	}
+	tr2 := newTree(t)
+	dir := tr2.function("pci0000:00", "0000:01:00.0", "10de", "2330", "030200", "", 0)
+	tr2.file(filepath.Join(dir, "vendor"), "0x10dex\n")
+	if _, err := PCIFunctions(tr2.sys, tr2.proc); err == nil {
+		t.Error("a vendor of 5 digits: no error")
+	}
+	if fns, err := PCIFunctions(filepath.Join(t.TempDir(), "none"), ""); err != nil || len(fns) != 0 {
+		t.Errorf("no PCI bus: %v %v", fns, err)
+	}
+}
