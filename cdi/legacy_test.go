@@ -63,13 +63,7 @@ func TestLegacyAliasRoundTrip(t *testing.T) {
 	if err := spec.Write(snap); err != nil {
 		t.Fatal(err)
 	}
-	fresh, err := cdiapi.NewCache(cdiapi.WithSpecDirs(cdiDir), cdiapi.WithAutoRefresh(false))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if errs := fresh.GetErrors(); len(errs) != 0 {
-		t.Fatalf("cache errors: %v", errs)
-	}
+	fresh := freshCache(t, cdiDir)
 	for _, c := range []struct{ name, path string }{
 		{"x-n1-a_b", "/dev/a_b"},  // the checkpointed name of an earlier version
 		{"x-n1-a:_b", "/dev/a_b"}, // the current name

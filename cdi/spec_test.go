@@ -17,6 +17,7 @@ import (
 	cdiapi "tags.cncf.io/container-device-interface/pkg/cdi"
 
 	"github.com/cdi-device-plugin/cdi-device-plugin/device"
+	"github.com/cdi-device-plugin/cdi-device-plugin/internal/testutil"
 )
 
 func testResource(t *testing.T) Resource {
@@ -79,13 +80,7 @@ func TestRoundTrip(t *testing.T) {
 		t.Fatalf("temp files left: %v", tmps)
 	}
 
-	fresh, err := cdiapi.NewCache(cdiapi.WithSpecDirs(cdiDir), cdiapi.WithAutoRefresh(false))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if errs := fresh.GetErrors(); len(errs) != 0 {
-		t.Fatalf("cache errors: %v", errs)
-	}
+	fresh := freshCache(t, cdiDir)
 	want := []string{"k8s.example.com/fpga=fpga-n1-0", "k8s.example.com/fpga=fpga-n1-1", "k8s.example.com/fpga=fpga-n1-2"}
 	if got := fresh.ListDevices(); !slices.Equal(got, want) {
 		t.Fatalf("devices %v, want %v", got, want)
@@ -248,7 +243,7 @@ func TestBuildSpecRejectsBadName(t *testing.T) {
 // older process can take over again. A socket outside our plugin directory
 // cannot be judged: it stays Superseded.
 func TestCheckOwnerGone(t *testing.T) {
-	dir, sockDir := t.TempDir(), shortTempDir(t)
+	dir, sockDir := t.TempDir(), testutil.ShortDir(t)
 	snap := &device.Snapshot{Devices: []device.Device{{Name: "fpga-0", HostPath: "/dev/null", ContainerPath: "/dev/fpga-0", Type: device.Char, Major: 1, Minor: 3}}}
 	res := testResource(t)
 	res.Socket = filepath.Join(sockDir, "old.sock")
@@ -324,17 +319,6 @@ func TestWatchSignalsOnceInPlace(t *testing.T) {
 	}
 }
 
-// shortTempDir is a temporary directory whose path fits a unix socket.
-func shortTempDir(t *testing.T) string {
-	t.Helper()
-	d, err := os.MkdirTemp("/tmp", "cdi")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = os.RemoveAll(d) })
-	return d
-}
-
 // kindForResource is KindFor of a whole resource name (a test helper).
 func kindForResource(resource string) (Kind, error) {
 	domain, name, ok := strings.Cut(resource, "/")
@@ -350,13 +334,11 @@ func kindForResource(resource string) (Kind, error) {
 // for two devices.
 func TestRoundTripSeveralNodes(t *testing.T) {
 	devRoot, cdiDir := t.TempDir(), filepath.Join(t.TempDir(), "cdi")
+	testutil.NeedMknod(t)
 	mk := func(rel string, major, minor uint32) device.Node {
 		t.Helper()
 		p := filepath.Join(devRoot, rel)
-		_ = os.MkdirAll(filepath.Dir(p), 0o755)
-		if err := unix.Mknod(p, unix.S_IFCHR|0o666, int(unix.Mkdev(major, minor))); err != nil {
-			t.Skipf("cannot create device nodes here (%v): run as root", err)
-		}
+		testutil.Mknod(t, p, major, minor)
 		return device.Node{HostPath: p, ContainerPath: "/dev/" + rel, Type: device.Char, Major: major, Minor: minor}
 	}
 	ctl, uvm := mk("nvidiactl", 195, 255), mk("nvidia-uvm", 238, 0)
@@ -380,13 +362,7 @@ func TestRoundTripSeveralNodes(t *testing.T) {
 	if err := w.Write(res, snap); err != nil {
 		t.Fatal(err)
 	}
-	fresh, err := cdiapi.NewCache(cdiapi.WithSpecDirs(cdiDir), cdiapi.WithAutoRefresh(false))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if errs := fresh.GetErrors(); len(errs) != 0 {
-		t.Fatalf("cache errors: %v", errs)
-	}
+	fresh := freshCache(t, cdiDir)
 	d := fresh.GetDevice("k8s.example.com/gpu=gpu-n1-1")
 	if d == nil || d.Annotations[IdentityAnnotationPrefix+"pci-address"] != "0000:41:00.0" || d.Annotations[IdentityAnnotationPrefix+"pci-driver"] != "nvidia" {
 		t.Fatalf("device annotations: %+v", d)
@@ -408,4 +384,18 @@ func TestRoundTripSeveralNodes(t *testing.T) {
 	if !slices.Contains(spec.Process.Env, "GPU_1=/dev/nvidia1") {
 		t.Fatalf("env %v", spec.Process.Env)
 	}
+}
+
+// freshCache reads dir with a new CDI cache, as containerd does, and fails
+// the test on any spec error.
+func freshCache(t *testing.T, dir string) *cdiapi.Cache {
+	t.Helper()
+	c, err := cdiapi.NewCache(cdiapi.WithSpecDirs(dir), cdiapi.WithAutoRefresh(false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if errs := c.GetErrors(); len(errs) != 0 {
+		t.Fatalf("cache errors: %v", errs)
+	}
+	return c
 }

@@ -252,16 +252,8 @@ func waitSnap(t *testing.T, s *Source, out <-chan *Snapshot, d time.Duration, wh
 
 func runSource(t *testing.T, s *Source) <-chan *Snapshot {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
 	out := make(chan *Snapshot, 1)
-	done := make(chan error, 1)
-	go func() { done <- s.Run(ctx, out) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Error(err)
-		}
-	})
+	testutil.Go(t, func(ctx context.Context) error { return s.Run(ctx, out) })
 	return out
 }
 

@@ -98,21 +98,7 @@ func startKubelet(t *testing.T, dir string) *kubeletsim.Kubelet {
 // runPlugin runs p until the test ends and checks Run returned cleanly.
 func runPlugin(t *testing.T, p *Plugin) context.CancelFunc {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- p.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("Run: %v", err)
-			}
-		case <-time.After(5 * time.Second):
-			t.Error("Run did not return after cancel")
-		}
-	})
-	return cancel
+	return testutil.Go(t, p.Run)
 }
 
 func TestRegistrationAndKubeletRestart(t *testing.T) {

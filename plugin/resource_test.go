@@ -195,15 +195,7 @@ func TestResourceTakesBackAnOrphanedSpec(t *testing.T) {
 // returns a wait for a condition on its ListAndWatch stream.
 func runResource(t *testing.T, dir string, k *kubeletsim.Kubelet, r *Resource) func(what string, cond func(kubeletsim.Update) bool) {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- r.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Error(err)
-		}
-	})
+	testutil.Go(t, r.Run)
 	reg, err := k.WaitRegistration(5 * time.Second)
 	if err != nil {
 		t.Fatal(err)

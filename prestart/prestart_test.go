@@ -926,15 +926,7 @@ func TestRecoverySparesHeldDevices(t *testing.T) {
 		r := NewRunner(Options{Resource: "example.com/sim", StateRoot: t.TempDir(), Steps: []Step{counting{runs}},
 			MarkUnhealthy: true, Recovery: config.RecoverAuto, RecoveryInterval: time.Millisecond, Health: f,
 			Log: logrus.NewEntry(l), Metrics: m, Holders: holders})
-		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan error, 1)
-		go func() { done <- r.Run(ctx) }()
-		t.Cleanup(func() {
-			cancel()
-			if err := <-done; err != nil {
-				t.Error(err)
-			}
-		})
+		testutil.Go(t, r.Run)
 		if err := r.Prepare(context.Background(), devs(1)); err == nil {
 			t.Fatal("no error")
 		}

@@ -10,6 +10,7 @@ import (
 	"slices"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/cdi-device-plugin/cdi-device-plugin/internal/kubeletsim"
 	"golang.org/x/sys/unix"
@@ -119,4 +120,26 @@ func ServePodResources(t testing.TB, sock string, pods ...*podresourcesapi.PodRe
 	go func() { defer close(served); _ = srv.Serve(ln) }()
 	t.Cleanup(func() { srv.Stop(); <-served })
 	return p
+}
+
+// Go runs f in the background until the test ends: then its context is
+// cancelled and it must return, within 5 s, without an error. The
+// returned function cancels it early (the end is still awaited then).
+func Go(t testing.TB, f func(ctx context.Context) error) context.CancelFunc {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- f(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("background run: %v", err)
+			}
+		case <-time.After(5 * time.Second):
+			t.Error("background run did not return within 5s of its cancel")
+		}
+	})
+	return cancel
 }
