@@ -158,7 +158,7 @@ func TestKernelEventRescans(t *testing.T) {
 	changed := make(chan func(), 1)
 	stopped := make(chan struct{})
 	src, err := NewSource(Options{DevRoot: root, IDPrefix: "gpu", Discover: fd.discover, DiscoverKind: "pci",
-		KernelEvents: func(ctx context.Context, f func()) (func(), error) {
+		KernelEvents: func(_ context.Context, f func()) (func(), error) {
 			changed <- f
 			return func() { close(stopped) }, nil
 		}})

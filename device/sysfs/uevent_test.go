@@ -64,7 +64,7 @@ func TestListenerFiltersAndEnds(t *testing.T) {
 		"libudev\x00junk",
 		"bind@/devices/pci0000:00/0000:00:06.0\x00SUBSYSTEM=pci\x00",
 	} {
-		if _, err := w.Write([]byte(m)); err != nil {
+		if _, err := w.WriteString(m); err != nil {
 			t.Fatal(err)
 		}
 	}
