@@ -143,3 +143,56 @@ func TestDiscoveredDevices(t *testing.T) {
 		}
 	}
 }
+
+// TestKernelEventRescans (issue 20): a function unbound from its driver
+// changes no node, so only its kernel event tells; the source rescans on
+// it and publishes the device Unhealthy, then Healthy when it is bound
+// again. The latency from the event to the snapshot is logged (dp-bench
+// measures it; a unit test does not time).
+func TestKernelEventRescans(t *testing.T) {
+	fn := useFakeNodes(t)
+	root := t.TempDir()
+	fn.make(t, filepath.Join(root, "nvidia0"), 195, 0)
+	fd := &fakeDiscovery{}
+	fd.set(gpu("0000:01:00.0", 0, 0))
+	changed := make(chan func(), 1)
+	stopped := make(chan struct{})
+	src, err := NewSource(Options{DevRoot: root, IDPrefix: "gpu", Discover: fd.discover, DiscoverKind: "pci",
+		KernelEvents: func(_ context.Context, f func()) (func(), error) {
+			changed <- f
+			return func() { close(stopped) }, nil
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := src.Prepare(); err != nil {
+		t.Fatal(err)
+	}
+	// Runs after runSource's cleanup has joined Run.
+	t.Cleanup(func() {
+		select {
+		case <-stopped:
+		default:
+			t.Error("Run returned without stopping the kernel events")
+		}
+	})
+	out := runSource(t, src)
+	event := <-changed
+	if h := src.Snapshot().Healthy(); h != 1 {
+		t.Fatalf("healthy %d at start", h)
+	}
+	for _, c := range []struct {
+		name    string
+		found   []Found
+		healthy int
+	}{
+		{"unbound", nil, 0},
+		{"bound again", []Found{gpu("0000:01:00.0", 0, 0)}, 1},
+	} {
+		fd.set(c.found...)
+		at := time.Now()
+		event()
+		waitSnap(t, src, out, 2*time.Second, c.name, func(s *Snapshot) bool { return s.Healthy() == c.healthy && len(s.Devices) == 1 })
+		t.Logf("%s: published %v after the event", c.name, time.Since(at))
+	}
+}

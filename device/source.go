@@ -53,6 +53,11 @@ type Options struct {
 	// names it ("pci", "usb") in registry keys and logs.
 	Discover     func() ([]Found, error)
 	DiscoverKind string
+	// KernelEvents, when set, tells Run of changes the directory watch
+	// cannot see (a PCI function bound, unbound or removed: kernel
+	// uevents): Run opens it with its context and a function to call on
+	// each (it rescans), and calls the returned stop before it returns.
+	KernelEvents func(ctx context.Context, changed func()) (stop func(), err error)
 	// SharedNodes, relative to DevRoot: nodes every host device gets, when
 	// they exist (/dev/nvidiactl).
 	SharedNodes []string
@@ -87,8 +92,9 @@ type Source struct {
 	nextIndex int
 	// faults reported by others (a failed preparation), by device name.
 	faults map[string]Problem
-	// poke asks Run to publish after a fault changed.
-	poke chan struct{}
+	// poke asks Run to publish after a fault changed; rescan to rescan
+	// every device after a kernel event.
+	poke, rescan chan struct{}
 	// fullScans counts the rescans of every device Run made (tests).
 	fullScans atomic.Int64
 }
@@ -118,7 +124,7 @@ func NewSource(o Options) (*Source, error) {
 	if err := parser.ValidateDeviceName(longest); err != nil {
 		return nil, fmt.Errorf("device IDs like %q: %w: %w", longest, ErrDeviceName, err)
 	}
-	return &Source{opts: o, root: root, log: o.Log, known: map[string]Device{}, faults: map[string]Problem{}, poke: make(chan struct{}, 1)}, nil
+	return &Source{opts: o, root: root, log: o.Log, known: map[string]Device{}, faults: map[string]Problem{}, poke: make(chan struct{}, 1), rescan: make(chan struct{}, 1)}, nil
 }
 
 // Prepare creates the simulated nodes (idempotently), or loads the host
@@ -353,11 +359,29 @@ func (s *Source) Run(ctx context.Context, out chan *Snapshot) error {
 			return err
 		}
 	}
-	// A change between Prepare and the watch being in place is caught here.
+	if s.opts.KernelEvents != nil {
+		stop, err := s.opts.KernelEvents(ctx, func() {
+			select {
+			case s.rescan <- struct{}{}:
+			default: // one pending rescan covers them all
+			}
+		})
+		if err != nil {
+			// Health still follows the nodes on disk.
+			s.log.WithError(err).Warn("no kernel events; devices that change without a node change are seen at the next rescan")
+		} else {
+			defer stop()
+		}
+	}
+	// A change between Prepare and the watches being in place is caught
+	// here.
 	s.publish(out)
 	for {
 		select {
 		case <-s.poke:
+			s.publish(out)
+		case <-s.rescan:
+			addWatches() // a device's node directory may be new
 			s.publish(out)
 		case evs, ok := <-w.Events():
 			if !ok {

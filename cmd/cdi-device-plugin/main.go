@@ -250,6 +250,7 @@ func build(cfg *config.Config, i int, writer *cdi.Writer, start int64, log *logr
 		case config.DiscoverPCI:
 			sel := sysfs.PCISelector{Vendor: rc.PCI.Vendor, Device: rc.PCI.Device, Class: rc.PCI.Class, Driver: rc.PCI.Driver}
 			opts.Discover, opts.DiscoverKind = sysfs.Discover(cfg.SysRoot, cfg.ProcRoot, sel), string(config.DiscoverPCI)
+			opts.KernelEvents = sysfs.KernelEvents("pci")
 		default:
 			opts.HostGlobs = rc.HostGlobs
 			sysRoot := cfg.SysRoot
