@@ -215,6 +215,7 @@ func TestValidationErrors(t *testing.T) {
 		{name: "shared nodes on simulated", file: "resources:\n- name: example.com/a\n  sharedNodes: [nvidiactl]\n", field: "resources[0].sharedNodes", value: "nvidiactl"},
 		{name: "container path field", file: "resources:\n- name: example.com/ser\n  hostDevices: [ttyUSB*]\n  containerPath: /dev/ttyUSB{{.Name}}\n", field: "resources[0].containerPath", value: "/dev/ttyUSB{{.Name}}"},
 		{name: "container path relative", file: "resources:\n- name: example.com/ser\n  hostDevices: [ttyUSB*]\n  containerPath: ttyUSB{{.Index}}\n", field: "resources[0].containerPath", value: "ttyUSB{{.Index}}"},
+		{name: "forget after", file: "resources:\n- name: example.com/ser\n  hostDevices: [ttyUSB*]\n  forgetAfter: 1ms\n", field: "resources[0].forgetAfter", value: "1ms"},
 		{name: "sys root relative", args: []string{"--sys-root", "sys"}, field: "sys-root", value: "sys"},
 	}
 	for _, c := range cases {
@@ -313,6 +314,7 @@ resources:
   idPrefix: ser
   hostDevices: ["/dev/serial/by-id/usb-FTDI_*"]
   containerPath: "/dev/ttyUSB{{.Index}}"
+  forgetAfter: 30s
 `)}), io.Discard)
 	if err != nil {
 		t.Fatal(err)
@@ -331,7 +333,7 @@ resources:
 	if !reflect.DeepEqual(vf.PCI.Device, StringList{"154c"}) {
 		t.Errorf("vf device %q: one string is a list of one", vf.PCI.Device)
 	}
-	if ser.Discovery() != DiscoverGlobs {
+	if ser.Discovery() != DiscoverGlobs || ser.ForgetAfterOrDefault() != 30*time.Second || gpu.ForgetAfterOrDefault() != DefaultForgetAfter {
 		t.Errorf("serial: %+v", ser)
 	}
 	if got := ser.ContainerPathOf(3, "bus/usb/001/004"); got != "/dev/ttyUSB3" {

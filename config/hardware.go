@@ -8,10 +8,15 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // Discovery says where a resource's devices come from.
 type Discovery string
+
+// DefaultForgetAfter is how long a vanished host device that no container
+// holds is kept (Unhealthy) before it is forgotten.
+const DefaultForgetAfter = 10 * time.Minute
 
 // Discoveries.
 const (
@@ -197,7 +202,7 @@ func validateDiscovered(f func(string) string, r *Resource) (err error) {
 	return nil
 }
 
-// validateNodes checks sharedNodes and containerPath, the
+// validateNodes checks sharedNodes, containerPath and forgetAfter, the
 // fields of resources whose devices are found on the host.
 func validateNodes(f func(string) string, r *Resource) error {
 	r.SharedRel = make([]string, len(r.SharedNodes))
@@ -217,5 +222,16 @@ func validateNodes(f func(string) string, r *Resource) error {
 			return fieldErr(f("containerPath"), r.ContainerPath, "must give a clean absolute path, gives %q", p)
 		}
 	}
+	if r.ForgetAfter != nil && (r.ForgetAfter.Duration < time.Second || r.ForgetAfter.Duration > 7*24*time.Hour) {
+		return fieldErr(f("forgetAfter"), r.ForgetAfter.String(), "must be between 1s and 168h")
+	}
 	return nil
+}
+
+// ForgetAfterOrDefault is ForgetAfter, or DefaultForgetAfter when unset.
+func (r *Resource) ForgetAfterOrDefault() time.Duration {
+	if r.ForgetAfter == nil {
+		return DefaultForgetAfter
+	}
+	return r.ForgetAfter.Duration
 }

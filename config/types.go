@@ -255,6 +255,10 @@ type Resource struct {
 	// ContainerPath is where a device's own node appears in the
 	// container, a template of {{.Index}}; empty: the host path.
 	ContainerPath string `json:"containerPath,omitempty"`
+	// ForgetAfter: a vanished host device that no container holds is
+	// forgotten after this long (default 10m); one a container holds is
+	// kept, Unhealthy.
+	ForgetAfter *Duration `json:"forgetAfter,omitempty"`
 
 	// Domain and Class are the two parts of Name (the CDI class).
 	Domain string `json:"-"`

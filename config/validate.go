@@ -179,8 +179,8 @@ func (c *Config) validateResource(i int, r *Resource) error {
 
 	switch r.Discovery() {
 	case DiscoverSimulated:
-		if len(r.SharedNodes) > 0 || r.ContainerPath != "" {
-			return fieldErr(f("sharedNodes"), strings.Join(r.SharedNodes, ","), "sharedNodes and containerPath apply to host devices (hostDevices, pci)")
+		if len(r.SharedNodes) > 0 || r.ContainerPath != "" || r.ForgetAfter != nil {
+			return fieldErr(f("sharedNodes"), strings.Join(r.SharedNodes, ","), "sharedNodes, containerPath and forgetAfter apply to host devices (hostDevices, pci)")
 		}
 		if err := validateSimulated(f, r); err != nil {
 			return err

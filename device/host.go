@@ -1,10 +1,12 @@
 package device
 
 import (
+	"context"
 	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
+	"time"
 
 	"tags.cncf.io/container-device-interface/pkg/parser"
 )
@@ -188,9 +190,16 @@ func (s *Source) scanHost(snap *Snapshot) *Snapshot {
 		s.saveRegistry()
 	}
 	snap.Devices = make([]Device, 0, len(s.known))
+	now := time.Now()
 	for k, d := range s.known {
 		d.Shared = shared
 		_, found := cands[k]
+		switch {
+		case found || (cands == nil && s.opts.Discover != nil):
+			delete(s.goneSince, k)
+		case s.goneSince[k].IsZero():
+			s.goneSince[k] = now
+		}
 		switch {
 		case cands == nil && s.opts.Discover != nil:
 			// The discovery failed: health as the disk says.
@@ -242,4 +251,57 @@ func (s *Source) discoveredDirs() []string {
 		}
 	}
 	return dirs
+}
+
+// forget drops the host devices gone for ForgetAfter that no container
+// holds, and reports whether it dropped any. Their indexes are not given
+// again.
+func (s *Source) forget(ctx context.Context) bool {
+	s.mu.Lock()
+	var due []string
+	for k, since := range s.goneSince {
+		if _, known := s.known[k]; known && time.Since(since) >= s.opts.ForgetAfter {
+			due = append(due, k)
+		}
+	}
+	s.mu.Unlock()
+	if len(due) == 0 {
+		return false
+	}
+	held, err := s.opts.Holders(ctx)
+	if err != nil {
+		if !s.noHolders {
+			s.log.WithError(err).Warn("cannot tell which vanished devices containers hold; keeping them")
+		}
+		s.noHolders = true
+		return false
+	}
+	s.noHolders = false
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	dropped := false
+	for _, k := range due {
+		d, ok := s.known[k]
+		if !ok || heldID(held, d.Name) {
+			continue
+		}
+		delete(s.known, k)
+		delete(s.goneSince, k)
+		dropped = true
+		s.log.WithField("device", d.Name).WithField("key", k).Info("forgetting a device gone for longer than forgetAfter that no container holds")
+	}
+	if dropped {
+		s.saveRegistry()
+	}
+	return dropped
+}
+
+// heldID reports whether held names device name or one of its replicas.
+func heldID(held []string, name string) bool {
+	for _, h := range held {
+		if h == name || strings.HasPrefix(h, name+"::") {
+			return true
+		}
+	}
+	return false
 }

@@ -2,8 +2,10 @@ package device
 
 import (
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -194,5 +196,64 @@ func TestKernelEventRescans(t *testing.T) {
 		event()
 		waitSnap(t, src, out, 2*time.Second, c.name, func(s *Snapshot) bool { return s.Healthy() == c.healthy && len(s.Devices) == 1 })
 		t.Logf("%s: published %v after the event", c.name, time.Since(at))
+	}
+}
+
+// TestForgetVanished (issue 20): a device gone for ForgetAfter that no
+// container holds is forgotten (snapshot and registry); one a container
+// holds stays, Unhealthy; while the holders cannot be told, nothing goes.
+// Forgotten indexes are not given again.
+func TestForgetVanished(t *testing.T) {
+	fn := useFakeNodes(t)
+	root, state := t.TempDir(), t.TempDir()
+	for i := range uint32(3) {
+		fn.make(t, filepath.Join(root, "nvidia"+itoa(i)), 195, i)
+	}
+	fd := &fakeDiscovery{}
+	fd.set(gpu("0000:01:00.0", 0, 0), gpu("0000:02:00.0", 1, 0), gpu("0000:03:00.0", 2, 0))
+	var mu sync.Mutex
+	held, holdersErr := []string{"gpu-1::0"}, error(nil)
+	opts := Options{DevRoot: root, IDPrefix: "gpu", Discover: fd.discover, DiscoverKind: "pci", Replicas: 2,
+		Registry: filepath.Join(state, "registry.json"), ForgetAfter: 30 * time.Millisecond,
+		Holders: func(context.Context) ([]string, error) {
+			mu.Lock()
+			defer mu.Unlock()
+			return held, holdersErr
+		}}
+	src, err := NewSource(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := src.Prepare(); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	holdersErr = errors.New("no PodResources socket")
+	mu.Unlock()
+	out := runSource(t, src)
+	// 02 (held through a replica) and 03 vanish; 03 is held by nobody.
+	fd.set(gpu("0000:01:00.0", 0, 0))
+	src.Refresh()
+	time.Sleep(100 * time.Millisecond) // well past ForgetAfter
+	if n := len(src.Snapshot().Devices); n != 3 {
+		t.Fatalf("%d devices while the holders cannot be told, want all 3 kept", n)
+	}
+	mu.Lock()
+	holdersErr = nil
+	mu.Unlock()
+	waitSnap(t, src, out, 2*time.Second, "forgotten", func(s *Snapshot) bool { return len(s.Devices) == 2 })
+	names := []string{src.Snapshot().Devices[0].Name, src.Snapshot().Devices[1].Name}
+	if names[0] != "gpu-0" || names[1] != "gpu-1" || src.Snapshot().Devices[1].Healthy {
+		t.Fatalf("kept %v (gpu-1 held, Unhealthy), want gpu-0 and gpu-1: %+v", names, src.Snapshot().Devices)
+	}
+	data, err := os.ReadFile(opts.Registry)
+	if err != nil || strings.Contains(string(data), "0000:03:00.0") {
+		t.Fatalf("registry still knows the forgotten device: %v\n%s", err, data)
+	}
+	// It comes back: a new device, with the next index.
+	fd.set(gpu("0000:01:00.0", 0, 0), gpu("0000:03:00.0", 2, 0))
+	src.Refresh()
+	if d := src.Snapshot().Devices; len(d) != 3 || d[2].Name != "gpu-3" || d[2].Identity.PCIAddress != "0000:03:00.0" {
+		t.Fatalf("back after being forgotten: %+v", d)
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/sirupsen/logrus"
 	"golang.org/x/sys/unix"
@@ -58,6 +59,15 @@ type Options struct {
 	// uevents): Run opens it with its context and a function to call on
 	// each (it rescans), and calls the returned stop before it returns.
 	KernelEvents func(ctx context.Context, changed func()) (stop func(), err error)
+	// ForgetAfter, when above 0, forgets a host device gone this long that
+	// no container holds (Holders): its ID and index leave the registry
+	// and the snapshot, so a churny bus does not grow them without bound.
+	// One a container holds, or while Holders cannot tell, stays,
+	// Unhealthy.
+	ForgetAfter time.Duration
+	// Holders returns the device IDs containers hold (as advertised, with
+	// replicas; the kubelet's PodResources).
+	Holders func(ctx context.Context) ([]string, error)
 	// SharedNodes, relative to DevRoot: nodes every host device gets, when
 	// they exist (/dev/nvidiactl).
 	SharedNodes []string
@@ -90,6 +100,10 @@ type Source struct {
 	known map[string]Device
 	// nextIndex is the index the next new host device gets.
 	nextIndex int
+	// goneSince is when a known host device was first seen gone, by key.
+	goneSince map[string]time.Time
+	// noHolders is set while Holders cannot tell (logged once).
+	noHolders bool
 	// faults reported by others (a failed preparation), by device name.
 	faults map[string]Problem
 	// poke asks Run to publish after a fault changed; rescan to rescan
@@ -124,7 +138,7 @@ func NewSource(o Options) (*Source, error) {
 	if err := parser.ValidateDeviceName(longest); err != nil {
 		return nil, fmt.Errorf("device IDs like %q: %w: %w", longest, ErrDeviceName, err)
 	}
-	return &Source{opts: o, root: root, log: o.Log, known: map[string]Device{}, faults: map[string]Problem{}, poke: make(chan struct{}, 1), rescan: make(chan struct{}, 1)}, nil
+	return &Source{opts: o, root: root, log: o.Log, known: map[string]Device{}, goneSince: map[string]time.Time{}, faults: map[string]Problem{}, poke: make(chan struct{}, 1), rescan: make(chan struct{}, 1)}, nil
 }
 
 // Prepare creates the simulated nodes (idempotently), or loads the host
@@ -376,8 +390,18 @@ func (s *Source) Run(ctx context.Context, out chan *Snapshot) error {
 	// A change between Prepare and the watches being in place is caught
 	// here.
 	s.publish(out)
+	var forget <-chan time.Time
+	if s.opts.ForgetAfter > 0 && s.host() && s.opts.Holders != nil {
+		t := time.NewTicker(min(max(s.opts.ForgetAfter/4, 10*time.Millisecond), time.Minute))
+		defer t.Stop()
+		forget = t.C
+	}
 	for {
 		select {
+		case <-forget:
+			if s.forget(ctx) {
+				s.publish(out)
+			}
 		case <-s.poke:
 			s.publish(out)
 		case <-s.rescan:

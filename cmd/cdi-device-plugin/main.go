@@ -243,6 +243,11 @@ func build(cfg *config.Config, i int, writer *cdi.Writer, start int64, log *logr
 		// Host devices keep their IDs and indexes across restarts.
 		opts.Registry = filepath.Join(cfg.StateDir, "resources", kind.SpecName()+".json")
 		opts.SharedNodes = rc.SharedRel
+		opts.ForgetAfter = rc.ForgetAfterOrDefault()
+		podResources, resource := cfg.PodResourcesSocket, rc.Name
+		opts.Holders = func(ctx context.Context) ([]string, error) {
+			return metrics.HeldDevices(ctx, podResources, resource)
+		}
 		if rc.ContainerPath != "" {
 			opts.ContainerPath = rc.ContainerPathOf
 		}
