@@ -210,7 +210,6 @@ func TestValidationErrors(t *testing.T) {
 		{name: "pci with hostDevices", file: "resources:\n- name: example.com/gpu\n  hostDevices: [nvidia0]\n  pci: {vendor: 10de}\n", field: "resources[0].hostDevices", value: "nvidia0"},
 		{name: "pci and usb", file: "resources:\n- name: example.com/gpu\n  pci: {vendor: 10de}\n  usb: {vendor: \"0403\"}\n", field: "resources[0].usb", value: "0403"},
 		{name: "usb product", file: "resources:\n- name: example.com/ser\n  usb: {vendor: \"0403\", product: \"60011\"}\n", field: "resources[0].usb.product", value: "60011"},
-		{name: "usb not available yet", file: "resources:\n- name: example.com/ser\n  usb: {vendor: \"0403\", product: \"6001\"}\n", field: "resources[0].usb", value: "0403"},
 		{name: "shared node escapes", file: "resources:\n- name: example.com/gpu\n  pci: {vendor: 10de}\n  sharedNodes: [/dev/../etc/passwd]\n", field: "resources[0].sharedNodes[0]", value: "/dev/../etc/passwd"},
 		{name: "shared nodes on simulated", file: "resources:\n- name: example.com/a\n  sharedNodes: [nvidiactl]\n", field: "resources[0].sharedNodes", value: "nvidiactl"},
 		{name: "container path field", file: "resources:\n- name: example.com/ser\n  hostDevices: [ttyUSB*]\n  containerPath: /dev/ttyUSB{{.Name}}\n", field: "resources[0].containerPath", value: "/dev/ttyUSB{{.Name}}"},
@@ -312,7 +311,7 @@ resources:
   pci: {vendor: "8086", device: "154c", driver: vfio-pci}
 - name: example.com/serial
   idPrefix: ser
-  hostDevices: ["/dev/serial/by-id/usb-FTDI_*"]
+  usb: {vendor: "0403", product: "6001"}
   containerPath: "/dev/ttyUSB{{.Index}}"
   forgetAfter: 30s
 `)}), io.Discard)
@@ -333,7 +332,7 @@ resources:
 	if !reflect.DeepEqual(vf.PCI.Device, StringList{"154c"}) {
 		t.Errorf("vf device %q: one string is a list of one", vf.PCI.Device)
 	}
-	if ser.Discovery() != DiscoverGlobs || ser.ForgetAfterOrDefault() != 30*time.Second || gpu.ForgetAfterOrDefault() != DefaultForgetAfter {
+	if ser.Discovery() != DiscoverUSB || ser.USB.Product != "6001" || ser.ForgetAfterOrDefault() != 30*time.Second || gpu.ForgetAfterOrDefault() != DefaultForgetAfter {
 		t.Errorf("serial: %+v", ser)
 	}
 	if got := ser.ContainerPathOf(3, "bus/usb/001/004"); got != "/dev/ttyUSB3" {

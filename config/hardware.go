@@ -141,7 +141,7 @@ var driverNameOK = func(s string) bool {
 }
 
 // validateDiscovered checks a pci or usb resource (f names its fields).
-func validateDiscovered(f func(string) string, r *Resource) (err error) {
+func validateDiscovered(f func(string) string, r *Resource) error {
 	if r.PCI != nil && r.USB != nil {
 		return fieldErr(f("usb"), r.USB.Vendor, "pci and usb exclude each other")
 	}
@@ -181,13 +181,6 @@ func validateDiscovered(f func(string) string, r *Resource) (err error) {
 		}
 	}
 	if u := r.USB; u != nil {
-		// The selector is read and checked, but USB discovery is not
-		// there yet: refuse it rather than advertise nothing.
-		defer func() {
-			if err == nil {
-				err = fieldErr(f("usb"), u.Vendor, "USB discovery is not available in this version")
-			}
-		}()
 		u.Vendor, u.Product = normHex(u.Vendor), normHex(u.Product)
 		if !isHex(u.Vendor, 4) {
 			return fieldErr(f("usb.vendor"), u.Vendor, "must be 4 hexadecimal digits, like 0403")

@@ -83,3 +83,70 @@ resources:
 		t.Fatalf("node removed: %v", err)
 	}
 }
+
+// TestUSBSerial (issue 20): a USB serial adapter found by vendor and
+// product in a sysfs tree made here: its tty appears at the configured
+// container path with its bus node, the container learns its bus:device,
+// and a kernel event is not needed for the start.
+func TestUSBSerial(t *testing.T) {
+	d := newDirs(t)
+	testutil.NeedMknod(t)
+	sys := filepath.Join(t.TempDir(), "sys")
+	write := func(p, v string) {
+		t.Helper()
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte(v+"\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	dev := filepath.Join(sys, "devices", "pci0000:00", "0000:00:14.0", "usb1", "1-2")
+	for k, v := range map[string]string{"busnum": "1", "devnum": "4", "idVendor": "0403", "idProduct": "6001", "serial": "A10K",
+		"dev": "189:3", "uevent": "DEVNAME=bus/usb/001/004", "1-2:1.0/ttyUSB0/tty/ttyUSB0/dev": "188:0",
+		"1-2:1.0/ttyUSB0/tty/ttyUSB0/uevent": "DEVNAME=ttyUSB0", "../../numa_node": "1"} {
+		write(filepath.Join(dev, k), v)
+	}
+	if err := os.MkdirAll(filepath.Join(sys, "bus", "usb", "devices"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("../../../devices/pci0000:00/0000:00:14.0/usb1/1-2", filepath.Join(sys, "bus", "usb", "devices", "1-2")); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Mknod(t, filepath.Join(d.dev, "ttyUSB0"), 188, 0)
+	testutil.Mknod(t, filepath.Join(d.dev, "bus", "usb", "001", "004"), 189, 3)
+	cfg := writeConfig(t, `
+resources:
+- name: example.com/serial
+  idPrefix: ser
+  usb: {vendor: "0403", product: "6001"}
+  containerPath: "/dev/ttyS{{.Index}}"
+`)
+	r := startRun(t, d, []string{"--config", cfg, "--sys-root", sys}, map[string]string{"NODE_NAME": "n1"})
+	u, err := r.wait(5*time.Second, func(u kubeletsim.Update) bool { return u.Healthy() == 1 })
+	if err != nil {
+		t.Fatalf("one healthy adapter: %v\n%s", err, r.stderr.String())
+	}
+	if u.Devices[0].ID != "ser-n1-0" || u.Devices[0].Topology == nil || u.Devices[0].Topology.Nodes[0].ID != 1 {
+		t.Fatalf("devices %+v: want ser-n1-0 on NUMA node 1 (its controller's)", u.Devices)
+	}
+	spec, err := resolve(context.Background(), d, r.c, "ser-n1-0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var nodes []string
+	for _, n := range spec.Linux.Devices {
+		nodes = append(nodes, n.Path)
+	}
+	slices.Sort(nodes)
+	if want := []string{"/dev/bus/usb/001/004", "/dev/ttyS0"}; !slices.Equal(nodes, want) {
+		t.Fatalf("container nodes %q, want %q", nodes, want)
+	}
+	resp, err := r.c.Allocate(context.Background(), &pluginapi.AllocateRequest{ContainerRequests: []*pluginapi.ContainerAllocateRequest{{DevicesIds: []string{"ser-n1-0"}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := resp.ContainerResponses[0].Envs["USB_RESOURCE_EXAMPLE_COM_SERIAL"]; got != "001:004" {
+		t.Fatalf("USB_RESOURCE_EXAMPLE_COM_SERIAL=%q, want 001:004", got)
+	}
+}

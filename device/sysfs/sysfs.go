@@ -217,10 +217,19 @@ func registeredNodes(p string) ([]device.Node, error) {
 	if err != nil {
 		return nil, fmt.Errorf("sysfs: %w", err)
 	}
+	return registeredNodesSkipping(root, func(string) bool { return false })
+}
+
+// registeredNodesSkipping is registeredNodes of the real directory root,
+// not descending into the directories skip picks.
+func registeredNodesSkipping(root string, skip func(dir string) bool) ([]device.Node, error) {
 	var out []device.Node
-	err = filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return nil // a file that went away meanwhile
+		}
+		if d.IsDir() && path != root && skip(path) {
+			return filepath.SkipDir
 		}
 		if d.Type()&fs.ModeSymlink != 0 || d.Name() != "dev" || d.IsDir() {
 			return nil
@@ -289,16 +298,7 @@ func NUMAOfNode(sysRoot string, t device.NodeType, major, minor uint32) int {
 	if err != nil {
 		return device.NoNUMA
 	}
-	root, err := filepath.EvalSymlinks(sysRoot)
-	if err != nil {
-		return device.NoNUMA
-	}
-	for dir := p; strings.HasPrefix(dir, root+string(filepath.Separator)); dir = filepath.Dir(dir) {
-		if _, err := os.Stat(filepath.Join(dir, "numa_node")); err == nil {
-			return numaAttr(filepath.Join(dir, "numa_node"))
-		}
-	}
-	return device.NoNUMA
+	return numaUp(sysRoot, p)
 }
 
 // Discover returns the discovery of a resource whose devices are the PCI

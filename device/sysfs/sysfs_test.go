@@ -208,3 +208,58 @@ func TestMalformed(t *testing.T) {
 		t.Errorf("no PCI bus: %v %v", fns, err)
 	}
 }
+
+func TestUSB(t *testing.T) {
+	tr := newTree(t)
+	ctrl := tr.function("pci0000:00", "0000:00:14.0", "8086", "a0ed", "0c0330", "xhci_hcd", 1)
+	usb := func(parent, name string, bus, dev int, vendor, product, serial string) string {
+		d := filepath.Join(parent, name)
+		tr.file(filepath.Join(d, "busnum"), itoa(bus)+"\n")
+		tr.file(filepath.Join(d, "devnum"), itoa(dev)+"\n")
+		tr.file(filepath.Join(d, "idVendor"), vendor+"\n")
+		tr.file(filepath.Join(d, "idProduct"), product+"\n")
+		if serial != "" {
+			tr.file(filepath.Join(d, "serial"), serial+"\n")
+		}
+		tr.file(filepath.Join(d, "dev"), "189:"+itoa(dev)+"\n")
+		tr.file(filepath.Join(d, "uevent"), "DEVNAME=bus/usb/00"+itoa(bus)+"/00"+itoa(dev)+"\n")
+		rel, _ := filepath.Rel(filepath.Join(tr.sys, "bus", "usb", "devices"), d)
+		tr.link(filepath.Join(tr.sys, "bus", "usb", "devices", name), rel)
+		return d
+	}
+	root := usb(ctrl, "usb1", 1, 1, "1d6b", "0002", "")
+	hub := usb(root, "1-1", 1, 2, "05e3", "0610", "")
+	ftdi := usb(hub, "1-1.2", 1, 4, "0403", "6001", "A10K")
+	// Its interface, with the tty the kernel registers below it.
+	tr.registered(filepath.Join(ftdi, "1-1.2:1.0", "ttyUSB0"), "tty", "ttyUSB0", "ttyUSB0", "188:0")
+	_ = os.MkdirAll(filepath.Join(tr.sys, "bus", "usb", "devices"), 0o755)
+	tr.link(filepath.Join(tr.sys, "bus", "usb", "devices", "1-1.2:1.0"), "../../../devices/pci0000:00/0000:00:14.0/usb1/1-1/1-1.2/1-1.2:1.0")
+
+	devs, err := USBDevices(tr.sys)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(devs) != 3 {
+		t.Fatalf("%d devices, want the root hub, the hub and the adapter (no interface): %+v", len(devs), devs)
+	}
+	found, err := DiscoverUSB(tr.sys, USBSelector{Vendor: "0403", Product: "6001"})()
+	if err != nil || len(found) != 1 {
+		t.Fatalf("found %+v %v", found, err)
+	}
+	f := found[0]
+	if f.Key != "0403:6001:A10K" || f.Node != (device.Node{HostPath: "ttyUSB0", Type: device.Char, Major: 188, Minor: 0}) ||
+		len(f.Extra) != 1 || f.Extra[0] != (device.Node{HostPath: "bus/usb/001/004", Type: device.Char, Major: 189, Minor: 4}) || f.NUMANode != 1 {
+		t.Fatalf("adapter %+v", f)
+	}
+	if id := f.Identity; id.USBBus != 1 || id.USBDevice != 4 || id.USBSerial != "A10K" || id.USBVendor != "0403" {
+		t.Fatalf("identity %+v", id)
+	}
+	// The hub's nodes are its own, not its child's.
+	hubs, _ := DiscoverUSB(tr.sys, USBSelector{Vendor: "05e3"})()
+	if len(hubs) != 1 || hubs[0].Node.HostPath != "bus/usb/001/002" || len(hubs[0].Extra) != 0 {
+		t.Fatalf("hub %+v", hubs)
+	}
+	if other, _ := DiscoverUSB(tr.sys, USBSelector{Vendor: "0403", Serial: "B20"})(); len(other) != 0 {
+		t.Fatalf("another serial matched: %+v", other)
+	}
+}

@@ -1,0 +1,170 @@
+package sysfs
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/cdi-device-plugin/cdi-device-plugin/device"
+)
+
+// USBSelector picks USB devices: Vendor always, the rest when set; IDs
+// lowercase hexadecimal (config normalises them).
+type USBSelector struct {
+	Vendor, Product, Serial string
+}
+
+// USBDevice is one USB device as sysfs describes it.
+type USBDevice struct {
+	// Name is its sysfs name, the port path ("1-1.2").
+	Name                    string
+	Bus, Dev                int
+	Vendor, Product, Serial string
+	// NUMANode is the NUMA node of its host controller, or device.NoNUMA.
+	NUMANode int
+	// Nodes: those registered below its interfaces (ttyUSB*, ttyACM*,
+	// hidraw*) first, then its /dev/bus/usb/BBB/DDD node; paths relative
+	// to the dev root.
+	Nodes []device.Node
+}
+
+// Match reports whether d is what s picks.
+func (s USBSelector) Match(d USBDevice) bool {
+	return d.Vendor == s.Vendor && (s.Product == "" || d.Product == s.Product) && (s.Serial == "" || d.Serial == s.Serial)
+}
+
+// USBDevices reads every USB device (not interface) of sysRoot, by name.
+func USBDevices(sysRoot string) ([]USBDevice, error) {
+	dir := filepath.Join(sysRoot, "bus", "usb", "devices")
+	entries, err := os.ReadDir(dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil // no USB bus
+	}
+	if err != nil {
+		return nil, err
+	}
+	var out []USBDevice
+	for _, e := range entries {
+		name := e.Name()
+		if strings.Contains(name, ":") {
+			continue // an interface (1-1:1.0)
+		}
+		d, ok, err := readUSB(sysRoot, filepath.Join(dir, name), name)
+		if err != nil {
+			return nil, err
+		}
+		if ok {
+			out = append(out, d)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out, nil
+}
+
+// readUSB reads the device at p; false for an entry that is no device
+// (no busnum, as a device that went away meanwhile).
+func readUSB(sysRoot, p, name string) (USBDevice, bool, error) {
+	d := USBDevice{Name: name, NUMANode: device.NoNUMA}
+	bus, err := intAttr(p, "busnum")
+	if errors.Is(err, fs.ErrNotExist) {
+		return d, false, nil
+	}
+	if err != nil {
+		return d, false, err
+	}
+	if d.Dev, err = intAttr(p, "devnum"); err != nil {
+		return d, false, err
+	}
+	d.Bus = bus
+	if d.Vendor, err = hexAttr(p, "idVendor", 4); err != nil {
+		return d, false, err
+	}
+	if d.Product, err = hexAttr(p, "idProduct", 4); err != nil {
+		return d, false, err
+	}
+	if b, err := os.ReadFile(filepath.Join(p, "serial")); err == nil {
+		d.Serial = strings.TrimSpace(string(b))
+	}
+	dir, err := filepath.EvalSymlinks(p)
+	if err != nil {
+		return d, false, fmt.Errorf("sysfs: %w", err)
+	}
+	d.NUMANode = numaUp(sysRoot, dir)
+	// The nodes of its interfaces, not of the devices behind it (a hub's
+	// children are directories named <name>.<port>).
+	sub, err := registeredNodesSkipping(dir, func(child string) bool { return strings.HasPrefix(filepath.Base(child), name+".") })
+	if err != nil {
+		return d, false, err
+	}
+	d.Nodes = sub
+	if n, ok := nodeOf(dir); ok {
+		d.Nodes = append(d.Nodes, n)
+	} else if d.Bus > 0 && d.Dev > 0 {
+		d.Nodes = append(d.Nodes, device.Node{HostPath: fmt.Sprintf("bus/usb/%03d/%03d", d.Bus, d.Dev), Type: device.Char})
+	}
+	return d, true, nil
+}
+
+// intAttr reads a decimal attribute.
+func intAttr(dir, name string) (int, error) {
+	b, err := os.ReadFile(filepath.Join(dir, name))
+	if err != nil {
+		return 0, err
+	}
+	n, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil {
+		return 0, fmt.Errorf("sysfs: %s: %q is not a number", filepath.Join(dir, name), strings.TrimSpace(string(b)))
+	}
+	return n, nil
+}
+
+// numaUp is the numa_node of dir or the nearest parent below sysRoot that
+// has one (a USB device's host controller), device.NoNUMA when none.
+func numaUp(sysRoot, dir string) int {
+	root, err := filepath.EvalSymlinks(sysRoot)
+	if err != nil {
+		return device.NoNUMA
+	}
+	for ; strings.HasPrefix(dir, root+string(filepath.Separator)); dir = filepath.Dir(dir) {
+		if _, err := os.Stat(filepath.Join(dir, "numa_node")); err == nil {
+			return numaAttr(filepath.Join(dir, "numa_node"))
+		}
+	}
+	return device.NoNUMA
+}
+
+// usbKey identifies a USB device across replugs: its vendor, product and
+// serial when it has one, else the port it is plugged into.
+func usbKey(d USBDevice) string {
+	if d.Serial != "" {
+		return d.Vendor + ":" + d.Product + ":" + d.Serial
+	}
+	return "port:" + d.Name
+}
+
+// DiscoverUSB returns the discovery of a resource whose devices are the
+// USB devices sel picks (device.Options.Discover).
+func DiscoverUSB(sysRoot string, sel USBSelector) func() ([]device.Found, error) {
+	return func() ([]device.Found, error) {
+		devs, err := USBDevices(sysRoot)
+		if err != nil {
+			return nil, err
+		}
+		var out []device.Found
+		for _, d := range devs {
+			if !sel.Match(d) || len(d.Nodes) == 0 {
+				continue
+			}
+			out = append(out, device.Found{
+				Key: usbKey(d), Node: d.Nodes[0], Extra: d.Nodes[1:], NUMANode: d.NUMANode,
+				Identity: device.Identity{USBBus: d.Bus, USBDevice: d.Dev, USBVendor: d.Vendor, USBProduct: d.Product, USBSerial: d.Serial},
+			})
+		}
+		return out, nil
+	}
+}
