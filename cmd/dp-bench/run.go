@@ -690,8 +690,7 @@ func (x *session) change() error {
 // differs. The baseline is the uevent as a listener of our own receives it.
 func (x *session) uevent(ctx context.Context) error {
 	if x.t.Uevent == nil {
-		x.res.skip("uevent-change", "no uevent check configured")
-		return nil
+		return nil // not checked: the tables say n/a
 	}
 	for more := true; more; { // lists that arrived since are the current state
 		select {
