@@ -59,6 +59,10 @@ func (s *Source) candidates() (map[string]candidate, []string) {
 			s.log.WithError(err).Warn("device discovery failed; keeping what is known")
 			return nil, nil
 		}
+		// Matching nothing is no error: said once, until something matches.
+		if none := len(found) == 0; s.matchedNone.Swap(none) != none && none {
+			s.log.WithField("discovery", s.opts.DiscoverKind).Info("no device matches the selector; the resource advertises none")
+		}
 		for _, f := range found {
 			k := s.registryKey(f.Key)
 			if _, dup := out[k]; dup {

@@ -109,6 +109,8 @@ type Source struct {
 	// poke asks Run to publish after a fault changed; rescan to rescan
 	// every device after a kernel event.
 	poke, rescan chan struct{}
+	// matchedNone: the last discovery found nothing (logged once).
+	matchedNone atomic.Bool
 	// fullScans counts the rescans of every device Run made (tests).
 	fullScans atomic.Int64
 }
