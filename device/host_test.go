@@ -3,6 +3,7 @@ package device
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -295,5 +296,30 @@ func TestMatchesNothingSaidOnce(t *testing.T) {
 	src.Refresh()
 	if n := said(); n != 2 {
 		t.Fatalf("said %d times, want again after a device matched and went", n)
+	}
+}
+
+// TestUnhealthyAtStartSaid: devices that are unhealthy from the start are
+// said in one line with their cause (their later changes are logged as
+// transitions).
+func TestUnhealthyAtStartSaid(t *testing.T) {
+	log, hook := test.NewNullLogger()
+	fd := &fakeDiscovery{}
+	fd.set(gpu("0000:01:00.0", 0, 0), gpu("0000:02:00.0", 1, 0))
+	src, err := NewSource(Options{DevRoot: t.TempDir(), IDPrefix: "gpu", Discover: fd.discover, DiscoverKind: "pci", Log: logrus.NewEntry(log)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := src.Prepare(); err != nil {
+		t.Fatal(err)
+	}
+	var lines []string
+	for _, e := range hook.AllEntries() {
+		if e.Message == "devices unhealthy at start" {
+			lines = append(lines, fmt.Sprint(e.Data["unhealthy"], " ", e.Data["first"]))
+		}
+	}
+	if len(lines) != 1 || !strings.HasPrefix(lines[0], "2 gpu-0 (missing") {
+		t.Fatalf("said %q, want one line naming both missing nodes", lines)
 	}
 }

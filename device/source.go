@@ -169,7 +169,30 @@ func (s *Source) Prepare() (*Snapshot, error) {
 			s.log.WithField("created", created).WithField("devices", s.opts.Count).Info("device nodes created or repaired")
 		}
 	}
-	return s.Refresh(), nil
+	snap := s.Refresh()
+	s.logUnhealthyAtStart(snap)
+	return snap, nil
+}
+
+// logUnhealthyAtStart says, in one line, which devices are unhealthy in
+// the first snapshot and why (later changes are logged one by one as they
+// happen): the first few with their problem, and how many in all.
+func (s *Source) logUnhealthyAtStart(snap *Snapshot) {
+	const shown = 5
+	var some []string
+	n := 0
+	for _, d := range snap.Devices {
+		if d.Healthy {
+			continue
+		}
+		if n++; n <= shown {
+			some = append(some, d.Name+" ("+d.Problem.String()+")")
+		}
+	}
+	if n > 0 {
+		s.log.WithField("unhealthy", n).WithField("devices", len(snap.Devices)).WithField("first", strings.Join(some, ", ")).
+			Warn("devices unhealthy at start")
+	}
 }
 
 // SetFault marks a device unhealthy for p, or healthy again (as far as
