@@ -185,7 +185,8 @@ func (s *Source) logUnhealthyAtStart(snap *Snapshot) {
 		if d.Healthy {
 			continue
 		}
-		if n++; n <= shown {
+		n++
+		if n <= shown {
 			some = append(some, d.Name+" ("+d.Problem.String()+")")
 		}
 	}
