@@ -77,6 +77,17 @@ resources:
 		_, _ = c.nodeSh("rm -rf " + hwDev + " " + hwRoot + " /var/run/cdi/k8s.e2e.cdi.dev-gpu.json /var/run/cdi/k8s.e2e.cdi.dev-serial.json " +
 			"/var/lib/cdi-device-plugin/resources/k8s.e2e.cdi.dev-gpu.json /var/lib/cdi-device-plugin/resources/k8s.e2e.cdi.dev-serial.json")
 	})
+	t.Cleanup(func() { // before the delete above: the plugin's log on failure
+		if !t.Failed() {
+			return
+		}
+		if p, err := c.pluginPod(context.Background(), hwNS); err == nil {
+			out, _ := c.logs(context.Background(), hwNS, p.Name, false)
+			t.Logf("plugin pod %s log:\n%s", p.Name, out)
+		}
+		out, _ := c.nodeSh("find " + hwRoot + " " + hwDev + " | head -50")
+		t.Logf("on the node:\n%s", out)
+	})
 	d := c.waitAllocatableOf(t, node, hwGPU, 2, 2*time.Minute)
 	t.Logf("2 GPUs found by PCI identity, allocatable %v after the deploy", d.Round(time.Millisecond))
 
