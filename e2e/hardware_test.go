@@ -52,8 +52,9 @@ func (c *cluster) scenarioHardware(t *testing.T, node string) {
 		"mknod "+hwDev+"/nvidia0 c 195 0 && mknod "+hwDev+"/nvidia1 c 195 1 && mknod "+hwDev+"/nvidiactl c 195 255 && mknod "+hwDev+"/nvidia-uvm c 238 0 && "+
 		"chmod 0666 "+hwDev+"/nvidia*\n"+hwFunction("0000:00:06.0", 0, -1)+hwFunction("0000:41:00.0", 1, 1))
 	cfg := filepath.Join(t.TempDir(), "config.yaml")
-	if err := os.WriteFile(cfg, []byte(`devRoot: `+hwDev+`
-sysRoot: `+hwRoot+`/sys
+	// The dev root comes through DEV_ROOT: the DaemonSet sets it, and the
+	// environment wins over the file.
+	if err := os.WriteFile(cfg, []byte(`sysRoot: `+hwRoot+`/sys
 procRoot: `+hwRoot+`/proc
 resources:
 - name: `+hwGPU+`
@@ -69,7 +70,7 @@ resources:
 `), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	vars := map[string]string{"NAMESPACE": hwNS, "PLUGIN_NAME": hwNS, "PLUGIN_CONFIG": cfg, "LOG_LEVEL": "debug"}
+	vars := map[string]string{"NAMESPACE": hwNS, "PLUGIN_NAME": hwNS, "PLUGIN_CONFIG": cfg, "LOG_LEVEL": "debug", "DEV_ROOT": hwDev}
 	c.deploy(t, "apply", vars)
 	t.Cleanup(func() {
 		c.deletePod(t, "g1")
