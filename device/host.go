@@ -29,12 +29,7 @@ type Found struct {
 
 // host reports whether the devices are found on the host (globs or a
 // discovery), not simulated.
-func (s *Source) host() bool { return len(s.opts.HostGlobs) > 0 || s.opts.Discover != nil }
-
-// registryKey is the registry's key of a discovered device: the
-// discovery's kind and the device's key ("pci/0000:00:06.0"); a glob
-// device's key is its path.
-func (s *Source) registryKey(key string) string { return s.opts.DiscoverKind + "/" + key }
+func (s *Source) host() bool { return s.disc != nil }
 
 // candidate is one host device found by this scan, before it is matched
 // with the devices known.
@@ -45,63 +40,6 @@ type candidate struct {
 	extra    []Node
 	numa     int
 	identity Identity
-}
-
-// candidates are the host devices found now, by registry key, and their
-// keys in the order found (globs in their order, each sorted; a
-// discovery's order), the order new devices get their indexes in.
-func (s *Source) candidates() (map[string]candidate, []string) {
-	out := map[string]candidate{}
-	var order []string
-	if s.opts.Discover != nil {
-		found, err := s.opts.Discover()
-		if err != nil {
-			s.log.WithError(err).Warn("device discovery failed; keeping what is known")
-			return nil, nil
-		}
-		for _, f := range found {
-			k := s.registryKey(f.Key)
-			if _, dup := out[k]; dup {
-				continue
-			}
-			extra := make([]Node, len(f.Extra))
-			for i, n := range f.Extra {
-				extra[i] = s.numbers(n)
-			}
-			out[k] = candidate{key: k, node: s.numbers(f.Node), extra: extra, numa: f.NUMANode, identity: f.Identity}
-			order = append(order, k)
-		}
-		return out, order
-	}
-	for _, g := range s.opts.HostGlobs {
-		matches, _ := filepath.Glob(filepath.Join(s.root, g))
-		for _, m := range matches {
-			rel, err := filepath.Rel(s.root, m)
-			if err != nil || strings.HasPrefix(rel, "..") {
-				continue
-			}
-			if _, dup := out[rel]; dup {
-				continue
-			}
-			t, major, minor, err := hostNode(s.root, m)
-			if err != nil {
-				s.mu.Lock()
-				_, known := s.known[rel]
-				s.mu.Unlock()
-				if !known {
-					s.log.WithError(err).Debugf("skipping %s", m)
-				}
-				continue
-			}
-			numa := NoNUMA
-			if s.opts.NUMAOf != nil {
-				numa = s.opts.NUMAOf(t, major, minor)
-			}
-			out[rel] = candidate{key: rel, suffix: HostSuffix(rel), node: Node{HostPath: rel, Type: t, Major: major, Minor: minor}, numa: numa}
-			order = append(order, rel)
-		}
-	}
-	return out, order
 }
 
 // numbers fills in the type and numbers of a found node that the
@@ -156,7 +94,7 @@ func (s *Source) absNodes(ns []Node) []Node {
 // their health: a found glob device is healthy; a discovered one when its
 // nodes are what the discovery says.
 func (s *Source) scanHost(snap *Snapshot) *Snapshot {
-	cands, keys := s.candidates()
+	cands, keys := s.disc.find(s)
 	shared := s.sharedNodes()
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -195,21 +133,19 @@ func (s *Source) scanHost(snap *Snapshot) *Snapshot {
 		d.Shared = shared
 		_, found := cands[k]
 		switch {
-		case found || (cands == nil && s.opts.Discover != nil):
+		case found || cands == nil:
 			delete(s.goneSince, k)
 		case s.goneSince[k].IsZero():
 			s.goneSince[k] = now
 		}
 		switch {
-		case cands == nil && s.opts.Discover != nil:
+		case cands == nil:
 			// The discovery failed: health as the disk says.
 			d.SetProblem(s.nodesStatus(d))
 		case !found:
 			d.SetProblem(Problem{Cause: CauseMissing})
-		case s.opts.Discover != nil:
-			d.SetProblem(s.nodesStatus(d))
 		default:
-			d.SetProblem(Problem{})
+			d.SetProblem(s.disc.health(s, d))
 		}
 		snap.Devices = append(snap.Devices, d)
 	}
@@ -230,27 +166,6 @@ func (s *Source) nodesStatus(d Device) Problem {
 		}
 	}
 	return Problem{}
-}
-
-// discoveredDirs are the directories of the nodes of discovered devices
-// and of the shared nodes (their entries change health).
-func (s *Source) discoveredDirs() []string {
-	var dirs []string
-	for _, rel := range s.opts.SharedNodes {
-		dirs = append(dirs, filepath.Dir(filepath.Join(s.root, rel)))
-	}
-	if s.opts.Discover == nil {
-		return dirs
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for _, d := range s.known {
-		dirs = append(dirs, filepath.Dir(d.HostPath))
-		for _, n := range d.Extra {
-			dirs = append(dirs, filepath.Dir(n.HostPath))
-		}
-	}
-	return dirs
 }
 
 // forget drops the host devices gone for ForgetAfter that no container

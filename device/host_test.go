@@ -9,6 +9,9 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/sirupsen/logrus"
+	"github.com/sirupsen/logrus/hooks/test"
 )
 
 // fakeDiscovery is a discovery whose devices the test sets.
@@ -255,5 +258,42 @@ func TestForgetVanished(t *testing.T) {
 	src.Refresh()
 	if d := src.Snapshot().Devices; len(d) != 3 || d[2].Name != "gpu-3" || d[2].Identity.PCIAddress != "0000:03:00.0" {
 		t.Fatalf("back after being forgotten: %+v", d)
+	}
+}
+
+// TestMatchesNothingSaidOnce (issue 20): a selector that matches nothing
+// is no error; the resource advertises none and says so once, until a
+// device matches again.
+func TestMatchesNothingSaidOnce(t *testing.T) {
+	log, hook := test.NewNullLogger()
+	fd := &fakeDiscovery{}
+	src, err := NewSource(Options{DevRoot: t.TempDir(), IDPrefix: "gpu", Discover: fd.discover, DiscoverKind: "pci", Log: logrus.NewEntry(log)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	snap, err := src.Prepare()
+	if err != nil || len(snap.Devices) != 0 {
+		t.Fatalf("prepare: %v %+v", err, snap)
+	}
+	said := func() int {
+		n := 0
+		for _, e := range hook.AllEntries() {
+			if strings.Contains(e.Message, "no device matches") {
+				n++
+			}
+		}
+		return n
+	}
+	src.Refresh()
+	src.Refresh()
+	if n := said(); n != 1 {
+		t.Fatalf("said %d times over three scans, want once", n)
+	}
+	fd.set(gpu("0000:01:00.0", 0, 0))
+	src.Refresh()
+	fd.set()
+	src.Refresh()
+	if n := said(); n != 2 {
+		t.Fatalf("said %d times, want again after a device matched and went", n)
 	}
 }

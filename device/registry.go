@@ -8,7 +8,6 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 
 	"github.com/cdi-device-plugin/cdi-device-plugin/internal/atomicfile"
@@ -73,34 +72,20 @@ func (s *Source) loadRegistry() error {
 	defer s.mu.Unlock()
 	for _, e := range f.Devices {
 		s.nextIndex = max(s.nextIndex, e.Index+1)
-		if !s.registered(e) || e.Index < 0 || (e.Type != Char && e.Type != Block) {
+		if !s.disc.registered(s, e) || e.Index < 0 || (e.Type != Char && e.Type != Block) {
 			s.log.WithField("device", e.ID).WithField("path", e.Path).Info("forgetting a host device the configuration no longer gives")
 			continue
 		}
 		if _, dup := s.known[e.Path]; dup {
 			continue
 		}
-		rel := e.Path
-		if s.opts.Discover != nil {
-			rel = e.Node
-		}
+		rel := s.disc.entryNode(e)
 		s.known[e.Path] = Device{
 			Name: e.ID, Index: e.Index, HostPath: filepath.Join(s.root, rel), ContainerPath: s.containerPath(e.Index, rel),
 			Type: e.Type, Major: e.Major, Minor: e.Minor, NUMANode: NoNUMA,
 		}
 	}
 	return nil
-}
-
-// registered reports whether a registry entry is one the configuration
-// still gives: a path a glob matches with its ID, or a key of this
-// discovery with an ID of its index and a clean node path.
-func (s *Source) registered(e registryEntry) bool {
-	if s.opts.Discover == nil {
-		return s.matchesGlob(e.Path) && e.ID == s.deviceName(HostSuffix(e.Path))
-	}
-	return strings.HasPrefix(e.Path, s.opts.DiscoverKind+"/") && e.ID == s.deviceName(strconv.Itoa(e.Index)) &&
-		e.Node != "" && !filepath.IsAbs(e.Node) && filepath.Clean(e.Node) == e.Node && !strings.HasPrefix(e.Node, "../")
 }
 
 // matchesGlob reports whether rel is a clean path inside the root that one
@@ -126,10 +111,7 @@ func (s *Source) saveRegistry() {
 	}
 	f := registryFile{Version: RegistryVersion, Devices: make([]registryEntry, 0, len(s.known))}
 	for rel, d := range s.known {
-		e := registryEntry{Path: rel, ID: d.Name, Index: d.Index, Type: d.Type, Major: d.Major, Minor: d.Minor}
-		if s.opts.Discover != nil {
-			e.Node, _ = filepath.Rel(s.root, d.HostPath)
-		}
+		e := registryEntry{Path: rel, ID: d.Name, Index: d.Index, Type: d.Type, Major: d.Major, Minor: d.Minor, Node: s.disc.node(s, d)}
 		f.Devices = append(f.Devices, e)
 	}
 	slices.SortFunc(f.Devices, func(a, b registryEntry) int { return a.Index - b.Index })

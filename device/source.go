@@ -91,6 +91,8 @@ type Source struct {
 	opts Options
 	root string
 	log  *logrus.Entry
+	// disc finds the host devices (nil: simulated ones).
+	disc discoverer
 
 	mu      sync.Mutex
 	current *Snapshot
@@ -109,6 +111,8 @@ type Source struct {
 	// poke asks Run to publish after a fault changed; rescan to rescan
 	// every device after a kernel event.
 	poke, rescan chan struct{}
+	// matchedNone: the last discovery found nothing (logged once).
+	matchedNone atomic.Bool
 	// fullScans counts the rescans of every device Run made (tests).
 	fullScans atomic.Int64
 }
@@ -138,7 +142,7 @@ func NewSource(o Options) (*Source, error) {
 	if err := parser.ValidateDeviceName(longest); err != nil {
 		return nil, fmt.Errorf("device IDs like %q: %w: %w", longest, ErrDeviceName, err)
 	}
-	return &Source{opts: o, root: root, log: o.Log, known: map[string]Device{}, goneSince: map[string]time.Time{}, faults: map[string]Problem{}, poke: make(chan struct{}, 1), rescan: make(chan struct{}, 1)}, nil
+	return &Source{opts: o, root: root, log: o.Log, disc: newDiscoverer(o), known: map[string]Device{}, goneSince: map[string]time.Time{}, faults: map[string]Problem{}, poke: make(chan struct{}, 1), rescan: make(chan struct{}, 1)}, nil
 }
 
 // Prepare creates the simulated nodes (idempotently), or loads the host
@@ -323,21 +327,12 @@ func (s *Source) watchDirs() []string {
 	if !s.host() {
 		dirs[filepath.Dir(filepath.Join(s.root, s.opts.FilePrefix))] = true
 	}
-	for _, d := range s.discoveredDirs() {
-		dirs[d] = true
+	for _, rel := range s.opts.SharedNodes {
+		dirs[filepath.Dir(filepath.Join(s.root, rel))] = true
 	}
-	for _, g := range s.opts.HostGlobs {
-		parts := strings.Split(filepath.Dir(g), string(os.PathSeparator))
-		for k := 1; k <= len(parts); k++ {
-			if parts[0] == "." {
-				break
-			}
-			matches, _ := filepath.Glob(filepath.Join(s.root, filepath.Join(parts[:k]...)))
-			for _, m := range matches {
-				if fi, err := os.Lstat(m); err == nil && fi.IsDir() {
-					dirs[m] = true
-				}
-			}
+	if s.disc != nil {
+		for _, d := range s.disc.watchDirs(s) {
+			dirs[d] = true
 		}
 	}
 	out := make([]string, 0, len(dirs))

@@ -28,6 +28,7 @@ var checkDefs = []checkDef{
 	{"preferred-allocation", "GetPreferredAllocation keeps must-includes and the size, returns only available IDs"},
 	{"prestart", "PreStartContainer answers when advertised"},
 	{"listandwatch-change", "ListAndWatch reports a removed device file, and its return"},
+	{"uevent-change", "ListAndWatch reports a change that only a kernel uevent shows"},
 	{"kubelet-restart", "kubelet restart (directory wiped, kubelet.sock served again): exactly one registration"},
 	{"sigterm-socket", "its socket is gone after SIGTERM"},
 }
@@ -54,6 +55,7 @@ var metricDefs = []metricDef{
 	{"prestart", "PreStartContainer p50 (repeated, up to 8 IDs)", "µs", "GetDevicePluginOptions p50 (empty RPC)"},
 	{"restart-registered", "kubelet restart → registered", "ms", "raw inotify event of kubelet.sock"},
 	{"removed-update", "device file removed → ListAndWatch update", "ms", "raw inotify event of the removal"},
+	{"uevent-update", "kernel uevent → ListAndWatch update", "ms", "the uevent as a listener receives it"},
 	{"idle-cpu", "CPU while idle", "ms/min", "an idle Go process, same window"},
 	{"idle-wakeups", "wake-ups while idle (voluntary context switches)", "/min", "an idle Go process, same window"},
 }

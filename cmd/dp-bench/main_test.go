@@ -149,7 +149,11 @@ func TestChecksCatchFaults(t *testing.T) {
 func assertAllPass(t *testing.T, r *RunResult) {
 	t.Helper()
 	for _, c := range checkDefs {
-		if got := r.Checks[c.ID]; got.Status != Pass {
+		got, ok := r.Checks[c.ID]
+		if !ok && c.ID == "uevent-change" {
+			continue // only for targets that configure it (make bench's PCI target)
+		}
+		if got.Status != Pass {
 			t.Errorf("%s: %s %s", c.ID, got.Status, got.Detail)
 		}
 	}

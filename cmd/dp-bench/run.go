@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"sort"
@@ -18,6 +19,7 @@ import (
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 	cdiapi "tags.cncf.io/container-device-interface/pkg/cdi"
 
+	"github.com/cdi-device-plugin/cdi-device-plugin/device/sysfs"
 	"github.com/cdi-device-plugin/cdi-device-plugin/internal/kubeletsim"
 )
 
@@ -184,6 +186,9 @@ func (x *session) run(ctx context.Context) error {
 		return err
 	}
 	if err := x.change(); err != nil {
+		return err
+	}
+	if err := x.uevent(ctx); err != nil {
 		return err
 	}
 	if err := x.idle(ctx); err != nil {
@@ -677,6 +682,64 @@ func (x *session) change() error {
 		return nil
 	}
 	x.res.pass("listandwatch-change", "removal and return reported")
+	return nil
+}
+
+// uevent changes the device tree (Uevent.Change), makes the kernel send a
+// uevent (writes "change" to Uevent.Trigger) and waits for a list that
+// differs. The baseline is the uevent as a listener of our own receives it.
+func (x *session) uevent(ctx context.Context) error {
+	if x.t.Uevent == nil {
+		return nil // not checked: the tables say n/a
+	}
+	for more := true; more; { // lists that arrived since are the current state
+		select {
+		case u, ok := <-x.updates:
+			if !ok {
+				return errors.New("ListAndWatch stream ended")
+			}
+			x.last = u
+		default:
+			more = false
+		}
+	}
+	before := healthySet(x.last)
+	if out, err := exec.Command("sh", "-c", x.r.change).CombinedOutput(); err != nil {
+		return fmt.Errorf("uevent.change: %w: %s", err, out)
+	}
+	got := make(chan time.Time, 16)
+	l, err := sysfs.Listen(ctx, func(sysfs.Uevent) {
+		select {
+		case got <- time.Now():
+		default:
+		}
+	})
+	if err != nil {
+		x.res.skip("uevent-change", "no uevent socket: %v", err)
+		return nil
+	}
+	defer l.Close()
+	t0 := time.Now()
+	if err := os.WriteFile(x.t.Uevent.Trigger, []byte("change"), 0); err != nil {
+		x.res.skip("uevent-change", "cannot trigger a uevent through %s: %v", x.t.Uevent.Trigger, err)
+		return nil
+	}
+	var raw time.Duration
+	select {
+	case at := <-got:
+		raw = at.Sub(t0)
+	case <-time.After(5 * time.Second):
+		x.res.fail("uevent-change", "no uevent within 5s of writing %s", x.t.Uevent.Trigger)
+		return nil
+	}
+	u, err := kubeletsim.WaitFor(x.updates, x.s.Change, func(u kubeletsim.Update) bool { return healthySet(u) != before })
+	if err != nil {
+		x.res.fail("uevent-change", "the change was not reported within %s of the uevent", x.s.Change)
+		return nil
+	}
+	x.last = u
+	x.res.measure("uevent-update", ms(u.At.Sub(t0)), ms(raw))
+	x.res.pass("uevent-change", "a change seen only through a kernel uevent reported")
 	return nil
 }
 

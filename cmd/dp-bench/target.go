@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -40,10 +41,24 @@ type Target struct {
 	// RemoveDevice is a device file to remove (and put back) to test that
 	// ListAndWatch reports the change; empty: not tested.
 	RemoveDevice string `json:"removeDevice,omitempty"`
+	// Setup is a shell script (sh -c) run before the start, not timed: a
+	// device tree for a plugin that discovers devices in sysfs.
+	Setup string `json:"setup,omitempty"`
+	// Uevent, when set, checks that a kernel uevent makes ListAndWatch
+	// report a change that no device file shows: Change (sh -c) alters
+	// the device tree, then "change" is written to Trigger, a real
+	// device's sysfs uevent file, so that the kernel sends an event.
+	Uevent *UeventCheck `json:"uevent,omitempty"`
 	// IDs is the number of device IDs the plugin must list (0: any).
 	IDs int `json:"ids,omitempty"`
 	// Resource is the resource name it must register (empty: any valid).
 	Resource string `json:"resource,omitempty"`
+}
+
+// UeventCheck is Target.Uevent.
+type UeventCheck struct {
+	Change  string `json:"change"`
+	Trigger string `json:"trigger"`
 }
 
 // Label is "name (scenario)".
@@ -119,6 +134,7 @@ type runDirs struct {
 	binds     []bind
 	argv, env []string
 	remove    string // host path of RemoveDevice
+	change    string // Uevent.Change, expanded
 	scratch   string // for the mount namespace's overlays
 }
 
@@ -208,6 +224,20 @@ func (t Target) prepare(tmpfsDir string) (*runDirs, error) {
 			return fail(fmt.Errorf("env[%d]=%q: want KEY=VALUE", i, v))
 		}
 		r.env = append(r.env, v)
+	}
+	if t.Setup != "" {
+		v, err := expand("setup", t.Setup)
+		if err != nil {
+			return fail(err)
+		}
+		if out, err := exec.Command("sh", "-c", v).CombinedOutput(); err != nil {
+			return fail(fmt.Errorf("setup: %w: %s", err, out))
+		}
+	}
+	if t.Uevent != nil {
+		if r.change, err = expand("uevent.change", t.Uevent.Change); err != nil {
+			return fail(err)
+		}
 	}
 	if t.RemoveDevice != "" {
 		v, err := expand("removeDevice", t.RemoveDevice)

@@ -1,0 +1,170 @@
+package device
+
+import (
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+)
+
+// discoverer finds the host devices of a resource, one kind per source:
+// nodes matched by globs over the dev root, or devices found by their bus
+// identity (Options.Discover: PCI, USB). The source's loop, registry and
+// health are the same for all; simulated devices, which the source makes
+// itself, need none.
+type discoverer interface {
+	// find returns the devices found now by registry key, and their keys
+	// in the order new devices get their indexes in; a nil map: it failed,
+	// what is known stays as it is.
+	find(s *Source) (map[string]candidate, []string)
+	// health is the health of a device that find found.
+	health(s *Source, d Device) Problem
+	// registered reports whether a registry entry is one the
+	// configuration still gives, and entryNode its own node, relative to
+	// the dev root; node is what saveRegistry records for d.
+	registered(s *Source, e registryEntry) bool
+	entryNode(e registryEntry) string
+	node(s *Source, d Device) string
+	// watchDirs are the directories besides the dev root whose entries
+	// change what it finds.
+	watchDirs(s *Source) []string
+}
+
+// newDiscoverer is the discoverer the options ask for (nil: simulated).
+func newDiscoverer(o Options) discoverer {
+	switch {
+	case o.Discover != nil:
+		return identified{}
+	case len(o.HostGlobs) > 0:
+		return globs{}
+	}
+	return nil
+}
+
+// globs finds existing nodes matched by HostGlobs; a device is its node,
+// keyed by its path, and healthy while it is there.
+type globs struct{}
+
+func (globs) find(s *Source) (map[string]candidate, []string) {
+	out := map[string]candidate{}
+	var order []string
+	for _, g := range s.opts.HostGlobs {
+		matches, _ := filepath.Glob(filepath.Join(s.root, g))
+		for _, m := range matches {
+			rel, err := filepath.Rel(s.root, m)
+			if err != nil || strings.HasPrefix(rel, "..") {
+				continue
+			}
+			if _, dup := out[rel]; dup {
+				continue
+			}
+			t, major, minor, err := hostNode(s.root, m)
+			if err != nil {
+				s.mu.Lock()
+				_, known := s.known[rel]
+				s.mu.Unlock()
+				if !known {
+					s.log.WithError(err).Debugf("skipping %s", m)
+				}
+				continue
+			}
+			numa := NoNUMA
+			if s.opts.NUMAOf != nil {
+				numa = s.opts.NUMAOf(t, major, minor)
+			}
+			out[rel] = candidate{key: rel, suffix: HostSuffix(rel), node: Node{HostPath: rel, Type: t, Major: major, Minor: minor}, numa: numa}
+			order = append(order, rel)
+		}
+	}
+	return out, order
+}
+
+func (globs) health(*Source, Device) Problem { return Problem{} }
+
+func (globs) registered(s *Source, e registryEntry) bool {
+	return s.matchesGlob(e.Path) && e.ID == s.deviceName(HostSuffix(e.Path))
+}
+
+func (globs) entryNode(e registryEntry) string { return e.Path }
+
+func (globs) node(*Source, Device) string { return "" }
+
+// watchDirs: every existing directory that a directory part of a glob
+// matches, at every depth (for bus*/n*: every bus* directory).
+func (globs) watchDirs(s *Source) []string {
+	var dirs []string
+	for _, g := range s.opts.HostGlobs {
+		parts := strings.Split(filepath.Dir(g), string(os.PathSeparator))
+		for k := 1; k <= len(parts); k++ {
+			if parts[0] == "." {
+				break
+			}
+			matches, _ := filepath.Glob(filepath.Join(s.root, filepath.Join(parts[:k]...)))
+			for _, m := range matches {
+				if fi, err := os.Lstat(m); err == nil && fi.IsDir() {
+					dirs = append(dirs, m)
+				}
+			}
+		}
+	}
+	return dirs
+}
+
+// identified finds devices by their bus identity (Options.Discover); a
+// device is healthy while its nodes are what the discovery says.
+type identified struct{}
+
+func (identified) find(s *Source) (map[string]candidate, []string) {
+	found, err := s.opts.Discover()
+	if err != nil {
+		s.log.WithError(err).Warn("device discovery failed; keeping what is known")
+		return nil, nil
+	}
+	// Matching nothing is no error: said once, until something matches.
+	if none := len(found) == 0; s.matchedNone.Swap(none) != none && none {
+		s.log.WithField("discovery", s.opts.DiscoverKind).Info("no device matches the selector; the resource advertises none")
+	}
+	out := map[string]candidate{}
+	var order []string
+	for _, f := range found {
+		k := s.opts.DiscoverKind + "/" + f.Key
+		if _, dup := out[k]; dup {
+			continue
+		}
+		extra := make([]Node, len(f.Extra))
+		for i, n := range f.Extra {
+			extra[i] = s.numbers(n)
+		}
+		out[k] = candidate{key: k, node: s.numbers(f.Node), extra: extra, numa: f.NUMANode, identity: f.Identity}
+		order = append(order, k)
+	}
+	return out, order
+}
+
+func (identified) health(s *Source, d Device) Problem { return s.nodesStatus(d) }
+
+func (identified) registered(s *Source, e registryEntry) bool {
+	return strings.HasPrefix(e.Path, s.opts.DiscoverKind+"/") && e.ID == s.deviceName(strconv.Itoa(e.Index)) &&
+		e.Node != "" && !filepath.IsAbs(e.Node) && filepath.Clean(e.Node) == e.Node && !strings.HasPrefix(e.Node, "../")
+}
+
+func (identified) entryNode(e registryEntry) string { return e.Node }
+
+func (identified) node(s *Source, d Device) string {
+	rel, _ := filepath.Rel(s.root, d.HostPath)
+	return rel
+}
+
+// watchDirs: the directories of the known devices' nodes.
+func (identified) watchDirs(s *Source) []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var dirs []string
+	for _, d := range s.known {
+		dirs = append(dirs, filepath.Dir(d.HostPath))
+		for _, n := range d.Extra {
+			dirs = append(dirs, filepath.Dir(n.HostPath))
+		}
+	}
+	return dirs
+}
