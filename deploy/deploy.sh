@@ -11,10 +11,12 @@
 #   IMAGE           plugin image (default: cdi-device-plugin:latest)
 #   PLUGIN_NAME RESOURCE_NAME NUMBER_DEVICES DEVICE_ID_PREFIX ANNOTATION_PREFIX
 #   ENV_PREFIX DEVICE_FILE_PREFIX DEVICE_LIST_STRATEGY LOG_LEVEL LOG_FORMAT
-#   PRESTART_STEPS PRESTART_BUDGET
+#   PRESTART_STEPS PRESTART_BUDGET SYS_ROOT PROC_ROOT
 #                   passed to the plugin's container env only when set (an
 #                   explicitly empty value is passed through as ""); when unset
 #                   the binary's default applies.
+#   DEV_ROOT        replaces the DaemonSet's /dev as the dev root; it must be
+#                   below /dev (the host's /dev is what the pod mounts)
 #   PLUGIN_CONFIG   path of a YAML configuration file (docs/configuration.md); when
 #                   set it is shipped as the ConfigMap cdi-device-plugin-config
 #                   (name suffixed with a content hash, so a change rolls the
@@ -68,6 +70,7 @@ ENV_VARS=(
 	FIRMWARE_SHA256
 	SYS_ROOT
 	PROC_ROOT
+	DEV_ROOT
 )
 
 # quote VALUE: set REPLY to VALUE as a double-quoted YAML (= JSON) string, so

@@ -54,6 +54,7 @@ func TestE2E(t *testing.T) {
 		{"9d-live-reload", func(t *testing.T) { c.scenarioLiveReload(t, node) }},
 		{"9e-rolling-update", func(t *testing.T) { c.scenarioRollingUpdate(t, node) }},
 		{"9f-helm-install", func(t *testing.T) { c.scenarioHelm(t, node) }},
+		{"9g-real-hardware", func(t *testing.T) { c.scenarioHardware(t, node) }},
 		{"10-node-reboot", func(t *testing.T) { c.scenarioReboot(t, node) }},
 		{"11-plugin-upgrade", func(t *testing.T) { c.scenarioUpgrade(t, node) }},
 	}
