@@ -46,6 +46,11 @@ func ParseUevent(msg []byte) (Uevent, bool) {
 	return ev, true
 }
 
+// ActionLost is the action of the event a listener hands on when the
+// kernel dropped events (its socket buffer was full): rescan everything.
+// It passes any subsystem filter.
+const ActionLost = "lost"
+
 // Listener hands the kernel's uevents of some subsystems to a function,
 // as udev listens to them, until its context is done or Close.
 type Listener struct {
@@ -88,6 +93,12 @@ func NewListener(ctx context.Context, r io.ReadCloser, handle func(Uevent), subs
 		buf := make([]byte, 64*1024)
 		for {
 			n, err := r.Read(buf)
+			if errors.Is(err, unix.ENOBUFS) {
+				// The kernel dropped events our buffer had no room for:
+				// whatever they were, a rescan sees what they changed.
+				handle(Uevent{Action: ActionLost})
+				continue
+			}
 			if err != nil {
 				if !errors.Is(err, os.ErrClosed) && !errors.Is(err, io.EOF) && ctx.Err() == nil {
 					l.err = err

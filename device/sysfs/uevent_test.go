@@ -102,3 +102,41 @@ func TestListenKernel(t *testing.T) {
 		t.Fatal("Close did not end the reader")
 	}
 }
+
+// enobufsReader fails its first read as a netlink socket whose buffer
+// overflowed does, then blocks until closed.
+type enobufsReader struct {
+	once   sync.Once
+	closed chan struct{}
+}
+
+func (r *enobufsReader) Read([]byte) (int, error) {
+	first := false
+	r.once.Do(func() { first = true })
+	if first {
+		return 0, unix.ENOBUFS
+	}
+	<-r.closed
+	return 0, os.ErrClosed
+}
+
+func (r *enobufsReader) Close() error { close(r.closed); return nil }
+
+// TestListenerLost: when the kernel drops events (ENOBUFS), the listener
+// says so (ActionLost, whatever the filter) and goes on listening.
+func TestListenerLost(t *testing.T) {
+	got := make(chan Uevent, 1)
+	l := NewListener(context.Background(), &enobufsReader{closed: make(chan struct{})}, func(ev Uevent) { got <- ev }, "pci")
+	select {
+	case ev := <-got:
+		if ev.Action != ActionLost {
+			t.Fatalf("event %+v, want %s", ev, ActionLost)
+		}
+	case <-time.After(2 * time.Second):
+		t.Fatal("no event for the lost ones")
+	}
+	l.Close()
+	if err := l.Err(); err != nil {
+		t.Fatalf("Err after Close: %v (the listener must go on after ENOBUFS)", err)
+	}
+}
