@@ -657,7 +657,7 @@ func TestDriverDaemonSet(t *testing.T) {
 
 // celFor is the DeviceClass selector for resource's devices of driver.
 func celFor(driver, resource string) string {
-	return fmt.Sprintf(`device.driver == "%s" && device.attributes["%s"].resource == "%s"`, driver, driver, resource)
+	return fmt.Sprintf(`device.driver == %q && device.attributes[%q].resource == %q`, driver, driver, resource)
 }
 
 type class struct {
