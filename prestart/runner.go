@@ -7,7 +7,6 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strings"
 	"sync"
 	"time"
 
@@ -595,19 +594,8 @@ func (r *Runner) holders(ctx context.Context) ([]string, error) {
 }
 
 // heldBy reports whether ids (kubelet device IDs) name the physical device
-// name: the device itself or one of its replicas, <name>::<n>.
-func heldBy(name string, ids []string) bool {
-	for _, id := range ids {
-		if id == name {
-			return true
-		}
-		n, ok := strings.CutPrefix(id, name+"::")
-		if ok && n != "" && strings.Trim(n, "0123456789") == "" {
-			return true
-		}
-	}
-	return false
-}
+// name (device.HeldBy).
+func heldBy(name string, ids []string) bool { return device.HeldBy(name, ids) }
 
 // postpone moves a failed device's next background attempt one wait
 // later, without counting an attempt.

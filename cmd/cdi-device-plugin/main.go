@@ -25,6 +25,7 @@ import (
 	"github.com/cdi-device-plugin/cdi-device-plugin/config"
 	"github.com/cdi-device-plugin/cdi-device-plugin/device"
 	"github.com/cdi-device-plugin/cdi-device-plugin/internal/atomicfile"
+	"github.com/cdi-device-plugin/cdi-device-plugin/internal/logs"
 	"github.com/cdi-device-plugin/cdi-device-plugin/internal/parts"
 	"github.com/cdi-device-plugin/cdi-device-plugin/metrics"
 	"github.com/cdi-device-plugin/cdi-device-plugin/plugin"
@@ -72,32 +73,11 @@ func run(ctx context.Context, args []string, env config.Env, stderr io.Writer) i
 	return 0
 }
 
-func formatter(f config.LogFormat) logrus.Formatter {
-	if f == config.LogJSON {
-		return &logrus.JSONFormatter{TimestampFormat: time.RFC3339Nano}
-	}
-	return &logrus.TextFormatter{FullTimestamp: true, TimestampFormat: time.RFC3339Nano}
-}
-
-// logLevel maps config's level onto logrus's; Load accepts no other.
-func logLevel(l config.Level) logrus.Level {
-	switch l {
-	case config.LevelTrace:
-		return logrus.TraceLevel
-	case config.LevelDebug:
-		return logrus.DebugLevel
-	case config.LevelWarn:
-		return logrus.WarnLevel
-	case config.LevelError:
-		return logrus.ErrorLevel
-	case config.LevelFatal:
-		return logrus.FatalLevel
-	case config.LevelPanic:
-		return logrus.PanicLevel
-	default:
-		return logrus.InfoLevel
-	}
-}
+// The log format and level, as config names them (internal/logs).
+var (
+	formatter = logs.Formatter
+	logLevel  = logs.Level
+)
 
 // serve builds every resource first (the constructors check what the
 // configuration alone could not, before anything is written), then
