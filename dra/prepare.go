@@ -16,6 +16,7 @@ import (
 	"github.com/cdi-device-plugin/cdi-device-plugin/cdi"
 	"github.com/cdi-device-plugin/cdi-device-plugin/device"
 	"github.com/cdi-device-plugin/cdi-device-plugin/metrics"
+	"github.com/cdi-device-plugin/cdi-device-plugin/plugin"
 	"github.com/cdi-device-plugin/cdi-device-plugin/prestart"
 )
 
@@ -311,9 +312,11 @@ func (d *Driver) refuseDevicePluginHeld(ctx context.Context, plans []*planned, e
 	}
 }
 
-// claimEdits is what the claim's spec gives its containers: per resource
-// with an env prefix, <prefix>_DEVICES=<its device IDs>; the resources'
-// mounts.
+// claimEdits is what the claim's spec gives its containers, as the device
+// plugin's Allocate gives a container: per resource with an env prefix,
+// <prefix>_DEVICES=<its device IDs>; for devices found by identity
+// PCI_RESOURCE_<RESOURCE> (their PCI addresses) or USB_RESOURCE_<RESOURCE>
+// (their bus:device numbers); the resources' mounts.
 func (d *Driver) claimEdits(uid types.UID, pc PreparedClaim) cdi.Claim {
 	c := cdi.Claim{UID: string(uid), Namespace: pc.Namespace, Name: pc.Name}
 	for _, r := range d.res {
@@ -329,6 +332,9 @@ func (d *Driver) claimEdits(uid types.UID, pc PreparedClaim) cdi.Claim {
 		if r.EnvPrefix != "" {
 			c.Env = append(c.Env, r.EnvPrefix+"_DEVICES="+strings.Join(ids, ","))
 		}
+		if k, v := r.identityEnv(ids); k != "" {
+			c.Env = append(c.Env, k+"="+v)
+		}
 		for _, m := range r.Mounts {
 			if !slices.ContainsFunc(c.Mounts, func(x cdi.Mount) bool { return x.ContainerPath == m.ContainerPath }) {
 				c.Mounts = append(c.Mounts, m)
@@ -336,6 +342,35 @@ func (d *Driver) claimEdits(uid types.UID, pc PreparedClaim) cdi.Claim {
 		}
 	}
 	return c
+}
+
+// identityEnv is the variable that tells a container which bus devices
+// of the resource it got (see plugin's Allocate), for the devices ids.
+func (r *resource) identityEnv(ids []string) (string, string) {
+	s := r.snap.Load()
+	if s == nil {
+		return "", ""
+	}
+	var pci, usb []string
+	for _, id := range ids {
+		i := slices.IndexFunc(s.Devices, func(x device.Device) bool { return x.Name == id })
+		if i < 0 {
+			continue
+		}
+		switch idt := s.Devices[i].Identity; {
+		case idt.PCIAddress != "":
+			pci = append(pci, idt.PCIAddress)
+		case idt.USBBus > 0:
+			usb = append(usb, fmt.Sprintf("%03d:%03d", idt.USBBus, idt.USBDevice))
+		}
+	}
+	switch {
+	case len(pci) > 0:
+		return "PCI_RESOURCE_" + plugin.EnvName(r.Name), strings.Join(pci, ",")
+	case len(usb) > 0:
+		return "USB_RESOURCE_" + plugin.EnvName(r.Name), strings.Join(usb, ",")
+	}
+	return "", ""
 }
 
 // writeClaimSpec writes the claim's spec, when it has something to give,
