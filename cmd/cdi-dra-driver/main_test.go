@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -186,15 +185,13 @@ func TestDriverEndToEnd(t *testing.T) {
 	if data, err := os.ReadFile(filepath.Join(d.state, "dra", "checkpoint.json")); err != nil || !strings.Contains(string(data), "uid-c") {
 		t.Fatalf("checkpoint: %s %v", data, err)
 	}
-	for time.Now().Before(end) {
+	for time.Now().Before(end) { // ready once the slices are handed on
 		res, err := http.Get("http://" + addr + "/readyz")
 		if err == nil {
-			body, _ := io.ReadAll(res.Body)
 			res.Body.Close()
 			if res.StatusCode == http.StatusOK {
 				break
 			}
-			_ = body
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
@@ -232,7 +229,7 @@ func TestFlagsDocumented(t *testing.T) {
 	}
 	var f flags
 	for _, e := range f.extra() {
-		row := fmt.Sprintf("| `--%s` | `%s` |", e.Name, e.Env)
+		row := "| `--" + e.Name + "` | `" + e.Env + "` |"
 		if !strings.Contains(string(doc), row) {
 			t.Errorf("docs/configuration.md has no row starting %q", row)
 		}
