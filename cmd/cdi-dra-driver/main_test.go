@@ -8,7 +8,9 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -233,5 +235,29 @@ func TestFlagsDocumented(t *testing.T) {
 		if !strings.Contains(string(doc), row) {
 			t.Errorf("docs/configuration.md has no row starting %q", row)
 		}
+	}
+}
+
+// TestPluginLinksNoKubeClient: the device plugin's binary links neither
+// client-go nor the DRA libraries nor klog: they are the DRA driver's
+// alone (dra/ and this command).
+func TestPluginLinksNoKubeClient(t *testing.T) {
+	goBin, err := exec.LookPath("go")
+	if err != nil {
+		goBin = filepath.Join(runtime.GOROOT(), "bin", "go")
+	}
+	out, err := exec.Command(goBin, "list", "-deps", "github.com/cdi-device-plugin/cdi-device-plugin/cmd/cdi-device-plugin").CombinedOutput()
+	if err != nil {
+		t.Skipf("go list: %v: %s", err, out)
+	}
+	for _, dep := range strings.Fields(string(out)) {
+		for _, banned := range []string{"k8s.io/client-go/", "k8s.io/dynamic-resource-allocation/", "k8s.io/klog/", "github.com/cdi-device-plugin/cdi-device-plugin/dra"} {
+			if strings.HasPrefix(dep+"/", banned) {
+				t.Errorf("cmd/cdi-device-plugin links %s", dep)
+			}
+		}
+	}
+	if !strings.Contains(string(out), "github.com/cdi-device-plugin/cdi-device-plugin/internal/parts") {
+		t.Fatal("go list -deps does not list internal/parts: the check looked at nothing")
 	}
 }
