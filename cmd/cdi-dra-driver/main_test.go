@@ -10,7 +10,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -244,7 +243,7 @@ func TestFlagsDocumented(t *testing.T) {
 func TestPluginLinksNoKubeClient(t *testing.T) {
 	goBin, err := exec.LookPath("go")
 	if err != nil {
-		goBin = filepath.Join(runtime.GOROOT(), "bin", "go")
+		t.Skipf("no go in PATH: %v", err)
 	}
 	out, err := exec.Command(goBin, "list", "-deps", "github.com/cdi-device-plugin/cdi-device-plugin/cmd/cdi-device-plugin").CombinedOutput()
 	if err != nil {
