@@ -39,8 +39,12 @@ type PreparedClaim struct {
 	// the devices are prepared again.
 	BootID string `json:"bootID,omitempty"`
 	// ClaimSpec is the per-claim CDI spec ("" for none).
-	ClaimSpec string           `json:"claimSpec,omitempty"`
-	Devices   []PreparedDevice `json:"devices"`
+	ClaimSpec string `json:"claimSpec,omitempty"`
+	// PrepareAgain: the driver found the claim's spec gone when it started
+	// (the CDI dir, a tmpfs, was emptied: a reboot, also one the boot ID
+	// does not tell); its devices are prepared again at the next Prepare.
+	PrepareAgain bool             `json:"prepareAgain,omitempty"`
+	Devices      []PreparedDevice `json:"devices"`
 }
 
 // PreparedDevice is one allocated device of a prepared claim.

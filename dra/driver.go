@@ -379,10 +379,12 @@ func (d *Driver) byName(name string) *resource {
 }
 
 // restoreClaimSpecs writes again the claim specs of prepared claims that
-// are missing (a reboot empties the CDI dir; the kubelet may start a
-// container of such a claim before it prepares the claim again), and
-// removes those of claims not prepared (a driver killed between writing a
-// claim's spec and its checkpoint).
+// are missing, and marks those claims to be prepared again: the CDI dir
+// was emptied (a reboot empties /var/run/cdi; the kubelet may start a
+// container of such a claim before it prepares the claim again, and its
+// CDI IDs must resolve meanwhile). It removes the specs of claims not
+// prepared (a driver killed between writing a claim's spec and its
+// checkpoint).
 func (d *Driver) restoreClaimSpecs() {
 	claims := d.opts.Checkpoint.Claims()
 	removed, err := d.opts.Writer.RemoveStaleClaimSpecs(d.claimKind, func(uid string) bool {
@@ -395,6 +397,7 @@ func (d *Driver) restoreClaimSpecs() {
 	if err != nil {
 		d.log.WithError(err).Warn("removing the CDI specs of claims not prepared")
 	}
+	lost := false
 	for uid, pc := range claims {
 		if pc.ClaimSpec == "" {
 			continue
@@ -402,11 +405,17 @@ func (d *Driver) restoreClaimSpecs() {
 		if _, err := os.Stat(pc.ClaimSpec); err == nil {
 			continue
 		}
-		c := d.claimEdits(uid, pc)
-		if _, _, err := d.opts.Writer.WriteClaimSpec(d.claimKind, c); err != nil {
-			d.log.WithError(err).WithField("claim", pc.Namespace+"/"+pc.Name).Error("writing the CDI spec of a prepared claim again")
-			continue
+		log := d.log.WithField("claim", pc.Namespace+"/"+pc.Name)
+		if _, _, err := d.opts.Writer.WriteClaimSpec(d.claimKind, d.claimEdits(uid, pc)); err != nil {
+			log.WithError(err).Error("writing the CDI spec of a prepared claim again")
 		}
-		d.log.WithField("claim", pc.Namespace+"/"+pc.Name).Info("wrote the missing CDI spec of a prepared claim again")
+		pc.PrepareAgain, lost = true, true
+		claims[uid] = pc
+		log.Info("the CDI spec of a prepared claim was gone (a reboot): written again; its devices are prepared again when the kubelet asks")
+	}
+	if lost {
+		if err := d.opts.Checkpoint.Save(claims); err != nil {
+			d.log.WithError(err).Error("recording the claims to prepare again")
+		}
 	}
 }

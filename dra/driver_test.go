@@ -405,49 +405,64 @@ func TestPrepareRefusesHeldDevices(t *testing.T) {
 	}
 }
 
-// TestPrepareAgainAfterReboot (issue 21): a claim prepared in an earlier
-// boot is prepared again (its steps run, generation +1) and its claim
-// spec written again (a reboot empties the CDI dir).
+// TestPrepareAgainAfterReboot (issue 21): after a reboot a claim is
+// prepared again (its steps run, generation +1) when the kubelet asks:
+// one the boot ID tells, or one only the emptied CDI dir tells (the e2e
+// suite's simulated reboot). Its claim spec is written again at start, so
+// that its CDI IDs resolve before that; the spec of a claim not prepared
+// is removed.
 func TestPrepareAgainAfterReboot(t *testing.T) {
-	h := newHarness(t, nil)
-	h.start()
-	c := h.claim("c", "sim-2")
-	if r := h.prepare(c)[c.Uid]; r.Error != "" {
-		t.Fatal(r.Error)
-	}
-	h.stop()
-	if err := os.RemoveAll(h.cdiDir); err != nil {
-		t.Fatal(err)
-	}
-	// A claim spec of a claim not prepared (a driver killed between the
-	// spec and the checkpoint) is removed at start.
-	w := cdi.NewWriter(h.cdiDir, "x", 1)
-	if _, _, err := w.WriteClaimSpec(h.driver.claimKind, cdi.Claim{UID: "uid-stale", Env: []string{"SIM_DEVICES=sim-n1-0"}}); err != nil {
-		t.Fatal(err)
-	}
-	h.boot = "boot-2"
-	h.start()
-	// The claim's spec is back before the kubelet prepares it again: a
-	// container restarted meanwhile resolves its CDI IDs.
-	if _, err := os.Stat(w.ClaimSpecPath(h.driver.claimKind, c.Uid)); err != nil {
-		t.Fatalf("claim spec not restored at start: %v", err)
-	}
-	if _, err := os.Stat(w.ClaimSpecPath(h.driver.claimKind, "uid-stale")); !errors.Is(err, os.ErrNotExist) {
-		t.Fatalf("claim spec of a claim not prepared left: %v", err)
-	}
-	r := h.prepare(c)[c.Uid]
-	if r.Error != "" {
-		t.Fatal(r.Error)
-	}
-	if s := h.deviceState("sim-n1-2"); s.Generation != 2 {
-		t.Fatalf("generation %d after a reboot, want 2", s.Generation)
-	}
-	spec := h.inject(allIDs(r))
-	if !slices.Contains(spec.Process.Env, "SIM_DEVICES=sim-n1-2") {
-		t.Fatalf("env %v", spec.Process.Env)
-	}
-	if pc := h.checkpointed()[types.UID(c.Uid)]; pc.BootID != "boot-2" {
-		t.Fatalf("boot ID %q", pc.BootID)
+	for _, c := range []struct {
+		name string
+		boot string
+	}{
+		{"boot ID changed", "boot-2"},
+		{"same boot ID, CDI dir emptied", bootOne},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			h := newHarness(t, nil)
+			h.start()
+			cl := h.claim("c", "sim-2")
+			if r := h.prepare(cl)[cl.Uid]; r.Error != "" {
+				t.Fatal(r.Error)
+			}
+			h.stop()
+			if err := os.RemoveAll(h.cdiDir); err != nil {
+				t.Fatal(err)
+			}
+			// A claim spec of a claim not prepared (a driver killed between
+			// the spec and the checkpoint) is removed at start.
+			w := cdi.NewWriter(h.cdiDir, "x", 1)
+			if _, _, err := w.WriteClaimSpec(h.driver.claimKind, cdi.Claim{UID: "uid-stale", Env: []string{"SIM_DEVICES=sim-n1-0"}}); err != nil {
+				t.Fatal(err)
+			}
+			h.boot = c.boot
+			h.start()
+			if _, err := os.Stat(w.ClaimSpecPath(h.driver.claimKind, cl.Uid)); err != nil {
+				t.Fatalf("claim spec not restored at start: %v", err)
+			}
+			if _, err := os.Stat(w.ClaimSpecPath(h.driver.claimKind, "uid-stale")); !errors.Is(err, os.ErrNotExist) {
+				t.Fatalf("claim spec of a claim not prepared left: %v", err)
+			}
+			r := h.prepare(cl)[cl.Uid]
+			if r.Error != "" {
+				t.Fatal(r.Error)
+			}
+			if s := h.deviceState("sim-n1-2"); s.Generation != 2 {
+				t.Fatalf("generation %d after a reboot, want 2", s.Generation)
+			}
+			spec := h.inject(allIDs(r))
+			if !slices.Contains(spec.Process.Env, "SIM_DEVICES=sim-n1-2") {
+				t.Fatalf("env %v", spec.Process.Env)
+			}
+			if pc := h.checkpointed()[types.UID(cl.Uid)]; pc.BootID != c.boot || pc.PrepareAgain {
+				t.Fatalf("checkpoint after preparing again: %+v", pc)
+			}
+			// Once prepared again, a further Prepare runs nothing.
+			if r := h.prepare(cl)[cl.Uid]; r.Error != "" || h.deviceState("sim-n1-2").Generation != 2 {
+				t.Fatalf("prepared a third time: %v, generation %d", r.Error, h.deviceState("sim-n1-2").Generation)
+			}
+		})
 	}
 }
 

@@ -39,8 +39,9 @@ var (
 )
 
 // PrepareResourceClaims prepares the devices of the claims of one kubelet
-// call: all claims, or none. A claim already prepared (in this boot)
-// gets what it got then, and its steps do not run again. For the others,
+// call: all claims, or none. A claim already prepared (in this boot, and
+// its spec not lost since) gets what it got then, and its steps do not run
+// again. For the others,
 // each allocated device of this driver must be healthy and held by no
 // other prepared claim and no device-plugin container; then the
 // resource's prestart steps run on them (same state directories and
@@ -125,7 +126,7 @@ func (d *Driver) prepare(ctx context.Context, claims []*resourceapi.ResourceClai
 	errs := map[types.UID]error{}
 	var plans []*planned
 	for _, c := range claims {
-		if pc, ok := cp[c.UID]; ok && pc.BootID == d.opts.BootID {
+		if pc, ok := cp[c.UID]; ok && pc.BootID == d.opts.BootID && !pc.PrepareAgain {
 			plans = append(plans, &planned{claim: c, entry: pc, again: true})
 			continue
 		}
