@@ -39,8 +39,9 @@ type guard struct {
 	// nodeKnown, heldKnown: the node was seen, PodResources answered.
 	nodeKnown, heldKnown bool
 	node, held           bool
-	// wasUp is what was logged last.
-	wasUp bool
+	// told: the guard's state was logged (once both were known), wasUp
+	// what it said.
+	told, wasUp bool
 }
 
 func (g *guard) isUp() bool { return !g.nodeKnown || !g.heldKnown || g.node || g.held }
@@ -56,9 +57,8 @@ type guards struct {
 
 func newGuards(res []*resource, log *logrus.Entry) *guards {
 	gs := &guards{g: make([]guard, len(res)), log: log}
-	for i, r := range res {
+	for _, r := range res {
 		gs.names = append(gs.names, r.Name)
-		gs.g[i].wasUp = true // until both are known
 	}
 	return gs
 }
@@ -102,19 +102,19 @@ func (gs *guards) held(p pollResult) {
 	gs.logChanges()
 }
 
-// logChanges says, once per change, that a resource's guard went up or
-// down, and why.
+// logChanges says, once the node and PodResources were both heard from and
+// then once per change, whether a resource's guard is up, and why.
 func (gs *guards) logChanges() {
 	for i := range gs.g {
 		g := &gs.g[i]
 		up := g.isUp()
-		if up == g.wasUp {
+		if (g.told && up == g.wasUp) || (!g.told && !(g.nodeKnown && (g.heldKnown || gs.noPodResources))) {
 			continue
 		}
-		g.wasUp = up
+		g.told, g.wasUp = true, up
 		log := gs.log.WithField("resource", gs.names[i])
 		if !up {
-			log.Info("handover guard down: the node no longer reports the resource and no device-plugin container holds a device of it; its devices are published without the handover taint")
+			log.Info("handover guard down: the node does not report the resource and no device-plugin container holds a device of it; its devices are published without the handover taint")
 			continue
 		}
 		var why []string
