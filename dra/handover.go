@@ -108,7 +108,8 @@ func (gs *guards) logChanges() {
 	for i := range gs.g {
 		g := &gs.g[i]
 		up := g.isUp()
-		if (g.told && up == g.wasUp) || (!g.told && !(g.nodeKnown && (g.heldKnown || gs.noPodResources))) {
+		heard := g.nodeKnown && (g.heldKnown || gs.noPodResources)
+		if (g.told && up == g.wasUp) || (!g.told && !heard) {
 			continue
 		}
 		g.told, g.wasUp = true, up
