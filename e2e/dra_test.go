@@ -17,6 +17,7 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 )
 
 // The DRA scenarios' deployment (issue 21): the same simulated devices,
@@ -65,6 +66,7 @@ func TestDRA(t *testing.T) {
 		{"D4-extended-resource", func(t *testing.T) { c.scenarioDRAExtended(t) }},
 		{"D5-restarts", func(t *testing.T) { c.scenarioDRARestarts(t) }},
 		{"D6-health", func(t *testing.T) { c.scenarioDRAHealth(t, node) }},
+		{"M-switch-node", func(t *testing.T) { c.scenarioSwitch(t, node) }},
 	}
 	for _, s := range steps {
 		if !t.Run(s.name, s.f) {
@@ -95,6 +97,7 @@ func (c *cluster) draVars() map[string]string {
 // driver, so that it unprepares them), and its files on the node.
 func (c *cluster) draTeardown(t *testing.T) {
 	ctx := context.Background()
+	c.labelMode(t, "", "")
 	_ = c.cs.CoreV1().Pods(podNS).DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{LabelSelector: "app=cdi-e2e-dra"})
 	eventually(t, 2*time.Minute, "DRA pods gone", func() (bool, string) {
 		l, err := c.cs.CoreV1().Pods(podNS).List(ctx, metav1.ListOptions{LabelSelector: "app=cdi-e2e-dra"})
@@ -105,7 +108,9 @@ func (c *cluster) draTeardown(t *testing.T) {
 	})
 	_ = c.cs.ResourceV1().ResourceClaims(podNS).DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{})
 	_ = c.cs.ResourceV1().ResourceClaimTemplates(podNS).DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{})
-	c.deployQuiet(t, "delete", c.draVars())
+	vars := c.draVars()
+	vars["MODE"] = "per-node" // both DaemonSets and the driver's objects
+	c.deployQuiet(t, "delete", vars)
 	_ = c.cs.ResourceV1().ResourceSlices().DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{FieldSelector: "spec.driver=" + draDriver})
 	if _, err := c.nodeSh("rm -rf /dev/" + draIDPrefix + "-* " + draSpecFile + " /var/run/cdi/k8s.e2e.cdi.dev-dra-* " +
 		draStateDir + "/" + draIDPrefix + "-* " + draCkpt); err != nil {
@@ -217,6 +222,23 @@ func (c *cluster) scenarioDRASlice(t *testing.T) string {
 		return len(sl) == 1 && len(sl[0].Spec.Devices) == numDevices, fmt.Sprintf("%d slices", len(sl))
 	})
 	t.Logf("ResourceSlice %s published %v after the driver ran", got[0].Name, d.Round(time.Millisecond))
+	// A node that served the resource through the device plugin in the
+	// last 5 minutes (an earlier run's scenario M) still reports it: the
+	// handover taint stays until the kubelet drops it.
+	d = eventually(t, 6*time.Minute, "no taint on the devices", func() (bool, string) {
+		sl, err := c.draSlices(context.Background(), node)
+		if err != nil || len(sl) != 1 {
+			return false, fmt.Sprint(len(sl), " slices ", err)
+		}
+		got = sl
+		for _, dv := range sl[0].Spec.Devices {
+			if len(dv.Taints) != 0 {
+				return false, fmt.Sprintf("%s: taints %+v", dv.Name, dv.Taints)
+			}
+		}
+		return true, ""
+	})
+	t.Logf("devices untainted after %v", d.Round(time.Millisecond))
 	s := got[0].Spec
 	if s.Pool.Name != node || s.NodeName == nil || *s.NodeName != node {
 		t.Errorf("slice pool %q node %v, want the node %s", s.Pool.Name, s.NodeName, node)
@@ -744,4 +766,187 @@ func (c *cluster) scenarioDRAHealth(t *testing.T, node string) {
 	if got := c.envDevices(t, "d6", "c"); len(got) != numDevices {
 		t.Errorf("d6 got %v, want all %d devices", got, numDevices)
 	}
+}
+
+// modeLabel picks the stack of a node in the per-node mode.
+const modeLabel = "cdi-device-plugin/mode"
+
+// labelMode sets the node's mode label (mode "": removes it; node "":
+// every node).
+func (c *cluster) labelMode(t *testing.T, node, mode string) {
+	t.Helper()
+	value := "null"
+	if mode != "" {
+		value = `"` + mode + `"`
+	}
+	patch := []byte(`{"metadata":{"labels":{"` + modeLabel + `":` + value + `}}}`)
+	nodes := []string{node}
+	if node == "" {
+		l, err := c.cs.CoreV1().Nodes().List(context.Background(), metav1.ListOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		nodes = nil
+		for _, n := range l.Items {
+			nodes = append(nodes, n.Name)
+		}
+	}
+	for _, n := range nodes {
+		if _, err := c.cs.CoreV1().Nodes().Patch(context.Background(), n, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+			t.Fatalf("label %s %s=%s: %v", n, modeLabel, mode, err)
+		}
+	}
+}
+
+// handoverTainted reports whether every device of the node's slices
+// carries the handover taint.
+func (c *cluster) handoverTainted(node string) (bool, string) {
+	sl, err := c.draSlices(context.Background(), node)
+	if err != nil {
+		return false, err.Error()
+	}
+	n := 0
+	for i := range sl {
+		for _, dv := range sl[i].Spec.Devices {
+			n++
+			found := false
+			for _, tn := range dv.Taints {
+				found = found || (tn.Key == draDriver+"/handover" && tn.Effect == resourceapi.DeviceTaintEffectNoSchedule)
+			}
+			if !found {
+				return false, fmt.Sprintf("%s: taints %+v", dv.Name, dv.Taints)
+			}
+		}
+	}
+	return n > 0, fmt.Sprintf("%d devices in %d slices", n, len(sl))
+}
+
+// failedStart says why the pod's start failed, if it did: phase Failed or
+// an UnexpectedAdmissionError.
+func (c *cluster) failedStart(name string) string {
+	p, err := c.getPod(name)
+	if err != nil {
+		return ""
+	}
+	if p.Status.Phase == corev1.PodFailed {
+		return fmt.Sprintf("phase Failed: %s %s", p.Status.Reason, p.Status.Message)
+	}
+	// This pod's events only: those of an earlier pod of the same name
+	// stay in the namespace.
+	ev, err := c.cs.CoreV1().Events(podNS).List(context.Background(), metav1.ListOptions{FieldSelector: "involvedObject.uid=" + string(p.UID)})
+	if err != nil {
+		return ""
+	}
+	var errs []string
+	for i := range ev.Items {
+		if e := &ev.Items[i]; e.Reason == "UnexpectedAdmissionError" || e.Reason == "FailedPrepareDynamicResources" {
+			errs = append(errs, e.Reason+": "+e.Message)
+		}
+	}
+	return strings.Join(errs, "; ")
+}
+
+// Scenario M: a node moves from the device plugin to DRA and back, with
+// pods of one unchanged spec. Labelled device-plugin (per-node mode), pod
+// a (limits: 2) runs through the device plugin. Relabelled dra: the
+// driver's devices carry the handover taint while a runs; b, with the
+// same spec, stays Pending and never fails a start; a deleted, b runs
+// through DRA within 6 minutes of the relabel. Relabelled back: c runs
+// through the device plugin, on devices b does not hold.
+func (c *cluster) scenarioSwitch(t *testing.T, node string) {
+	c.deletePod(t, "d6")
+	c.labelMode(t, node, "device-plugin")
+	vars := c.draVars()
+	vars["MODE"] = "per-node"
+	c.deploy(t, "apply", vars)
+	eventually(t, 2*time.Minute, "the DRA driver pod gone from the node", func() (bool, string) {
+		l, err := c.cs.CoreV1().Pods(draNS).List(context.Background(), metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=cdi-dra-driver"})
+		if err != nil {
+			return false, err.Error()
+		}
+		return len(l.Items) == 0, fmt.Sprintf("%d driver pods", len(l.Items))
+	})
+	d := c.waitAllocatableOf(t, node, draResource, numDevices, 3*time.Minute)
+	t.Logf("labelled %s: the device plugin serves %s, allocatable %d after %v", modeLabel+"=device-plugin", draResource, numDevices, d.Round(time.Millisecond))
+	aPod := c.extendedPod("a", 2)
+	c.createPod(t, aPod)
+	a := c.waitRunning(t, "a", 0, 2*time.Minute)
+	if a.Status.ExtendedResourceClaimStatus != nil {
+		t.Fatalf("a went through DRA: %+v", a.Status.ExtendedResourceClaimStatus)
+	}
+	aIDs := c.envDevices(t, "a", "c")
+	t.Logf("a runs through the device plugin with %v", aIDs)
+
+	t0 := time.Now()
+	c.labelMode(t, node, "dra")
+	d = eventually(t, 2*time.Minute, "the driver's devices published with the handover taint", func() (bool, string) { return c.handoverTainted(node) })
+	t.Logf("relabelled dra: the driver's devices carry the handover taint after %v", d.Round(time.Millisecond))
+	// Until the node's status says the device plugin is gone (the
+	// kubelet reports it within its status update period), the scheduler
+	// can still place a pod through the device plugin, and the kubelet,
+	// which knows it gone, rejects it: the window any device plugin
+	// restart has (scenario 11). b is created after it.
+	c.waitAllocatableOf(t, node, draResource, 0, time.Minute)
+	t.Logf("the node reports allocatable 0 for %s %v after the relabel", draResource, time.Since(t0).Round(time.Millisecond))
+	b := c.extendedPod("b", 2)
+	if ja, jb := mustJSON(t, aPod.Spec), mustJSON(t, b.Spec); ja != jb {
+		t.Fatalf("b's spec differs from a's:\n%s\n%s", ja, jb)
+	}
+	c.createPod(t, b)
+	for end := time.Now().Add(20 * time.Second); time.Now().Before(end); time.Sleep(500 * time.Millisecond) {
+		p, err := c.getPod("b")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p.Spec.NodeName != "" {
+			t.Fatalf("b was scheduled onto %s while a still holds device-plugin devices", p.Spec.NodeName)
+		}
+		if why := c.failedStart("b"); why != "" {
+			t.Fatalf("b failed to start: %s", why)
+		}
+		if ok, why := c.handoverTainted(node); !ok {
+			t.Fatalf("the handover taint went while a runs: %s", why)
+		}
+	}
+	c.deletePod(t, "a")
+	var pod *corev1.Pod
+	eventually(t, 6*time.Minute-time.Since(t0), "b running through DRA within 6 minutes of the relabel", func() (bool, string) {
+		if why := c.failedStart("b"); why != "" {
+			t.Fatalf("b failed to start: %s", why)
+		}
+		p, err := c.getPod("b")
+		if err != nil {
+			return false, err.Error()
+		}
+		pod = p
+		ok, why := c.handoverTainted(node)
+		return len(p.Status.ContainerStatuses) == 1 && p.Status.ContainerStatuses[0].Ready, fmt.Sprintf("phase %s, node %q, handover taint %v (%s)", p.Status.Phase, p.Spec.NodeName, ok, why)
+	})
+	if pod.Status.ExtendedResourceClaimStatus == nil {
+		t.Fatalf("b runs, but not through DRA: %+v", pod.Status)
+	}
+	bIDs := c.envDevices(t, "b", "c")
+	t.Logf("a deleted: b runs through DRA with %v, %v after the relabel", bIDs, time.Since(t0).Round(time.Second))
+
+	t0 = time.Now()
+	c.labelMode(t, node, "device-plugin")
+	c.createPod(t, c.extendedPod("c1", 2))
+	p := c.waitRunning(t, "c1", 0, 6*time.Minute)
+	if p.Status.ExtendedResourceClaimStatus != nil {
+		t.Fatalf("c1 went through DRA after the relabel back: %+v", p.Status.ExtendedResourceClaimStatus)
+	}
+	cIDs := c.envDevices(t, "c1", "c")
+	if !disjoint(cIDs, bIDs) {
+		t.Fatalf("c1 got %v through the device plugin while b holds %v through DRA", cIDs, bIDs)
+	}
+	t.Logf("relabelled device-plugin: c1 runs through the device plugin with %v (b keeps %v), %v after the relabel", cIDs, bIDs, time.Since(t0).Round(time.Second))
+}
+
+func mustJSON(t *testing.T, v any) string {
+	t.Helper()
+	b, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
 }
