@@ -1,20 +1,29 @@
 #!/usr/bin/env bash
-# Render, apply or delete the cdi-device-plugin DaemonSet.
+# Render, apply or delete the cdi-device-plugin DaemonSet, the DRA driver, or
+# both (MODE).
 #
 #   deploy/deploy.sh render|apply|delete
 #
-# Builds a throw-away kustomize overlay on top of deploy/base from environment
+# Builds a throw-away kustomize overlay on top of deploy/base (and, for the
+# DRA driver, the components in deploy/components) from environment
 # variables (see deploy/README.md):
 #
+#   MODE            device-plugin (default): the device plugin's DaemonSet;
+#                   dra: the DRA driver's DaemonSet, its ServiceAccount,
+#                   ClusterRole and binding, admission policy and one
+#                   DeviceClass per resource; per-node: both DaemonSets, on
+#                   the nodes labelled cdi-device-plugin/mode=device-plugin
+#                   and cdi-device-plugin/mode=dra respectively
 #   NAMESPACE       target namespace (default: $PLUGIN_NAME if set, else
 #                   simple-device-plugin)
-#   IMAGE           plugin image (default: cdi-device-plugin:latest)
+#   IMAGE           plugin image (default: cdi-device-plugin:latest); the DRA
+#                   driver runs its second binary, /cdi-dra-driver
 #   PLUGIN_NAME RESOURCE_NAME NUMBER_DEVICES DEVICE_ID_PREFIX ANNOTATION_PREFIX
 #   ENV_PREFIX DEVICE_FILE_PREFIX DEVICE_LIST_STRATEGY LOG_LEVEL LOG_FORMAT
 #   PRESTART_STEPS PRESTART_BUDGET SYS_ROOT PROC_ROOT
-#                   passed to the plugin's container env only when set (an
-#                   explicitly empty value is passed through as ""); when unset
-#                   the binary's default applies.
+#                   passed to the plugin's (and the driver's) container env
+#                   only when set (an explicitly empty value is passed
+#                   through as ""); when unset the binary's default applies.
 #   DEV_ROOT        replaces the DaemonSet's /dev as the dev root; it must be
 #                   below /dev (the host's /dev is what the pod mounts)
 #   PLUGIN_CONFIG   path of a YAML configuration file (docs/configuration.md); when
@@ -27,12 +36,31 @@
 #   KUSTOMIZE       kustomize binary, used by render only when kubectl is
 #                   missing (default: kustomize)
 #
+# MODE dra and per-node only:
+#   DRA_RESOURCES   comma-separated resource names that get a DeviceClass
+#                   (default: RESOURCE_NAME, else the binary's default
+#                   example.com/simple-device; required with PLUGIN_CONFIG:
+#                   the names of its resources)
+#   DRIVER_NAME     the driver's name (default: <class>.<domain> of the first
+#                   of DRA_RESOURCES: sim.example.com for example.com/sim)
+#   DRA_EXTENDED_RESOURCE
+#                   true (default): each DeviceClass has extendedResourceName,
+#                   so pods asking for the extended resource are served
+#                   through DRA; false: claims only
+#   API_SERVER_HOST API_SERVER_PORT
+#                   where the driver reaches the API server, when pods cannot
+#                   reach the kubernetes Service (a cluster without
+#                   kube-proxy); set as its KUBERNETES_SERVICE_HOST/PORT
+#
 # Side by side: every deployment is one Namespace plus one DaemonSet named
 # cdi-device-plugin, so two plugins need two namespaces. To make that the
 # default, NAMESPACE falls back to PLUGIN_NAME when PLUGIN_NAME is set:
 #   PLUGIN_NAME=fpga RESOURCE_NAME=example.com/fpga deploy/deploy.sh apply
 # lands in namespace "fpga" and leaves a default deployment alone, and
-# "delete" with the same variables removes only that one.
+# "delete" with the same variables removes only that one. The DRA driver's
+# cluster-wide objects (ClusterRole, ClusterRoleBinding, the admission
+# policy and its binding) are named cdi-dra-driver-<namespace> for the same
+# reason.
 set -euo pipefail
 
 usage() {
@@ -43,6 +71,7 @@ usage: deploy/deploy.sh render|apply|delete
   apply    kubectl apply the rendered manifests
   delete   kubectl delete --ignore-not-found the rendered manifests
 
+MODE=device-plugin (default), dra or per-node picks what is deployed.
 Configured through environment variables; see deploy/README.md.
 EOF
 }
@@ -105,9 +134,72 @@ relpath() {
 	fi
 }
 
-# write_overlay DIR: write kustomization.yaml (and the env patch) into DIR.
+# The default resource of the binary and the driver that serves it: what
+# deploy/components/dra-driver and dra-deviceclass are written for.
+DEFAULT_RESOURCE=example.com/simple-device
+DEFAULT_DRIVER=simple-device.example.com
+KUBELET_PLUGINS_DIR=/var/lib/kubelet/plugins
+DNS_SUBDOMAIN='^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$'
+
+# dra_settings: check the DRA variables and set DRA_NAMES (the resources
+# that get a DeviceClass), CLASSES (their DeviceClass names, <class>.<domain>)
+# and DRIVER (the driver's name).
+dra_settings() {
+	local list r class
+	if [[ -n ${DRA_RESOURCES:-} ]]; then
+		list=${DRA_RESOURCES}
+	elif [[ -n ${PLUGIN_CONFIG:-} ]]; then
+		die "MODE=${MODE} with PLUGIN_CONFIG: set DRA_RESOURCES to the names of the resources the file configures (comma-separated; each gets a DeviceClass)"
+	else
+		list=${RESOURCE_NAME:-${DEFAULT_RESOURCE}}
+	fi
+	DRA_NAMES=()
+	CLASSES=()
+	IFS=, read -r -a DRA_NAMES <<<"${list}"
+	for r in "${DRA_NAMES[@]}"; do
+		# <domain>/<name> as the plugin accepts it (docs/configuration.md);
+		# nothing that could leave the CEL string below.
+		[[ ${r} =~ ^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$ ]] ||
+			die "resource '${r}' (DRA_RESOURCES, else RESOURCE_NAME) is not a resource name (<domain>/<name>)"
+		class=${r#*/}.${r%%/*}
+		[[ ${class} =~ ${DNS_SUBDOMAIN} && ${#class} -le 253 ]] ||
+			die "the DeviceClass of resource '${r}' would be named '${class}', which is not a DNS subdomain (lower-case alphanumerics, '-' and '.')"
+		[[ " ${CLASSES[*]} " != *" ${class} "* ]] || die "DRA_RESOURCES: '${r}' is listed twice"
+		CLASSES+=("${class}")
+	done
+	((${#CLASSES[@]} > 0)) || die "DRA_RESOURCES is empty"
+	DRIVER=${DRIVER_NAME:-${CLASSES[0]}}
+	[[ ${DRIVER} =~ ${DNS_SUBDOMAIN} && ${#DRIVER} -le 63 ]] ||
+		die "invalid driver name '${DRIVER}' (a DNS subdomain of at most 63 characters); set DRIVER_NAME"
+	case ${DRA_EXTENDED_RESOURCE:-true} in
+	true | false) ;;
+	*) die "DRA_EXTENDED_RESOURCE must be true or false, not '${DRA_EXTENDED_RESOURCE}'" ;;
+	esac
+}
+
+# write_device_classes FILE: one DeviceClass per resource of DRA_NAMES.
+write_device_classes() {
+	local i r d
+	quote "${DRIVER}"
+	d=${REPLY}
+	for i in "${!DRA_NAMES[@]}"; do
+		r=${DRA_NAMES[i]}
+		printf '%s\n' '---' 'apiVersion: resource.k8s.io/v1' 'kind: DeviceClass' 'metadata:'
+		printf '  name: %s\n' "${CLASSES[i]}"
+		printf '%s\n' '  labels:' '    app.kubernetes.io/name: cdi-dra-driver' 'spec:' '  selectors:' '    - cel:'
+		quote "device.driver == ${d} && device.attributes[${d}].resource == \"${r}\""
+		printf '        expression: %s\n' "${REPLY}"
+		if [[ ${DRA_EXTENDED_RESOURCE:-true} == true ]]; then
+			printf '  extendedResourceName: %s\n' "${r}"
+		fi
+	done >"$1"
+}
+
+# write_overlay DIR: write kustomization.yaml (and the patches) into DIR;
+# for the DRA modes, the namespaced objects go into DIR/namespaced and DIR
+# adds the cluster-scoped ones, which must not get a namespace.
 write_overlay() {
-	local dir=$1 image name tag='' digest='' var env=''
+	local dir=$1 ns_dir image name tag='' digest='' var env='' dra_env='' patches=''
 
 	image=${IMAGE:-cdi-device-plugin:latest}
 	name=${image}
@@ -123,13 +215,30 @@ write_overlay() {
 	fi
 	[[ -n ${name} ]] || die "IMAGE has no name: $(printf '%q' "${image}")"
 
+	ns_dir=${dir}
+	if [[ ${MODE} != device-plugin ]]; then
+		dra_settings
+		ns_dir=${dir}/namespaced
+		mkdir "${ns_dir}"
+	fi
+
 	{
 		printf '%s\n' 'apiVersion: kustomize.config.k8s.io/v1beta1' 'kind: Kustomization'
 		quote "${NAMESPACE}"
 		printf 'namespace: %s\n' "${REPLY}"
-		relpath "${dir}" "${BASE_DIR}"
+		relpath "${ns_dir}" "${BASE_DIR}"
 		quote "${REPLY}"
 		printf 'resources:\n  - %s\n' "${REPLY}"
+		if [[ ${MODE} != device-plugin ]]; then
+			printf 'components:\n'
+			relpath "${ns_dir}" "${COMPONENTS_DIR}"
+			printf '  - %s/%s\n' "${REPLY}" dra-driver
+			if [[ ${MODE} == dra ]]; then
+				printf '  - %s/%s\n' "${REPLY}" dra-only
+			else
+				printf '  - %s/%s\n' "${REPLY}" per-node
+			fi
+		fi
 		quote "${name}"
 		printf 'images:\n  - name: cdi-device-plugin\n    newName: %s\n' "${REPLY}"
 		if [[ -n ${digest} ]]; then
@@ -139,7 +248,7 @@ write_overlay() {
 			quote "${tag}"
 			printf '    newTag: %s\n' "${REPLY}"
 		fi
-	} >"${dir}/kustomization.yaml"
+	} >"${ns_dir}/kustomization.yaml"
 
 	for var in "${ENV_VARS[@]}"; do
 		# Set, even to "" (${!var+x} rather than [[ -v ]], for bash 3.2).
@@ -151,51 +260,150 @@ write_overlay() {
 	done
 	if [[ -n ${PLUGIN_CONFIG:-} ]]; then
 		[[ -f ${PLUGIN_CONFIG} && -r ${PLUGIN_CONFIG} ]] || die "PLUGIN_CONFIG: not a readable file: $(printf '%q' "${PLUGIN_CONFIG}")"
-		cp -- "${PLUGIN_CONFIG}" "${dir}/config.yaml"
+		cp -- "${PLUGIN_CONFIG}" "${ns_dir}/config.yaml"
 		printf '%s\n' \
 			'configMapGenerator:' \
 			'  - name: cdi-device-plugin-config' \
 			'    files:' \
-			'      - config.yaml' >>"${dir}/kustomization.yaml"
+			'      - config.yaml' >>"${ns_dir}/kustomization.yaml"
 		env+="            - name: CONFIG_FILE"$'\n'
 		env+="              value: /etc/cdi-device-plugin/config.yaml"$'\n'
 	fi
-	[[ -n ${env} ]] || return 0
 
-	# Strategic merge patch: env entries merge by name with the base's list.
-	{
-		printf '%s\n' \
-			'apiVersion: apps/v1' \
-			'kind: DaemonSet' \
-			'metadata:' \
-			'  name: cdi-device-plugin' \
-			'spec:' \
-			'  template:' \
-			'    spec:' \
-			'      containers:' \
-			'        - name: cdi-device-plugin' \
-			'          env:'
-		printf '%s' "${env}"
-		if [[ -n ${PLUGIN_CONFIG:-} ]]; then
+	# Strategic merge patches: env entries merge by name with the base's
+	# list, volumes by name, mounts by path.
+	if [[ ${MODE} != dra && -n ${env} ]]; then
+		{
 			printf '%s\n' \
-				'          volumeMounts:' \
-				'            - name: config' \
-				'              mountPath: /etc/cdi-device-plugin' \
-				'              readOnly: true' \
-				'      volumes:' \
-				'        - name: config' \
-				'          configMap:' \
-				'            name: cdi-device-plugin-config'
+				'apiVersion: apps/v1' \
+				'kind: DaemonSet' \
+				'metadata:' \
+				'  name: cdi-device-plugin' \
+				'spec:' \
+				'  template:' \
+				'    spec:' \
+				'      containers:' \
+				'        - name: cdi-device-plugin' \
+				'          env:'
+			printf '%s' "${env}"
+			if [[ -n ${PLUGIN_CONFIG:-} ]]; then
+				printf '%s\n' \
+					'          volumeMounts:' \
+					'            - name: config' \
+					'              mountPath: /etc/cdi-device-plugin' \
+					'              readOnly: true' \
+					'      volumes:' \
+					'        - name: config' \
+					'          configMap:' \
+					'            name: cdi-device-plugin-config'
+			fi
+		} >"${ns_dir}/env-patch.yaml"
+		# The target selects the DaemonSet whatever namespace the base gives it.
+		patches+="$(printf '%s\n' \
+			'  - path: env-patch.yaml' \
+			'    target:' \
+			'      group: apps' \
+			'      kind: DaemonSet' \
+			'      name: cdi-device-plugin')"$'\n'
+	fi
+	if [[ ${MODE} != device-plugin ]]; then
+		dra_env=${env}
+		quote "${DRIVER}"
+		dra_env+="            - name: DRIVER_NAME"$'\n'
+		dra_env+="              value: ${REPLY}"$'\n'
+		if [[ -n ${API_SERVER_HOST:-}${API_SERVER_PORT:-} ]]; then
+			[[ -n ${API_SERVER_HOST:-} && ${API_SERVER_PORT:-} =~ ^[0-9]+$ ]] ||
+				die "API_SERVER_HOST and API_SERVER_PORT go together (a host and a port number)"
+			quote "${API_SERVER_HOST}"
+			dra_env+="            - name: KUBERNETES_SERVICE_HOST"$'\n'
+			dra_env+="              value: ${REPLY}"$'\n'
+			quote "${API_SERVER_PORT}"
+			dra_env+="            - name: KUBERNETES_SERVICE_PORT"$'\n'
+			dra_env+="              value: ${REPLY}"$'\n'
 		fi
-	} >"${dir}/env-patch.yaml"
-	# The target selects the DaemonSet whatever namespace the base gives it.
+		{
+			printf '%s\n' \
+				'apiVersion: apps/v1' \
+				'kind: DaemonSet' \
+				'metadata:' \
+				'  name: cdi-dra-driver' \
+				'spec:' \
+				'  template:' \
+				'    spec:' \
+				'      containers:' \
+				'        - name: cdi-dra-driver' \
+				'          env:'
+			printf '%s' "${dra_env}"
+			printf '%s\n' '          volumeMounts:'
+			# The driver's own directory below the kubelet's plugins
+			# directory (dra.sock), named after the driver.
+			if [[ ${DRIVER} != "${DEFAULT_DRIVER}" ]]; then
+				printf '%s\n' \
+					"            - mountPath: ${KUBELET_PLUGINS_DIR}/${DEFAULT_DRIVER}" \
+					"              \$patch: delete"
+			fi
+			printf '%s\n' \
+				'            - name: plugin-dir' \
+				"              mountPath: ${KUBELET_PLUGINS_DIR}/${DRIVER}"
+			if [[ -n ${PLUGIN_CONFIG:-} ]]; then
+				printf '%s\n' \
+					'            - name: config' \
+					'              mountPath: /etc/cdi-device-plugin' \
+					'              readOnly: true'
+			fi
+			printf '%s\n' \
+				'      volumes:' \
+				'        - name: plugin-dir' \
+				'          hostPath:' \
+				"            path: ${KUBELET_PLUGINS_DIR}/${DRIVER}"
+			if [[ -n ${PLUGIN_CONFIG:-} ]]; then
+				printf '%s\n' \
+					'        - name: config' \
+					'          configMap:' \
+					'            name: cdi-device-plugin-config'
+			fi
+		} >"${ns_dir}/dra-patch.yaml"
+		patches+="$(printf '%s\n' \
+			'  - path: dra-patch.yaml' \
+			'    target:' \
+			'      group: apps' \
+			'      kind: DaemonSet' \
+			'      name: cdi-dra-driver')"$'\n'
+	fi
+	if [[ -n ${patches} ]]; then
+		printf 'patches:\n%s' "${patches}" >>"${ns_dir}/kustomization.yaml"
+	fi
+	[[ ${MODE} != device-plugin ]] || return 0
+
+	# The cluster-scoped objects, outside the namespace transformer: the
+	# DeviceClasses, the admission policy, and a suffix that keeps the
+	# cluster-wide names of two deployments (two namespaces) apart.
+	write_device_classes "${dir}/deviceclasses.yaml"
+	quote "-${NAMESPACE}"
 	printf '%s\n' \
-		'patches:' \
-		'  - path: env-patch.yaml' \
-		'    target:' \
-		'      group: apps' \
-		'      kind: DaemonSet' \
-		'      name: cdi-device-plugin' >>"${dir}/kustomization.yaml"
+		'apiVersion: builtin' \
+		'kind: PrefixSuffixTransformer' \
+		'metadata:' \
+		'  name: cluster-wide-names' \
+		"suffix: ${REPLY}" \
+		'fieldSpecs:' \
+		'  - {group: rbac.authorization.k8s.io, kind: ClusterRole, path: metadata/name}' \
+		'  - {group: rbac.authorization.k8s.io, kind: ClusterRoleBinding, path: metadata/name}' \
+		'  - {group: admissionregistration.k8s.io, kind: ValidatingAdmissionPolicy, path: metadata/name}' \
+		'  - {group: admissionregistration.k8s.io, kind: ValidatingAdmissionPolicyBinding, path: metadata/name}' \
+		'  - {group: admissionregistration.k8s.io, kind: ValidatingAdmissionPolicyBinding, path: spec/policyName}' \
+		>"${dir}/cluster-wide-names.yaml"
+	relpath "${dir}" "${COMPONENTS_DIR}"
+	printf '%s\n' \
+		'apiVersion: kustomize.config.k8s.io/v1beta1' \
+		'kind: Kustomization' \
+		'resources:' \
+		'  - namespaced' \
+		'  - deviceclasses.yaml' \
+		'components:' \
+		"  - ${REPLY}/dra-admission" \
+		'transformers:' \
+		'  - cluster-wide-names.yaml' >"${dir}/kustomization.yaml"
 }
 
 # render DIR: print the built manifests of the overlay in DIR.
@@ -230,6 +438,11 @@ main() {
 
 	KUBECTL=${KUBECTL:-kubectl}
 	KUSTOMIZE=${KUSTOMIZE:-kustomize}
+	MODE=${MODE:-device-plugin}
+	case ${MODE} in
+	device-plugin | dra | per-node) ;;
+	*) die "MODE must be device-plugin, dra or per-node, not '${MODE}'" ;;
+	esac
 	NAMESPACE=${NAMESPACE:-${PLUGIN_NAME:-simple-device-plugin}}
 	if [[ ! ${NAMESPACE} =~ ^[a-z0-9]([-a-z0-9]*[a-z0-9])?$ || ${#NAMESPACE} -gt 63 ]]; then
 		die "invalid namespace '${NAMESPACE}' (a DNS-1123 label: lower-case alphanumerics and '-', at most 63 characters); set NAMESPACE"
@@ -239,6 +452,7 @@ main() {
 	script_dir=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd -P)
 	BASE_DIR=${script_dir}/base
 	[[ -f ${BASE_DIR}/kustomization.yaml ]] || die "base not found: ${BASE_DIR}"
+	COMPONENTS_DIR=${script_dir}/components
 
 	TMP_DIR=$(mktemp -d)
 	trap 'rm -rf -- "${TMP_DIR}"' EXIT

@@ -1,27 +1,67 @@
-// Package deploy_test checks that the two ways to install the plugin, the
-// kustomize base (deploy/base, what deploy/deploy.sh renders) and the Helm
-// chart (deploy/helm/cdi-device-plugin), agree on what matters for running
-// it safely: security contexts, volumes and mounts, probes, ports,
-// resources, environment, update strategy, priority and tolerations.
+// Package deploy_test checks what the three ways to install the plugin
+// render: the kustomize directories (deploy/base and the modes of
+// deploy/modes), deploy/deploy.sh (an overlay of the same directories) and
+// the Helm chart (deploy/helm/cdi-device-plugin). For every mode
+// (device-plugin, dra, per-node) they must render the same objects where it
+// matters for running them safely: security contexts, volumes and mounts,
+// probes, ports, resources, environment, update strategy, priority,
+// tolerations and node selectors of the DaemonSets; the DRA driver's RBAC,
+// admission policy and DeviceClasses.
 package deploy_test
 
 import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
+	"sort"
+	"strings"
 	"testing"
 
+	admissionv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	resourcev1 "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"sigs.k8s.io/kustomize/api/krusty"
 	"sigs.k8s.io/kustomize/kyaml/filesys"
 )
+
+// TestMain lets the test binary stand in for "kustomize build DIR" when
+// deploy.sh calls it (KUSTOMIZE), so that deploy.sh is tested with the
+// kustomize library this module pins, with or without kubectl.
+func TestMain(m *testing.M) {
+	if os.Getenv("DEPLOY_TEST_KUSTOMIZE") == "1" {
+		os.Exit(kustomizeBuild(os.Args[1:]))
+	}
+	os.Exit(m.Run())
+}
+
+func kustomizeBuild(args []string) int {
+	if len(args) != 2 || args[0] != "build" {
+		fmt.Fprintf(os.Stderr, "usage: build DIR (got %q)\n", args)
+		return 2
+	}
+	m, err := krusty.MakeKustomizer(krusty.MakeDefaultOptions()).Run(filesys.MakeFsOnDisk(), args[1])
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	y, err := m.AsYaml()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	_, _ = os.Stdout.Write(y)
+	return 0
+}
 
 // helm returns the helm binary: $HELM (make test sets it to the pinned
 // build), else helm in PATH; the test is skipped without one.
@@ -40,17 +80,35 @@ func helm(t *testing.T) string {
 	return h
 }
 
-type object struct {
-	Kind string `json:"kind"`
+// objects is what a render holds, by kind.
+type objects struct {
+	raw                 []byte
+	DaemonSets          []appsv1.DaemonSet
+	ConfigMaps          []corev1.ConfigMap
+	Namespaces          []corev1.Namespace
+	ServiceAccounts     []corev1.ServiceAccount
+	ClusterRoles        []rbacv1.ClusterRole
+	ClusterRoleBindings []rbacv1.ClusterRoleBinding
+	Policies            []admissionv1.ValidatingAdmissionPolicy
+	PolicyBindings      []admissionv1.ValidatingAdmissionPolicyBinding
+	DeviceClasses       []resourcev1.DeviceClass
 }
 
-// objects decodes a multi-document YAML stream into its DaemonSets and
-// ConfigMaps.
-func objects(t *testing.T, y []byte) ([]appsv1.DaemonSet, []corev1.ConfigMap) {
+// decodeStrict decodes raw into v and fails on a field v does not have: a
+// misspelt field in a manifest (extendedResourceName, matchConditions)
+// would otherwise pass unnoticed here and be dropped by the API server.
+func decodeStrict(raw []byte, v any) error {
+	d := json.NewDecoder(bytes.NewReader(raw))
+	d.DisallowUnknownFields()
+	return d.Decode(v)
+}
+
+// decode splits a multi-document YAML stream into its objects; a kind
+// this package does not expect fails the test.
+func decode(t *testing.T, y []byte) *objects {
 	t.Helper()
+	o := &objects{raw: y}
 	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(y), 4096)
-	var dss []appsv1.DaemonSet
-	var cms []corev1.ConfigMap
 	for {
 		var raw json.RawMessage
 		if err := dec.Decode(&raw); errors.Is(err, io.EOF) {
@@ -58,62 +116,169 @@ func objects(t *testing.T, y []byte) ([]appsv1.DaemonSet, []corev1.ConfigMap) {
 		} else if err != nil {
 			t.Fatalf("decode: %v\n%s", err, y)
 		}
-		var o object
-		if err := json.Unmarshal(raw, &o); err != nil {
+		if len(raw) == 0 || string(raw) == "null" {
+			continue
+		}
+		var tm struct {
+			Kind string `json:"kind"`
+		}
+		if err := json.Unmarshal(raw, &tm); err != nil {
 			t.Fatal(err)
 		}
-		switch o.Kind {
+		var err error
+		switch tm.Kind {
 		case "DaemonSet":
-			var ds appsv1.DaemonSet
-			if err := json.Unmarshal(raw, &ds); err != nil {
-				t.Fatal(err)
-			}
-			dss = append(dss, ds)
+			err = decodeInto(raw, &o.DaemonSets)
 		case "ConfigMap":
-			var cm corev1.ConfigMap
-			if err := json.Unmarshal(raw, &cm); err != nil {
-				t.Fatal(err)
-			}
-			cms = append(cms, cm)
+			err = decodeInto(raw, &o.ConfigMaps)
+		case "Namespace":
+			err = decodeInto(raw, &o.Namespaces)
+		case "ServiceAccount":
+			err = decodeInto(raw, &o.ServiceAccounts)
+		case "ClusterRole":
+			err = decodeInto(raw, &o.ClusterRoles)
+		case "ClusterRoleBinding":
+			err = decodeInto(raw, &o.ClusterRoleBindings)
+		case "ValidatingAdmissionPolicy":
+			err = decodeInto(raw, &o.Policies)
+		case "ValidatingAdmissionPolicyBinding":
+			err = decodeInto(raw, &o.PolicyBindings)
+		case "DeviceClass":
+			err = decodeInto(raw, &o.DeviceClasses)
+		default:
+			t.Fatalf("unexpected kind %q rendered:\n%s", tm.Kind, raw)
+		}
+		if err != nil {
+			t.Fatalf("%s: %v\n%s", tm.Kind, err, raw)
 		}
 	}
-	return dss, cms
+	return o
 }
 
-func one(t *testing.T, what string, dss []appsv1.DaemonSet) *appsv1.DaemonSet {
-	t.Helper()
-	if len(dss) != 1 {
-		t.Fatalf("%s renders %d DaemonSets, want 1", what, len(dss))
+func decodeInto[T any](raw []byte, list *[]T) error {
+	var v T
+	if err := decodeStrict(raw, &v); err != nil {
+		return err
 	}
-	return &dss[0]
+	*list = append(*list, v)
+	return nil
 }
 
-func kustomizeRender(t *testing.T) *appsv1.DaemonSet {
+// daemonSet returns the DaemonSet whose only container is named container
+// (cdi-device-plugin or cdi-dra-driver: the DaemonSets' names differ between
+// kustomize and Helm, their containers' do not), or nil.
+func (o *objects) daemonSet(t *testing.T, container string) *appsv1.DaemonSet {
 	t.Helper()
-	m, err := krusty.MakeKustomizer(krusty.MakeDefaultOptions()).Run(filesys.MakeFsOnDisk(), "base")
+	var found *appsv1.DaemonSet
+	for i := range o.DaemonSets {
+		cs := o.DaemonSets[i].Spec.Template.Spec.Containers
+		if len(cs) != 1 {
+			t.Fatalf("DaemonSet %s has %d containers, want 1", o.DaemonSets[i].Name, len(cs))
+		}
+		if cs[0].Name == container {
+			if found != nil {
+				t.Fatalf("two DaemonSets run %s", container)
+			}
+			found = &o.DaemonSets[i]
+		}
+	}
+	return found
+}
+
+const (
+	pluginContainer = "cdi-device-plugin"
+	driverContainer = "cdi-dra-driver"
+	modeLabel       = "cdi-device-plugin/mode"
+	defaultResource = "example.com/simple-device"
+	defaultDriver   = "simple-device.example.com"
+)
+
+var modes = []string{"device-plugin", "dra", "per-node"}
+
+// A renderer renders one mode with extra settings: VAR=VALUE for
+// deploy.sh, helm arguments for helm; the kustomize directories take none.
+type renderer struct {
+	name string
+	// namespace the objects are rendered for, and the DRA driver's account.
+	namespace, account string
+	render             func(t *testing.T, mode string, extra ...string) *objects
+}
+
+func renderers() []renderer {
+	return []renderer{
+		{"kustomize", "simple-device-plugin", "cdi-dra-driver", func(t *testing.T, mode string, extra ...string) *objects {
+			if len(extra) != 0 {
+				t.Fatalf("the kustomize directories take no settings: %q", extra)
+			}
+			return kustomizeRender(t, filepath.Join("modes", mode))
+		}},
+		{"deploy.sh", "ns", "cdi-dra-driver", func(t *testing.T, mode string, extra ...string) *objects {
+			out, err := deployScript(t, append([]string{"MODE=" + mode, "NAMESPACE=ns"}, extra...)...)
+			if err != nil {
+				t.Fatalf("deploy.sh render: %v\n%s", err, out)
+			}
+			return decode(t, out)
+		}},
+		{"helm", "ns", "r-dra-driver", func(t *testing.T, mode string, extra ...string) *objects {
+			return helmRender(t, append([]string{"--set", "mode=" + mode}, extra...)...)
+		}},
+	}
+}
+
+func kustomizeRender(t *testing.T, dir string) *objects {
+	t.Helper()
+	m, err := krusty.MakeKustomizer(krusty.MakeDefaultOptions()).Run(filesys.MakeFsOnDisk(), dir)
 	if err != nil {
-		t.Fatalf("kustomize build deploy/base: %v", err)
+		t.Fatalf("kustomize build %s: %v", dir, err)
 	}
 	y, err := m.AsYaml()
 	if err != nil {
 		t.Fatal(err)
 	}
-	dss, _ := objects(t, y)
-	return one(t, "deploy/base", dss)
+	return decode(t, y)
 }
 
-func helmRender(t *testing.T, args ...string) (*appsv1.DaemonSet, []corev1.ConfigMap) {
+func helmRender(t *testing.T, args ...string) *objects {
 	t.Helper()
-	h := helm(t)
-	cmd := exec.Command(h, append([]string{"template", "cdi-device-plugin", filepath.Join("helm", "cdi-device-plugin"), "--namespace", "ns"}, args...)...)
+	out, err := helmTemplate(t, args...)
+	if err != nil {
+		t.Fatalf("helm template: %v\n%s", err, out)
+	}
+	return decode(t, out)
+}
+
+// helmTemplate renders the chart as release r in namespace ns; on failure
+// the output is stderr.
+func helmTemplate(t *testing.T, args ...string) ([]byte, error) {
+	t.Helper()
+	cmd := exec.Command(helm(t), append([]string{"template", "r", filepath.Join("helm", "cdi-device-plugin"), "--namespace", "ns"}, args...)...)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	y, err := cmd.Output()
 	if err != nil {
-		t.Fatalf("helm template: %v\n%s", err, stderr.String())
+		return stderr.Bytes(), err
 	}
-	dss, cms := objects(t, y)
-	return one(t, "the chart", dss), cms
+	return y, nil
+}
+
+// deployScript runs deploy.sh render with the variables given (and none of
+// the caller's that it reads), kustomize being this test binary.
+func deployScript(t *testing.T, vars ...string) ([]byte, error) {
+	t.Helper()
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command("bash", "deploy.sh", "render")
+	cmd.Env = append([]string{"PATH=" + os.Getenv("PATH"), "HOME=" + t.TempDir(),
+		"KUBECTL=no-kubectl-in-this-test", "KUSTOMIZE=" + self, "DEPLOY_TEST_KUSTOMIZE=1"}, vars...)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return stderr.Bytes(), err
+	}
+	return out, nil
 }
 
 func asJSON(v any) string {
@@ -121,18 +286,577 @@ func asJSON(v any) string {
 	return string(b)
 }
 
-// TestHelmMatchesKustomize renders both with their defaults and compares
-// the parts of the DaemonSet that must not drift apart.
-func TestHelmMatchesKustomize(t *testing.T) {
-	k := kustomizeRender(t)
-	h, cms := helmRender(t)
-	if len(cms) != 0 {
-		t.Errorf("the chart renders %d ConfigMaps without a config, want none", len(cms))
+// TestModes: each mode renders its objects and no others, cluster-wide
+// objects carry no namespace, and the driver's objects refer to each other.
+func TestModes(t *testing.T) {
+	for _, r := range renderers() {
+		for _, mode := range modes {
+			t.Run(r.name+"/"+mode, func(t *testing.T) {
+				o := r.render(t, mode)
+				dp, drv := o.daemonSet(t, pluginContainer), o.daemonSet(t, driverContainer)
+				if (dp != nil) != (mode != "dra") {
+					t.Errorf("device plugin DaemonSet rendered: %v, want %v", dp != nil, mode != "dra")
+				}
+				if (drv != nil) != (mode != "device-plugin") {
+					t.Errorf("DRA driver DaemonSet rendered: %v, want %v", drv != nil, mode != "device-plugin")
+				}
+				n := 0
+				if mode != "device-plugin" {
+					n = 1
+				}
+				for _, c := range []struct {
+					kind string
+					got  int
+				}{
+					{"ServiceAccount", len(o.ServiceAccounts)},
+					{"ClusterRole", len(o.ClusterRoles)},
+					{"ClusterRoleBinding", len(o.ClusterRoleBindings)},
+					{"ValidatingAdmissionPolicy", len(o.Policies)},
+					{"ValidatingAdmissionPolicyBinding", len(o.PolicyBindings)},
+					{"DeviceClass", len(o.DeviceClasses)},
+				} {
+					if c.got != n {
+						t.Errorf("%d %s rendered, want %d", c.got, c.kind, n)
+					}
+				}
+				// kustomize's built-in schema does not know DeviceClass and
+				// the admission policies to be cluster-scoped: a namespace
+				// transformer over them would give them one.
+				for _, m := range clusterWide(o) {
+					if m.ns != "" {
+						t.Errorf("%s %s has namespace %q", m.kind, m.name, m.ns)
+					}
+				}
+				for _, ds := range o.DaemonSets {
+					if r.name != "helm" && ds.Namespace != r.namespace {
+						t.Errorf("DaemonSet %s in namespace %q, want %q", ds.Name, ds.Namespace, r.namespace)
+					}
+				}
+				if drv == nil {
+					return
+				}
+				sa, crb, vap, vapb := o.ServiceAccounts[0], o.ClusterRoleBindings[0], o.Policies[0], o.PolicyBindings[0]
+				if got := drv.Spec.Template.Spec.ServiceAccountName; got != sa.Name || got != r.account {
+					t.Errorf("driver's serviceAccountName %q, ServiceAccount %q, want %q", got, sa.Name, r.account)
+				}
+				want := []rbacv1.Subject{{Kind: "ServiceAccount", Name: r.account, Namespace: r.namespace}}
+				if !equality.Semantic.DeepEqual(crb.Subjects, want) {
+					t.Errorf("ClusterRoleBinding subjects %s, want %s", asJSON(crb.Subjects), asJSON(want))
+				}
+				if crb.RoleRef.Kind != "ClusterRole" || crb.RoleRef.Name != o.ClusterRoles[0].Name {
+					t.Errorf("ClusterRoleBinding refers to %s, not to the ClusterRole %s", asJSON(crb.RoleRef), o.ClusterRoles[0].Name)
+				}
+				if vapb.Spec.PolicyName != vap.Name {
+					t.Errorf("the policy binding names policy %q, not %q", vapb.Spec.PolicyName, vap.Name)
+				}
+			})
+		}
+	}
+}
+
+type objMeta struct{ kind, name, ns string }
+
+func clusterWide(o *objects) []objMeta {
+	var ms []objMeta
+	for _, x := range o.ClusterRoles {
+		ms = append(ms, objMeta{"ClusterRole", x.Name, x.Namespace})
+	}
+	for _, x := range o.ClusterRoleBindings {
+		ms = append(ms, objMeta{"ClusterRoleBinding", x.Name, x.Namespace})
+	}
+	for _, x := range o.Policies {
+		ms = append(ms, objMeta{"ValidatingAdmissionPolicy", x.Name, x.Namespace})
+	}
+	for _, x := range o.PolicyBindings {
+		ms = append(ms, objMeta{"ValidatingAdmissionPolicyBinding", x.Name, x.Namespace})
+	}
+	for _, x := range o.DeviceClasses {
+		ms = append(ms, objMeta{"DeviceClass", x.Name, x.Namespace})
+	}
+	return ms
+}
+
+// TestDriverRBAC: the driver's account may do what the driver needs and
+// nothing more.
+func TestDriverRBAC(t *testing.T) {
+	want := []rbacv1.PolicyRule{
+		{APIGroups: []string{"resource.k8s.io"}, Resources: []string{"resourceslices"}, Verbs: []string{"get", "list", "watch", "create", "update", "patch", "delete"}},
+		{APIGroups: []string{"resource.k8s.io"}, Resources: []string{"resourceclaims"}, Verbs: []string{"get", "list", "watch"}},
+		{APIGroups: []string{""}, Resources: []string{"nodes"}, Verbs: []string{"get", "list", "watch"}},
+	}
+	for _, r := range renderers() {
+		t.Run(r.name, func(t *testing.T) {
+			o := r.render(t, "dra")
+			if len(o.ClusterRoles) != 1 {
+				t.Fatalf("%d ClusterRoles", len(o.ClusterRoles))
+			}
+			if got := o.ClusterRoles[0].Rules; !equality.Semantic.DeepEqual(got, want) {
+				t.Errorf("rules %s\nwant %s", asJSON(got), asJSON(want))
+			}
+			if sa := o.ServiceAccounts[0]; sa.AutomountServiceAccountToken == nil || *sa.AutomountServiceAccountToken {
+				t.Errorf("the ServiceAccount mounts its token into every pod that uses it; only the driver's pod should ask for it")
+			}
+		})
+	}
+}
+
+// disjoint: no node can carry labels that both selectors select (a key
+// both name, with two values).
+func disjoint(a, b map[string]string) bool {
+	for k, v := range a {
+		if w, ok := b[k]; ok && w != v {
+			return true
+		}
+	}
+	return false
+}
+
+// TestPerNodeSelectors: in per-node mode each DaemonSet runs only on the
+// nodes labelled for it, and no node runs both; in the other modes the
+// DaemonSet runs on every node.
+func TestPerNodeSelectors(t *testing.T) {
+	for _, r := range renderers() {
+		for _, mode := range modes {
+			t.Run(r.name+"/"+mode, func(t *testing.T) {
+				o := r.render(t, mode)
+				for _, c := range []struct {
+					container, value string
+				}{{pluginContainer, "device-plugin"}, {driverContainer, "dra"}} {
+					ds := o.daemonSet(t, c.container)
+					if ds == nil {
+						continue
+					}
+					sel := ds.Spec.Template.Spec.NodeSelector
+					if mode == "per-node" && (len(sel) != 1 || sel[modeLabel] != c.value) {
+						t.Errorf("%s nodeSelector %v, want {%s: %s}", c.container, sel, modeLabel, c.value)
+					}
+					if mode != "per-node" && len(sel) != 0 {
+						t.Errorf("%s nodeSelector %v in mode %s, want none", c.container, sel, mode)
+					}
+					if ds.Spec.Template.Spec.Affinity != nil {
+						t.Errorf("%s has an affinity, which would narrow the nodes further: %s", c.container, asJSON(ds.Spec.Template.Spec.Affinity))
+					}
+				}
+				if mode != "per-node" {
+					return
+				}
+				a := o.daemonSet(t, pluginContainer).Spec.Template.Spec.NodeSelector
+				b := o.daemonSet(t, driverContainer).Spec.Template.Spec.NodeSelector
+				if !disjoint(a, b) {
+					t.Errorf("a node can match both %v and %v", a, b)
+				}
+			})
+		}
+	}
+	// The chart's own nodeSelector narrows both; the mode label stays.
+	t.Run("helm/per-node/nodeSelector", func(t *testing.T) {
+		o := helmRender(t, "--set", "mode=per-node", "--set", "nodeSelector.gpu=yes", "--set", "nodeSelector.cdi-device-plugin/mode=both")
+		for _, c := range []struct{ container, value string }{{pluginContainer, "device-plugin"}, {driverContainer, "dra"}} {
+			want := map[string]string{"gpu": "yes", modeLabel: c.value}
+			if got := o.daemonSet(t, c.container).Spec.Template.Spec.NodeSelector; !equality.Semantic.DeepEqual(got, want) {
+				t.Errorf("%s nodeSelector %v, want %v", c.container, got, want)
+			}
+		}
+	})
+}
+
+// pluginDir is the driver's own directory below the kubelet's plugins
+// directory: its dra.sock goes there.
+func pluginDir(driver string) string { return "/var/lib/kubelet/plugins/" + driver }
+
+// checkDriver checks the DRA driver's DaemonSet against what the driver
+// needs and no more, for the driver named driver: its binary, flags, env,
+// probes, host paths (each mounted at its own path: the driver tells the
+// kubelet host paths) and the device plugin's unprivileged security
+// context, given as dp.
+func checkDriver(t *testing.T, ds *appsv1.DaemonSet, driver string, dp *corev1.Container, config bool) {
+	t.Helper()
+	ps := &ds.Spec.Template.Spec
+	c := &ps.Containers[0]
+	if !slices.Equal(c.Command, []string{"/cdi-dra-driver"}) {
+		t.Errorf("command %q, want the image's second binary /cdi-dra-driver", c.Command)
+	}
+	if want := []string{"--kubelet-registrar-dir=/var/lib/kubelet/plugins_registry", "--kubelet-plugins-dir=/var/lib/kubelet/plugins"}; !slices.Equal(c.Args, want) {
+		t.Errorf("args %q, want %q", c.Args, want)
+	}
+	if ps.AutomountServiceAccountToken == nil || !*ps.AutomountServiceAccountToken || ps.ServiceAccountName == "" {
+		t.Errorf("the driver needs its service account's token (in-cluster client): automount %v, account %q", ps.AutomountServiceAccountToken, ps.ServiceAccountName)
+	}
+	if ps.HostNetwork || ps.HostPID || ps.HostIPC {
+		t.Errorf("host namespaces: network %v, pid %v, ipc %v", ps.HostNetwork, ps.HostPID, ps.HostIPC)
+	}
+	// The same unprivileged context as the device plugin's: CAP_MKNOD for
+	// the simulated device nodes, nothing else.
+	if !equality.Semantic.DeepEqual(c.SecurityContext, dp.SecurityContext) {
+		t.Errorf("securityContext %s\nwant the device plugin's %s", asJSON(c.SecurityContext), asJSON(dp.SecurityContext))
+	}
+	if ps.SecurityContext == nil || ps.SecurityContext.SeccompProfile == nil || ps.SecurityContext.SeccompProfile.Type != corev1.SeccompProfileTypeRuntimeDefault {
+		t.Errorf("pod securityContext %s, want seccomp RuntimeDefault", asJSON(ps.SecurityContext))
+	}
+
+	env := map[string]corev1.EnvVar{}
+	for _, e := range c.Env {
+		if _, dup := env[e.Name]; dup {
+			t.Errorf("env %s set twice", e.Name)
+		}
+		env[e.Name] = e
+	}
+	for name, field := range map[string]string{"NODE_NAME": "spec.nodeName", "POD_NAMESPACE": "metadata.namespace"} {
+		if e := env[name]; e.ValueFrom == nil || e.ValueFrom.FieldRef == nil || e.ValueFrom.FieldRef.FieldPath != field {
+			t.Errorf("env %s = %s, want the downward API's %s", name, asJSON(e), field)
+		}
+	}
+	wantEnv := map[string]string{
+		"DRIVER_NAME":          driver,
+		"CDI_DIR":              "/var/run/cdi",
+		"DEV_ROOT":             "/dev",
+		"STATE_DIR":            "/var/lib/cdi-device-plugin",
+		"POD_RESOURCES_SOCKET": "/var/lib/kubelet/pod-resources/kubelet.sock",
+		"METRICS_ADDRESS":      ":9400",
+	}
+	if config {
+		wantEnv["CONFIG_FILE"] = "/etc/cdi-device-plugin/config.yaml"
+	}
+	for k, v := range wantEnv {
+		if got, ok := env[k]; !ok || got.Value != v {
+			t.Errorf("env %s = %q (set: %v), want %q", k, got.Value, ok, v)
+		}
+	}
+	if _, ok := env["DEVICE_PLUGIN_DIR"]; ok {
+		t.Errorf("the driver is given the device plugin directory")
+	}
+
+	if len(c.Ports) != 1 || c.Ports[0].Name != "metrics" || c.Ports[0].ContainerPort != 9400 || c.Ports[0].HostPort != 0 {
+		t.Errorf("ports %s, want metrics 9400 (no host port)", asJSON(c.Ports))
+	}
+	for _, p := range []struct {
+		name  string
+		probe *corev1.Probe
+		path  string
+	}{{"liveness", c.LivenessProbe, "/healthz"}, {"readiness", c.ReadinessProbe, "/readyz"}} {
+		if p.probe == nil || p.probe.HTTPGet == nil || p.probe.HTTPGet.Path != p.path || p.probe.HTTPGet.Port.String() != "metrics" {
+			t.Errorf("%s probe %s, want GET %s on port metrics", p.name, asJSON(p.probe), p.path)
+		}
+	}
+
+	volumes := map[string]corev1.Volume{}
+	for _, v := range ps.Volumes {
+		volumes[v.Name] = v
+	}
+	type mount struct {
+		hostType corev1.HostPathType
+		readOnly bool
+	}
+	want := map[string]mount{
+		"/var/lib/kubelet/plugins_registry": {corev1.HostPathDirectory, false},
+		pluginDir(driver):                   {corev1.HostPathDirectoryOrCreate, false},
+		"/var/lib/kubelet/pod-resources":    {"", true},
+		"/var/run/cdi":                      {corev1.HostPathDirectoryOrCreate, false},
+		"/dev":                              {corev1.HostPathDirectory, false},
+		"/var/lib/cdi-device-plugin":        {corev1.HostPathDirectoryOrCreate, false},
+	}
+	got := map[string]bool{}
+	for _, m := range c.VolumeMounts {
+		got[m.MountPath] = true
+		v, ok := volumes[m.Name]
+		if !ok {
+			t.Errorf("mount %s names no volume %q", m.MountPath, m.Name)
+			continue
+		}
+		if config && m.MountPath == "/etc/cdi-device-plugin" {
+			if v.ConfigMap == nil || !m.ReadOnly {
+				t.Errorf("the config mount %s is not a read-only ConfigMap: %s", asJSON(m), asJSON(v))
+			}
+			continue
+		}
+		w, ok := want[m.MountPath]
+		if !ok {
+			t.Errorf("unexpected mount %s (volume %s)", m.MountPath, asJSON(v))
+			continue
+		}
+		if v.HostPath == nil || v.HostPath.Path != m.MountPath {
+			t.Errorf("mount %s is not the host's %s: %s", m.MountPath, m.MountPath, asJSON(v))
+			continue
+		}
+		var typ corev1.HostPathType
+		if v.HostPath.Type != nil {
+			typ = *v.HostPath.Type
+		}
+		if typ != w.hostType || m.ReadOnly != w.readOnly {
+			t.Errorf("mount %s: type %q read-only %v, want %q %v", m.MountPath, typ, m.ReadOnly, w.hostType, w.readOnly)
+		}
+	}
+	for p := range want {
+		if !got[p] {
+			t.Errorf("%s is not mounted", p)
+		}
+	}
+	if config && !got["/etc/cdi-device-plugin"] {
+		t.Errorf("the config is not mounted")
+	}
+	if len(ps.Volumes) != len(c.VolumeMounts) {
+		t.Errorf("%d volumes for %d mounts", len(ps.Volumes), len(c.VolumeMounts))
+	}
+	if u := ds.Spec.UpdateStrategy.RollingUpdate; u == nil || u.MaxSurge == nil || u.MaxSurge.IntValue() != 0 {
+		t.Errorf("update strategy %s: two drivers on one node would share its sockets; want maxSurge 0", asJSON(ds.Spec.UpdateStrategy))
+	}
+}
+
+// devicePluginContainer is deploy/base's container, the reference for the
+// security context.
+func devicePluginContainer(t *testing.T) *corev1.Container {
+	t.Helper()
+	ds := kustomizeRender(t, "base").daemonSet(t, pluginContainer)
+	if ds == nil {
+		t.Fatal("deploy/base renders no device plugin")
+	}
+	return &ds.Spec.Template.Spec.Containers[0]
+}
+
+// TestDriverDaemonSet: the DRA driver's DaemonSet in modes dra and
+// per-node, with the default resource and with others: the driver's name,
+// and the directory named after it, follow the resource.
+func TestDriverDaemonSet(t *testing.T) {
+	dp := devicePluginContainer(t)
+	for _, r := range renderers() {
+		for _, mode := range []string{"dra", "per-node"} {
+			t.Run(r.name+"/"+mode, func(t *testing.T) {
+				checkDriver(t, r.render(t, mode).daemonSet(t, driverContainer), defaultDriver, dp, false)
+			})
+		}
+	}
+	for _, c := range []struct {
+		name, driver string
+		config       bool
+		render       func(t *testing.T) *objects
+	}{
+		{"deploy.sh/RESOURCE_NAME", "sim.e2e.cdi.dev", false, func(t *testing.T) *objects {
+			return renderers()[1].render(t, "per-node", "RESOURCE_NAME=e2e.cdi.dev/sim")
+		}},
+		{"deploy.sh/DRIVER_NAME", "gpu.example.com", false, func(t *testing.T) *objects {
+			return renderers()[1].render(t, "dra", "RESOURCE_NAME=e2e.cdi.dev/sim", "DRIVER_NAME=gpu.example.com")
+		}},
+		{"deploy.sh/PLUGIN_CONFIG", "sim.example.com", true, func(t *testing.T) *objects {
+			return renderers()[1].render(t, "dra", "PLUGIN_CONFIG=testdata/config.yaml", "DRA_RESOURCES=example.com/sim")
+		}},
+		{"helm/env.RESOURCE_NAME", "sim.e2e.cdi.dev", false, func(t *testing.T) *objects {
+			return renderers()[2].render(t, "per-node", "--set", "env.RESOURCE_NAME=e2e.cdi.dev/sim")
+		}},
+		{"helm/dra.driverName", "gpu.example.com", false, func(t *testing.T) *objects {
+			return renderers()[2].render(t, "dra", "--set", "env.RESOURCE_NAME=e2e.cdi.dev/sim", "--set", "dra.driverName=gpu.example.com")
+		}},
+		{"helm/config", "sim.example.com", true, func(t *testing.T) *objects {
+			return renderers()[2].render(t, "dra", "--set-file", "config=testdata/config.yaml")
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			checkDriver(t, c.render(t).daemonSet(t, driverContainer), c.driver, dp, c.config)
+		})
+	}
+}
+
+// celFor is the DeviceClass selector for resource's devices of driver.
+func celFor(driver, resource string) string {
+	return fmt.Sprintf(`device.driver == %q && device.attributes[%q].resource == %q`, driver, driver, resource)
+}
+
+type class struct {
+	name, cel, extended string // extended: "" for none
+}
+
+func classes(t *testing.T, o *objects) []class {
+	t.Helper()
+	var cs []class
+	for _, dc := range o.DeviceClasses {
+		if len(dc.Spec.Selectors) != 1 || dc.Spec.Selectors[0].CEL == nil {
+			t.Fatalf("DeviceClass %s: selectors %s, want one CEL selector", dc.Name, asJSON(dc.Spec.Selectors))
+		}
+		if len(dc.Spec.Config) != 0 {
+			t.Errorf("DeviceClass %s has config", dc.Name)
+		}
+		c := class{name: dc.Name, cel: dc.Spec.Selectors[0].CEL.Expression}
+		if dc.Spec.ExtendedResourceName != nil {
+			c.extended = *dc.Spec.ExtendedResourceName
+		}
+		cs = append(cs, c)
+	}
+	sort.Slice(cs, func(i, j int) bool { return cs[i].name < cs[j].name })
+	return cs
+}
+
+// noExtendedResource renders deploy/modes/dra with the component that
+// leaves out extendedResourceName, from an overlay as a user writes it.
+func noExtendedResource(t *testing.T) *objects {
+	t.Helper()
+	wd, err := os.Getwd()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir, err := filepath.EvalSymlinks(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	// kustomize takes other kustomizations by relative path only.
+	rel, err := filepath.Rel(dir, wd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := fmt.Sprintf("resources:\n  - %s/modes/dra\ncomponents:\n  - %s/components/no-extended-resource\n", rel, rel)
+	if err := os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(k), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return kustomizeRender(t, dir)
+}
+
+// TestDeviceClasses: one DeviceClass per resource, named <class>.<domain>,
+// selecting the driver's devices of that resource, with the resource as
+// extendedResourceName unless turned off; the driver it selects is the one
+// the DaemonSet runs.
+func TestDeviceClasses(t *testing.T) {
+	def := class{defaultDriver, celFor(defaultDriver, defaultResource), defaultResource}
+	sim := class{"sim.e2e.cdi.dev", celFor("sim.e2e.cdi.dev", "e2e.cdi.dev/sim"), "e2e.cdi.dev/sim"}
+	noExt := func(c class) class { c.extended = ""; return c }
+	deploySh, helmR := renderers()[1], renderers()[2]
+	for _, c := range []struct {
+		name   string
+		render func(t *testing.T) *objects
+		want   []class
+	}{
+		{"kustomize", func(t *testing.T) *objects { return kustomizeRender(t, "modes/dra") }, []class{def}},
+		{"kustomize/per-node", func(t *testing.T) *objects { return kustomizeRender(t, "modes/per-node") }, []class{def}},
+		{"kustomize/no-extended-resource", noExtendedResource, []class{noExt(def)}},
+		{"deploy.sh", func(t *testing.T) *objects { return deploySh.render(t, "dra") }, []class{def}},
+		{"deploy.sh/RESOURCE_NAME", func(t *testing.T) *objects {
+			return deploySh.render(t, "per-node", "RESOURCE_NAME=e2e.cdi.dev/sim")
+		}, []class{sim}},
+		{"deploy.sh/DRA_EXTENDED_RESOURCE=false", func(t *testing.T) *objects {
+			return deploySh.render(t, "dra", "RESOURCE_NAME=e2e.cdi.dev/sim", "DRA_EXTENDED_RESOURCE=false")
+		}, []class{noExt(sim)}},
+		{"deploy.sh/DRA_RESOURCES", func(t *testing.T) *objects {
+			return deploySh.render(t, "dra", "PLUGIN_CONFIG=testdata/config.yaml", "DRA_RESOURCES=example.com/sim,example.com/fpga", "DRIVER_NAME=cdp.example.com")
+		}, []class{
+			{"fpga.example.com", celFor("cdp.example.com", "example.com/fpga"), "example.com/fpga"},
+			{"sim.example.com", celFor("cdp.example.com", "example.com/sim"), "example.com/sim"},
+		}},
+		{"helm", func(t *testing.T) *objects { return helmR.render(t, "dra") }, []class{def}},
+		{"helm/env.RESOURCE_NAME", func(t *testing.T) *objects {
+			return helmR.render(t, "per-node", "--set", "env.RESOURCE_NAME=e2e.cdi.dev/sim")
+		}, []class{sim}},
+		{"helm/extendedResourceName=false", func(t *testing.T) *objects {
+			return helmR.render(t, "dra", "--set", "env.RESOURCE_NAME=e2e.cdi.dev/sim", "--set", "dra.extendedResourceName=false")
+		}, []class{noExt(sim)}},
+		{"helm/config", func(t *testing.T) *objects {
+			return helmR.render(t, "dra", "--set-file", "config=testdata/config.yaml")
+		}, []class{{"sim.example.com", celFor("sim.example.com", "example.com/sim"), "example.com/sim"}}},
+		{"helm/resourceNames", func(t *testing.T) *objects {
+			return helmR.render(t, "dra", "--set-file", "config=testdata/config.yaml",
+				"--set", "dra.resourceNames={example.com/sim,example.com/fpga}", "--set", "dra.driverName=cdp.example.com")
+		}, []class{
+			{"fpga.example.com", celFor("cdp.example.com", "example.com/fpga"), "example.com/fpga"},
+			{"sim.example.com", celFor("cdp.example.com", "example.com/sim"), "example.com/sim"},
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			o := c.render(t)
+			if got := classes(t, o); !slices.Equal(got, c.want) {
+				t.Errorf("DeviceClasses\n%+v\nwant\n%+v", got, c.want)
+			}
+			// The classes select the driver that runs.
+			ds := o.daemonSet(t, driverContainer)
+			driver := ""
+			for _, e := range ds.Spec.Template.Spec.Containers[0].Env {
+				if e.Name == "DRIVER_NAME" {
+					driver = e.Value
+				}
+			}
+			for _, dc := range c.want {
+				if !strings.HasPrefix(dc.cel, fmt.Sprintf("device.driver == %q ", driver)) {
+					t.Errorf("DeviceClass %s selects another driver than DRIVER_NAME=%q", dc.name, driver)
+				}
+			}
+		})
+	}
+}
+
+// The admission policy's expressions; deploy/README.md explains them.
+var (
+	policyVariables = []admissionv1.Variable{
+		{Name: "podNode", Expression: `request.userInfo.?extra[?"authentication.kubernetes.io/node-name"][?0].orValue("")`},
+		{Name: "newNode", Expression: `request.operation == "DELETE" ? "" : object.spec.?nodeName.orValue("")`},
+		{Name: "oldNode", Expression: `request.operation == "CREATE" ? "" : oldObject.spec.?nodeName.orValue("")`},
+	}
+	policyValidations = []string{
+		`variables.podNode != ""`,
+		`request.operation == "DELETE" || variables.newNode == variables.podNode`,
+		`request.operation == "CREATE" || variables.oldNode == variables.podNode`,
+	}
+)
+
+// TestAdmissionPolicy: the driver's account may create, update and delete
+// only ResourceSlices whose spec.nodeName is the node its token names, before
+// and after the write. The kustomize directories match the account by name
+// in any namespace (a namespace overlay cannot rewrite a CEL string), the
+// chart by its exact username.
+func TestAdmissionPolicy(t *testing.T) {
+	for _, r := range renderers() {
+		t.Run(r.name, func(t *testing.T) {
+			o := r.render(t, "dra")
+			if len(o.Policies) != 1 || len(o.PolicyBindings) != 1 {
+				t.Fatalf("%d policies, %d bindings", len(o.Policies), len(o.PolicyBindings))
+			}
+			p, b := o.Policies[0].Spec, o.PolicyBindings[0].Spec
+			if p.FailurePolicy == nil || *p.FailurePolicy != admissionv1.Fail {
+				t.Errorf("failurePolicy %v, want Fail", p.FailurePolicy)
+			}
+			if !slices.Equal(b.ValidationActions, []admissionv1.ValidationAction{admissionv1.Deny}) || b.MatchResources != nil || b.ParamRef != nil {
+				t.Errorf("binding %s, want Deny for every ResourceSlice", asJSON(b))
+			}
+			wantRules := []admissionv1.NamedRuleWithOperations{{RuleWithOperations: admissionv1.RuleWithOperations{
+				Operations: []admissionv1.OperationType{admissionv1.Create, admissionv1.Update, admissionv1.Delete},
+				Rule:       admissionv1.Rule{APIGroups: []string{"resource.k8s.io"}, APIVersions: []string{"*"}, Resources: []string{"resourceslices"}},
+			}}}
+			if p.MatchConstraints == nil || !equality.Semantic.DeepEqual(p.MatchConstraints.ResourceRules, wantRules) {
+				t.Errorf("matchConstraints %s", asJSON(p.MatchConstraints))
+			}
+			user := `request.userInfo.username.startsWith("system:serviceaccount:") && request.userInfo.username.endsWith(":cdi-dra-driver")`
+			if r.name == "helm" {
+				user = `request.userInfo.username == "system:serviceaccount:ns:r-dra-driver"`
+			}
+			if len(p.MatchConditions) != 1 || p.MatchConditions[0].Expression != user {
+				t.Errorf("matchConditions %s, want %s", asJSON(p.MatchConditions), user)
+			}
+			if !strings.Contains(user, ":"+o.daemonSet(t, driverContainer).Spec.Template.Spec.ServiceAccountName+`"`) {
+				t.Errorf("the policy does not match the driver's account %s", o.daemonSet(t, driverContainer).Spec.Template.Spec.ServiceAccountName)
+			}
+			if !equality.Semantic.DeepEqual(p.Variables, policyVariables) {
+				t.Errorf("variables %s", asJSON(p.Variables))
+			}
+			var got []string
+			for _, v := range p.Validations {
+				got = append(got, v.Expression)
+				if v.Message == "" && v.MessageExpression == "" {
+					t.Errorf("validation %q says nothing when it refuses", v.Expression)
+				}
+			}
+			if !slices.Equal(got, policyValidations) {
+				t.Errorf("validations %q\nwant %q", got, policyValidations)
+			}
+		})
+	}
+}
+
+// compareDaemonSets compares the parts of two renders' DaemonSets that
+// must not drift apart.
+func compareDaemonSets(t *testing.T, what string, k, h *appsv1.DaemonSet) {
+	t.Helper()
+	if (k == nil) != (h == nil) {
+		t.Errorf("%s: rendered by kustomize %v, by helm %v", what, k != nil, h != nil)
+		return
+	}
+	if k == nil {
+		return
 	}
 	kp, hp := &k.Spec.Template.Spec, &h.Spec.Template.Spec
-	if len(kp.Containers) != 1 || len(hp.Containers) != 1 {
-		t.Fatalf("containers: kustomize %d, helm %d, want 1", len(kp.Containers), len(hp.Containers))
-	}
 	kc, hc := &kp.Containers[0], &hp.Containers[0]
 	for _, f := range []struct {
 		name string
@@ -140,6 +864,8 @@ func TestHelmMatchesKustomize(t *testing.T) {
 	}{
 		{"pod securityContext", kp.SecurityContext, hp.SecurityContext},
 		{"container securityContext", kc.SecurityContext, hc.SecurityContext},
+		{"command", kc.Command, hc.Command},
+		{"args", kc.Args, hc.Args},
 		{"volumes", kp.Volumes, hp.Volumes},
 		{"volumeMounts", kc.VolumeMounts, hc.VolumeMounts},
 		{"livenessProbe", kc.LivenessProbe, hc.LivenessProbe},
@@ -157,23 +883,210 @@ func TestHelmMatchesKustomize(t *testing.T) {
 		{"pod annotations", k.Spec.Template.Annotations, h.Spec.Template.Annotations},
 	} {
 		if !equality.Semantic.DeepEqual(f.k, f.h) {
-			t.Errorf("%s differ:\nkustomize: %s\nhelm:      %s", f.name, asJSON(f.k), asJSON(f.h))
+			t.Errorf("%s: %s differ:\nkustomize: %s\nhelm:      %s", what, f.name, asJSON(f.k), asJSON(f.h))
 		}
 	}
-	// And both are what the e2e suite asserts of the running pod.
-	sc := hc.SecurityContext
-	if sc == nil || (sc.Privileged != nil && *sc.Privileged) || sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation ||
-		sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem || sc.Capabilities == nil ||
-		len(sc.Capabilities.Add) != 1 || sc.Capabilities.Add[0] != "MKNOD" {
-		t.Errorf("container securityContext is not the unprivileged one: %s", asJSON(sc))
+}
+
+// TestHelmMatchesKustomize renders each mode both ways with their defaults
+// and compares what must not drift apart.
+func TestHelmMatchesKustomize(t *testing.T) {
+	for _, mode := range modes {
+		t.Run(mode, func(t *testing.T) {
+			k := kustomizeRender(t, filepath.Join("modes", mode))
+			h := helmRender(t, "--set", "mode="+mode)
+			if len(h.ConfigMaps) != 0 {
+				t.Errorf("the chart renders %d ConfigMaps without a config, want none", len(h.ConfigMaps))
+			}
+			for _, c := range []string{pluginContainer, driverContainer} {
+				compareDaemonSets(t, c, k.daemonSet(t, c), h.daemonSet(t, c))
+			}
+			if !slices.Equal(classes(t, k), classes(t, h)) {
+				t.Errorf("DeviceClasses differ:\nkustomize: %+v\nhelm:      %+v", classes(t, k), classes(t, h))
+			}
+			if len(k.ClusterRoles) != len(h.ClusterRoles) || len(k.Policies) != len(h.Policies) ||
+				len(k.PolicyBindings) != len(h.PolicyBindings) || len(k.ServiceAccounts) != len(h.ServiceAccounts) {
+				t.Fatalf("kustomize renders %d ClusterRoles, %d policies, %d bindings, %d accounts; helm %d, %d, %d, %d",
+					len(k.ClusterRoles), len(k.Policies), len(k.PolicyBindings), len(k.ServiceAccounts),
+					len(h.ClusterRoles), len(h.Policies), len(h.PolicyBindings), len(h.ServiceAccounts))
+			}
+			for i := range k.ClusterRoles {
+				if !equality.Semantic.DeepEqual(k.ClusterRoles[i].Rules, h.ClusterRoles[i].Rules) {
+					t.Errorf("ClusterRole rules differ:\nkustomize: %s\nhelm:      %s", asJSON(k.ClusterRoles[i].Rules), asJSON(h.ClusterRoles[i].Rules))
+				}
+			}
+			for i := range k.Policies {
+				// All but whose account: see TestAdmissionPolicy.
+				kp, hp := k.Policies[i].Spec, h.Policies[i].Spec
+				kp.MatchConditions, hp.MatchConditions = nil, nil
+				if !equality.Semantic.DeepEqual(kp, hp) {
+					t.Errorf("admission policies differ:\nkustomize: %s\nhelm:      %s", asJSON(kp), asJSON(hp))
+				}
+				if !slices.Equal(k.PolicyBindings[i].Spec.ValidationActions, h.PolicyBindings[i].Spec.ValidationActions) {
+					t.Errorf("policy bindings' actions differ")
+				}
+			}
+			for i := range k.ServiceAccounts {
+				if !equality.Semantic.DeepEqual(k.ServiceAccounts[i].AutomountServiceAccountToken, h.ServiceAccounts[i].AutomountServiceAccountToken) {
+					t.Errorf("ServiceAccounts' automountServiceAccountToken differ")
+				}
+			}
+		})
+	}
+}
+
+// TestDeployScriptMatchesKustomize: deploy.sh with no settings renders
+// what the kustomize directories do, in its namespace, its cluster-wide
+// objects named after it; without MODE exactly what MODE=device-plugin
+// renders, as before modes existed.
+func TestDeployScriptMatchesKustomize(t *testing.T) {
+	for _, mode := range modes {
+		t.Run(mode, func(t *testing.T) {
+			out, err := deployScript(t, "MODE="+mode)
+			if err != nil {
+				t.Fatalf("deploy.sh render: %v\n%s", err, out)
+			}
+			d, k := decode(t, out), kustomizeRender(t, filepath.Join("modes", mode))
+			for _, c := range []string{pluginContainer, driverContainer} {
+				kd, dd := k.daemonSet(t, c), d.daemonSet(t, c)
+				if (kd == nil) != (dd == nil) {
+					t.Fatalf("%s: kustomize %v, deploy.sh %v", c, kd != nil, dd != nil)
+				}
+				// deploy.sh's patches put the entries they set first.
+				if kd != nil && !equality.Semantic.DeepEqual(sorted(kd), sorted(dd)) {
+					t.Errorf("%s differs:\nkustomize: %s\ndeploy.sh: %s", c, asJSON(kd), asJSON(dd))
+				}
+			}
+			if !slices.Equal(classes(t, k), classes(t, d)) {
+				t.Errorf("DeviceClasses differ: %+v, %+v", classes(t, k), classes(t, d))
+			}
+			km, dm := clusterWide(k), clusterWide(d)
+			if len(km) != len(dm) {
+				t.Fatalf("cluster-wide objects: kustomize %v, deploy.sh %v", km, dm)
+			}
+			for i := range km {
+				want := km[i].name
+				if km[i].kind != "DeviceClass" {
+					want += "-simple-device-plugin"
+				}
+				if dm[i].kind != km[i].kind || dm[i].name != want {
+					t.Errorf("deploy.sh renders %s %s, want %s %s", dm[i].kind, dm[i].name, km[i].kind, want)
+				}
+			}
+			if mode == "dra" {
+				return
+			}
+			if mode == "device-plugin" {
+				unset, err := deployScript(t)
+				if err != nil {
+					t.Fatalf("deploy.sh render: %v\n%s", err, unset)
+				}
+				if !bytes.Equal(unset, out) {
+					t.Errorf("without MODE deploy.sh renders\n%s\nwith MODE=device-plugin\n%s", unset, out)
+				}
+			}
+		})
+	}
+}
+
+// sorted returns a copy of ds with its env, mounts and volumes sorted,
+// whose order means nothing here (no env entry refers to another).
+func sorted(ds *appsv1.DaemonSet) *appsv1.DaemonSet {
+	ds = ds.DeepCopy()
+	ps := &ds.Spec.Template.Spec
+	for i := range ps.Containers {
+		c := &ps.Containers[i]
+		slices.SortFunc(c.Env, func(a, b corev1.EnvVar) int { return strings.Compare(a.Name, b.Name) })
+		slices.SortFunc(c.VolumeMounts, func(a, b corev1.VolumeMount) int { return strings.Compare(a.MountPath, b.MountPath) })
+	}
+	slices.SortFunc(ps.Volumes, func(a, b corev1.Volume) int { return strings.Compare(a.Name, b.Name) })
+	return ds
+}
+
+// TestDeployScriptSettings: the settings reach both DaemonSets of
+// per-node, the DRA-only ones the driver alone.
+func TestDeployScriptSettings(t *testing.T) {
+	out, err := deployScript(t, "MODE=per-node", "NAMESPACE=ns", "IMAGE=reg.example:5000/cdp:v1", "NUMBER_DEVICES=4", "ENV_PREFIX=",
+		"PLUGIN_CONFIG=testdata/config.yaml", "DRA_RESOURCES=example.com/sim", "API_SERVER_HOST=10.0.0.9", "API_SERVER_PORT=16443")
+	if err != nil {
+		t.Fatalf("deploy.sh render: %v\n%s", err, out)
+	}
+	o := decode(t, out)
+	if len(o.ConfigMaps) != 1 || !strings.HasPrefix(o.ConfigMaps[0].Name, "cdi-device-plugin-config-") {
+		t.Fatalf("ConfigMaps %s", asJSON(o.ConfigMaps))
+	}
+	for _, c := range []string{pluginContainer, driverContainer} {
+		ds := o.daemonSet(t, c)
+		ct := ds.Spec.Template.Spec.Containers[0]
+		if ct.Image != "reg.example:5000/cdp:v1" {
+			t.Errorf("%s: image %q", c, ct.Image)
+		}
+		env := map[string]string{}
+		for _, e := range ct.Env {
+			env[e.Name] = e.Value
+		}
+		want := map[string]string{"NUMBER_DEVICES": "4", "ENV_PREFIX": "", "CONFIG_FILE": "/etc/cdi-device-plugin/config.yaml"}
+		if c == driverContainer {
+			want["KUBERNETES_SERVICE_HOST"], want["KUBERNETES_SERVICE_PORT"] = "10.0.0.9", "16443"
+			want["DRIVER_NAME"] = "sim.example.com"
+		}
+		for k, v := range want {
+			if got, ok := env[k]; !ok || got != v {
+				t.Errorf("%s: env %s = %q (set: %v), want %q", c, k, got, ok, v)
+			}
+		}
+		if c == pluginContainer {
+			for _, k := range []string{"KUBERNETES_SERVICE_HOST", "DRIVER_NAME"} {
+				if _, ok := env[k]; ok {
+					t.Errorf("the device plugin gets %s", k)
+				}
+			}
+		}
+		found := false
+		for _, v := range ds.Spec.Template.Spec.Volumes {
+			found = found || (v.ConfigMap != nil && v.ConfigMap.Name == o.ConfigMaps[0].Name)
+		}
+		if !found {
+			t.Errorf("%s does not mount ConfigMap %s", c, o.ConfigMaps[0].Name)
+		}
+	}
+}
+
+// TestDeployScriptRefuses: bad settings fail before anything is rendered,
+// with a message naming the setting.
+func TestDeployScriptRefuses(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		vars []string
+		want string
+	}{
+		{"unknown mode", []string{"MODE=both"}, "MODE must be device-plugin, dra or per-node"},
+		{"config without resources", []string{"MODE=dra", "PLUGIN_CONFIG=testdata/config.yaml"}, "set DRA_RESOURCES"},
+		{"not a resource", []string{"MODE=dra", `DRA_RESOURCES=example.com/a,"x`}, `'"x'`},
+		{"class not a DNS name", []string{"MODE=per-node", "RESOURCE_NAME=example.com/Sim"}, "not a DNS subdomain"},
+		{"resource twice", []string{"MODE=dra", "DRA_RESOURCES=example.com/a,example.com/a"}, "listed twice"},
+		{"bad driver", []string{"MODE=dra", "DRIVER_NAME=a_b"}, "invalid driver name"},
+		{"extended resource", []string{"MODE=dra", "DRA_EXTENDED_RESOURCE=yes"}, "DRA_EXTENDED_RESOURCE must be true or false"},
+		{"host without port", []string{"MODE=dra", "API_SERVER_HOST=10.0.0.1"}, "API_SERVER_HOST and API_SERVER_PORT go together"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			out, err := deployScript(t, c.vars...)
+			if err == nil {
+				t.Fatalf("deploy.sh rendered:\n%s", out)
+			}
+			if !strings.Contains(string(out), c.want) {
+				t.Errorf("deploy.sh failed without saying %q:\n%s", c.want, out)
+			}
+		})
 	}
 }
 
 // TestHelmValues: the values the chart documents reach the DaemonSet.
 func TestHelmValues(t *testing.T) {
-	h, cms := helmRender(t, "--set", "image.repository=reg.example/cdp", "--set", "image.tag=v1",
+	o := helmRender(t, "--set", "image.repository=reg.example/cdp", "--set", "image.tag=v1",
 		"--set-string", "env.NUMBER_DEVICES=8", "--set", "nodeSelector.gpu=yes",
 		"--set", "resources.requests.memory=64Mi", "--set-file", "config=testdata/config.yaml")
+	h, cms := o.daemonSet(t, pluginContainer), o.ConfigMaps
 	c := &h.Spec.Template.Spec.Containers[0]
 	if c.Image != "reg.example/cdp:v1" {
 		t.Errorf("image %q", c.Image)
@@ -207,11 +1120,40 @@ func TestHelmValues(t *testing.T) {
 	}
 }
 
-// TestHelmLint: helm lint passes on the chart.
+// TestHelmRefuses: bad values fail the render with a message naming them.
+func TestHelmRefuses(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"unknown mode", []string{"--set", "mode=both"}, "mode must be device-plugin, dra or per-node"},
+		{"class not a DNS name", []string{"--set", "mode=dra", "--set", "env.RESOURCE_NAME=example.com/Sim"}, "not a DNS subdomain"},
+		{"bad driver", []string{"--set", "mode=dra", "--set", "dra.driverName=a_b"}, "invalid driver name"},
+		{"config not YAML", []string{"--set", "mode=dra", "--set", "config=[: x"}, "config is not YAML"},
+		{"host without port", []string{"--set", "mode=dra", "--set", "dra.apiServer.host=10.0.0.1"}, "set host and port together"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			out, err := helmTemplate(t, c.args...)
+			if err == nil {
+				t.Fatalf("helm template rendered:\n%s", out)
+			}
+			if !strings.Contains(string(out), c.want) {
+				t.Errorf("helm template failed without saying %q:\n%s", c.want, out)
+			}
+		})
+	}
+}
+
+// TestHelmLint: helm lint passes on the chart, in every mode.
 func TestHelmLint(t *testing.T) {
 	h := helm(t)
-	out, err := exec.Command(h, "lint", "--strict", filepath.Join("helm", "cdi-device-plugin")).CombinedOutput()
-	if err != nil {
-		t.Fatalf("helm lint: %v\n%s", err, out)
+	for _, mode := range modes {
+		t.Run(mode, func(t *testing.T) {
+			out, err := exec.Command(h, "lint", "--strict", filepath.Join("helm", "cdi-device-plugin"), "--set", "mode="+mode).CombinedOutput()
+			if err != nil {
+				t.Fatalf("helm lint: %v\n%s", err, out)
+			}
+		})
 	}
 }

@@ -3,8 +3,8 @@
 # Source it after setting LOG_TAG (the tag of log lines). It sets REPO (the
 # repository root), E2E_CACHE (where built components are cached), the
 # pinned versions of e2e/versions.env (a variable already set in the
-# environment wins), and defines log, die, k8s_wrapper, k8s_build and
-# run_suite.
+# environment wins), and defines log, die, feature_gates_yaml, k8s_wrapper,
+# k8s_build and run_suite.
 
 REPO=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd -P)
 E2E_CACHE=${E2E_CACHE:-${XDG_CACHE_HOME:-${HOME}/.cache}/cdi-device-plugin-e2e}
@@ -18,6 +18,19 @@ while IFS='=' read -r _name _value; do
 	[[ -n ${!_name:-} ]] || printf -v "${_name}" '%s' "${_value}"
 done <"${REPO}/e2e/versions.env"
 unset _name _value
+
+# feature_gates_yaml INDENT: FEATURE_GATES (Name=true,Other=false) as the
+# lines of a YAML map, each indented by INDENT (KubeletConfiguration's and
+# kind's featureGates); a malformed entry dies.
+feature_gates_yaml() {
+	local indent=$1 gate gates
+	IFS=, read -r -a gates <<<"${FEATURE_GATES}"
+	((${#gates[@]} > 0)) || die "FEATURE_GATES is empty"
+	for gate in "${gates[@]}"; do
+		[[ ${gate} =~ ^[A-Za-z][A-Za-z0-9]*=(true|false)$ ]] || die "FEATURE_GATES: '${gate}' is not Name=true or Name=false"
+		printf '%s%s: %s\n' "${indent}" "${gate%%=*}" "${gate#*=}"
+	done
+}
 
 # log MSG...: a progress line on stderr, tagged with LOG_TAG and the time.
 log() { printf '[%s %s] %s\n' "${LOG_TAG:-${0##*/}}" "$(date +%T)" "$*" >&2; }

@@ -259,8 +259,17 @@ have_or_pull() {
 
 # kind_config: the effective cluster config in the work directory.
 kind_config() {
-	local out=${work_dir}/kind-config.yaml cgroup
+	local out=${work_dir}/kind-config.yaml cgroup gates
 	sed "s#^\([[:space:]]*image:[[:space:]]*\).*#\1${node_image}#" "${script_dir}/kind-config.yaml" >"${out}"
+	grep -q '^featureGates:' "${out}" && die "kind-config.yaml has featureGates: set FEATURE_GATES in e2e/versions.env instead"
+	gates=$(feature_gates_yaml "  ") || exit 1
+	cat >>"${out}" <<EOF
+# Added by run.sh: FEATURE_GATES of e2e/versions.env, which kind hands to the
+# API server, controller manager, scheduler, kubelet and kube-proxy (the
+# local node's components get the same, from e2e/local/cluster.sh).
+featureGates:
+${gates}
+EOF
 	if [[ ${mode} == local ]]; then
 		grep -q '^networking:' "${out}" && die "kind-config.yaml has a networking section: merge disableDefaultCNI by hand"
 		cat >>"${out}" <<'EOF'

@@ -24,6 +24,9 @@
 #   e2e/local/cluster.sh env              print the variables the e2e suite needs (after up)
 #   e2e/local/cluster.sh logs [N]         print the last N (default 200) lines of every component log
 #
+# Every component runs with the feature gates FEATURE_GATES of
+# e2e/versions.env (the kubelet through its KubeletConfiguration).
+#
 # Needs root, Linux with cgroup v1 or v2, and Debian's libseccomp-dev,
 # pkg-config, containernetworking-plugins and busybox-static (.ci/run installs
 # them). Everything lives under E2E_WORK (default /var/lib/cdi-device-plugin-e2e)
@@ -175,6 +178,7 @@ preflight() {
 		missing+=(busybox-static)
 	fi
 	[[ ${#missing[@]} -eq 0 ]] || die "missing: ${missing[*]} (apt-get install -y libseccomp-dev pkg-config containernetworking-plugins busybox-static curl iproute2 openssl)"
+	feature_gates_yaml "" >/dev/null
 }
 
 # cert NAME CN O SAN: a key and a certificate signed by the cluster CA.
@@ -316,15 +320,16 @@ control_plane() {
 		--service-account-key-file "${PKI}/sa.pub" --service-account-signing-key-file "${PKI}/sa.key" \
 		--service-account-issuer https://kubernetes.default.svc.cluster.local \
 		--service-cluster-ip-range "${SERVICE_CIDR}" --authorization-mode Node,RBAC --allow-privileged=true \
-		--enable-admission-plugins NodeRestriction
+		--enable-admission-plugins NodeRestriction --feature-gates "${FEATURE_GATES}"
 	wait_for kube-apiserver 120 "${BIN}/kubectl" --kubeconfig "${E2E_WORK}/admin.kubeconfig" get --raw /readyz
 	start kube-controller-manager "${BIN}/kube-controller-manager" \
 		--kubeconfig "${E2E_WORK}/admin.kubeconfig" --bind-address 127.0.0.1 \
 		--service-account-private-key-file "${PKI}/sa.key" --root-ca-file "${PKI}/ca.crt" \
 		--cluster-signing-cert-file "${PKI}/ca.crt" --cluster-signing-key-file "${PKI}/ca.key" \
-		--leader-elect=false --controllers '*,-nodeipam,-cloud-node-lifecycle,-route,-service'
+		--leader-elect=false --controllers '*,-nodeipam,-cloud-node-lifecycle,-route,-service' \
+		--feature-gates "${FEATURE_GATES}"
 	start kube-scheduler "${BIN}/kube-scheduler" --kubeconfig "${E2E_WORK}/admin.kubeconfig" \
-		--bind-address 127.0.0.1 --leader-elect=false
+		--bind-address 127.0.0.1 --leader-elect=false --feature-gates "${FEATURE_GATES}"
 }
 
 cgroups() {
@@ -339,8 +344,10 @@ cgroups() {
 }
 
 kubelet_up() {
-	local ip
+	local ip gates
 	ip=$(node_ip)
+	# FEATURE_GATES (e2e/versions.env), as the control plane has them.
+	gates=$(feature_gates_yaml "  ") || exit 1
 	mkdir -p "${KUBELET_ROOT}" "${E2E_WORK}/kubelet"
 	cat >"${E2E_WORK}/kubelet/config.yaml" <<EOC
 apiVersion: kubelet.config.k8s.io/v1beta1
@@ -363,6 +370,8 @@ imageGCHighThresholdPercent: 100
 evictionHard: {memory.available: "100Mi", nodefs.available: "1%", imagefs.available: "1%"}
 nodeStatusUpdateFrequency: 4s
 resolvConf: /etc/resolv.conf
+featureGates:
+${gates}
 EOC
 	start kubelet "${BIN}/kubelet" --config "${E2E_WORK}/kubelet/config.yaml" \
 		--kubeconfig "${E2E_WORK}/kubelet.kubeconfig" --root-dir "${KUBELET_ROOT}" \
@@ -387,6 +396,10 @@ export E2E_RUNTIME_STATE=${CTRD}/state
 export E2E_RESTART_KUBELET='${REPO}/e2e/local/cluster.sh restart-kubelet'
 export E2E_PLUGIN_HOST='${REPO}/e2e/local/cluster.sh plugin-host'
 export E2E_REBOOT='${REPO}/e2e/local/cluster.sh simulate-reboot'
+# Where pods reach the API server: this node runs no kube-proxy, so the
+# kubernetes Service does not route (deploy.sh API_SERVER_HOST/PORT).
+export E2E_API_SERVER_HOST=$(node_ip)
+export E2E_API_SERVER_PORT=${API_PORT}
 EOV
 }
 

@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"sigs.k8s.io/yaml"
 )
 
 // TestClusterScriptGuards (issue 8 item 12): cluster.sh never stops or
@@ -109,5 +111,62 @@ NODE_NAME=node-x
 	envOut, err := exec.Command("env", "-i", "A=1", "A=2", "env").Output()
 	if err != nil || strings.TrimSpace(string(envOut)) != "A=2" {
 		t.Fatalf("env with A twice: %q %v", envOut, err)
+	}
+}
+
+// TestFeatureGatesYAML: FEATURE_GATES, as cluster.sh passes it to the
+// control plane, becomes the featureGates map of the kubelet's
+// configuration (cluster.sh) and of kind's cluster config (kind/run.sh);
+// the pinned value turns on the gates the DRA scenarios need, and a
+// malformed value stops the scripts.
+func TestFeatureGatesYAML(t *testing.T) {
+	for _, c := range []struct {
+		name, gates string // gates "": the pinned value of e2e/versions.env
+		want        map[string]bool
+		wantErr     string
+	}{
+		{"pinned", "", map[string]bool{"DRAExtendedResource": true, "DRADeviceTaints": true, "ResourceHealthStatus": true}, ""},
+		{"given", "A=true,B=false", map[string]bool{"A": true, "B": false}, ""},
+		{"not a boolean", "A=true,B=yes", nil, "'B=yes' is not Name=true or Name=false"},
+		{"no value", "A", nil, "'A' is not Name=true or Name=false"},
+		{"empty entry", "A=true,,B=true", nil, "'' is not Name=true or Name=false"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			var env []string
+			for _, e := range os.Environ() {
+				if !strings.HasPrefix(e, "FEATURE_GATES=") {
+					env = append(env, e)
+				}
+			}
+			if c.gates != "" {
+				env = append(env, "FEATURE_GATES="+c.gates)
+			}
+			cmd := exec.Command("bash", "-c", `source ../lib.sh && feature_gates_yaml "  "`)
+			cmd.Env = env
+			out, err := cmd.CombinedOutput()
+			if c.wantErr != "" {
+				if err == nil || !strings.Contains(string(out), c.wantErr) {
+					t.Fatalf("err %v, output %q; want a failure saying %q", err, out, c.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("%v: %s", err, out)
+			}
+			var got map[string]bool
+			if err := yaml.UnmarshalStrict(append([]byte("featureGates:\n"), out...), &struct {
+				FeatureGates *map[string]bool `json:"featureGates"`
+			}{&got}); err != nil {
+				t.Fatalf("not a YAML map: %v\n%s", err, out)
+			}
+			for k, v := range c.want {
+				if g, ok := got[k]; !ok || g != v {
+					t.Errorf("%s: %v (set: %v), want %v; all: %v", k, g, ok, v, got)
+				}
+			}
+			if c.gates != "" && len(got) != len(c.want) {
+				t.Errorf("gates %v, want %v", got, c.want)
+			}
+		})
 	}
 }
