@@ -2,7 +2,8 @@
 #
 #   docker build -t cdi-device-plugin:latest --build-arg VERSION="$(git describe --tags --always --dirty)" .
 #
-# The result is a static binary on distroless/static, running as root (uid 0):
+# The result is two static binaries on distroless/static, the plugin (the
+# entrypoint) and the DRA driver (/cdi-dra-driver), running as root (uid 0):
 # the plugin creates device nodes with mknod, which needs root and a privileged
 # container (see deploy/base/daemonset.yaml).
 
@@ -26,11 +27,13 @@ ARG TARGETOS
 ARG TARGETARCH
 RUN CGO_ENABLED=0 GOOS="${TARGETOS:-linux}" GOARCH="${TARGETARCH}" \
     go build -trimpath -tags grpcnotrace -ldflags "-s -w -X main.version=${VERSION}" \
-      -o /out/cdi-device-plugin ./cmd/cdi-device-plugin
+      -o /out/ ./cmd/cdi-device-plugin ./cmd/cdi-dra-driver
 
 # The root variant of distroless/static on purpose (not :nonroot): mknod in /dev
 # needs uid 0.
 FROM ${BASE_IMAGE}
 COPY --from=build /out/cdi-device-plugin /cdi-device-plugin
+# The DRA driver, same configuration and devices (command: /cdi-dra-driver).
+COPY --from=build /out/cdi-dra-driver /cdi-dra-driver
 USER 0:0
 ENTRYPOINT ["/cdi-device-plugin"]

@@ -345,3 +345,34 @@ resources:
 		t.Error("pci and usb resources are not simulated")
 	}
 }
+
+// TestLoadWithExtraFlags (issue 21): a command's own flags (the DRA
+// driver's) take the flag, else the environment, else the default, beside
+// the shared ones; Load itself does not know them.
+func TestLoadWithExtraFlags(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		args []string
+		env  map[string]string
+		want string
+	}{
+		{"default", nil, nil, "sim.example.com"},
+		{"env", nil, map[string]string{"DRIVER_NAME": "env.example.com"}, "env.example.com"},
+		{"flag wins", []string{"--driver-name", "flag.example.com"}, map[string]string{"DRIVER_NAME": "env.example.com"}, "flag.example.com"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			var v string
+			cfg, err := LoadWith("cdi-dra-driver", append(c.args, "--cdi-dir", "/x/cdi"), envOf(c.env), io.Discard,
+				Extra{Name: "driver-name", Env: "DRIVER_NAME", Default: "sim.example.com", Value: &v})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if v != c.want || cfg.CDIDir != "/x/cdi" {
+				t.Fatalf("driver name %q, cdi dir %q; want %q", v, cfg.CDIDir, c.want)
+			}
+		})
+	}
+	if _, err := Load([]string{"--driver-name", "x"}, envOf(nil), io.Discard); err == nil {
+		t.Fatal("the device plugin accepted the DRA driver's flag")
+	}
+}

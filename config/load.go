@@ -15,11 +15,27 @@ import (
 // config file they name, applies defaults and validates the result.
 // flag.ErrHelp is returned as is for -h, ErrVersion for --version.
 func Load(args []string, env Env, output io.Writer) (*Config, error) {
-	fs := flag.NewFlagSet("cdi-device-plugin", flag.ContinueOnError)
+	return LoadWith("cdi-device-plugin", args, env, output)
+}
+
+// Extra is a flag that one command reads beside the shared ones (the DRA
+// driver's), with its environment variable. LoadWith sets *Value from the
+// flag, else the environment, else Default; checking it is the command's.
+type Extra struct {
+	Name, Env, Usage, Default string
+	Value                     *string
+}
+
+// LoadWith is Load for the command name that also reads the flags extra.
+func LoadWith(name string, args []string, env Env, output io.Writer, extra ...Extra) (*Config, error) {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.SetOutput(output)
 	vals := map[string]*string{}
 	for _, f := range append([]flagDef{configFlag}, flagDefs...) {
 		vals[f.name] = fs.String(f.name, "", f.usage+" [$"+f.env+"]")
+	}
+	for _, e := range extra {
+		vals[e.Name] = fs.String(e.Name, "", e.Usage+" [$"+e.Env+"]")
 	}
 	version := fs.Bool("version", false, "print the version and exit")
 	if err := fs.Parse(args); err != nil {
@@ -39,6 +55,13 @@ func Load(args []string, env Env, output io.Writer) (*Config, error) {
 			return *vals[f.name], true
 		}
 		return env(f.env)
+	}
+	for _, e := range extra {
+		v, ok := pick(flagDef{name: e.Name, env: e.Env})
+		if !ok || v == "" {
+			v = e.Default
+		}
+		*e.Value = v
 	}
 
 	cfg := &Config{}

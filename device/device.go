@@ -6,6 +6,7 @@ package device
 import (
 	"fmt"
 	"strconv"
+	"strings"
 )
 
 // NodeType is the type of a device node, as CDI spells it.
@@ -78,6 +79,21 @@ func ReplicaID(name string, r, replicas int) string {
 		return name
 	}
 	return name + "::" + strconv.Itoa(r)
+}
+
+// HeldBy reports whether ids (kubelet device IDs) name the physical device
+// name: the device itself or one of its replicas, <name>::<n>.
+func HeldBy(name string, ids []string) bool {
+	for _, id := range ids {
+		if id == name {
+			return true
+		}
+		n, ok := strings.CutPrefix(id, name+"::")
+		if ok && n != "" && strings.Trim(n, "0123456789") == "" {
+			return true
+		}
+	}
+	return false
 }
 
 // SameDevices reports whether a and b describe the same device set (names,

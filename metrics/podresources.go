@@ -141,3 +141,29 @@ func DeviceHolders(ctx context.Context, socket, resource string) (held map[strin
 	}
 	return held, true, nil
 }
+
+// HeldByResource returns, by resource name, the device IDs that
+// containers hold through device plugins (the containers' devices in the
+// kubelet's PodResources API on socket; DRA devices are not among them),
+// from one List. A missing socket or a failed List is an error naming the
+// socket: nobody can tell then.
+func HeldByResource(ctx context.Context, socket string) (map[string][]string, error) {
+	if _, err := os.Stat(socket); err != nil {
+		return nil, fmt.Errorf("PodResources socket %s: %w", socket, err)
+	}
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	resp, err := listPodResources(ctx, socket)
+	if err != nil {
+		return nil, fmt.Errorf("PodResources List on %s: %w", socket, err)
+	}
+	held := map[string][]string{}
+	for _, pod := range resp.PodResources {
+		for _, c := range pod.Containers {
+			for _, d := range c.Devices {
+				held[d.ResourceName] = append(held[d.ResourceName], d.DeviceIds...)
+			}
+		}
+	}
+	return held, nil
+}

@@ -2,36 +2,21 @@ package plugin
 
 import (
 	"context"
-	"fmt"
-	"slices"
 	"sync"
 	"time"
 
 	"github.com/sirupsen/logrus"
 	"golang.org/x/sync/errgroup"
 
-	"github.com/cdi-device-plugin/cdi-device-plugin/cdi"
-	"github.com/cdi-device-plugin/cdi-device-plugin/device"
+	"github.com/cdi-device-plugin/cdi-device-plugin/internal/specgate"
 	"github.com/cdi-device-plugin/cdi-device-plugin/metrics"
 )
 
 // DeviceSource publishes snapshots of a resource's devices (device.Source).
-type DeviceSource interface {
-	// Snapshot is the current snapshot (the source is prepared).
-	Snapshot() *device.Snapshot
-	// Run publishes snapshots on out until ctx is done.
-	Run(ctx context.Context, out chan *device.Snapshot) error
-}
+type DeviceSource = specgate.DeviceSource
 
 // SpecFile is the CDI spec of a resource on disk (cdi.Spec).
-type SpecFile interface {
-	// Write writes the spec of snap; every path it names exists after.
-	Write(snap *device.Snapshot) error
-	// Check compares the file on disk with what was last written.
-	Check() (cdi.Status, string)
-	// Watch signals changed when the file may have changed.
-	Watch(ctx context.Context, changed chan<- struct{}) error
-}
+type SpecFile = specgate.SpecFile
 
 // Background is a part that runs beside the resource until ctx is done
 // (prestart.Runner's recovery).
@@ -39,13 +24,12 @@ type Background interface {
 	Run(ctx context.Context) error
 }
 
-// Default bounds of the backoff between failed spec writes.
+// Default bounds of the backoff between failed spec writes, and of the
+// recheck of a spec a newer process took over (see specgate).
 const (
-	DefaultRetryMin = 100 * time.Millisecond
-	DefaultRetryMax = 30 * time.Second
-	// DefaultYieldRecheck is how often a resource that yielded its spec to
-	// a newer process checks whether that process is still there.
-	DefaultYieldRecheck = 5 * time.Second
+	DefaultRetryMin     = specgate.DefaultRetryMin
+	DefaultRetryMax     = specgate.DefaultRetryMax
+	DefaultYieldRecheck = specgate.DefaultYieldRecheck
 )
 
 // Resource runs one resource: the device source, the CDI spec kept in step
@@ -69,26 +53,25 @@ type Resource struct {
 	// process's socket for this long, the spec is taken back.
 	YieldRecheck time.Duration
 
-	once  sync.Once
-	pings chan chan struct{} // answered by the follower's loop
+	once     sync.Once
+	follower *specgate.Follower
 }
 
-func (r *Resource) init() { r.once.Do(func() { r.pings = make(chan chan struct{}) }) }
+// init makes the follower that keeps the spec in step and publishes to
+// the plugin (specgate).
+func (r *Resource) init() {
+	r.once.Do(func() {
+		r.follower = &specgate.Follower{Resource: r.Plugin.opts.ResourceName, Source: r.Source, Spec: r.Spec, Publish: r.Plugin,
+			Log: r.Log, Metrics: r.Metrics, RetryMin: r.RetryMin, RetryMax: r.RetryMax, YieldRecheck: r.YieldRecheck}
+	})
+}
 
 // Alive reports whether the resource's loops (the one that keeps the spec
 // in step, the plugin's registration loop) answer within ctx.
 func (r *Resource) Alive(ctx context.Context) error {
 	r.init()
-	reply := make(chan struct{})
-	select {
-	case r.pings <- reply:
-	case <-ctx.Done():
-		return fmt.Errorf("the spec loop does not answer: %w", ctx.Err())
-	}
-	select {
-	case <-reply:
-	case <-ctx.Done():
-		return fmt.Errorf("the spec loop does not answer: %w", ctx.Err())
+	if err := r.follower.Alive(ctx); err != nil {
+		return err
 	}
 	return r.Plugin.Alive(ctx)
 }
@@ -101,202 +84,15 @@ func (r *Resource) Ready() error { return r.Plugin.Ready() }
 // Run returns.
 func (r *Resource) Run(ctx context.Context) error {
 	r.init()
-	f := &follower{r: r, retryMin: r.RetryMin, retryMax: r.RetryMax, retry: time.NewTimer(0),
-		recheck: time.NewTimer(0), recheckEvery: r.YieldRecheck}
-	f.retry.Stop()
-	defer f.retry.Stop()
-	f.recheck.Stop()
-	defer f.recheck.Stop()
-	if f.recheckEvery <= 0 {
-		f.recheckEvery = DefaultYieldRecheck
-	}
-	if f.retryMin <= 0 {
-		f.retryMin = DefaultRetryMin
-	}
-	if f.retryMax < f.retryMin {
-		f.retryMax = max(DefaultRetryMax, f.retryMin)
-	}
-	f.backoff = f.retryMin
 	// Spec first, then the kubelet hears of the devices.
-	f.pending = r.Source.Snapshot()
-	f.write()
-	if err := f.publish(); err != nil {
+	if err := r.follower.Start(); err != nil {
 		return err
 	}
-	updates := make(chan *device.Snapshot, 1)
-	changed := make(chan struct{}, 1)
 	g, ctx := errgroup.WithContext(ctx)
-	g.Go(func() error { return r.Source.Run(ctx, updates) })
-	g.Go(func() error { return r.Spec.Watch(ctx, changed) })
+	g.Go(func() error { return r.follower.Run(ctx) })
 	g.Go(func() error { return r.Plugin.Run(ctx) })
 	if r.Recovery != nil {
 		g.Go(func() error { return r.Recovery.Run(ctx) })
 	}
-	g.Go(func() error { return f.loop(ctx, updates, changed) })
 	return g.Wait()
-}
-
-// follower keeps the spec in step with the device set and publishes what
-// the spec describes. It is owned by the goroutine running loop.
-type follower struct {
-	r *Resource
-	// pending is the latest snapshot, written what the spec on disk
-	// describes (nil: nothing known), published what the plugin serves.
-	pending, written, published *device.Snapshot
-	// why pending is not written: the last write's error, or the spec
-	// yielded to another process.
-	why device.Problem
-	// yielded: a newer process owns the spec file; do not write it.
-	yielded bool
-	// orphanedSince: when the newer process was first found gone (zero:
-	// it was not); the spec is taken back once it has stayed gone for
-	// recheckEvery. recheck looks again while yielded.
-	orphanedSince time.Time
-	recheck       *time.Timer
-	recheckEvery  time.Duration
-
-	retry              *time.Timer
-	backoff            time.Duration
-	retryMin, retryMax time.Duration
-}
-
-func (f *follower) loop(ctx context.Context, updates <-chan *device.Snapshot, changed <-chan struct{}) error {
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case snap := <-updates:
-			f.pending = snap
-			if !device.SameDevices(f.written, snap) {
-				f.write()
-			}
-		case <-changed:
-			f.check()
-		case <-f.recheck.C:
-			f.check()
-		case <-f.retry.C:
-			f.write()
-		case reply := <-f.r.pings:
-			close(reply)
-			continue
-		}
-		if err := f.publish(); err != nil {
-			return err
-		}
-	}
-}
-
-// check looks at the spec on disk after a change there, and while a newer
-// process owns it: ours is left alone, a missing or changed one is written
-// again at once, a newer process's one is left to it (and our devices are
-// held back) for as long as that process serves its socket. Once nobody
-// has served it for recheckEvery (two looks, so that a process just
-// starting, or serving its socket again after a kubelet restart, is not
-// taken for gone), the spec is taken back.
-func (f *follower) check() {
-	st, why := f.r.Spec.Check()
-	log := f.r.Log.WithField("reason", why)
-	if st != cdi.Orphaned {
-		f.orphanedSince = time.Time{}
-	}
-	switch st {
-	case cdi.Intact:
-		return
-	case cdi.Orphaned:
-		if f.orphanedSince.IsZero() {
-			f.orphanedSince = time.Now()
-		}
-		if !f.yielded || time.Since(f.orphanedSince) < f.recheckEvery {
-			break // look again before taking it back
-		}
-		log.Warn("the process that took our CDI spec over is gone; taking it back")
-		f.orphanedSince = time.Time{}
-		f.recheck.Stop()
-		f.yielded, f.written = false, nil
-		f.write()
-		return
-	case cdi.Superseded:
-	default:
-		log.WithField("status", st.String()).Warn("our CDI spec was changed by someone else; writing it again")
-		f.recheck.Stop()
-		f.yielded, f.written = false, nil
-		f.write()
-		return
-	}
-	if !f.yielded {
-		log.Error("another process owns our CDI spec now; its devices are reported unhealthy here")
-	}
-	f.yielded, f.written = true, nil
-	f.why = device.Problem{Cause: device.CauseYielded, Message: "the CDI spec was taken over: " + why}
-	f.retry.Stop()
-	f.recheck.Reset(f.recheckEvery)
-}
-
-// write writes the spec of pending; on failure it retries later, with a
-// backoff.
-func (f *follower) write() {
-	if f.yielded {
-		return
-	}
-	err := f.r.Spec.Write(f.pending)
-	f.r.Metrics.SpecWritten(f.r.Plugin.opts.ResourceName, err)
-	if err != nil {
-		f.r.Log.WithError(err).WithField("retry in", f.backoff).
-			Error("writing the CDI spec failed; the devices it does not describe are reported unhealthy until it works")
-		f.why = device.Problem{Cause: device.CauseNotInSpec, Message: "writing the CDI spec failed: " + err.Error()}
-		f.retry.Reset(f.backoff)
-		f.backoff = min(2*f.backoff, f.retryMax)
-		return
-	}
-	if !f.why.None() {
-		f.r.Log.Info("CDI spec written after failures")
-	}
-	f.r.Log.WithField("devices", len(f.pending.Devices)).Debug("CDI spec written")
-	f.written, f.why = f.pending, device.Problem{}
-	f.backoff = f.retryMin
-	f.retry.Stop()
-}
-
-// publish hands the plugin what the spec describes, when that changed.
-func (f *follower) publish() error {
-	g := gate(f.pending, f.written, f.why)
-	if f.published != nil && device.Equal(g, f.published) {
-		return nil
-	}
-	f.published = g
-	return f.r.Plugin.Update(g)
-}
-
-// gate returns snap with every healthy device that written does not
-// describe (as it is in snap) reported unhealthy, for the reason why (none:
-// the spec is not written yet).
-func gate(snap, written *device.Snapshot, why device.Problem) *device.Snapshot {
-	if snap == written || (written != nil && device.SameDevices(snap, written)) {
-		// Every device is described as it is (health aside).
-		return snap
-	}
-	described := map[string]device.Device{}
-	if written != nil {
-		for _, d := range written.Devices {
-			described[d.Name] = d
-		}
-	}
-	var out *device.Snapshot
-	for i, d := range snap.Devices {
-		if w, ok := described[d.Name]; !d.Healthy || (ok && device.SameDevice(w, d)) {
-			continue
-		}
-		if out == nil {
-			out = &device.Snapshot{Replicas: snap.Replicas, Devices: slices.Clone(snap.Devices)}
-		}
-		p := why
-		if p.None() {
-			p = device.Problem{Cause: device.CauseNotInSpec, Message: "not in the CDI spec yet"}
-		}
-		out.Devices[i].SetProblem(p)
-	}
-	if out == nil {
-		return snap
-	}
-	return out
 }

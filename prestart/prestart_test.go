@@ -1005,3 +1005,72 @@ func TestHeldBy(t *testing.T) {
 		})
 	}
 }
+
+// counted is a step that works and counts its runs.
+type counted struct{ runs *atomic.Int32 }
+
+func (counted) Name() string           { return "exec" }
+func (counted) Timeout() time.Duration { return time.Second }
+func (c counted) Run(context.Context, *Target) error {
+	c.runs.Add(1)
+	return nil
+}
+
+// brokenReset is a reset step that fails.
+type brokenReset struct{}
+
+func (brokenReset) Name() string                       { return "reset" }
+func (brokenReset) Timeout() time.Duration             { return time.Second }
+func (brokenReset) Resets() bool                       { return true }
+func (brokenReset) Run(context.Context, *Target) error { return errors.New("device wedged") }
+
+// TestResetOnly (issue 21): Reset runs only the steps that reset the
+// device, records the reset in the state but not as a preparation (the
+// generation stays), and a failed reset makes the device unhealthy as a
+// failed preparation does. Without a reset step it runs nothing.
+func TestResetOnly(t *testing.T) {
+	img, sum := image(t, 4096)
+	var runs atomic.Int32
+	r, _, _ := newRunner(t, Reset{}, &Reprogram{Image: img, SHA256: sum}, counted{&runs})
+	if !r.HasReset() {
+		t.Fatal("HasReset false with a reset step")
+	}
+	if err := r.Prepare(context.Background(), devs(1)); err != nil {
+		t.Fatal(err)
+	}
+	prepared := state(t, r, "sim-0")
+	if err := r.Reset(context.Background(), devs(1)); err != nil {
+		t.Fatal(err)
+	}
+	s := state(t, r, "sim-0")
+	if s.ResetCount != prepared.ResetCount+1 || s.Generation != prepared.Generation || !s.PreparedAt.Equal(prepared.PreparedAt) || s.Status != StatusReady {
+		t.Fatalf("after a reset: %+v, after the preparation: %+v", s, prepared)
+	}
+	if runs.Load() != 1 {
+		t.Fatalf("the other steps ran %d times, want once (the preparation only)", runs.Load())
+	}
+	if sha, err := r.FirmwareSHA256(); err != nil || sha != sum {
+		t.Fatalf("firmware digest %q (%v), want %q", sha, err, sum)
+	}
+
+	noReset, _, _ := newRunner(t, counted{&runs})
+	if noReset.HasReset() {
+		t.Fatal("HasReset true without a reset step")
+	}
+	if err := noReset.Reset(context.Background(), devs(1)); err != nil || runs.Load() != 1 {
+		t.Fatalf("Reset without a reset step: %v, %d runs", err, runs.Load())
+	}
+	if sha, err := noReset.FirmwareSHA256(); err != nil || sha != "" {
+		t.Fatalf("firmware digest %q (%v) without a reprogram step", sha, err)
+	}
+
+	broken, bf, _ := newRunner(t, brokenReset{})
+	err := broken.Reset(context.Background(), devs(1))
+	var se *StepError
+	if !errors.As(err, &se) || se.Device != "sim-0" || se.Step != "reset" {
+		t.Fatalf("a failed reset: %v", err)
+	}
+	if bf.get("sim-0") == "" || state(t, broken, "sim-0").Status != StatusFailed {
+		t.Fatalf("a failed reset left the device healthy: fault %q, state %+v", bf.get("sim-0"), state(t, broken, "sim-0"))
+	}
+}

@@ -7,7 +7,6 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strings"
 	"sync"
 	"time"
 
@@ -274,7 +273,47 @@ func (r *Runner) Init(snap *device.Snapshot) (map[string]device.Problem, error) 
 // Prepare runs the steps on every device, in parallel, within the budget.
 // The error names every device that failed, its step and the cause.
 func (r *Runner) Prepare(ctx context.Context, devs []device.Device) error {
-	if !r.HasSteps() {
+	return r.runAll(ctx, devs, r.opts.Steps, true)
+}
+
+// FirmwareSHA256 is the digest of the image the resource's reprogram step
+// loads ("" without one; see Reprogram.Digest).
+func (r *Runner) FirmwareSHA256() (string, error) {
+	for _, s := range r.opts.Steps {
+		if rp, ok := s.(*Reprogram); ok {
+			return rp.Digest()
+		}
+	}
+	return "", nil
+}
+
+// HasReset reports whether one of the steps resets the device.
+func (r *Runner) HasReset() bool { return len(r.resetSteps()) > 0 }
+
+func (r *Runner) resetSteps() []Step {
+	var out []Step
+	for _, s := range r.opts.Steps {
+		if rs, ok := s.(Resetter); ok && rs.Resets() {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// Reset runs only the steps that reset the device (HasReset) on every
+// device, in parallel, within the budget: the DRA driver resets the
+// devices of a claim it unprepares. The state file records it as a
+// preparation does, but a reset is not a preparation: the generation and
+// preparedAt stay. A failure counts as a failed preparation (the device is
+// unhealthy and recovered in the background, see Options.MarkUnhealthy).
+func (r *Runner) Reset(ctx context.Context, devs []device.Device) error {
+	return r.runAll(ctx, devs, r.resetSteps(), false)
+}
+
+// runAll runs steps on every device, in parallel, within the budget; the
+// error names every device that failed, its step and the cause.
+func (r *Runner) runAll(ctx context.Context, devs []device.Device, steps []Step, prepare bool) error {
+	if len(steps) == 0 {
 		return nil
 	}
 	ctx, cancel := context.WithTimeout(ctx, r.opts.Budget)
@@ -285,7 +324,7 @@ func (r *Runner) Prepare(ctx context.Context, devs []device.Device) error {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			errs[i] = r.prepareOne(ctx, devs[i])
+			errs[i] = r.runOne(ctx, devs[i], steps, prepare)
 		}()
 	}
 	wg.Wait()
@@ -299,11 +338,12 @@ func (r *Runner) lock(name string) func() {
 	return mu.Unlock
 }
 
-// prepareOne runs the steps on one device. Concurrent calls for the same
+// runOne runs steps on one device (prepare: the steps of a preparation,
+// which counts in the state's generation). Concurrent calls for the same
 // device (replicas shared by two containers, or a container start during a
 // background re-preparation) run one after the other. The state file is
 // written once, at the end, whatever happened.
-func (r *Runner) prepareOne(ctx context.Context, d device.Device) error {
+func (r *Runner) runOne(ctx context.Context, d device.Device, steps []Step, prepare bool) error {
 	defer r.lock(d.Name)()
 	log := r.opts.Log.WithField("device", d.Name)
 	dir := r.Dir(d.Name)
@@ -321,7 +361,7 @@ func (r *Runner) prepareOne(ctx context.Context, d device.Device) error {
 	start := time.Now()
 	didReset := false
 	var failed *StepError
-	for _, s := range r.opts.Steps {
+	for _, s := range steps {
 		limit := s.Timeout()
 		if limit <= 0 {
 			limit = config.DefaultStepTimeout
@@ -367,8 +407,10 @@ func (r *Runner) prepareOne(ctx context.Context, d device.Device) error {
 	} else {
 		st.Status = StatusReady
 		st.LastError = ""
-		st.Generation++
-		st.PreparedAt = time.Now().UTC()
+		if prepare {
+			st.Generation++
+			st.PreparedAt = time.Now().UTC()
+		}
 	}
 	if err := st.Save(dir); err != nil {
 		if failed == nil {
@@ -552,19 +594,8 @@ func (r *Runner) holders(ctx context.Context) ([]string, error) {
 }
 
 // heldBy reports whether ids (kubelet device IDs) name the physical device
-// name: the device itself or one of its replicas, <name>::<n>.
-func heldBy(name string, ids []string) bool {
-	for _, id := range ids {
-		if id == name {
-			return true
-		}
-		n, ok := strings.CutPrefix(id, name+"::")
-		if ok && n != "" && strings.Trim(n, "0123456789") == "" {
-			return true
-		}
-	}
-	return false
-}
+// name (device.HeldBy).
+func heldBy(name string, ids []string) bool { return device.HeldBy(name, ids) }
 
 // postpone moves a failed device's next background attempt one wait
 // later, without counting an attempt.

@@ -172,6 +172,10 @@ func (r *Reprogram) digest() (string, error) {
 	return key.sha256, nil
 }
 
+// Digest is the sha256 (hex) of the image the step loads: of the file
+// (hashed again only when it changed), or of the built-in image.
+func (r *Reprogram) Digest() (string, error) { return r.digest() }
+
 // Run loads the image into the device, unless it already holds it.
 func (r *Reprogram) Run(ctx context.Context, t *Target) error {
 	want, err := r.digest()

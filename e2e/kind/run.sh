@@ -335,17 +335,19 @@ suite_images() {
 		test_image=${TEST_IMAGE}
 		return 0
 	fi
-	# What the Dockerfile's image holds (the static binary at
-	# /cdi-device-plugin, run as root), from the binary built here; busybox
+	# What the Dockerfile's image holds (the static binaries at
+	# /cdi-device-plugin, the entrypoint, and /cdi-dra-driver, run as root),
+	# from the binaries built here; busybox
 	# from Debian's static build, one symlink per applet.
 	local dir=${work_dir}/images applets=() a
 	mkdir -p "${dir}"
 	log "making ${PLUGIN_IMAGE} and ${LOCAL_TEST_IMAGE}"
 	(cd -- "${repo_root}" && CGO_ENABLED=0 go build -trimpath -o "${dir}/mkimage" ./e2e/cmd/mkimage)
 	(cd -- "${repo_root}" && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X main.version=e2e" \
-		-o "${dir}/cdi-device-plugin" ./cmd/cdi-device-plugin)
+		-o "${dir}/" ./cmd/cdi-device-plugin ./cmd/cdi-dra-driver)
 	"${dir}/mkimage" -o "${dir}/plugin.tar" -tag "${PLUGIN_IMAGE}" \
-		-file /cdi-device-plugin="${dir}/cdi-device-plugin" -entrypoint /cdi-device-plugin -user 0:0
+		-file /cdi-device-plugin="${dir}/cdi-device-plugin" -file /cdi-dra-driver="${dir}/cdi-dra-driver" \
+		-entrypoint /cdi-device-plugin -user 0:0
 	for a in $(/bin/busybox --list); do
 		[[ ${a} == busybox ]] || applets+=(-symlink "/bin/${a}=busybox")
 	done

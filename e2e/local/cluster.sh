@@ -283,7 +283,7 @@ images() {
 	local img=${E2E_WORK}/images applets=() a
 	mkdir -p "${img}"
 	(cd "${REPO}" && CGO_ENABLED=0 go build -trimpath -o "${img}/mkimage" ./e2e/cmd/mkimage)
-	(cd "${REPO}" && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X main.version=e2e" -o "${img}/cdi-device-plugin" ./cmd/cdi-device-plugin)
+	(cd "${REPO}" && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X main.version=e2e" -o "${img}/" ./cmd/cdi-device-plugin ./cmd/cdi-dra-driver)
 	for a in $(/bin/busybox --list); do
 		[[ ${a} == busybox ]] || applets+=(-symlink "/bin/${a}=busybox")
 	done
@@ -292,9 +292,10 @@ images() {
 	# Any process that waits forever serves as the pod sandbox.
 	"${img}/mkimage" -o "${img}/pause.tar" -tag "${PAUSE_IMAGE}" -file /bin/busybox=/bin/busybox \
 		-entrypoint /bin/busybox -cmd sh -cmd -c -cmd "trap 'exit 0' TERM INT; while :; do /bin/busybox sleep 3600 & wait; done"
-	# The plugin image holds what the Dockerfile's does: the static binary at
-	# /cdi-device-plugin, run as root.
+	# The plugin image holds what the Dockerfile's does: the static binaries
+	# at /cdi-device-plugin (the entrypoint) and /cdi-dra-driver, run as root.
 	"${img}/mkimage" -o "${img}/plugin.tar" -tag "${PLUGIN_IMAGE}" -file /cdi-device-plugin="${img}/cdi-device-plugin" \
+		-file /cdi-dra-driver="${img}/cdi-dra-driver" \
 		-entrypoint /cdi-device-plugin -user 0:0
 	for a in busybox pause plugin; do
 		"${BIN}/ctr" -a "${SOCK}" -n k8s.io images import "${img}/${a}.tar" >/dev/null

@@ -1,11 +1,15 @@
 // Package logs holds the one default logger of the packages that take an
-// injected *logrus.Entry: when none is given, nothing is logged.
+// injected *logrus.Entry (when none is given, nothing is logged), and the
+// commands' log level and format as config names them.
 package logs
 
 import (
 	"io"
+	"time"
 
 	"github.com/sirupsen/logrus"
+
+	"github.com/cdi-device-plugin/cdi-device-plugin/config"
 )
 
 // Discard returns an entry that logs nothing.
@@ -14,4 +18,32 @@ func Discard() *logrus.Entry {
 	l.SetOutput(io.Discard)
 	l.SetLevel(logrus.PanicLevel)
 	return logrus.NewEntry(l)
+}
+
+// Formatter is the logrus formatter of a log format.
+func Formatter(f config.LogFormat) logrus.Formatter {
+	if f == config.LogJSON {
+		return &logrus.JSONFormatter{TimestampFormat: time.RFC3339Nano}
+	}
+	return &logrus.TextFormatter{FullTimestamp: true, TimestampFormat: time.RFC3339Nano}
+}
+
+// Level maps config's level onto logrus's; config.Load accepts no other.
+func Level(l config.Level) logrus.Level {
+	switch l {
+	case config.LevelTrace:
+		return logrus.TraceLevel
+	case config.LevelDebug:
+		return logrus.DebugLevel
+	case config.LevelWarn:
+		return logrus.WarnLevel
+	case config.LevelError:
+		return logrus.ErrorLevel
+	case config.LevelFatal:
+		return logrus.FatalLevel
+	case config.LevelPanic:
+		return logrus.PanicLevel
+	default:
+		return logrus.InfoLevel
+	}
 }

@@ -1,0 +1,282 @@
+// Command cdi-dra-driver is the DRA (Dynamic Resource Allocation) kubelet
+// plugin of the configured resources: the same configuration, devices,
+// CDI spec and prestart steps as cdi-device-plugin, published in
+// ResourceSlices and prepared for ResourceClaims (package dra).
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/sirupsen/logrus"
+	"golang.org/x/sync/errgroup"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/klog/v2"
+
+	"github.com/cdi-device-plugin/cdi-device-plugin/cdi"
+	"github.com/cdi-device-plugin/cdi-device-plugin/config"
+	"github.com/cdi-device-plugin/cdi-device-plugin/dra"
+	"github.com/cdi-device-plugin/cdi-device-plugin/internal/atomicfile"
+	"github.com/cdi-device-plugin/cdi-device-plugin/internal/logs"
+	"github.com/cdi-device-plugin/cdi-device-plugin/internal/parts"
+	"github.com/cdi-device-plugin/cdi-device-plugin/metrics"
+	"github.com/cdi-device-plugin/cdi-device-plugin/prestart"
+)
+
+var version = "dev"
+
+// Defaults of the driver's own flags.
+const (
+	DefaultRegistrarDir = "/var/lib/kubelet/plugins_registry"
+	DefaultPluginsDir   = "/var/lib/kubelet/plugins"
+)
+
+// CheckpointFile is the claim checkpoint, below the state dir.
+const CheckpointFile = "dra/checkpoint.json"
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	code := run(ctx, os.Args[1:], os.LookupEnv, os.Stderr, newClient)
+	stop()
+	os.Exit(code)
+}
+
+// flags are the driver's own flags, beside config's.
+type flags struct {
+	kubeconfig, driverName, registrarDir, pluginsDir string
+}
+
+func (f *flags) extra() []config.Extra {
+	return []config.Extra{
+		{Name: "kubeconfig", Env: "KUBECONFIG", Usage: "kubeconfig file (default: the in-cluster configuration)", Value: &f.kubeconfig},
+		{Name: "driver-name", Env: "DRIVER_NAME", Usage: "DRA driver name (default <class>.<domain> of the first resource)", Value: &f.driverName},
+		{Name: "kubelet-registrar-dir", Env: "KUBELET_REGISTRAR_DIR", Usage: "the kubelet's plugin registration directory (default " + DefaultRegistrarDir + ")",
+			Default: DefaultRegistrarDir, Value: &f.registrarDir},
+		{Name: "kubelet-plugins-dir", Env: "KUBELET_PLUGINS_DIR", Usage: "the kubelet's plugins directory; the driver's socket is <dir>/<driver>/dra.sock (default " + DefaultPluginsDir + ")",
+			Default: DefaultPluginsDir, Value: &f.pluginsDir},
+	}
+}
+
+// newClient makes the API client: from kubeconfig, or in-cluster when
+// empty.
+func newClient(kubeconfig string) (kubernetes.Interface, error) {
+	var rc *rest.Config
+	var err error
+	if kubeconfig == "" {
+		rc, err = rest.InClusterConfig()
+	} else {
+		rc, err = clientcmd.BuildConfigFromFlags("", kubeconfig)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return kubernetes.NewForConfig(rc)
+}
+
+// run runs the driver until ctx is done and returns the exit status: 0 on
+// a clean shutdown, 2 for bad configuration (before anything is touched),
+// 1 for any other failure.
+func run(ctx context.Context, args []string, env config.Env, stderr io.Writer, client func(string) (kubernetes.Interface, error)) int {
+	var f flags
+	cfg, err := config.LoadWith("cdi-dra-driver", args, env, stderr, f.extra()...)
+	switch {
+	case errors.Is(err, flag.ErrHelp):
+		return 0
+	case errors.Is(err, config.ErrVersion):
+		fmt.Fprintln(stderr, "cdi-dra-driver", version)
+		return 0
+	case err != nil:
+		fmt.Fprintln(stderr, "cdi-dra-driver:", err)
+		return 2
+	}
+	logger := logrus.New()
+	logger.SetOutput(stderr)
+	logger.SetLevel(logs.Level(cfg.Level))
+	logger.SetFormatter(logs.Formatter(cfg.LogFormat))
+	log := logrus.NewEntry(logger).WithField("plugin", cfg.PluginName)
+	d, err := build(cfg, f, client, log)
+	if err != nil {
+		fmt.Fprintln(stderr, "cdi-dra-driver:", err)
+		if errors.Is(err, config.ErrInvalid) {
+			return 2
+		}
+		return 1
+	}
+	if err := d.serve(ctx); err != nil {
+		log.WithError(err).Error("exiting")
+		return 1
+	}
+	log.Info("shut down cleanly")
+	return 0
+}
+
+// driver is the built driver and what serve needs besides.
+type driver struct {
+	cfg        *config.Config
+	log        *logrus.Entry
+	parts      []*parts.Resource
+	kinds      []cdi.Kind
+	checkpoint *dra.Checkpoint
+	opts       dra.Options
+	metrics    *metrics.Metrics
+}
+
+// maxSocketPath is the longest unix socket path Linux accepts.
+const maxSocketPath = 107
+
+// build checks what the configuration alone could not and builds every
+// part, touching nothing on disk: an error of the configuration is a
+// FieldError naming the flag or field.
+func build(cfg *config.Config, f flags, client func(string) (kubernetes.Interface, error), log *logrus.Entry) (*driver, error) {
+	if f.driverName == "" {
+		f.driverName = dra.DefaultDriverName(cfg)
+	}
+	if err := dra.CheckDriverName("driver-name", f.driverName); err != nil {
+		return nil, err
+	}
+	if cfg.NodeName == "" {
+		return nil, &config.FieldError{Field: "node-name", Reason: "required: the driver publishes the node's devices in a pool named after it (NODE_NAME)"}
+	}
+	pluginDir := filepath.Join(f.pluginsDir, f.driverName)
+	for _, c := range []struct{ field, dir, sock string }{
+		{"kubelet-registrar-dir", f.registrarDir, filepath.Join(f.registrarDir, f.driverName+"-reg.sock")},
+		{"kubelet-plugins-dir", f.pluginsDir, filepath.Join(pluginDir, "dra.sock")},
+	} {
+		if !filepath.IsAbs(c.dir) || filepath.Clean(c.dir) != c.dir {
+			return nil, &config.FieldError{Field: c.field, Value: c.dir, Reason: "must be a clean absolute path"}
+		}
+		if len(c.sock) > maxSocketPath {
+			return nil, &config.FieldError{Field: c.field, Value: c.dir, Reason: fmt.Sprintf("the socket %s would be longer than %d bytes", c.sock, maxSocketPath)}
+		}
+	}
+	if err := dra.CheckDeviceNames(cfg); err != nil {
+		return nil, err
+	}
+	if fi, err := os.Stat(cfg.DevRoot); err != nil || !fi.IsDir() {
+		return nil, &config.FieldError{Field: "dev-root", Value: cfg.DevRoot, Reason: "must be an existing directory"}
+	}
+	kc, err := client(f.kubeconfig)
+	if err != nil {
+		return nil, &config.FieldError{Field: "kubeconfig", Value: f.kubeconfig, Reason: "no API client (empty: the in-cluster configuration): " + err.Error()}
+	}
+	d := &driver{cfg: cfg, log: log, checkpoint: dra.NewCheckpoint(filepath.Join(cfg.StateDir, CheckpointFile))}
+	if cfg.MetricsAddress != "" {
+		d.metrics = metrics.New(version)
+	}
+	start := time.Now().UnixNano()
+	writer := cdi.NewWriter(cfg.CDIDir, cfg.Owner(), start)
+	d.opts = dra.Options{DriverName: f.driverName, NodeName: cfg.NodeName, Client: kc,
+		RegistrarDir: f.registrarDir, PluginDir: pluginDir, Writer: writer, Checkpoint: d.checkpoint,
+		PodResources: cfg.PodResourcesSocket, Log: log, Metrics: d.metrics}
+	for i := range cfg.Resources {
+		rc := &cfg.Resources[i]
+		name := rc.Name
+		p, err := parts.Build(cfg, i, parts.Options{Writer: writer, Socket: filepath.Join(pluginDir, "dra.sock"), Log: log, Metrics: d.metrics,
+			// Prepared claims hold their devices: no background
+			// re-preparation resets them, and a vanished one is not
+			// forgotten.
+			Holders: func(context.Context) ([]string, error) { return d.checkpoint.Held(name), nil }})
+		if err != nil {
+			return nil, err
+		}
+		d.kinds = append(d.kinds, p.Kind)
+		if rc.ReplicaCount() > 1 {
+			p.Log.WithField("replicas", rc.ReplicaCount()).Warn("not published through DRA: a resource with replicas is the device plugin's only")
+			continue
+		}
+		d.parts = append(d.parts, p)
+		var mounts []cdi.Mount
+		for _, m := range rc.Mounts {
+			mounts = append(mounts, cdi.Mount{HostPath: m.HostPath, ContainerPath: m.ContainerPath, ReadOnly: m.ReadOnly})
+		}
+		d.opts.Resources = append(d.opts.Resources, dra.Resource{Name: rc.Name, Kind: p.Kind, IDPrefix: rc.IDPrefix, EnvPrefix: rc.EnvPrefix,
+			Mounts: mounts, Source: p.Source, Spec: p.Spec, Runner: p.Runner})
+	}
+	return d, nil
+}
+
+// serve prepares the resources (nodes, device state), removes our stale
+// specs, reads the claim checkpoint and runs the driver until ctx is
+// done; with a metrics address it serves the metrics and probes. Specs,
+// claim specs, device nodes and the checkpoint are kept on shutdown.
+func (d *driver) serve(ctx context.Context) error {
+	for _, p := range d.parts {
+		if _, err := p.Prepare(); err != nil {
+			return err
+		}
+	}
+	removed, err := d.opts.Writer.RemoveStale(d.kinds)
+	for _, p := range removed {
+		d.log.WithField("spec", p).Info("removed the CDI spec of a resource no longer configured")
+	}
+	if err != nil {
+		d.log.WithError(err).Warn("removing stale CDI specs")
+	}
+	if err := d.checkpoint.Load(); err != nil {
+		return err
+	}
+	d.opts.BootID = bootID(d.cfg.ProcRoot, d.log)
+	drv, err := dra.New(d.opts)
+	if err != nil {
+		return err
+	}
+	klog.SetLogger(dra.Logger(d.log))
+	g, ctx := errgroup.WithContext(ctx)
+	if d.metrics != nil {
+		server := metrics.NewServer(d.metrics)
+		server.SetChecks(map[string]metrics.Check{"driver": drv.Alive},
+			map[string]metrics.Check{"driver": func(context.Context) error { return drv.Ready() }})
+		ln, err := net.Listen("tcp", d.cfg.MetricsAddress)
+		if err != nil {
+			return fmt.Errorf("metrics address: %w", err)
+		}
+		d.log.WithField("address", ln.Addr().String()).Info("serving /metrics, /healthz and /readyz")
+		g.Go(func() error { return server.Serve(ctx, ln) })
+	}
+	temps := []string{
+		filepath.Join(d.cfg.StateDir, "devices", "*", ".*.tmp-*"),
+		filepath.Join(d.cfg.StateDir, "devices", "*", prestart.ScratchDir+".old-*"),
+		d.checkpoint.TempPattern(),
+	}
+	for _, p := range d.parts {
+		temps = append(temps, p.TempPatterns()...)
+	}
+	g.Go(func() error {
+		for _, pattern := range temps {
+			removed, err := atomicfile.RemoveStaleTemps(pattern)
+			for _, p := range removed {
+				d.log.WithField("file", p).Info("removed a temp file of an interrupted write")
+			}
+			if err != nil {
+				d.log.WithError(err).Warn("removing temp files of interrupted writes")
+			}
+		}
+		return nil
+	})
+	g.Go(func() error { return drv.Run(ctx) })
+	return g.Wait()
+}
+
+// bootID is the kernel's boot ID ("" when it cannot be read: a claim is
+// then never prepared again after a reboot).
+func bootID(procRoot string, log *logrus.Entry) string {
+	p := filepath.Join(procRoot, "sys", "kernel", "random", "boot_id")
+	b, err := os.ReadFile(p)
+	if err != nil {
+		log.WithError(err).Warn("cannot read the boot ID; claims prepared before a reboot are not prepared again")
+		return ""
+	}
+	return strings.TrimSpace(string(b))
+}

@@ -1,0 +1,421 @@
+package dra
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"reflect"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/sirupsen/logrus"
+	"golang.org/x/sync/errgroup"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/dynamic-resource-allocation/kubeletplugin"
+	"k8s.io/dynamic-resource-allocation/resourceslice"
+	"k8s.io/klog/v2"
+
+	"github.com/cdi-device-plugin/cdi-device-plugin/cdi"
+	"github.com/cdi-device-plugin/cdi-device-plugin/device"
+	"github.com/cdi-device-plugin/cdi-device-plugin/internal/logs"
+	"github.com/cdi-device-plugin/cdi-device-plugin/internal/specgate"
+	"github.com/cdi-device-plugin/cdi-device-plugin/metrics"
+)
+
+// Defaults of Options.
+const (
+	// DefaultPollInterval is how often the kubelet's PodResources is asked
+	// while a handover guard is up.
+	DefaultPollInterval = 2 * time.Second
+	// DefaultHealthResend is how often the device health is sent to the
+	// kubelet when nothing changed: within the kubelet's 30 s, after which
+	// it takes the health for unknown.
+	DefaultHealthResend = 10 * time.Second
+)
+
+// Runner prepares and resets devices (prestart.Runner), and recovers
+// failed ones in the background (Run).
+type Runner interface {
+	Prepare(ctx context.Context, devs []device.Device) error
+	Reset(ctx context.Context, devs []device.Device) error
+	HasReset() bool
+	FirmwareSHA256() (string, error)
+	Run(ctx context.Context) error
+}
+
+// Resource is one configured resource as the driver serves it: the same
+// device source, spec and prestart runner as the device plugin's (see
+// internal/parts).
+type Resource struct {
+	// Name is the extended resource name, Kind the CDI kind of its devices.
+	Name string
+	Kind cdi.Kind
+	// IDPrefix names its devices in the slice (DeviceName).
+	IDPrefix string
+	// EnvPrefix, when set, gives a claim's containers
+	// <EnvPrefix>_DEVICES=<the claim's device IDs of the resource>.
+	EnvPrefix string
+	// Mounts are given to a claim's containers.
+	Mounts []cdi.Mount
+	Source specgate.DeviceSource
+	Spec   specgate.SpecFile
+	Runner Runner
+}
+
+// Options configure the driver.
+type Options struct {
+	// DriverName names the driver (CheckDriverName); NodeName the node,
+	// which is the pool's name.
+	DriverName, NodeName string
+	Client               kubernetes.Interface
+	// RegistrarDir is the kubelet's plugin registry directory, PluginDir
+	// the driver's own directory (dra.sock).
+	RegistrarDir, PluginDir string
+	// Writer writes the per-claim specs.
+	Writer     *cdi.Writer
+	Checkpoint *Checkpoint
+	// PodResources is the kubelet's PodResources socket.
+	PodResources string
+	// BootID is the kernel's boot ID: a claim prepared in another boot is
+	// prepared again.
+	BootID    string
+	Resources []Resource
+	Log       *logrus.Entry
+	// Metrics, when set, counts the spec writes.
+	Metrics *metrics.Metrics
+	// PollInterval (default DefaultPollInterval), HealthResend (default
+	// DefaultHealthResend).
+	PollInterval, HealthResend time.Duration
+}
+
+// Driver is the DRA kubelet plugin of the configured resources.
+type Driver struct {
+	opts      Options
+	log       *logrus.Entry
+	claimKind cdi.Kind
+	res       []*resource
+
+	// changed: a resource published a snapshot; nodes: the node's
+	// reported resources (latest); polled: a PodResources poll's result.
+	changed chan struct{}
+	nodes   chan nodeReport
+	polled  chan pollResult
+	// fatal: an error that ends Run (HandleError).
+	fatal chan error
+	pings chan chan struct{}
+
+	helper    atomic.Pointer[kubeletplugin.Helper]
+	published atomic.Bool
+	health    atomic.Pointer[healthView]
+
+	// prepMu serialises Prepare and Unprepare (the helper does too, but
+	// the checkpoint must not depend on that).
+	prepMu sync.Mutex
+}
+
+// resource is a Resource running: its follower publishes to it.
+type resource struct {
+	Resource
+	d        *Driver
+	follower *specgate.Follower
+	// snap is what the spec describes now (specgate.Gate).
+	snap     atomic.Pointer[device.Snapshot]
+	firmware string
+}
+
+// Update takes a snapshot from the follower (specgate.Publisher).
+func (r *resource) Update(s *device.Snapshot) error {
+	r.snap.Store(s)
+	select {
+	case r.d.changed <- struct{}{}:
+	default:
+	}
+	return nil
+}
+
+// ErrOptions is returned by New for options it cannot run with.
+var ErrOptions = errors.New("DRA driver options")
+
+// New checks the options and returns the driver; it touches nothing.
+func New(o Options) (*Driver, error) {
+	if err := CheckDriverName("driver-name", o.DriverName); err != nil {
+		return nil, err
+	}
+	if o.NodeName == "" || o.Client == nil || o.Writer == nil || o.Checkpoint == nil {
+		return nil, fmt.Errorf("%w: a node name, a client, a CDI writer and a checkpoint are needed", ErrOptions)
+	}
+	k, err := cdi.ClaimKind(o.DriverName)
+	if err != nil {
+		return nil, fmt.Errorf("%w: driver name %q gives no CDI kind: %w", ErrOptions, o.DriverName, err)
+	}
+	if o.Log == nil {
+		o.Log = logs.Discard()
+	}
+	if o.PollInterval <= 0 {
+		o.PollInterval = DefaultPollInterval
+	}
+	if o.HealthResend <= 0 {
+		o.HealthResend = DefaultHealthResend
+	}
+	d := &Driver{opts: o, log: o.Log.WithField("driver", o.DriverName), claimKind: k,
+		changed: make(chan struct{}, 1), nodes: make(chan nodeReport, 1), polled: make(chan pollResult, 1),
+		fatal: make(chan error, 1), pings: make(chan chan struct{})}
+	d.health.Store(&healthView{changed: make(chan struct{})})
+	for _, rc := range o.Resources {
+		r := &resource{Resource: rc, d: d}
+		log := d.log.WithField("resource", rc.Name)
+		r.follower = &specgate.Follower{Resource: rc.Name, Source: rc.Source, Spec: rc.Spec, Publish: r, Log: log, Metrics: o.Metrics}
+		if sha, err := rc.Runner.FirmwareSHA256(); err != nil {
+			log.WithError(err).Warn("cannot tell the reprogram image's digest; the devices are published without firmwareSHA256")
+		} else {
+			r.firmware = sha
+		}
+		d.res = append(d.res, r)
+	}
+	return d, nil
+}
+
+// Run writes the resources' specs, registers with the kubelet and serves
+// it, publishes the devices in ResourceSlices and keeps them and their
+// health in step until ctx is done; every goroutine it started has ended
+// when it returns. Specs, claim specs and the checkpoint are kept.
+func (d *Driver) Run(ctx context.Context) error {
+	ctx = klog.NewContext(ctx, Logger(d.log))
+	// Spec first, then the devices are published.
+	for _, r := range d.res {
+		if err := r.follower.Start(); err != nil {
+			return fmt.Errorf("%s: %w", r.Name, err)
+		}
+	}
+	d.restoreClaimSpecs()
+	for _, dir := range []string{d.opts.RegistrarDir, d.opts.PluginDir} {
+		if err := os.MkdirAll(dir, 0o750); err != nil {
+			return fmt.Errorf("kubelet plugin directory: %w", err)
+		}
+	}
+	helper, err := kubeletplugin.Start(ctx, d,
+		kubeletplugin.DriverName(d.opts.DriverName),
+		kubeletplugin.NodeName(d.opts.NodeName),
+		kubeletplugin.KubeClient(d.opts.Client),
+		kubeletplugin.RegistrarDirectoryPath(d.opts.RegistrarDir),
+		kubeletplugin.PluginDataDirectoryPath(d.opts.PluginDir),
+	)
+	if err != nil {
+		return fmt.Errorf("start the kubelet plugin: %w", err)
+	}
+	d.helper.Store(helper)
+	defer helper.Stop()
+	d.log.WithField("registrar", d.opts.RegistrarDir).WithField("plugin dir", d.opts.PluginDir).Info("serving the kubelet")
+	g, gctx := errgroup.WithContext(ctx)
+	for _, r := range d.res {
+		g.Go(func() error { return r.follower.Run(gctx) })
+		g.Go(func() error { return r.Runner.Run(gctx) })
+	}
+	g.Go(func() error { return d.watchNode(gctx) })
+	g.Go(func() error { return d.loop(gctx, helper) })
+	return g.Wait()
+}
+
+// HandleError is called by the helper for errors in the background
+// (publishing slices, gRPC servers): logged, and a fatal one ends Run.
+func (d *Driver) HandleError(_ context.Context, err error, msg string) {
+	if errors.Is(err, kubeletplugin.ErrRecoverable) {
+		d.log.WithError(err).Warn(msg)
+		return
+	}
+	d.log.WithError(err).Error(msg)
+	select {
+	case d.fatal <- fmt.Errorf("%s: %w", msg, err):
+	default:
+	}
+}
+
+// Alive reports whether the driver's loops (the slice loop, every
+// resource's spec loop) answer within ctx.
+func (d *Driver) Alive(ctx context.Context) error {
+	reply := make(chan struct{})
+	select {
+	case d.pings <- reply:
+	case <-ctx.Done():
+		return fmt.Errorf("the slice loop does not answer: %w", ctx.Err())
+	}
+	select {
+	case <-reply:
+	case <-ctx.Done():
+		return fmt.Errorf("the slice loop does not answer: %w", ctx.Err())
+	}
+	for _, r := range d.res {
+		if err := r.follower.Alive(ctx); err != nil {
+			return fmt.Errorf("%s: %w", r.Name, err)
+		}
+	}
+	return nil
+}
+
+// Ready reports whether the kubelet registered the driver and its devices
+// were handed to the ResourceSlice controller.
+func (d *Driver) Ready() error {
+	h := d.helper.Load()
+	if h == nil {
+		return errors.New("not serving the kubelet yet")
+	}
+	if st := h.RegistrationStatus(); st == nil || !st.PluginRegistered {
+		return errors.New("not registered with the kubelet")
+	}
+	if !d.published.Load() {
+		return errors.New("no ResourceSlice published yet")
+	}
+	return nil
+}
+
+// loop owns the handover guards and what was published: it publishes the
+// slices and the health again whenever a resource's devices, the node or
+// the devices containers hold change, and asks PodResources while a guard
+// is up.
+func (d *Driver) loop(ctx context.Context, helper *kubeletplugin.Helper) error {
+	g := newGuards(d.res, d.log)
+	poll := time.NewTimer(0) // the first look at once
+	defer poll.Stop()
+	armed, polling := true, false
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	var last []resourceslice.Slice
+	publish := func() error {
+		cur := d.current(g)
+		slices := Slices(d.opts.DriverName, cur)
+		if last == nil || !reflect.DeepEqual(slices, last) {
+			pool := resourceslice.Pool{Slices: slices}
+			if err := helper.PublishResources(ctx, resourceslice.DriverResources{Pools: map[string]resourceslice.Pool{d.opts.NodeName: pool}}); err != nil {
+				return fmt.Errorf("publish the ResourceSlices: %w", err)
+			}
+			n := 0
+			for _, s := range slices {
+				n += len(s.Devices)
+			}
+			d.log.WithField("devices", n).WithField("slices", len(slices)).Debug("ResourceSlices published")
+			last = slices
+			d.published.Store(true)
+		}
+		d.setHealth(cur)
+		return nil
+	}
+	if err := publish(); err != nil {
+		return err
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case err := <-d.fatal:
+			return err
+		case reply := <-d.pings:
+			close(reply)
+			continue
+		case <-d.changed:
+		case n := <-d.nodes:
+			g.node(n)
+		case <-poll.C:
+			armed, polling = false, true
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				res := d.pollHolders(ctx)
+				select {
+				case d.polled <- res:
+				case <-ctx.Done():
+				}
+			}()
+			continue
+		case res := <-d.polled:
+			polling = false
+			g.held(res)
+		}
+		if g.anyUp() && !polling && !armed {
+			poll.Reset(d.opts.PollInterval)
+			armed = true
+		}
+		if err := publish(); err != nil {
+			return err
+		}
+	}
+}
+
+// current is every resource's devices as they are to be published now.
+func (d *Driver) current(g *guards) []Published {
+	out := make([]Published, len(d.res))
+	for i, r := range d.res {
+		out[i] = Published{Resource: r.Name, Kind: r.Kind, IDPrefix: r.IDPrefix, Snapshot: r.snap.Load(), Handover: g.up(i), FirmwareSHA256: r.firmware}
+	}
+	return out
+}
+
+// lookup finds the device named name in the slice.
+func (d *Driver) lookup(name string) (*resource, device.Device, bool) {
+	for _, r := range d.res {
+		s := r.snap.Load()
+		if s == nil {
+			continue
+		}
+		for _, dv := range s.Devices {
+			if DeviceName(r.IDPrefix, dv.Index) == name {
+				return r, dv, true
+			}
+		}
+	}
+	return nil, device.Device{}, false
+}
+
+// byName is the resource named name.
+func (d *Driver) byName(name string) *resource {
+	for _, r := range d.res {
+		if r.Name == name {
+			return r
+		}
+	}
+	return nil
+}
+
+// restoreClaimSpecs writes again the claim specs of prepared claims that
+// are missing, and marks those claims to be prepared again: the CDI dir
+// was emptied (a reboot empties /var/run/cdi; the kubelet may start a
+// container of such a claim before it prepares the claim again, and its
+// CDI IDs must resolve meanwhile). It removes the specs of claims not
+// prepared (a driver killed between writing a claim's spec and its
+// checkpoint).
+func (d *Driver) restoreClaimSpecs() {
+	claims := d.opts.Checkpoint.Claims()
+	removed, err := d.opts.Writer.RemoveStaleClaimSpecs(d.claimKind, func(uid string) bool {
+		pc, ok := claims[types.UID(uid)]
+		return ok && pc.ClaimSpec != ""
+	})
+	for _, p := range removed {
+		d.log.WithField("spec", p).Info("removed the CDI spec of a claim not prepared")
+	}
+	if err != nil {
+		d.log.WithError(err).Warn("removing the CDI specs of claims not prepared")
+	}
+	lost := false
+	for uid, pc := range claims {
+		if pc.ClaimSpec == "" {
+			continue
+		}
+		if _, err := os.Stat(pc.ClaimSpec); err == nil {
+			continue
+		}
+		log := d.log.WithField("claim", pc.Namespace+"/"+pc.Name)
+		if _, _, err := d.opts.Writer.WriteClaimSpec(d.claimKind, d.claimEdits(uid, pc)); err != nil {
+			log.WithError(err).Error("writing the CDI spec of a prepared claim again")
+		}
+		pc.PrepareAgain, lost = true, true
+		claims[uid] = pc
+		log.Info("the CDI spec of a prepared claim was gone (a reboot): written again; its devices are prepared again when the kubelet asks")
+	}
+	if lost {
+		if err := d.opts.Checkpoint.Save(claims); err != nil {
+			d.log.WithError(err).Error("recording the claims to prepare again")
+		}
+	}
+}

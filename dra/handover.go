@@ -1,0 +1,195 @@
+package dra
+
+import (
+	"context"
+	"strings"
+
+	"github.com/sirupsen/logrus"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/tools/cache"
+
+	"github.com/cdi-device-plugin/cdi-device-plugin/internal/latest"
+	"github.com/cdi-device-plugin/cdi-device-plugin/metrics"
+)
+
+// The handover guard. While the node still reports a resource as an
+// extended resource (status.allocatable or status.capacity above zero), or
+// a container holds a device of it through the device plugin (PodResources),
+// the kubelet may take the resource's name for a device-plugin resource and
+// fail the start of a container that DRA serves (kubelet 1.36.3, for 5
+// minutes after the device plugin left). Every device of the resource then
+// carries the handover taint, so that pods wait Pending instead.
+
+// nodeReport is, by resource name, whether the node reports it.
+type nodeReport map[string]bool
+
+// pollResult is, by resource name, whether device-plugin containers hold
+// devices of it; err: PodResources could not tell.
+type pollResult struct {
+	held map[string]bool
+	err  error
+}
+
+// guard is one resource's handover guard.
+type guard struct {
+	// nodeKnown, heldKnown: the node was seen, PodResources answered.
+	nodeKnown, heldKnown bool
+	node, held           bool
+	// told: the guard's state was logged (once both were known), wasUp
+	// what it said.
+	told, wasUp bool
+}
+
+func (g *guard) isUp() bool { return !g.nodeKnown || !g.heldKnown || g.node || g.held }
+
+// guards are the guards of the driver's resources, owned by its loop.
+type guards struct {
+	names []string
+	g     []guard
+	log   *logrus.Entry
+	// noPodResources: PodResources could not tell (logged once).
+	noPodResources bool
+}
+
+func newGuards(res []*resource, log *logrus.Entry) *guards {
+	gs := &guards{g: make([]guard, len(res)), log: log}
+	for _, r := range res {
+		gs.names = append(gs.names, r.Name)
+	}
+	return gs
+}
+
+func (gs *guards) up(i int) bool { return gs.g[i].isUp() }
+
+func (gs *guards) anyUp() bool {
+	for i := range gs.g {
+		if gs.g[i].isUp() {
+			return true
+		}
+	}
+	return false
+}
+
+func (gs *guards) node(n nodeReport) {
+	for i, name := range gs.names {
+		g := &gs.g[i]
+		if n[name] && !g.isUp() {
+			// PodResources is not asked while the guard is down: what it
+			// said last is stale now. The guard comes down again only
+			// after it says afresh that no container holds a device.
+			g.heldKnown = false
+		}
+		g.nodeKnown, g.node = true, n[name]
+	}
+	gs.logChanges()
+}
+
+func (gs *guards) held(p pollResult) {
+	switch {
+	case p.err != nil && !gs.noPodResources:
+		gs.log.WithError(p.err).Warn("cannot tell which devices device-plugin containers hold; the handover taint stays")
+	case p.err == nil && gs.noPodResources:
+		gs.log.Info("PodResources answers again")
+	}
+	gs.noPodResources = p.err != nil
+	for i, name := range gs.names {
+		gs.g[i].heldKnown, gs.g[i].held = p.err == nil, p.held[name]
+	}
+	gs.logChanges()
+}
+
+// logChanges says, once the node and PodResources were both heard from and
+// then once per change, whether a resource's guard is up, and why.
+func (gs *guards) logChanges() {
+	for i := range gs.g {
+		g := &gs.g[i]
+		up := g.isUp()
+		heard := g.nodeKnown && (g.heldKnown || gs.noPodResources)
+		if (g.told && up == g.wasUp) || (!g.told && !heard) {
+			continue
+		}
+		g.told, g.wasUp = true, up
+		log := gs.log.WithField("resource", gs.names[i])
+		if !up {
+			log.Info("handover guard down: the node does not report the resource and no device-plugin container holds a device of it; its devices are published without the handover taint")
+			continue
+		}
+		var why []string
+		if g.node {
+			why = append(why, "the node reports it as an extended resource")
+		}
+		if g.held {
+			why = append(why, "a device-plugin container holds a device of it")
+		}
+		switch {
+		case !g.heldKnown && gs.noPodResources:
+			why = append(why, "PodResources cannot tell whether device-plugin containers hold devices")
+		case !g.heldKnown:
+			why = append(why, "PodResources not asked yet")
+		}
+		log.WithField("because", strings.Join(why, "; ")).Warn("handover guard up: the devices carry the handover taint")
+	}
+}
+
+// pollHolders asks PodResources which resources device-plugin containers
+// hold devices of.
+func (d *Driver) pollHolders(ctx context.Context) pollResult {
+	held, err := metrics.HeldByResource(ctx, d.opts.PodResources)
+	if err != nil {
+		return pollResult{err: err}
+	}
+	out := map[string]bool{}
+	for name, ids := range held {
+		out[name] = len(ids) > 0
+	}
+	return pollResult{held: out}
+}
+
+// reported is which of the resources the node reports as extended
+// resources.
+func (d *Driver) reported(n *corev1.Node) nodeReport {
+	out := nodeReport{}
+	for _, r := range d.res {
+		name := corev1.ResourceName(r.Name)
+		a, c := n.Status.Allocatable[name], n.Status.Capacity[name]
+		out[r.Name] = !a.IsZero() || !c.IsZero()
+	}
+	return out
+}
+
+// watchNode watches the driver's own Node (a field-selected list and
+// watch) and hands the loop which resources it reports, until ctx is done.
+func (d *Driver) watchNode(ctx context.Context) error {
+	sel := fields.OneTermEqualSelector("metadata.name", d.opts.NodeName).String()
+	nodes := d.opts.Client.CoreV1().Nodes()
+	lw := &cache.ListWatch{
+		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+			o.FieldSelector = sel
+			return nodes.List(ctx, o)
+		},
+		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			o.FieldSelector = sel
+			return nodes.Watch(ctx, o)
+		},
+	}
+	send := func(obj any) {
+		if n, ok := obj.(*corev1.Node); ok && n.Name == d.opts.NodeName {
+			latest.Send(d.nodes, d.reported(n))
+		}
+	}
+	_, ctrl := cache.NewInformerWithOptions(cache.InformerOptions{
+		ListerWatcher: cache.ToListWatcherWithWatchListSemantics(lw, d.opts.Client),
+		ObjectType:    &corev1.Node{},
+		Handler: cache.ResourceEventHandlerFuncs{
+			AddFunc:    send,
+			UpdateFunc: func(_, n any) { send(n) },
+			DeleteFunc: func(any) { latest.Send(d.nodes, nodeReport{}) },
+		},
+	})
+	ctrl.RunWithContext(ctx)
+	return nil
+}

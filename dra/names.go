@@ -1,0 +1,117 @@
+// Package dra is the DRA (Dynamic Resource Allocation) kubelet plugin of
+// the configured resources: it publishes their devices in ResourceSlices
+// (pool = node name), prepares the devices of allocated claims with the
+// same prestart steps and device state as the device plugin, hands out CDI
+// IDs from the same spec file (plus a per-claim spec for claim-level
+// variables), checkpoints prepared claims, streams device health to the
+// kubelet, and taints devices while the device plugin still serves their
+// resource on the node (the handover guard). It builds on
+// k8s.io/dynamic-resource-allocation's kubeletplugin and resourceslice.
+package dra
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/util/validation"
+
+	"github.com/cdi-device-plugin/cdi-device-plugin/config"
+)
+
+// Taint keys, below the driver name: <driver>/unhealthy on a device that
+// is not healthy, <driver>/handover on every device of a resource that
+// the device plugin may still serve on the node.
+const (
+	TaintUnhealthy = "unhealthy"
+	TaintHandover  = "handover"
+)
+
+// Attribute names, qualified by the driver name as domain
+// (<driver>/resource, ...). Identity attributes appear only when known.
+const (
+	AttrResource       = "resource"       // string: the extended resource name
+	AttrIndex          = "index"          // int: the device's index in its resource
+	AttrID             = "id"             // string: the qualified CDI device name
+	AttrNUMANode       = "numaNode"       // int
+	AttrFirmwareSHA256 = "firmwareSHA256" // string: digest of the reprogram image
+	AttrPCIAddress     = "pciAddress"
+	AttrPCIVendor      = "pciVendor"
+	AttrPCIDevice      = "pciDevice"
+	AttrPCIClass       = "pciClass"
+	AttrPCIDriver      = "pciDriver"
+	AttrUSBBus         = "usbBus"    // int
+	AttrUSBDevice      = "usbDevice" // int
+	AttrUSBVendor      = "usbVendor"
+	AttrUSBProduct     = "usbProduct"
+	AttrUSBSerial      = "usbSerial"
+)
+
+// DefaultDriverName is the driver name when none is given: <class>.<domain>
+// of the first resource (sim.example.com for example.com/sim).
+func DefaultDriverName(cfg *config.Config) string {
+	if len(cfg.Resources) == 0 {
+		return ""
+	}
+	return cfg.Resources[0].Class + "." + cfg.Resources[0].Domain
+}
+
+// CheckDriverName checks a driver name: a DNS subdomain of at most 63
+// characters (resource.k8s.io's limit; it is also the domain of the
+// attribute names). The error is a FieldError naming field.
+func CheckDriverName(field, name string) error {
+	if len(name) > resourceapi.DriverNameMaxLength {
+		return &config.FieldError{Field: field, Value: name, Reason: fmt.Sprintf("must be at most %d characters", resourceapi.DriverNameMaxLength)}
+	}
+	if errs := validation.IsDNS1123Subdomain(name); len(errs) > 0 {
+		return &config.FieldError{Field: field, Value: name, Reason: "must be a DNS subdomain (lowercase letters, digits, '-' and '.'): " + strings.Join(errs, "; ")}
+	}
+	return nil
+}
+
+// DeviceName is the name of a device in the ResourceSlice: its resource's
+// ID prefix and its index (sim-0), made a DNS label: lowercase, every
+// other character than a letter, digit or '-' written as '-', the prefix
+// cut so that the name fits 63 characters.
+func DeviceName(idPrefix string, index int) string {
+	suffix := "-" + strconv.Itoa(index)
+	prefix := namePrefix(idPrefix)
+	if n := validation.DNS1123LabelMaxLength - len(suffix); len(prefix) > n {
+		prefix = strings.TrimRight(prefix[:n], "-")
+	}
+	return prefix + suffix
+}
+
+// namePrefix is idPrefix as the start of a DNS label.
+func namePrefix(idPrefix string) string {
+	b := make([]byte, 0, len(idPrefix))
+	for _, r := range strings.ToLower(idPrefix) {
+		switch {
+		case r >= 'a' && r <= 'z', r >= '0' && r <= '9':
+			b = append(b, byte(r))
+		default:
+			b = append(b, '-')
+		}
+	}
+	if p := strings.Trim(string(b), "-"); p != "" {
+		return p
+	}
+	return "device"
+}
+
+// CheckDeviceNames checks that no two resources' devices get one name in
+// the pool (ID prefixes that differ only in case or punctuation): the
+// error names the idPrefix field of the second resource.
+func CheckDeviceNames(cfg *config.Config) error {
+	seen := map[string]int{}
+	for i := range cfg.Resources {
+		p := namePrefix(cfg.Resources[i].IDPrefix)
+		if j, dup := seen[p]; dup {
+			return &config.FieldError{Field: cfg.ResourceField(i, "idPrefix"), Value: cfg.Resources[i].IDPrefix,
+				Reason: fmt.Sprintf("gives the same ResourceSlice device names (%s-<index>) as resources[%d] (idPrefix %q)", p, j, cfg.Resources[j].IDPrefix)}
+		}
+		seen[p] = i
+	}
+	return nil
+}

@@ -1,0 +1,114 @@
+package dra
+
+import (
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/dynamic-resource-allocation/deviceattribute"
+	"k8s.io/dynamic-resource-allocation/resourceslice"
+
+	"github.com/cdi-device-plugin/cdi-device-plugin/cdi"
+	"github.com/cdi-device-plugin/cdi-device-plugin/device"
+)
+
+// MaxDevicesPerSlice bounds the devices of one ResourceSlice: the limit
+// for slices whose devices may carry taints. The driver taints devices
+// (unhealthy, handover) at any time, so every slice keeps to it, and a
+// taint never moves devices from one slice to another.
+const MaxDevicesPerSlice = resourceapi.ResourceSliceMaxDevicesWithAdvancedFeatures
+
+// Published is one resource's devices as the driver publishes them.
+type Published struct {
+	// Resource is the extended resource name, Kind the CDI kind of its
+	// devices, IDPrefix what their names in the slice start with.
+	Resource string
+	Kind     cdi.Kind
+	IDPrefix string
+	// Snapshot holds what the spec on disk describes (specgate): a device
+	// the spec does not describe yet is left out.
+	Snapshot *device.Snapshot
+	// Handover: the device plugin may still serve the resource on the
+	// node; every device carries the handover taint.
+	Handover bool
+	// FirmwareSHA256 is the digest of the image the resource's reprogram
+	// step loads ("" without one).
+	FirmwareSHA256 string
+}
+
+// Slices are the ResourceSlices of the devices of res, in that order
+// (resources, then devices by index), at most MaxDevicesPerSlice each; at
+// least one, so that a node without devices still shows its pool.
+func Slices(driver string, res []Published) []resourceslice.Slice {
+	var devs []resourceapi.Device
+	for _, p := range res {
+		if p.Snapshot == nil {
+			continue
+		}
+		for _, d := range p.Snapshot.Devices {
+			if d.Problem.Cause == device.CauseNotInSpec {
+				continue // its CDI name would not resolve
+			}
+			devs = append(devs, Device(driver, p, d))
+		}
+	}
+	var out []resourceslice.Slice
+	for len(devs) > 0 {
+		n := min(len(devs), MaxDevicesPerSlice)
+		out = append(out, resourceslice.Slice{Devices: devs[:n:n]})
+		devs = devs[n:]
+	}
+	if len(out) == 0 {
+		out = append(out, resourceslice.Slice{})
+	}
+	return out
+}
+
+// Device is device d of resource p as the slice lists it: named by index,
+// with its attributes and taints.
+func Device(driver string, p Published, d device.Device) resourceapi.Device {
+	attrs := map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{}
+	q := func(name string) resourceapi.QualifiedName { return resourceapi.QualifiedName(driver + "/" + name) }
+	str := func(name, v string) {
+		// A longer value makes the apiserver refuse the whole slice.
+		if v != "" && len(v) <= resourceapi.DeviceAttributeMaxValueLength {
+			attrs[q(name)] = resourceapi.DeviceAttribute{StringValue: &v}
+		}
+	}
+	num := func(name string, v int) {
+		n := int64(v)
+		attrs[q(name)] = resourceapi.DeviceAttribute{IntValue: &n}
+	}
+	str(AttrResource, p.Resource)
+	num(AttrIndex, d.Index)
+	if id, err := p.Kind.QualifiedName(d.Name); err == nil {
+		str(AttrID, id)
+	}
+	if d.NUMANode != device.NoNUMA {
+		num(AttrNUMANode, d.NUMANode)
+		n := int64(d.NUMANode)
+		attrs[deviceattribute.StandardDeviceAttributeNUMANode] = resourceapi.DeviceAttribute{IntValue: &n}
+	}
+	str(AttrFirmwareSHA256, p.FirmwareSHA256)
+	id := d.Identity
+	str(AttrPCIAddress, id.PCIAddress)
+	if a := id.PCIAddress; a != "" {
+		attrs[deviceattribute.StandardDeviceAttributePCIBusID] = resourceapi.DeviceAttribute{StringValue: &a}
+	}
+	str(AttrPCIVendor, id.PCIVendor)
+	str(AttrPCIDevice, id.PCIDevice)
+	str(AttrPCIClass, id.PCIClass)
+	str(AttrPCIDriver, id.PCIDriver)
+	if id.USBBus > 0 {
+		num(AttrUSBBus, id.USBBus)
+		num(AttrUSBDevice, id.USBDevice)
+	}
+	str(AttrUSBVendor, id.USBVendor)
+	str(AttrUSBProduct, id.USBProduct)
+	str(AttrUSBSerial, id.USBSerial)
+	out := resourceapi.Device{Name: DeviceName(p.IDPrefix, d.Index), Attributes: attrs}
+	if !d.Healthy {
+		out.Taints = append(out.Taints, resourceapi.DeviceTaint{Key: driver + "/" + TaintUnhealthy, Value: d.Problem.Cause.String(), Effect: resourceapi.DeviceTaintEffectNoSchedule})
+	}
+	if p.Handover {
+		out.Taints = append(out.Taints, resourceapi.DeviceTaint{Key: driver + "/" + TaintHandover, Effect: resourceapi.DeviceTaintEffectNoSchedule})
+	}
+	return out
+}

@@ -1,0 +1,81 @@
+package kubeletsim
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	drahealthv1 "k8s.io/kubelet/pkg/apis/dra-health/v1"
+	drav1 "k8s.io/kubelet/pkg/apis/dra/v1"
+	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
+)
+
+// DRA is a DRA driver as the kubelet sees it: registered through its
+// registration socket, then called on the endpoint it named.
+type DRA struct {
+	// Info is the driver's answer to GetInfo.
+	Info *registerapi.PluginInfo
+	// Node calls NodePrepareResources and NodeUnprepareResources, Health
+	// NodeWatchResources, on the driver's endpoint.
+	Node   drav1.DRAPluginClient
+	Health drahealthv1.DRAResourceHealthClient
+	conn   *grpc.ClientConn
+}
+
+// RegisterDRA registers the driver serving the registration socket sock
+// as the kubelet's plugin watcher and DRA manager do: GetInfo must name a
+// DRA plugin that offers the v1 DRA service; the registration is then
+// confirmed (NotifyRegistrationStatus) and the endpoint dialled.
+func RegisterDRA(ctx context.Context, sock string) (*DRA, error) {
+	rc, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return nil, err
+	}
+	defer rc.Close()
+	reg := registerapi.NewRegistrationClient(rc)
+	info, err := reg.GetInfo(ctx, &registerapi.InfoRequest{})
+	if err != nil {
+		return nil, fmt.Errorf("GetInfo on %s: %w", sock, err)
+	}
+	var refused error
+	switch {
+	case info.Type != registerapi.DRAPlugin:
+		refused = fmt.Errorf("plugin type %q, want %q", info.Type, registerapi.DRAPlugin)
+	case !slices.Contains(info.SupportedVersions, drav1.DRAPluginService):
+		refused = fmt.Errorf("services %v lack %s", info.SupportedVersions, drav1.DRAPluginService)
+	case info.Endpoint == "":
+		refused = errors.New("no endpoint")
+	}
+	status := &registerapi.RegistrationStatus{PluginRegistered: refused == nil}
+	if refused != nil {
+		status.Error = refused.Error()
+	}
+	if _, err := reg.NotifyRegistrationStatus(ctx, status); err != nil {
+		return nil, fmt.Errorf("NotifyRegistrationStatus on %s: %w", sock, err)
+	}
+	if refused != nil {
+		return nil, fmt.Errorf("registration of %s refused: %w", info.Name, refused)
+	}
+	conn, err := grpc.NewClient("unix://"+info.Endpoint, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return nil, err
+	}
+	return &DRA{Info: info, Node: drav1.NewDRAPluginClient(conn), Health: drahealthv1.NewDRAResourceHealthClient(conn), conn: conn}, nil
+}
+
+// Close closes the connection to the endpoint.
+func (c *DRA) Close() error { return c.conn.Close() }
+
+// Prepare asks the driver to prepare claims, as the kubelet does for a
+// pod's claims of one driver.
+func (c *DRA) Prepare(ctx context.Context, claims ...*drav1.Claim) (*drav1.NodePrepareResourcesResponse, error) {
+	return c.Node.NodePrepareResources(ctx, &drav1.NodePrepareResourcesRequest{Claims: claims})
+}
+
+// Unprepare asks the driver to unprepare claims.
+func (c *DRA) Unprepare(ctx context.Context, claims ...*drav1.Claim) (*drav1.NodeUnprepareResourcesResponse, error) {
+	return c.Node.NodeUnprepareResources(ctx, &drav1.NodeUnprepareResourcesRequest{Claims: claims})
+}

@@ -1,0 +1,285 @@
+// Package parts builds the parts of one configured resource that the
+// device plugin and the DRA driver share: its device source (simulated
+// nodes, globs, PCI or USB devices by identity), its prestart runner, and
+// its CDI spec, whose writes first give every device its state directory
+// (StateSpec); and prepares them (nodes, device state, faults an earlier
+// run recorded). Both commands build a resource the same way, so they
+// describe the same devices with the same spec file and prepare them with
+// the same steps and state.
+package parts
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/sirupsen/logrus"
+
+	"github.com/cdi-device-plugin/cdi-device-plugin/cdi"
+	"github.com/cdi-device-plugin/cdi-device-plugin/config"
+	"github.com/cdi-device-plugin/cdi-device-plugin/device"
+	"github.com/cdi-device-plugin/cdi-device-plugin/device/sysfs"
+	"github.com/cdi-device-plugin/cdi-device-plugin/internal/logs"
+	"github.com/cdi-device-plugin/cdi-device-plugin/metrics"
+	"github.com/cdi-device-plugin/cdi-device-plugin/prestart"
+)
+
+// Options are what Build needs besides the configuration.
+type Options struct {
+	// Writer writes the spec.
+	Writer *cdi.Writer
+	// Socket is the socket this process serves for the resource, written
+	// into the spec (cdi.Resource.Socket).
+	Socket string
+	// Log gets a resource field; nil: nothing is logged.
+	Log     *logrus.Entry
+	Metrics *metrics.Metrics
+	// Holders, when set, returns device IDs held besides those the
+	// kubelet's PodResources lists (the DRA driver's prepared claims):
+	// background recovery spares them, and a vanished host device held so
+	// is not forgotten.
+	Holders func(ctx context.Context) ([]string, error)
+}
+
+// Resource is one configured resource, built.
+type Resource struct {
+	// Name is the extended resource name; Kind the CDI kind of its devices.
+	Name   string
+	Kind   cdi.Kind
+	Source *device.Source
+	Runner *prestart.Runner
+	Spec   StateSpec
+	// StateRoot holds the device state directories.
+	StateRoot string
+	Log       *logrus.Entry
+	// registry is the host devices' registry file ("" for simulated
+	// devices); podResources the kubelet's PodResources socket: both to
+	// keep IDs of earlier versions resolvable (legacyAliases).
+	registry, podResources string
+}
+
+// Build constructs the parts of resource i of cfg without touching the
+// disk. Errors of the constructors are errors of the configuration, named
+// by the field the user wrote.
+func Build(cfg *config.Config, i int, o Options) (*Resource, error) {
+	rc := &cfg.Resources[i]
+	field := func(name string) string { return cfg.ResourceField(i, name) }
+	log := o.Log
+	if log == nil {
+		log = logs.Discard()
+	}
+	log = log.WithField("resource", rc.Name)
+	kind, err := cdi.KindFor(rc.Domain, rc.Class)
+	if err != nil {
+		return nil, &config.FieldError{Field: field("name"), Value: rc.Name, Reason: "does not give a valid CDI kind: " + err.Error()}
+	}
+	podResources, resource := cfg.PodResourcesSocket, rc.Name
+	holders := func(ctx context.Context) ([]string, error) {
+		held, err := metrics.HeldDevices(ctx, podResources, resource)
+		if err != nil || o.Holders == nil {
+			return held, err
+		}
+		more, err := o.Holders(ctx)
+		return append(held, more...), err
+	}
+	opts := device.Options{
+		DevRoot:  cfg.DevRoot,
+		IDPrefix: rc.IDPrefix, NodeName: cfg.NodeName,
+		Replicas: rc.ReplicaCount(),
+		Log:      log,
+	}
+	if rc.Simulated() {
+		opts.Count = rc.DeviceCount()
+		opts.FilePrefix = rc.DeviceFilePrefix
+		opts.Type = device.NodeType(rc.DeviceNode.Type.CDI())
+		opts.Major, opts.Minor = *rc.DeviceNode.Major, *rc.DeviceNode.Minor
+		opts.NUMANodes = rc.NUMANodes
+	} else {
+		// Host devices keep their IDs and indexes across restarts.
+		opts.Registry = filepath.Join(cfg.StateDir, "resources", kind.SpecName()+".json")
+		opts.SharedNodes = rc.SharedRel
+		opts.ForgetAfter = rc.ForgetAfterOrDefault()
+		opts.Holders = holders
+		if rc.ContainerPath != "" {
+			opts.ContainerPath = rc.ContainerPathOf
+		}
+		switch rc.Discovery() {
+		case config.DiscoverPCI:
+			sel := sysfs.PCISelector{Vendor: rc.PCI.Vendor, Device: rc.PCI.Device, Class: rc.PCI.Class, Driver: rc.PCI.Driver}
+			opts.Discover, opts.DiscoverKind = sysfs.Discover(cfg.SysRoot, cfg.ProcRoot, sel), string(config.DiscoverPCI)
+			opts.KernelEvents = sysfs.KernelEvents("pci")
+		case config.DiscoverUSB:
+			sel := sysfs.USBSelector{Vendor: rc.USB.Vendor, Product: rc.USB.Product, Serial: rc.USB.Serial}
+			opts.Discover, opts.DiscoverKind = sysfs.DiscoverUSB(cfg.SysRoot, sel), string(config.DiscoverUSB)
+			opts.KernelEvents = sysfs.KernelEvents("usb")
+		default:
+			opts.HostGlobs = rc.HostGlobs
+			sysRoot := cfg.SysRoot
+			opts.NUMAOf = func(t device.NodeType, major, minor uint32) int { return sysfs.NUMAOfNode(sysRoot, t, major, minor) }
+		}
+	}
+	src, err := device.NewSource(opts)
+	if errors.Is(err, device.ErrDeviceName) {
+		return nil, &config.FieldError{Field: field("idPrefix"), Value: rc.IDPrefix, Reason: err.Error()}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", rc.Name, err)
+	}
+	stateRoot := filepath.Join(cfg.StateDir, "devices")
+	runner, err := newRunner(cfg, i, stateRoot, src, holders, log, o.Metrics)
+	if err != nil {
+		return nil, err
+	}
+	// The device state is mounted into containers when there is state to
+	// show: a resource with prestart steps.
+	specRes := cdi.Resource{Name: rc.Name, Kind: kind, EnvPrefix: rc.EnvPrefix, Socket: o.Socket}
+	if runner.HasSteps() {
+		specRes.StateRoot = stateRoot
+		specRes.NoStateMount = runner.BadState
+	}
+	return &Resource{
+		Name: rc.Name, Kind: kind, Source: src, Runner: runner, StateRoot: stateRoot, Log: log,
+		Spec:     StateSpec{Spec: o.Writer.Spec(specRes), runner: runner},
+		registry: opts.Registry, podResources: cfg.PodResourcesSocket,
+	}, nil
+}
+
+// Prepare creates the simulated nodes (or finds the host devices), gives
+// every device its state and restores the faults an earlier run recorded.
+// It returns the device IDs of earlier versions that are kept resolvable
+// (see legacyAliases), old ID -> device. The spec is written by the
+// follower (specgate), before the devices are published.
+func (r *Resource) Prepare() (map[string]string, error) {
+	// No registry yet: the first start of a version that escapes host IDs
+	// (the registry came with the escaping), or of the resource.
+	first := false
+	if r.registry != "" {
+		_, err := os.Stat(r.registry)
+		first = errors.Is(err, fs.ErrNotExist)
+	}
+	snap, err := r.Source.Prepare()
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", r.Name, err)
+	}
+	aliases, err := r.legacyAliases(snap, first)
+	if err != nil {
+		if first {
+			// Refuse the next start too: without the registry that this
+			// start wrote, it is a first start again.
+			_ = os.Remove(r.registry)
+		}
+		return nil, fmt.Errorf("%s: %w", r.Name, err)
+	}
+	// Every device has a state directory (mounted into its containers);
+	// a failed preparation recorded by an earlier run keeps it unhealthy,
+	// and so does an unusable state (that device alone).
+	faults, err := r.Runner.Init(snap)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", r.Name, err)
+	}
+	if len(faults) > 0 {
+		for name, problem := range faults {
+			r.Source.SetFault(name, problem)
+		}
+		r.Source.Refresh()
+	}
+	r.Log.WithField("spec", r.Spec.Path()).WithField("devices", len(snap.Devices)).Info("resource prepared")
+	return aliases, nil
+}
+
+// TempPatterns are the globs of the temp files that writes of this
+// resource killed mid-way may have left (spec, registry).
+func (r *Resource) TempPatterns() []string {
+	out := []string{r.Spec.TempPattern()}
+	if p := r.Source.TempPattern(); p != "" {
+		out = append(out, p)
+	}
+	return out
+}
+
+// legacyAliases keeps the host device IDs of versions before the ':'
+// escaping that the kubelet still holds (a checkpoint reuses their CDI
+// names for container restarts) resolvable in the spec, to the same
+// device; an ID that cannot be resolved so is an error (cdi.ErrLegacyID).
+// first: no registry existed before this start (see cdi.LegacyAliases).
+// Without a PodResources socket nothing is known: no aliases.
+func (r *Resource) legacyAliases(snap *device.Snapshot, first bool) (map[string]string, error) {
+	legacy := r.Source.LegacyIDs()
+	if len(legacy) == 0 {
+		return nil, nil
+	}
+	held, ok, err := metrics.DeviceHolders(context.Background(), r.podResources, r.Name)
+	if err != nil {
+		return nil, err
+	}
+	if !ok {
+		r.Log.WithField("socket", r.podResources).Warn("no PodResources API: host device IDs of versions before the ':' escaping that containers hold are not kept resolvable")
+		return nil, nil
+	}
+	aliases, err := cdi.LegacyAliases(snap, legacy, held, first)
+	if err != nil {
+		return nil, err
+	}
+	for old, name := range aliases {
+		r.Log.WithField("old", old).WithField("device", name).WithField("holders", strings.Join(held[old], ",")).
+			Info("keeping the device ID of an earlier version resolvable while the kubelet holds it")
+	}
+	r.Spec.SetAliases(aliases)
+	return aliases, nil
+}
+
+// StateSpec is a resource's CDI spec whose writes first give every device
+// its state directory when the spec mounts it: the spec never names a
+// directory that does not exist (hot-plugged devices included). A device
+// whose directory is unusable is made unhealthy by Ensure and its mount is
+// left out of the spec (cdi.Resource.NoStateMount); the others go on.
+type StateSpec struct {
+	*cdi.Spec
+	runner *prestart.Runner
+}
+
+// Write ensures the state directories, then writes the spec of snap.
+func (s StateSpec) Write(snap *device.Snapshot) error {
+	if s.runner.HasSteps() {
+		if err := s.runner.Ensure(snap); err != nil {
+			return err
+		}
+	}
+	return s.Spec.Write(snap)
+}
+
+// newRunner builds the prestart runner of resource i from its steps; a
+// command that does not parse is an error of its field.
+func newRunner(cfg *config.Config, i int, stateRoot string, src *device.Source, holders func(context.Context) ([]string, error), log *logrus.Entry, m *metrics.Metrics) (*prestart.Runner, error) {
+	rc := &cfg.Resources[i]
+	opts := prestart.Options{Resource: rc.Name, StateRoot: stateRoot, Health: src, Log: log, Metrics: m,
+		// Background recovery spares the devices containers hold.
+		Holders: holders}
+	if p := rc.Prestart; p != nil {
+		opts.Budget = p.Budget.Duration
+		opts.MarkUnhealthy = p.OnFailure.MarksUnhealthy()
+		opts.Recovery = p.Recovery
+		opts.RecoveryInterval = p.RecoveryInterval.Duration
+		for j, s := range p.Steps {
+			switch s.Type {
+			case config.StepReset:
+				opts.Steps = append(opts.Steps, prestart.Reset{Limit: s.Timeout.Duration})
+			case config.StepReprogram:
+				opts.Steps = append(opts.Steps, &prestart.Reprogram{Image: s.Image, SHA256: s.SHA256, Always: s.Always, Limit: s.Timeout.Duration})
+			case config.StepExec:
+				e, err := prestart.NewExec(s.Command, s.Env, s.Timeout.Duration)
+				if err != nil {
+					return nil, &config.FieldError{
+						Field: cfg.ResourceField(i, fmt.Sprintf("prestart.steps[%d].command", j)), Value: strings.Join(s.Command, " "), Reason: err.Error(),
+					}
+				}
+				opts.Steps = append(opts.Steps, e)
+			}
+		}
+	}
+	return prestart.NewRunner(opts), nil
+}
