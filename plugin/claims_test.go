@@ -33,8 +33,8 @@ func claimPod(name string, res ...*podresourcesapi.ClaimResource) *podresourcesa
 
 // byCDI is a claim device as a kubelet lists it: driver, pool, device and
 // the CDI names the driver gave.
-func byCDI(device string, cdi ...string) *podresourcesapi.ClaimResource {
-	cr := &podresourcesapi.ClaimResource{DriverName: testDriver, PoolName: testNode, DeviceName: device}
+func byCDI(dev string, cdi ...string) *podresourcesapi.ClaimResource {
+	cr := &podresourcesapi.ClaimResource{DriverName: testDriver, PoolName: testNode, DeviceName: dev}
 	for _, n := range cdi {
 		cr.CdiDevices = append(cr.CdiDevices, &podresourcesapi.CDIDevice{Name: n})
 	}
@@ -42,8 +42,8 @@ func byCDI(device string, cdi ...string) *podresourcesapi.ClaimResource {
 }
 
 // byName is a claim device with no CDI names.
-func byName(driver, pool, device string) *podresourcesapi.ClaimResource {
-	return &podresourcesapi.ClaimResource{DriverName: driver, PoolName: pool, DeviceName: device}
+func byName(driver, pool, dev string) *podresourcesapi.ClaimResource {
+	return &podresourcesapi.ClaimResource{DriverName: driver, PoolName: pool, DeviceName: dev}
 }
 
 func testMatch(t *testing.T) ClaimMatch {
