@@ -215,6 +215,9 @@ func (g *ClaimGuard) check(ctx context.Context) {
 	claims, err := g.list(ctx)
 	if err != nil {
 		g.known = false
+		if ctx.Err() != nil {
+			return // stopping: nothing to say
+		}
 		if !g.unavailable {
 			g.unavailable = true
 			g.Log.WithError(err).Warn("cannot tell which devices DRA claims hold (PodResources); devices a claim of the DRA driver still holds are not recognised " +
