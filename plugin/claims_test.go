@@ -3,6 +3,7 @@ package plugin
 import (
 	"context"
 	"fmt"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -264,7 +265,8 @@ func TestClaimGuardKubeletRestart(t *testing.T) {
 // socket the resource starts and advertises its devices as it would
 // without the guard; the guard says once that held devices are not
 // recognised, however often it asks, and once that PodResources answers
-// again, when it does.
+// again, when it does; what it found held stays so while it does not
+// answer.
 func TestClaimGuardWithoutPodResources(t *testing.T) {
 	g := runGuarded(t, 10*time.Millisecond, true)
 	if u := g.first(t); u.Healthy() != 3 {
@@ -299,5 +301,16 @@ func TestClaimGuardWithoutPodResources(t *testing.T) {
 	}
 	if p := src.Refresh().Devices[0].Problem; p.Cause != device.CauseHeldByDRA {
 		t.Fatalf("held once PodResources answers: %+v", p)
+	}
+	// Gone again: what was held stays held, and the outage is said.
+	if err := os.Remove(sock); err != nil {
+		t.Fatal(err)
+	}
+	guard.check(ctx)
+	if p := src.Refresh().Devices[0].Problem; p.Cause != device.CauseHeldByDRA {
+		t.Fatalf("released while PodResources does not answer: %+v", p)
+	}
+	if n := said("cannot tell which devices DRA claims hold"); n != 2 {
+		t.Fatalf("said %d times that PodResources cannot tell, want once per outage", n)
 	}
 }
