@@ -108,9 +108,10 @@ type ClaimSource interface {
 // claims hold, from the kubelet's PodResources API. It asks once at
 // Start, before the first advertisement, so that a held device is never
 // advertised Healthy; then, only while a claim holds a device, every
-// Interval until none does; and once after every registration with a
-// kubelet but the first one (a kubelet restart). While nothing is held
-// nothing runs. Without PodResources (no socket, a failed List) it says so
+// Interval until none does; and once after every registration with the
+// kubelet (the first, and those after a kubelet restart: a claim the
+// driver prepared while it was going away, or one PodResources could not
+// tell of, is seen then). While nothing is held nothing runs. Without PodResources (no socket, a failed List) it says so
 // once and goes on: the plugin starts as it would without the guard, and
 // devices already held stay so until PodResources answers. Set the fields,
 // then Start and Run.
@@ -129,10 +130,9 @@ type ClaimGuard struct {
 
 	// Owned by Start, then by Run's goroutine.
 	holds map[string]device.Problem
-	// known: the last List answered; unavailable: a failure was said;
-	// started: Start has asked (and said what it found).
-	known, unavailable, started bool
-	registrations               int
+	// unavailable: a failed List was said; started: Start has asked (and
+	// said what it found).
+	unavailable, started bool
 }
 
 func (g *ClaimGuard) init() {
@@ -179,8 +179,8 @@ func (g *ClaimGuard) Start(ctx context.Context) {
 		Warn("devices held by DRA claims at start: reported unhealthy until no claim holds them")
 }
 
-// Run asks PodResources again while a claim holds a device, and after a
-// kubelet restart, until ctx is done.
+// Run asks PodResources again while a claim holds a device, and after
+// every registration, until ctx is done.
 func (g *ClaimGuard) Run(ctx context.Context) error {
 	g.init()
 	poll := time.NewTimer(g.Interval)
@@ -193,10 +193,6 @@ func (g *ClaimGuard) Run(ctx context.Context) error {
 		case <-ctx.Done():
 			return nil
 		case <-g.registered:
-			g.registrations++
-			if g.registrations == 1 && g.known {
-				continue // Start's answer is as fresh
-			}
 			g.check(ctx)
 		case <-poll.C:
 			g.check(ctx)
@@ -214,14 +210,13 @@ func (g *ClaimGuard) Run(ctx context.Context) error {
 func (g *ClaimGuard) check(ctx context.Context) {
 	claims, err := g.list(ctx)
 	if err != nil {
-		g.known = false
 		if ctx.Err() != nil {
 			return // stopping: nothing to say
 		}
 		if !g.unavailable {
 			g.unavailable = true
 			g.Log.WithError(err).Warn("cannot tell which devices DRA claims hold (PodResources); devices a claim of the DRA driver still holds are not recognised " +
-				"(asked again after the kubelet restarts)")
+				"(asked again at the next registration with the kubelet)")
 		}
 		return
 	}
@@ -229,7 +224,6 @@ func (g *ClaimGuard) check(ctx context.Context) {
 		g.unavailable = false
 		g.Log.Info("PodResources answers again: devices DRA claims hold are recognised")
 	}
-	g.known = true
 	holds := g.Match.Held(g.Source.Snapshot(), claims)
 	switch {
 	case !g.started:

@@ -186,7 +186,7 @@ func health(u kubeletsim.Update) string {
 // Unhealthy from the first ListAndWatch answer on, for the cause
 // dra_claim naming the claim, whether the kubelet gives its CDI names or
 // only its driver, pool and device name; released, it is Healthy again
-// within the poll interval, and PodResources is no longer asked.
+// within the poll interval.
 func TestClaimGuard(t *testing.T) {
 	const interval = 20 * time.Millisecond
 	for _, c := range []struct {
@@ -214,32 +214,73 @@ func TestClaimGuard(t *testing.T) {
 			if d := time.Since(released); d > 2*time.Second {
 				t.Fatalf("Healthy %v after the release, with a %v interval", d, interval)
 			}
-			calls := g.pr.Calls()
-			time.Sleep(20 * interval)
-			if n := g.pr.Calls() - calls; n != 0 {
-				t.Fatalf("%d List calls in %v once nothing was held", n, 20*interval)
-			}
 		})
 	}
 }
 
+// TestClaimGuardPollsOnlyWhileHeld (issue 21): PodResources is asked every
+// interval while a claim holds a device, and no more once none does.
+func TestClaimGuardPollsOnlyWhileHeld(t *testing.T) {
+	const interval = 10 * time.Millisecond
+	testutil.NeedMknod(t)
+	sock := filepath.Join(testutil.ShortDir(t), "pod-resources.sock")
+	pr := testutil.ServePodResources(t, sock, claimPod("c1", byCDI("sim-1", "k8s.example.com/sim=sim-node1-1")))
+	logger, hook := logtest.NewNullLogger()
+	guard := &ClaimGuard{Source: simSource(t), Socket: sock, Interval: interval, Log: logrus.NewEntry(logger), Match: testMatch(t)}
+	guard.Start(context.Background())
+	testutil.Go(t, guard.Run)
+	waitFor := func(what string, cond func() bool) {
+		t.Helper()
+		deadline := time.Now().Add(5 * time.Second)
+		for !cond() {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: not within 5s (%d List calls)", what, pr.Calls())
+			}
+			time.Sleep(interval)
+		}
+	}
+	waitFor("polled while held", func() bool { return pr.Calls() >= 4 })
+	pr.Set()
+	waitFor("the release seen", func() bool {
+		for _, e := range hook.AllEntries() {
+			if e.Message == "no DRA claim holds a device any more" {
+				return true
+			}
+		}
+		return false
+	})
+	calls := pr.Calls() // the List that saw the release is counted
+	time.Sleep(30 * interval)
+	if n := pr.Calls() - calls; n != 0 {
+		t.Fatalf("%d List calls in %v once nothing was held", n, 30*interval)
+	}
+}
+
 // TestClaimGuardIdle (issue 21): with nothing held, PodResources is asked
-// at the start alone: not at the first registration, not every interval.
+// at the start and at the registration alone, not every interval.
 func TestClaimGuardIdle(t *testing.T) {
 	const interval = 10 * time.Millisecond
 	g := runGuarded(t, interval, false, claimPod("other", byName("gpu.vendor.com", testNode, "sim-1")))
 	if u := g.first(t); u.Healthy() != 3 {
 		t.Fatalf("first answer: %s", health(u))
 	}
+	deadline := time.Now().Add(5 * time.Second)
+	for g.pr.Calls() < 2 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d List calls, want 2: the start's and the registration's", g.pr.Calls())
+		}
+		time.Sleep(interval)
+	}
 	time.Sleep(30 * interval)
-	if n := g.pr.Calls(); n != 1 {
-		t.Fatalf("%d List calls with nothing held, want 1 (the start's)", n)
+	if n := g.pr.Calls(); n != 2 {
+		t.Fatalf("%d List calls with nothing held, want 2 (the start's and the registration's)", n)
 	}
 }
 
 // TestClaimGuardKubeletRestart (issue 21): a claim that appears while
 // nothing is held is seen at the next kubelet restart (the registration
-// with the new kubelet asks once).
+// with the new kubelet asks once), even one that comes before the
+// registration with the first kubelet was answered.
 func TestClaimGuardKubeletRestart(t *testing.T) {
 	g := runGuarded(t, time.Hour, false)
 	if u := g.first(t); u.Healthy() != 3 {
