@@ -111,10 +111,11 @@ type ClaimSource interface {
 // Interval until none does; and once after every registration with the
 // kubelet (the first, and those after a kubelet restart: a claim the
 // driver prepared while it was going away, or one PodResources could not
-// tell of, is seen then). While nothing is held nothing runs. Without PodResources (no socket, a failed List) it says so
-// once and goes on: the plugin starts as it would without the guard, and
-// devices already held stay so until PodResources answers. Set the fields,
-// then Start and Run.
+// tell of, is seen then). While nothing is held nothing runs. Without
+// PodResources (no socket, a failed List) it says so once per outage and
+// goes on: the plugin starts as it would without the guard, and devices
+// already held stay so until PodResources answers. Set the fields, then
+// Start and Run.
 type ClaimGuard struct {
 	Source ClaimSource
 	Match  ClaimMatch
