@@ -83,11 +83,12 @@ func Watch(ctx context.Context, t testing.TB, dir, endpoint string) (*kubeletsim
 }
 
 // PodResources is the kubelet's PodResources List, answering the pods
-// last set.
+// last set, and counting the calls.
 type PodResources struct {
 	podresourcesapi.UnimplementedPodResourcesListerServer
-	mu   sync.Mutex
-	pods []*podresourcesapi.PodResources
+	mu    sync.Mutex
+	pods  []*podresourcesapi.PodResources
+	calls int
 }
 
 // Set replaces the pods List answers.
@@ -97,10 +98,18 @@ func (s *PodResources) Set(pods ...*podresourcesapi.PodResources) {
 	s.pods = pods
 }
 
+// Calls is how many List calls were answered.
+func (s *PodResources) Calls() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.calls
+}
+
 // List answers the pods.
 func (s *PodResources) List(context.Context, *podresourcesapi.ListPodResourcesRequest) (*podresourcesapi.ListPodResourcesResponse, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.calls++
 	return &podresourcesapi.ListPodResourcesResponse{PodResources: slices.Clone(s.pods)}, nil
 }
 
