@@ -7,19 +7,16 @@ import (
 	"crypto/rand"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/base64"
 	"encoding/pem"
 	"fmt"
 	"math/big"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
 	"time"
-
-	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
-	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 )
 
 // ControlPlane is a private etcd and kube-apiserver on loopback ports, for
@@ -31,8 +28,8 @@ type ControlPlane struct {
 	// Kubeconfig is a kubeconfig file with a client certificate of the
 	// group system:masters, for the drivers under test.
 	Kubeconfig string
-	// Client is dp-bench's own client, not rate-limited.
-	Client kubernetes.Interface
+	// Client is dp-bench's own client (apiclient.go), not rate-limited.
+	Client *apiClient
 
 	dir             string
 	etcd, apiserver *proc
@@ -100,18 +97,11 @@ func StartControlPlane(ctx context.Context, o ControlPlaneOptions) (*ControlPlan
 		return fail(fmt.Errorf("kube-apiserver: %w", err))
 	}
 	host := fmt.Sprintf("https://127.0.0.1:%d", ports[2])
-	rc := &rest.Config{Host: host, TLSClientConfig: rest.TLSClientConfig{CAData: pki.caPEM, CertData: pki.clientPEM, KeyData: pki.clientKeyPEM},
-		QPS: -1, Timeout: 30 * time.Second}
-	if cp.Client, err = kubernetes.NewForConfig(rc); err != nil {
+	if cp.Client, err = newAPIClient(host, pki.caPEM, pki.clientPEM, pki.clientKeyPEM); err != nil {
 		return fail(err)
 	}
 	cp.Kubeconfig = filepath.Join(dir, "kubeconfig")
-	kc := clientcmdapi.NewConfig()
-	kc.Clusters["dp-bench"] = &clientcmdapi.Cluster{Server: host, CertificateAuthorityData: pki.caPEM}
-	kc.AuthInfos["dp-bench"] = &clientcmdapi.AuthInfo{ClientCertificateData: pki.clientPEM, ClientKeyData: pki.clientKeyPEM}
-	kc.Contexts["dp-bench"] = &clientcmdapi.Context{Cluster: "dp-bench", AuthInfo: "dp-bench"}
-	kc.CurrentContext = "dp-bench"
-	if err := clientcmd.WriteToFile(*kc, cp.Kubeconfig); err != nil {
+	if err := os.WriteFile(cp.Kubeconfig, kubeconfig(host, pki), 0o600); err != nil {
 		return fail(err)
 	}
 	if err := cp.waitReady(ctx, o.Ready); err != nil {
@@ -132,10 +122,11 @@ func (cp *ControlPlane) waitReady(ctx context.Context, timeout time.Duration) er
 			}
 		}
 		rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		body, err := cp.Client.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(rctx)
+		var body string
+		err := cp.Client.do(rctx, http.MethodGet, "/readyz", nil, &body)
 		cancel()
 		switch {
-		case err == nil && string(body) == "ok":
+		case err == nil && body == "ok":
 			return nil
 		case err == nil:
 			last = fmt.Errorf("/readyz: %q", body)
@@ -159,6 +150,29 @@ func (cp *ControlPlane) Stop() {
 		}
 	}
 	_ = os.RemoveAll(cp.dir)
+}
+
+// kubeconfig is a kubeconfig for the API server at host with pki's client
+// certificate, the data inline.
+func kubeconfig(host string, p *pki) []byte {
+	b64 := base64.StdEncoding.EncodeToString
+	return fmt.Appendf(nil, `apiVersion: v1
+kind: Config
+clusters:
+- name: dp-bench
+  cluster:
+    server: %s
+    certificate-authority-data: %s
+users:
+- name: dp-bench
+  user:
+    client-certificate-data: %s
+    client-key-data: %s
+contexts:
+- name: dp-bench
+  context: {cluster: dp-bench, user: dp-bench}
+current-context: dp-bench
+`, host, b64(p.caPEM), b64(p.clientPEM), b64(p.clientKeyPEM))
 }
 
 // startCP starts a control-plane process; the tail of its output is kept

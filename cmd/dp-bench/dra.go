@@ -2,8 +2,12 @@ package main
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
 	"slices"
@@ -13,13 +17,6 @@ import (
 	"time"
 
 	"github.com/fsnotify/fsnotify"
-	corev1 "k8s.io/api/core/v1"
-	resourceapi "k8s.io/api/resource/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/uuid"
-	"k8s.io/apimachinery/pkg/watch"
-	"k8s.io/client-go/kubernetes"
 	drav1 "k8s.io/kubelet/pkg/apis/dra/v1"
 
 	"github.com/cdi-device-plugin/cdi-device-plugin/internal/kubeletsim"
@@ -92,11 +89,12 @@ func startCluster(ctx context.Context, o ControlPlaneOptions) (*draCluster, erro
 		return nil, err
 	}
 	cl := &draCluster{cp: cp}
-	if v, err := cp.Client.Discovery().ServerVersion(); err == nil {
+	var v apiVersion
+	if err := cp.Client.do(ctx, http.MethodGet, "/version", nil, &v); err == nil {
 		cl.version = v.GitVersion
 	}
-	_, err = cp.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: benchNamespace}}, metav1.CreateOptions{})
-	if err != nil && !apierrors.IsAlreadyExists(err) {
+	ns := &namespace{typeMeta: typeMeta{APIVersion: "v1", Kind: "Namespace"}, Metadata: objectMeta{Name: benchNamespace}}
+	if err := cp.Client.do(ctx, http.MethodPost, pathNamespaces, ns, nil); err != nil && !isAlreadyExists(err) {
 		cp.Stop()
 		return nil, fmt.Errorf("namespace %s: %w", benchNamespace, err)
 	}
@@ -105,28 +103,23 @@ func startCluster(ctx context.Context, o ControlPlaneOptions) (*draCluster, erro
 
 func (cl *draCluster) stop() { cl.cp.Stop() }
 
-// stamped is a watch event and when dp-bench received it.
-type stamped struct {
-	watch.Event
-	At time.Time
-}
-
 // runDRATarget runs the DRA driver t once against a fresh Node object, a
 // PodResources stand-in and the shared API server. Only setup errors are
 // returned; failures of the driver are results.
 func runDRATarget(ctx context.Context, t Target, s Settings, cl *draCluster) (*RunResult, error) {
-	node := fmt.Sprintf("dp-bench-node-%d", cl.nodes.Add(1))
-	r, err := t.prepare(s.TmpfsDir, &cluster{Kubeconfig: cl.cp.Kubeconfig, NodeName: node})
+	nodeName := fmt.Sprintf("dp-bench-node-%d", cl.nodes.Add(1))
+	r, err := t.prepare(s.TmpfsDir, &cluster{Kubeconfig: cl.cp.Kubeconfig, NodeName: nodeName})
 	if err != nil {
 		return nil, err
 	}
 	defer r.cleanup()
 	api := cl.cp.Client
-	if _, err := api.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node,
-		Labels: map[string]string{corev1.LabelHostname: node}}}, metav1.CreateOptions{}); err != nil {
-		return nil, fmt.Errorf("node %s: %w", node, err)
+	n := &node{typeMeta: typeMeta{APIVersion: "v1", Kind: "Node"},
+		Metadata: objectMeta{Name: nodeName, Labels: map[string]string{"kubernetes.io/hostname": nodeName}}}
+	if err := api.do(ctx, http.MethodPost, pathNodes, n, nil); err != nil {
+		return nil, fmt.Errorf("node %s: %w", nodeName, err)
 	}
-	defer cleanupNode(api, node)
+	defer cleanupNode(api, nodeName)
 	pr, err := kubeletsim.ServePodResources(r.host.PodResources)
 	if err != nil {
 		return nil, err
@@ -134,21 +127,10 @@ func runDRATarget(ctx context.Context, t Target, s Settings, cl *draCluster) (*R
 	defer pr.Stop()
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	w, err := api.ResourceV1().ResourceSlices().Watch(wctx, metav1.ListOptions{FieldSelector: resourceapi.ResourceSliceSelectorNodeName + "=" + node})
+	events, err := api.watch(wctx, pathResourceSlices, url.Values{"fieldSelector": {"spec.nodeName=" + nodeName}})
 	if err != nil {
 		return nil, fmt.Errorf("watching ResourceSlices: %w", err)
 	}
-	defer w.Stop()
-	events := make(chan stamped, 1024)
-	go func() {
-		for ev := range w.ResultChan() {
-			select {
-			case events <- stamped{ev, time.Now()}:
-			case <-wctx.Done():
-				return
-			}
-		}
-	}()
 	fw, err := fsnotify.NewWatcher()
 	if err != nil {
 		return nil, err
@@ -161,7 +143,7 @@ func runDRATarget(ctx context.Context, t Target, s Settings, cl *draCluster) (*R
 	if err != nil {
 		return nil, err
 	}
-	apiBase, err := sliceBaseline(ctx, api, node, events)
+	apiBase, err := sliceBaseline(ctx, api, nodeName, events)
 	if err != nil {
 		return nil, err
 	}
@@ -179,7 +161,7 @@ func runDRATarget(ctx context.Context, t Target, s Settings, cl *draCluster) (*R
 		return nil, err
 	}
 	res := newRunResult()
-	x := &draSession{t: t, s: s, r: r, p: p, res: res, api: api, cl: cl, node: node, events: events, fsw: fw,
+	x := &draSession{t: t, s: s, r: r, p: p, res: res, api: api, cl: cl, node: nodeName, events: events, fsw: fw,
 		execBase: execBase, apiBase: apiBase, idle: idle}
 	err = x.run(ctx)
 	x.stop()
@@ -193,31 +175,34 @@ func runDRATarget(ctx context.Context, t Target, s Settings, cl *draCluster) (*R
 }
 
 // cleanupNode deletes the node's slices and the node.
-func cleanupNode(api kubernetes.Interface, node string) {
+func cleanupNode(api *apiClient, node string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	_ = api.ResourceV1().ResourceSlices().DeleteCollection(ctx, metav1.DeleteOptions{},
-		metav1.ListOptions{FieldSelector: resourceapi.ResourceSliceSelectorNodeName + "=" + node})
-	_ = api.CoreV1().Nodes().Delete(ctx, node, metav1.DeleteOptions{})
+	_ = api.do(ctx, http.MethodDelete, pathResourceSlices+"?"+url.Values{"fieldSelector": {"spec.nodeName=" + node}}.Encode(), nil, nil)
+	_ = api.do(ctx, http.MethodDelete, pathNodes+"/"+node, nil, nil)
 }
 
 // sliceBaseline is the time from dp-bench's own ResourceSlice create to
 // its watch event: the API server's share of a published slice.
-func sliceBaseline(ctx context.Context, api kubernetes.Interface, node string, events <-chan stamped) (time.Duration, error) {
+func sliceBaseline(ctx context.Context, api *apiClient, node string, events <-chan watchEvent) (time.Duration, error) {
 	name := node + "-baseline"
-	sl := &resourceapi.ResourceSlice{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: resourceapi.ResourceSliceSpec{
-		Driver: "baseline.dp-bench.example.com", Pool: resourceapi.ResourcePool{Name: node, ResourceSliceCount: 1},
-		NodeName: &node, Devices: []resourceapi.Device{{Name: "baseline-0"}}}}
+	sl := &resourceSlice{typeMeta: typeMeta{APIVersion: "resource.k8s.io/v1", Kind: "ResourceSlice"}, Metadata: objectMeta{Name: name},
+		Spec: resourceSliceSpec{Driver: "baseline.dp-bench.example.com", Pool: resourcePool{Name: node, ResourceSliceCount: 1},
+			NodeName: &node, Devices: []sliceDevice{{Name: "baseline-0"}}}}
 	t0 := time.Now()
-	if _, err := api.ResourceV1().ResourceSlices().Create(ctx, sl, metav1.CreateOptions{}); err != nil {
+	if err := api.do(ctx, http.MethodPost, pathResourceSlices, sl, nil); err != nil {
 		return 0, fmt.Errorf("baseline ResourceSlice: %w", err)
 	}
-	defer func() { _ = api.ResourceV1().ResourceSlices().Delete(ctx, name, metav1.DeleteOptions{}) }()
+	defer func() { _ = api.do(ctx, http.MethodDelete, pathResourceSlices+"/"+name, nil, nil) }()
 	timeout := time.After(10 * time.Second)
 	for {
 		select {
-		case ev := <-events:
-			if s, ok := ev.Object.(*resourceapi.ResourceSlice); ok && s.Name == name && ev.Type == watch.Added {
+		case ev, ok := <-events:
+			if !ok {
+				return 0, errors.New("baseline ResourceSlice: the watch ended")
+			}
+			var s resourceSlice
+			if ev.Type == watchAdded && json.Unmarshal(ev.Object, &s) == nil && s.Metadata.Name == name {
 				return ev.At.Sub(t0), nil
 			}
 		case <-timeout:
@@ -235,10 +220,10 @@ type draSession struct {
 	r      *runDirs
 	p      *proc
 	res    *RunResult
-	api    kubernetes.Interface
+	api    *apiClient
 	cl     *draCluster
 	node   string
-	events <-chan stamped
+	events <-chan watchEvent
 	fsw    *fsnotify.Watcher
 	idle   *proc
 
@@ -362,7 +347,7 @@ func sockets(dir string) []string {
 }
 
 // pool is the driver's slices of the node's pool, as the watch shows them.
-type pool map[string]*resourceapi.ResourceSlice
+type pool map[string]*resourceSlice
 
 // complete returns the devices of the pool's newest generation, in slice
 // order, and the number of its slices; ok is false while some are
@@ -372,7 +357,7 @@ func (pl pool) complete() (devices []string, n int, ok bool) {
 	for _, s := range pl {
 		gen = max(gen, s.Spec.Pool.Generation)
 	}
-	var cur []*resourceapi.ResourceSlice
+	var cur []*resourceSlice
 	for _, s := range pl {
 		if s.Spec.Pool.Generation == gen {
 			cur = append(cur, s)
@@ -381,7 +366,7 @@ func (pl pool) complete() (devices []string, n int, ok bool) {
 	if len(cur) == 0 || int64(len(cur)) != cur[0].Spec.Pool.ResourceSliceCount {
 		return nil, len(cur), false
 	}
-	sort.Slice(cur, func(i, j int) bool { return cur[i].Name < cur[j].Name })
+	sort.Slice(cur, func(i, j int) bool { return cur[i].Metadata.Name < cur[j].Metadata.Name })
 	for _, s := range cur {
 		for _, d := range s.Spec.Devices {
 			devices = append(devices, d.Name)
@@ -399,19 +384,23 @@ func (x *draSession) slices(ctx context.Context) error {
 	defer timeout.Stop()
 	for {
 		select {
-		case ev := <-x.events:
-			s, ok := ev.Object.(*resourceapi.ResourceSlice)
-			if !ok || s.Spec.Driver != x.t.DRA.Driver {
+		case ev, ok := <-x.events:
+			if !ok {
+				x.res.fail("dra-slices", "the API server ended the watch")
+				return errors.New("the ResourceSlice watch ended")
+			}
+			s := &resourceSlice{}
+			if ev.Type == watchError || json.Unmarshal(ev.Object, s) != nil || s.Spec.Driver != x.t.DRA.Driver {
 				continue
 			}
 			if s.Spec.Pool.Name != x.node {
 				others = append(others, s.Spec.Pool.Name)
 				continue
 			}
-			if ev.Type == watch.Deleted {
-				delete(pl, s.Name)
+			if ev.Type == watchDeleted {
+				delete(pl, s.Metadata.Name)
 			} else {
-				pl[s.Name] = s
+				pl[s.Metadata.Name] = s
 			}
 			devs, n, ok := pl.complete()
 			if !ok || (x.t.DRA.Devices > 0 && len(devs) < x.t.DRA.Devices) {
@@ -444,22 +433,25 @@ func (x *draSession) slices(ctx context.Context) error {
 
 // createClaim makes a claim allocated to devs, as the scheduler leaves
 // it: created, then its status written.
-func (x *draSession) createClaim(ctx context.Context, devs []string) (*resourceapi.ResourceClaim, error) {
+func (x *draSession) createClaim(ctx context.Context, devs []string) (*resourceClaim, error) {
 	want := benchClaim(benchNamespace, fmt.Sprintf("claim-%d", x.cl.claims.Add(1)), x.t.DRA.Driver, x.node, devs)
-	claims := x.api.ResourceV1().ResourceClaims(benchNamespace)
-	c, err := claims.Create(ctx, want, metav1.CreateOptions{})
-	if err != nil {
-		return nil, fmt.Errorf("creating claim %s: %w", want.Name, err)
+	path := pathClaims(benchNamespace)
+	c := &resourceClaim{}
+	if err := x.api.do(ctx, http.MethodPost, path, &resourceClaim{typeMeta: want.typeMeta, Metadata: want.Metadata, Spec: want.Spec}, c); err != nil {
+		return nil, fmt.Errorf("creating claim %s: %w", want.Metadata.Name, err)
 	}
 	c.Status = want.Status
-	if c, err = claims.UpdateStatus(ctx, c, metav1.UpdateOptions{}); err != nil {
-		return nil, fmt.Errorf("allocating claim %s: %w", want.Name, err)
+	if err := x.api.do(ctx, http.MethodPut, path+"/"+c.Metadata.Name+"/status", c, c); err != nil {
+		return nil, fmt.Errorf("allocating claim %s: %w", want.Metadata.Name, err)
+	}
+	if c.Metadata.UID == "" || c.Status.Allocation == nil {
+		return nil, fmt.Errorf("claim %s: the API server's answer has no UID or allocation", want.Metadata.Name)
 	}
 	return c, nil
 }
 
-func (x *draSession) deleteClaim(ctx context.Context, c *resourceapi.ResourceClaim) {
-	_ = x.api.ResourceV1().ResourceClaims(c.Namespace).Delete(ctx, c.Name, metav1.DeleteOptions{})
+func (x *draSession) deleteClaim(ctx context.Context, c *resourceClaim) {
+	_ = x.api.do(ctx, http.MethodDelete, pathClaims(c.Metadata.Namespace)+"/"+c.Metadata.Name, nil, nil)
 }
 
 // pace waits until the API interval has passed since the last call that
@@ -500,7 +492,7 @@ func (x *draSession) timed(ctx context.Context, st *sizeTimes, get bool, call fu
 
 // prepare calls NodePrepareResources for c (the driver reads c from the
 // API server), timed after an empty RPC.
-func (x *draSession) prepare(ctx context.Context, st *sizeTimes, c *resourceapi.ResourceClaim) (*drav1.NodePrepareResourcesResponse, time.Duration, error) {
+func (x *draSession) prepare(ctx context.Context, st *sizeTimes, c *resourceClaim) (*drav1.NodePrepareResourcesResponse, time.Duration, error) {
 	var resp *drav1.NodePrepareResourcesResponse
 	d, err := x.timed(ctx, st, true, func(ctx context.Context) (err error) {
 		resp, err = x.dra.Prepare(ctx, kubeletClaim(c))
@@ -591,7 +583,7 @@ func (x *draSession) cycle(ctx context.Context, n int, first bool, st *sizeTimes
 		return err
 	}
 	defer x.deleteClaim(ctx, c)
-	uid := string(c.UID)
+	uid := c.Metadata.UID
 	var ev0 map[string]string
 	if first && x.r.evidence != "" {
 		if ev0, err = evidence(x.r.evidence); err != nil {
@@ -646,8 +638,8 @@ func (x *draSession) cycle(ctx context.Context, n int, first bool, st *sizeTimes
 	// What every NodePrepareResources costs before the driver's own
 	// work: the helper reads the claim from the API server.
 	t0 := time.Now()
-	if _, err := x.api.ResourceV1().ResourceClaims(c.Namespace).Get(ctx, c.Name, metav1.GetOptions{}); err != nil {
-		return fmt.Errorf("reading claim %s: %w", c.Name, err)
+	if err := x.api.do(ctx, http.MethodGet, pathClaims(c.Metadata.Namespace)+"/"+c.Metadata.Name, nil, &resourceClaim{}); err != nil {
+		return fmt.Errorf("reading claim %s: %w", c.Metadata.Name, err)
 	}
 	st.get = append(st.get, time.Since(t0))
 	return nil
@@ -695,7 +687,10 @@ func (x *draSession) resolve(ids []string) {
 // that a claim allocated to a device the driver does not publish is
 // refused.
 func (x *draSession) unknown(ctx context.Context) error {
-	uid := string(uuid.NewUUID())
+	uid, err := randomUID()
+	if err != nil {
+		return err
+	}
 	ur, err := x.dra.Unprepare(ctx, &drav1.Claim{Namespace: benchNamespace, Name: "dp-bench-never-prepared", Uid: uid})
 	if err := unprepareErr(ur, err, uid); err != nil {
 		x.res.fail("dra-unprepare-unknown", "%v", err)
@@ -710,7 +705,7 @@ func (x *draSession) unknown(ctx context.Context) error {
 	resp, _, err := x.prepare(ctx, &sizeTimes{}, c)
 	var got *drav1.NodePrepareResourceResponse
 	if err == nil {
-		got = resp.GetClaims()[string(c.UID)]
+		got = resp.GetClaims()[c.Metadata.UID]
 	}
 	switch {
 	case err != nil:
@@ -726,7 +721,18 @@ func (x *draSession) unknown(ctx context.Context) error {
 	return nil
 }
 
-// draDefs are the checks and metrics of a report's kind.
+// randomUID is a random UUID (version 4), as the API server makes.
+func randomUID() (string, error) {
+	var b [16]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return "", err
+	}
+	b[6] = b[6]&0x0f | 0x40
+	b[8] = b[8]&0x3f | 0x80
+	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:]), nil
+}
+
+// defsOf are the checks and metrics of a report's kind.
 func defsOf(dra bool) ([]checkDef, []metricDef) {
 	if dra {
 		return draCheckDefs, draMetricDefs

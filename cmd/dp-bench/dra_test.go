@@ -3,25 +3,36 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 
+	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 	drav1 "k8s.io/kubelet/pkg/apis/dra/v1"
+	"sigs.k8s.io/yaml"
 )
 
 // TestBenchClaim: the claim asks for as many devices as it is allocated,
 // and the allocation is the scheduler's: one result per device, of the
-// driver, in the node's pool, for the claim's request, on that node.
+// driver, in the node's pool, for the claim's request, on that node. It
+// is checked in k8s.io/api's types, decoded strictly from dp-bench's JSON.
 func TestBenchClaim(t *testing.T) {
-	c := benchClaim("ns", "c1", "drv.example.com", "node-1", []string{"d-0", "d-3"})
-	if c.Namespace != "ns" || c.Name != "c1" {
-		t.Errorf("object %s/%s", c.Namespace, c.Name)
+	b, err := json.Marshal(benchClaim("ns", "c1", "drv.example.com", "node-1", []string{"d-0", "d-3"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var c resourceapi.ResourceClaim
+	if err := yaml.UnmarshalStrict(b, &c); err != nil {
+		t.Fatalf("not a ResourceClaim of k8s.io/api: %v\n%s", err, b)
+	}
+	if c.APIVersion != "resource.k8s.io/v1" || c.Kind != "ResourceClaim" || c.Namespace != "ns" || c.Name != "c1" {
+		t.Errorf("object %s %s %s/%s", c.APIVersion, c.Kind, c.Namespace, c.Name)
 	}
 	reqs := c.Spec.Devices.Requests
 	if len(reqs) != 1 || reqs[0].Exactly == nil || reqs[0].Exactly.Count != 2 ||
@@ -40,14 +51,61 @@ func TestBenchClaim(t *testing.T) {
 	}
 	terms := a.NodeSelector.NodeSelectorTerms
 	if len(terms) != 1 || len(terms[0].MatchFields) != 1 || terms[0].MatchFields[0].Key != "metadata.name" ||
-		!slices.Equal(terms[0].MatchFields[0].Values, []string{"node-1"}) {
+		terms[0].MatchFields[0].Operator != corev1.NodeSelectorOpIn || !slices.Equal(terms[0].MatchFields[0].Values, []string{"node-1"}) {
 		t.Errorf("node selector %+v", a.NodeSelector)
 	}
-	c.UID = "u-1"
-	if k := kubeletClaim(c); k.Namespace != "ns" || k.Name != "c1" || k.Uid != "u-1" {
-		t.Errorf("kubelet's claim %+v", k)
+	// The API server's answer, read back.
+	c.UID, c.ResourceVersion = "u-1", "7"
+	b, _ = json.Marshal(&c)
+	var got resourceClaim
+	if err := json.Unmarshal(b, &got); err != nil {
+		t.Fatal(err)
+	}
+	if k := kubeletClaim(&got); k.Namespace != "ns" || k.Name != "c1" || k.Uid != "u-1" || got.Metadata.ResourceVersion != "7" {
+		t.Errorf("kubelet's claim %+v, metadata %+v", k, got.Metadata)
 	}
 }
+
+// TestAPITypes: dp-bench's other objects are k8s.io/api's, and it reads
+// a slice and the API server's error as k8s.io/api writes them.
+func TestAPITypes(t *testing.T) {
+	nodeName := "n1"
+	for _, c := range []struct {
+		name string
+		obj  any
+		into any
+	}{
+		{"node", &node{typeMeta: typeMeta{APIVersion: "v1", Kind: "Node"}, Metadata: objectMeta{Name: "n1", Labels: map[string]string{"a": "b"}}}, &corev1.Node{}},
+		{"namespace", &namespace{typeMeta: typeMeta{APIVersion: "v1", Kind: "Namespace"}, Metadata: objectMeta{Name: "ns"}}, &corev1.Namespace{}},
+		{"slice", &resourceSlice{typeMeta: typeMeta{APIVersion: "resource.k8s.io/v1", Kind: "ResourceSlice"}, Metadata: objectMeta{Name: "s"},
+			Spec: resourceSliceSpec{Driver: "d", Pool: resourcePool{Name: "n1", Generation: 2, ResourceSliceCount: 1}, NodeName: &nodeName,
+				Devices: []sliceDevice{{Name: "d0"}}}}, &resourceapi.ResourceSlice{}},
+	} {
+		b, _ := json.Marshal(c.obj)
+		if err := yaml.UnmarshalStrict(b, c.into); err != nil {
+			t.Errorf("%s: %v\n%s", c.name, err, b)
+		}
+	}
+	written := resourceapi.ResourceSlice{ObjectMeta: metav1.ObjectMeta{Name: "s", UID: "u"}, Spec: resourceapi.ResourceSliceSpec{Driver: "d",
+		Pool: resourceapi.ResourcePool{Name: "n1", Generation: 3, ResourceSliceCount: 2}, NodeName: &nodeName,
+		Devices: []resourceapi.Device{{Name: "d0", Attributes: map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{"d/x": {StringValue: ptr("y")}}}, {Name: "d1"}}}}
+	b, _ := json.Marshal(written)
+	var s resourceSlice
+	if err := json.Unmarshal(b, &s); err != nil {
+		t.Fatal(err)
+	}
+	if s.Metadata.Name != "s" || s.Spec.Driver != "d" || s.Spec.Pool != (resourcePool{Name: "n1", Generation: 3, ResourceSliceCount: 2}) ||
+		*s.Spec.NodeName != "n1" || len(s.Spec.Devices) != 2 || s.Spec.Devices[1].Name != "d1" {
+		t.Errorf("slice read %+v", s)
+	}
+	b, _ = json.Marshal(metav1.Status{Status: metav1.StatusFailure, Reason: metav1.StatusReasonAlreadyExists, Message: "exists", Code: 409})
+	var st apiStatus
+	if err := json.Unmarshal(b, &st); err != nil || st.Reason != "AlreadyExists" || st.Message != "exists" || st.Code != 409 {
+		t.Errorf("status read %+v %v", st, err)
+	}
+}
+
+func ptr[T any](v T) *T { return &v }
 
 func dev(pool, name string, reqs []string, cdi ...string) *drav1.Device {
 	return &drav1.Device{PoolName: pool, DeviceName: name, RequestNames: reqs, CdiDeviceIds: cdi}
@@ -61,10 +119,10 @@ func answer(uid string, r *drav1.NodePrepareResourceResponse) *drav1.NodePrepare
 // with its request and a CDI ID, and nothing else.
 func TestCheckPrepared(t *testing.T) {
 	c := benchClaim("ns", "c1", "drv", "n1", []string{"d0", "d1"})
-	c.UID = types.UID("u1")
+	c.Metadata.UID = "u1"
 	// A result of another driver is not this driver's to answer.
 	c.Status.Allocation.Devices.Results = append(c.Status.Allocation.Devices.Results,
-		resourceapi.DeviceRequestAllocationResult{Request: benchRequest, Driver: "other", Pool: "n1", Device: "x"})
+		deviceRequestAllocationResult{Request: benchRequest, Driver: "other", Pool: "n1", Device: "x"})
 	req := []string{benchRequest}
 	ok := &drav1.NodePrepareResourceResponse{Devices: []*drav1.Device{dev("n1", "d1", req, "k/c=d1"), dev("n1", "d0", req, "k/c=d0", "k/claim=u1")}}
 	if p := checkPrepared(c, "drv", answer("u1", ok)); len(p) != 0 {
@@ -174,11 +232,11 @@ func TestEvidence(t *testing.T) {
 // TestPoolComplete: a pool is complete when all slices of its newest
 // generation are there; devices in slice-name order.
 func TestPoolComplete(t *testing.T) {
-	sl := func(name string, gen, count int64, devs ...string) *resourceapi.ResourceSlice {
-		s := &resourceapi.ResourceSlice{ObjectMeta: metav1.ObjectMeta{Name: name},
-			Spec: resourceapi.ResourceSliceSpec{Pool: resourceapi.ResourcePool{Name: "n", Generation: gen, ResourceSliceCount: count}}}
+	sl := func(name string, gen, count int64, devs ...string) *resourceSlice {
+		s := &resourceSlice{Metadata: objectMeta{Name: name},
+			Spec: resourceSliceSpec{Pool: resourcePool{Name: "n", Generation: gen, ResourceSliceCount: count}}}
 		for _, d := range devs {
-			s.Spec.Devices = append(s.Spec.Devices, resourceapi.Device{Name: d})
+			s.Spec.Devices = append(s.Spec.Devices, sliceDevice{Name: d})
 		}
 		return s
 	}
@@ -321,6 +379,27 @@ func TestDRANoAPIServer(t *testing.T) {
 		"- cdi-dra-driver (8 devices, no steps): not run: no API server: -kube-apiserver: not given"} {
 		if !strings.Contains(stdout.String(), want) {
 			t.Errorf("missing %q in:\n%s\nstderr:\n%s", want, stdout.String(), stderr.String())
+		}
+	}
+}
+
+// TestLinksNoKubeClient: dp-bench links neither client-go nor k8s.io/api:
+// every baseline process is dp-bench itself, and they would double its
+// start-up and triple its memory (apiclient.go).
+func TestLinksNoKubeClient(t *testing.T) {
+	goBin, err := exec.LookPath("go")
+	if err != nil {
+		t.Skipf("no go in PATH: %v", err)
+	}
+	out, err := exec.Command(goBin, "list", "-deps", ".").CombinedOutput()
+	if err != nil {
+		t.Skipf("go list: %v: %s", err, out)
+	}
+	for _, dep := range strings.Fields(string(out)) {
+		for _, banned := range []string{"k8s.io/client-go/", "k8s.io/api/", "k8s.io/apimachinery/pkg/apis/", "k8s.io/apimachinery/pkg/runtime/"} {
+			if strings.HasPrefix(dep+"/", banned) {
+				t.Errorf("dp-bench links %s", dep)
+			}
 		}
 	}
 }

@@ -9,9 +9,6 @@ import (
 	"sort"
 	"strings"
 
-	corev1 "k8s.io/api/core/v1"
-	resourceapi "k8s.io/api/resource/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	drav1 "k8s.io/kubelet/pkg/apis/dra/v1"
 )
 
@@ -28,20 +25,20 @@ const (
 // result per device, of driver in pool, for the request, and the node
 // selector of the node whose pool it is. The API server gives the claim
 // its UID when it is created; the status is written afterwards.
-func benchClaim(namespace, name, driver, node string, devices []string) *resourceapi.ResourceClaim {
-	c := &resourceapi.ResourceClaim{
-		ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: name},
-		Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{{
-			Name: benchRequest,
-			Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: benchClass,
-				AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: int64(len(devices))},
+func benchClaim(namespace, name, driver, node string, devices []string) *resourceClaim {
+	c := &resourceClaim{
+		typeMeta: typeMeta{APIVersion: "resource.k8s.io/v1", Kind: "ResourceClaim"},
+		Metadata: objectMeta{Namespace: namespace, Name: name},
+		Spec: claimSpec{Devices: deviceClaim{Requests: []deviceRequest{{
+			Name:    benchRequest,
+			Exactly: &exactDeviceRequest{DeviceClassName: benchClass, AllocationMode: "ExactCount", Count: int64(len(devices))},
 		}}}},
 	}
-	alloc := &resourceapi.AllocationResult{NodeSelector: &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{
-		MatchFields: []corev1.NodeSelectorRequirement{{Key: "metadata.name", Operator: corev1.NodeSelectorOpIn, Values: []string{node}}},
+	alloc := &allocationResult{NodeSelector: &nodeSelector{NodeSelectorTerms: []nodeSelectorTerm{{
+		MatchFields: []nodeSelectorRequirement{{Key: "metadata.name", Operator: "In", Values: []string{node}}},
 	}}}}
 	for _, d := range devices {
-		alloc.Devices.Results = append(alloc.Devices.Results, resourceapi.DeviceRequestAllocationResult{
+		alloc.Devices.Results = append(alloc.Devices.Results, deviceRequestAllocationResult{
 			Request: benchRequest, Driver: driver, Pool: node, Device: d})
 	}
 	c.Status.Allocation = alloc
@@ -49,8 +46,8 @@ func benchClaim(namespace, name, driver, node string, devices []string) *resourc
 }
 
 // kubeletClaim is the claim as the kubelet names it in its calls.
-func kubeletClaim(c *resourceapi.ResourceClaim) *drav1.Claim {
-	return &drav1.Claim{Namespace: c.Namespace, Name: c.Name, Uid: string(c.UID)}
+func kubeletClaim(c *resourceClaim) *drav1.Claim {
+	return &drav1.Claim{Namespace: c.Metadata.Namespace, Name: c.Metadata.Name, Uid: c.Metadata.UID}
 }
 
 // checkPrepared returns what is wrong with the answer for claim c of a
@@ -58,13 +55,13 @@ func kubeletClaim(c *resourceapi.ResourceClaim) *drav1.Claim {
 // error, every device of driver that c's allocation names exactly once,
 // with the allocation's pool, its request and at least one CDI ID, and
 // no other device.
-func checkPrepared(c *resourceapi.ResourceClaim, driver string, resp *drav1.NodePrepareResourcesResponse) []string {
-	got, ok := resp.GetClaims()[string(c.UID)]
+func checkPrepared(c *resourceClaim, driver string, resp *drav1.NodePrepareResourcesResponse) []string {
+	got, ok := resp.GetClaims()[c.Metadata.UID]
 	switch {
 	case !ok:
-		return []string{fmt.Sprintf("claim %s not answered", c.Name)}
+		return []string{fmt.Sprintf("claim %s not answered", c.Metadata.Name)}
 	case got.GetError() != "":
-		return []string{fmt.Sprintf("claim %s: error %q", c.Name, got.GetError())}
+		return []string{fmt.Sprintf("claim %s: error %q", c.Metadata.Name, got.GetError())}
 	}
 	var problems []string
 	if n := len(resp.GetClaims()); n != 1 {
