@@ -111,7 +111,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.DurationVar(&o.cp.Ready, "api-ready-timeout", time.Minute, "DRA drivers: wait for the API server to be ready")
 	fs.StringVar(&o.jsonOut, "json", "", "write the full report as JSON to this file")
 	fs.StringVar(&o.render, "render", "", "run nothing: print (and with -md write) the tables of a report written by -json")
-	fs.StringVar(&o.compare, "compare", "", "a target name: add its per-round ratios to every other target of the same scenario")
+	fs.StringVar(&o.compare, "compare", "", "a target name: add its per-round ratios to every other target of the same group (a target's group, else its scenario)")
 	fs.StringVar(&o.goBench, "gobench", "", "add the medians of this `go test -bench` output to the report")
 	fs.StringVar(&o.mdOut, "md", "", "write the tables into this Markdown file, between dp-bench's markers (the rest of the file is kept)")
 	if err := fs.Parse(args); err != nil {
