@@ -183,7 +183,7 @@ func TestRegisterDRA(t *testing.T) {
 	}
 }
 
-// TestPodResources: List answers the pods last set.
+// TestPodResources: List answers the pods last set, and counts the calls.
 func TestPodResources(t *testing.T) {
 	sock := filepath.Join(testutil.ShortDir(t), "podres.sock")
 	p, err := kubeletsim.ServePodResources(sock)
@@ -210,5 +210,8 @@ func TestPodResources(t *testing.T) {
 	p.Set(&podresourcesapi.PodResources{Name: "a", Namespace: "ns"})
 	if got := list(); len(got) != 1 || got[0].Name != "a" {
 		t.Fatalf("pods after Set: %v", got)
+	}
+	if n := p.Calls(); n != 2 {
+		t.Errorf("%d List calls counted, want 2", n)
 	}
 }

@@ -12,11 +12,12 @@ import (
 
 // PodResources is the kubelet's PodResources List, answering the pods
 // last set (none at first), as drivers and plugins ask it which devices
-// containers hold.
+// containers hold, and counting the calls.
 type PodResources struct {
 	podresourcesapi.UnimplementedPodResourcesListerServer
-	mu   sync.Mutex
-	pods []*podresourcesapi.PodResources
+	mu    sync.Mutex
+	pods  []*podresourcesapi.PodResources
+	calls int
 
 	srv    *grpc.Server
 	served chan struct{}
@@ -48,9 +49,17 @@ func (s *PodResources) Set(pods ...*podresourcesapi.PodResources) {
 	s.pods = pods
 }
 
+// Calls is how many List calls were answered.
+func (s *PodResources) Calls() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.calls
+}
+
 // List answers the pods.
 func (s *PodResources) List(context.Context, *podresourcesapi.ListPodResourcesRequest) (*podresourcesapi.ListPodResourcesResponse, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.calls++
 	return &podresourcesapi.ListPodResourcesResponse{PodResources: slices.Clone(s.pods)}, nil
 }
