@@ -966,6 +966,10 @@ func (c *cluster) scenarioSwitch(t *testing.T, node string) {
 	c.deletePod(t, "b")
 	t0 = time.Now()
 	c.toDevicePlugin(t, node)
+	// As after any device plugin restart, a pod scheduled before the node
+	// reports the new plugin's devices is rejected by the kubelet (README:
+	// switch back with the node cordoned until then).
+	c.waitAllocatableOf(t, node, draResource, numDevices, time.Minute)
 	c.createPod(t, c.extendedPod("c1", 2))
 	p := c.waitRunning(t, "c1", 0, 2*time.Minute)
 	if p.Status.ExtendedResourceClaimStatus != nil {

@@ -151,11 +151,15 @@ binaries() {
 }
 
 # other_kubelet: a kubelet runs that this script did not start.
+# A kubelet in another mount namespace (a kind node's, in its container)
+# sees another /var/lib/kubelet and does not count.
 other_kubelet() {
-	local pid ours=
+	local pid ours= mnt
 	[[ -f ${RUN}/kubelet.pid ]] && ours=$(cat "${RUN}/kubelet.pid")
+	mnt=$(readlink /proc/self/ns/mnt)
 	for pid in $(pgrep -x kubelet || true); do
-		[[ ${pid} == "${ours}" ]] || return 0
+		[[ ${pid} != "${ours}" ]] || continue
+		[[ $(readlink "/proc/${pid}/ns/mnt" 2>/dev/null) == "${mnt}" ]] && return 0
 	done
 	return 1
 }
