@@ -303,9 +303,19 @@ func TestPrepareUnprepareAcrossRestart(t *testing.T) {
 		t.Fatalf("checkpoint %+v", pc)
 	}
 
+	ckpt := filepath.Join(h.state, "dra", "checkpoint.json")
+	written, err := os.Stat(ckpt)
+	if err != nil {
+		t.Fatal(err)
+	}
 	again := h.prepare(c1)[c1.Uid]
 	if again.Error != "" || fmt.Sprint(allIDs(again)) != fmt.Sprint(allIDs(got)) {
 		t.Fatalf("second Prepare: %v, want %v", again, got)
+	}
+	// Nothing new to keep: the checkpoint is not written (and synced)
+	// again (a write replaces the file).
+	if fi, err := os.Stat(ckpt); err != nil || !os.SameFile(fi, written) {
+		t.Fatalf("the checkpoint was written again for a claim prepared already (%v)", err)
 	}
 	h.stop()
 	h.start()
