@@ -112,8 +112,6 @@ func featureGatesEnabled(ctx context.Context, cs kubernetes.Interface, names ...
 // {name="DRAExtendedResource",stage="BETA"} 1 and the others): a cluster
 // without them fails the DRA scenarios for reasons far from their cause.
 // The DRA scenarios call it first.
-//
-//nolint:unused // until the DRA scenarios (issue 21) call it
 func (c *cluster) requireFeatureGates(t *testing.T, names ...string) {
 	t.Helper()
 	seen, err := featureGatesEnabled(ctxT(t, 30*time.Second), c.cs, names...)

@@ -173,16 +173,23 @@ func (c *cluster) mustNodeSh(t *testing.T, script string) string {
 // deploy runs deploy/deploy.sh CMD with the settings in vars.
 func (c *cluster) deploy(t *testing.T, cmd string, vars map[string]string) {
 	t.Helper()
+	out, err := c.deployOut(cmd, vars)
+	if err != nil {
+		t.Fatalf("deploy.sh %s: %v\n%s", cmd, err, out)
+	}
+	t.Logf("deploy.sh %s:\n%s", cmd, strings.TrimSpace(out))
+}
+
+// deployOut runs deploy/deploy.sh CMD with the settings in vars and
+// returns its output.
+func (c *cluster) deployOut(cmd string, vars map[string]string) (string, error) {
 	sh := exec.Command(filepath.Join(c.repo, "deploy", "deploy.sh"), cmd)
 	sh.Env = append(os.Environ(), "KUBECTL="+c.kubectl, "IMAGE="+c.pluginImage)
 	for k, v := range vars {
 		sh.Env = append(sh.Env, k+"="+v)
 	}
 	out, err := sh.CombinedOutput()
-	if err != nil {
-		t.Fatalf("deploy.sh %s: %v\n%s", cmd, err, out)
-	}
-	t.Logf("deploy.sh %s:\n%s", cmd, strings.TrimSpace(string(out)))
+	return string(out), err
 }
 
 // eventually polls f every 250ms until it returns true or timeout passes; it
@@ -245,7 +252,13 @@ func (c *cluster) waitAllocatableOf(t *testing.T, node, res string, want int64, 
 
 // pluginPod returns the running plugin pod of namespace ns.
 func (c *cluster) pluginPod(ctx context.Context, ns string) (*corev1.Pod, error) {
-	l, err := c.cs.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=cdi-device-plugin"})
+	return c.runningPod(ctx, ns, "cdi-device-plugin")
+}
+
+// runningPod returns the running pod of namespace ns labelled
+// app.kubernetes.io/name=app (cdi-device-plugin, cdi-dra-driver).
+func (c *cluster) runningPod(ctx context.Context, ns, app string) (*corev1.Pod, error) {
+	l, err := c.cs.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=" + app})
 	if err != nil {
 		return nil, err
 	}
@@ -255,7 +268,7 @@ func (c *cluster) pluginPod(ctx context.Context, ns string) (*corev1.Pod, error)
 			return p, nil
 		}
 	}
-	return nil, fmt.Errorf("no running plugin pod in %s (%d pods)", ns, len(l.Items))
+	return nil, fmt.Errorf("no running %s pod in %s (%d pods)", app, ns, len(l.Items))
 }
 
 func (c *cluster) logs(ctx context.Context, ns, pod string, previous bool) (string, error) {
@@ -417,11 +430,16 @@ func (c *cluster) deletePod(t *testing.T, name string) {
 	})
 }
 
-// exec runs cmd in the pod's container and returns stdout; a non-zero exit
-// is an error that carries stderr.
+// exec runs cmd in the pod's container c and returns stdout; a non-zero
+// exit is an error that carries stderr.
 func (c *cluster) exec(name string, cmd ...string) (string, error) {
+	return c.execIn(name, "c", cmd...)
+}
+
+// execIn runs cmd in the pod's container ct.
+func (c *cluster) execIn(name, ct string, cmd ...string) (string, error) {
 	req := c.cs.CoreV1().RESTClient().Post().Resource("pods").Namespace(podNS).Name(name).SubResource("exec").
-		VersionedParams(&corev1.PodExecOptions{Container: "c", Command: cmd, Stdout: true, Stderr: true}, scheme.ParameterCodec)
+		VersionedParams(&corev1.PodExecOptions{Container: ct, Command: cmd, Stdout: true, Stderr: true}, scheme.ParameterCodec)
 	ex, err := remotecommand.NewSPDYExecutor(c.cfg, "POST", req.URL())
 	if err != nil {
 		return "", err
@@ -430,7 +448,7 @@ func (c *cluster) exec(name string, cmd ...string) (string, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	if err := ex.StreamWithContext(ctx, remotecommand.StreamOptions{Stdout: &stdout, Stderr: &stderr}); err != nil {
-		return stdout.String(), fmt.Errorf("exec %q in %s: %w: %s", cmd, name, err, stderr.String())
+		return stdout.String(), fmt.Errorf("exec %q in %s/%s: %w: %s", cmd, name, ct, err, stderr.String())
 	}
 	return stdout.String(), nil
 }

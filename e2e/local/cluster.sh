@@ -151,11 +151,15 @@ binaries() {
 }
 
 # other_kubelet: a kubelet runs that this script did not start.
+# A kubelet in another mount namespace (a kind node's, in its container)
+# sees another /var/lib/kubelet and does not count.
 other_kubelet() {
-	local pid ours=
+	local pid ours= mnt
 	[[ -f ${RUN}/kubelet.pid ]] && ours=$(cat "${RUN}/kubelet.pid")
+	mnt=$(readlink /proc/self/ns/mnt)
 	for pid in $(pgrep -x kubelet || true); do
-		[[ ${pid} == "${ours}" ]] || return 0
+		[[ ${pid} != "${ours}" ]] || continue
+		[[ $(readlink "/proc/${pid}/ns/mnt" 2>/dev/null) == "${mnt}" ]] && return 0
 	done
 	return 1
 }
@@ -517,7 +521,9 @@ remove_sim_nodes() {
 	local spec p
 	for spec in /var/run/cdi/*.json; do
 		[[ -f ${spec} && ! -L ${spec} ]] || continue
-		grep -Eo '"hostPath": ?"/dev/[^"]*"' "${spec}" | sed 's/.*"\([^"]*\)"$/\1/' | while read -r p; do
+		# A spec may name no node below /dev (a DRA claim's spec): grep
+		# finds nothing, which is no failure here.
+		{ grep -Eo '"hostPath": ?"/dev/[^"]*"' "${spec}" || true; } | sed 's/.*"\([^"]*\)"$/\1/' | while read -r p; do
 			if sim_node "${p}"; then rm -f -- "${p}"; fi
 		done
 	done
