@@ -97,7 +97,11 @@ func (c *cluster) draVars() map[string]string {
 // driver, so that it unprepares them), and its files on the node.
 func (c *cluster) draTeardown(t *testing.T) {
 	ctx := context.Background()
-	c.labelMode(t, "", "")
+	// The driver unprepares the claims of the pods deleted below: it runs
+	// on every node while they go (scenario M's per-node deployment runs
+	// it on nodes labelled dra only).
+	c.labelMode(t, "", "dra")
+	defer c.labelMode(t, "", "")
 	_ = c.cs.CoreV1().Pods(podNS).DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{LabelSelector: "app=cdi-e2e-dra"})
 	eventually(t, 2*time.Minute, "DRA pods gone", func() (bool, string) {
 		l, err := c.cs.CoreV1().Pods(podNS).List(ctx, metav1.ListOptions{LabelSelector: "app=cdi-e2e-dra"})
@@ -131,7 +135,8 @@ func (c *cluster) draDriverLog(t *testing.T) {
 	if err != nil {
 		return
 	}
-	for _, p := range l.Items {
+	for i := range l.Items {
+		p := &l.Items[i]
 		for _, prev := range []bool{true, false} {
 			if out, err := c.logs(context.Background(), draNS, p.Name, prev); err == nil && out != "" {
 				t.Logf("driver pod %s (previous %v) log:\n%s", p.Name, prev, out)
@@ -787,8 +792,8 @@ func (c *cluster) labelMode(t *testing.T, node, mode string) {
 			t.Fatal(err)
 		}
 		nodes = nil
-		for _, n := range l.Items {
-			nodes = append(nodes, n.Name)
+		for i := range l.Items {
+			nodes = append(nodes, l.Items[i].Name)
 		}
 	}
 	for _, n := range nodes {
@@ -879,8 +884,23 @@ func (c *cluster) scenarioSwitch(t *testing.T, node string) {
 
 	t0 := time.Now()
 	c.labelMode(t, node, "dra")
-	d = eventually(t, 2*time.Minute, "the driver's devices published with the handover taint", func() (bool, string) { return c.handoverTainted(node) })
-	t.Logf("relabelled dra: the driver's devices carry the handover taint after %v", d.Round(time.Millisecond))
+	// The slices may still carry the taint a driver puts on as it stops
+	// (scenario D1's, replaced by the per-node DaemonSet): look once the
+	// new driver has published (ready).
+	eventually(t, 2*time.Minute, "the driver ready on the relabelled node", func() (bool, string) {
+		p, err := c.driverPod(context.Background())
+		if err != nil {
+			return false, err.Error()
+		}
+		for _, cond := range p.Status.Conditions {
+			if cond.Type == corev1.PodReady && cond.Status == corev1.ConditionTrue {
+				return true, ""
+			}
+		}
+		return false, fmt.Sprintf("%s not ready: %+v", p.Name, p.Status.Conditions)
+	})
+	eventually(t, 30*time.Second, "the driver's devices published with the handover taint", func() (bool, string) { return c.handoverTainted(node) })
+	t.Logf("relabelled dra: the driver is ready and its devices carry the handover taint %v after the relabel", time.Since(t0).Round(time.Millisecond))
 	// Until the node's status says the device plugin is gone (the
 	// kubelet reports it within its status update period), the scheduler
 	// can still place a pod through the device plugin, and the kubelet,
@@ -928,18 +948,52 @@ func (c *cluster) scenarioSwitch(t *testing.T, node string) {
 	bIDs := c.envDevices(t, "b", "c")
 	t.Logf("a deleted: b runs through DRA with %v, %v after the relabel", bIDs, time.Since(t0).Round(time.Second))
 
+	// Back to the device plugin while b still runs through DRA (a
+	// rollback): the device plugin reports b's devices Unhealthy, so the
+	// kubelet never hands them out twice.
 	t0 = time.Now()
-	c.labelMode(t, node, "device-plugin")
+	c.toDevicePlugin(t, node)
+	c.waitAllocatableOf(t, node, draResource, numDevices-int64(len(bIDs)), time.Minute)
+	t.Logf("relabelled device-plugin while b runs: allocatable %d (b's devices held by its claim) %v after the relabel", numDevices-len(bIDs), time.Since(t0).Round(time.Millisecond))
+
+	// b's claim needs the driver to be unprepared (README: switch back
+	// once the claim pods are gone): to DRA, end b, back.
+	c.labelMode(t, node, "dra")
+	eventually(t, 2*time.Minute, "the driver back", func() (bool, string) {
+		_, err := c.driverPod(context.Background())
+		return err == nil, fmt.Sprint(err)
+	})
+	c.deletePod(t, "b")
+	t0 = time.Now()
+	c.toDevicePlugin(t, node)
 	c.createPod(t, c.extendedPod("c1", 2))
-	p := c.waitRunning(t, "c1", 0, 6*time.Minute)
+	p := c.waitRunning(t, "c1", 0, 2*time.Minute)
 	if p.Status.ExtendedResourceClaimStatus != nil {
 		t.Fatalf("c1 went through DRA after the relabel back: %+v", p.Status.ExtendedResourceClaimStatus)
 	}
-	cIDs := c.envDevices(t, "c1", "c")
-	if !disjoint(cIDs, bIDs) {
-		t.Fatalf("c1 got %v through the device plugin while b holds %v through DRA", cIDs, bIDs)
-	}
-	t.Logf("relabelled device-plugin: c1 runs through the device plugin with %v (b keeps %v), %v after the relabel", cIDs, bIDs, time.Since(t0).Round(time.Second))
+	t.Logf("b gone, relabelled device-plugin: c1 runs through the device plugin with %v, %v after the relabel", c.envDevices(t, "c1", "c"), time.Since(t0).Round(time.Second))
+	c.deletePod(t, "c1")
+}
+
+// toDevicePlugin relabels the node device-plugin and waits until the
+// driver has stopped and tainted its devices: until then the scheduler
+// can still allocate them to a new pod, which would then wait for a
+// driver that is gone (README: switch back with the node cordoned).
+func (c *cluster) toDevicePlugin(t *testing.T, node string) {
+	t.Helper()
+	t0 := time.Now()
+	c.labelMode(t, node, "device-plugin")
+	eventually(t, time.Minute, "the driver gone, its devices tainted", func() (bool, string) {
+		if p, err := c.driverPod(context.Background()); err == nil {
+			return false, p.Name + " still runs"
+		}
+		sl, err := c.draSlices(context.Background(), node)
+		if err != nil || len(sl) == 0 {
+			return err == nil, fmt.Sprint("no slices: ", err)
+		}
+		return c.handoverTainted(node)
+	})
+	t.Logf("relabelled device-plugin: the driver left, its devices tainted, %v after the relabel", time.Since(t0).Round(time.Millisecond))
 }
 
 func mustJSON(t *testing.T, v any) string {

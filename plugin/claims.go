@@ -63,14 +63,23 @@ func (m ClaimMatch) Held(snap *device.Snapshot, claims []metrics.ClaimDevice) ma
 	}
 	var byDRAName map[string]string // slice device name -> device name, made when needed
 	var out map[string]device.Problem
+	hold := func(name, claim string) {
+		if out == nil {
+			out = map[string]device.Problem{}
+		}
+		if _, seen := out[name]; !seen {
+			out[name] = device.Problemf(device.CauseHeldByDRA, "held by DRA claim %s", claim)
+		}
+	}
 	for _, c := range claims {
-		name := ""
 		switch {
 		case len(c.CDIDevices) > 0:
+			// Every CDI name of ours counts: kubelet 1.36.3 lists a
+			// claim's later devices with the CDI names of the earlier
+			// ones too, so the first of ours may be another device's.
 			for _, n := range c.CDIDevices {
 				if rest, ok := strings.CutPrefix(n, prefix); ok && names[rest] {
-					name = rest
-					break
+					hold(rest, c.Claim)
 				}
 			}
 		case m.Pool != "" && c.Pool == m.Pool && slices.Contains(m.Drivers, c.Driver) && snap.Replicas <= 1:
@@ -80,16 +89,9 @@ func (m ClaimMatch) Held(snap *device.Snapshot, claims []metrics.ClaimDevice) ma
 					byDRAName[dranames.DeviceName(m.IDPrefix, d.Index)] = d.Name
 				}
 			}
-			name = byDRAName[c.Device]
-		}
-		if name == "" {
-			continue
-		}
-		if out == nil {
-			out = map[string]device.Problem{}
-		}
-		if _, seen := out[name]; !seen {
-			out[name] = device.Problemf(device.CauseHeldByDRA, "held by DRA claim %s", c.Claim)
+			if name := byDRAName[c.Device]; name != "" {
+				hold(name, c.Claim)
+			}
 		}
 	}
 	return out

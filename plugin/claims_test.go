@@ -77,6 +77,12 @@ func TestClaimMatch(t *testing.T) {
 		{"another driver", []metrics.ClaimDevice{{Claim: "ns/a", Driver: "gpu.vendor.com", Pool: testNode, Device: "sim-2"}}, 1, nil},
 		{"another pool", []metrics.ClaimDevice{{Claim: "ns/a", Driver: testDriver, Pool: "node2", Device: "sim-2"}}, 1, nil},
 		{"replicas: not published through DRA", []metrics.ClaimDevice{{Claim: "ns/a", Driver: testDriver, Pool: testNode, Device: "sim-2"}}, 2, nil},
+		// Kubelet 1.36.3's PodResources gives a claim's later devices the
+		// CDI names of the earlier ones too (seen in e2e scenario M).
+		{"every CDI name of ours counts", []metrics.ClaimDevice{
+			{Claim: "ns/a", Driver: testDriver, Pool: testNode, Device: "sim-0", CDIDevices: []string{"k8s.example.com/sim=sim-0", "k8s.sim.example.com/claim=uid"}},
+			{Claim: "ns/a", Driver: testDriver, Pool: testNode, Device: "sim-1", CDIDevices: []string{"k8s.example.com/sim=sim-0", "k8s.sim.example.com/claim=uid", "k8s.example.com/sim=sim-1"}},
+		}, 1, map[string]device.Problem{"sim-0": held("ns/a"), "sim-1": held("ns/a")}},
 		{"the first claim is named", []metrics.ClaimDevice{
 			{Claim: "ns/a", Driver: testDriver, Pool: testNode, Device: "sim-0"},
 			{Claim: "ns/b", CDIDevices: []string{"k8s.example.com/sim=sim-0"}},

@@ -124,7 +124,8 @@ ip link delete cni0 2>/dev/null || true
 rm -rf /run/containerd
 for spec in /var/run/cdi/*.json; do
 	[[ -f ${spec} && ! -L ${spec} ]] || continue
-	grep -Eo "\"hostPath\": ?\"/dev/[^\"]*\"" "${spec}" | sed "s/.*\"\([^\"]*\)\"$/\1/" | while read -r p; do
+	# A spec may name no node below /dev (the spec of a DRA claim).
+	{ grep -Eo "\"hostPath\": ?\"/dev/[^\"]*\"" "${spec}" || true; } | sed "s/.*\"\([^\"]*\)\"$/\1/" | while read -r p; do
 		# Only simulated nodes (character devices 1:3, aliases of /dev/null).
 		if [[ ${p} != /dev/null && -c ${p} && ! -L ${p} && $(stat -c %t:%T -- "${p}") == 1:3 ]]; then rm -f -- "${p}"; fi
 	done
