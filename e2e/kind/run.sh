@@ -4,6 +4,10 @@
 #
 #   e2e/kind/run.sh [go test flags, e.g. -run TestAllocate]
 #
+# After the suite passed, it runs scenario M2 (TestM2: one node per API) on
+# a second cluster of two nodes, <cluster>-m2, created from the same node
+# image and config and deleted after it (KIND_M2 below).
+#
 # One script for two worlds (see e2e/kind/README.md):
 # - registry: the pinned kindest/node image of kind-config.yaml, the plugin
 #   image built from the repository's Dockerfile, busybox pulled;
@@ -30,6 +34,9 @@
 #                   a cluster this script did not create is never deleted
 #   KIND_KEEP=1     keep the cluster after the run
 #   KIND_EXPORT_LOGS=1  export kind's logs also when the run passed
+#   KIND_M2         unset: run scenario M2 after the suite when no go test
+#                   arguments were given; 1: also after a run with arguments;
+#                   0: never; only: M2 alone (no first cluster, no arguments)
 #   KIND            kind binary (default: kind ${KIND_VERSION}, installed with
 #                   go install into ${E2E_CACHE}/kind/bin when missing)
 #   E2E_ARTIFACTS   directory for the suite's logs and kind's
@@ -57,6 +64,8 @@ repo_root=${REPO}
 cluster=${KIND_CLUSTER:-cdi-e2e}
 [[ ${cluster} =~ ^[a-z0-9.-]+$ ]] || die "invalid KIND_CLUSTER '${cluster}' (lower-case letters, digits, '.' and '-')"
 node=${cluster}-control-plane
+# Scenario M2's cluster: a control plane and a worker, both schedulable.
+m2_cluster=${cluster}-m2
 
 artifacts=${E2E_ARTIFACTS:-${repo_root}/_artifacts/kind}
 mkdir -p -- "${artifacts}"
@@ -66,12 +75,18 @@ artifacts=$(cd -- "${artifacts}" && pwd -P)
 # State for the exit trap.
 created=0     # this run created (or started creating) the cluster: delete it
 reused=0      # KIND_REUSE=1 and the cluster existed: export its logs on failure
+m2_created=0  # the same two for M2's cluster
+m2_reused=0
+kept=0        # a cluster was kept (KIND_KEEP=1): keep the network and /lib/modules
 made_net=0    # the engine had no "kind" network before this run: remove it
 made_mods=0   # this run created the empty /lib/modules kind bind-mounts
 probe_ref=''  # the probe image while it exists
 work_dir=''
 kind_bin=kind
 engine=''
+node_image='' # set by resolve_node_image, with mode (registry or local)
+mode=''
+test_image='' # set by make_images
 
 # Runs from the EXIT trap (shellcheck before 0.10 takes it for unreachable).
 # shellcheck disable=SC2317
@@ -79,32 +94,47 @@ cleanup() {
 	local rc=$?
 	trap - EXIT INT TERM
 	set +e
-	if ((created || reused)) && [[ ${rc} != 0 || ${KIND_EXPORT_LOGS:-} == 1 ]] && cluster_exists; then
-		log "run ended (status ${rc}): exporting kind logs to ${artifacts}/kind-logs"
-		"${kind_bin}" export logs "${artifacts}/kind-logs" --name "${cluster}" >&2
+	if ((m2_created || m2_reused)); then
+		release_cluster "${m2_cluster}" "${m2_created}" "${rc}" kind-logs-m2
 	fi
-	if ((created)); then
-		if [[ ${KIND_KEEP:-} == 1 ]]; then
-			log "keeping cluster ${cluster} (KIND_KEEP=1); delete it with: ${kind_bin} delete cluster --name ${cluster}"
-		else
-			log "deleting cluster ${cluster}"
-			"${kind_bin}" delete cluster --name "${cluster}" --kubeconfig "${work_dir}/kubeconfig" >&2
-			if ((made_net)); then
-				log "removing the ${engine} network kind"
-				"${engine}" network rm kind >/dev/null
-			fi
-		fi
+	if ((created || reused)); then
+		release_cluster "${cluster}" "${created}" "${rc}" kind-logs
+	fi
+	if ((made_net && !kept)); then
+		log "removing the ${engine} network kind"
+		"${engine}" network rm kind >/dev/null
 	fi
 	[[ -z ${probe_ref} ]] || "${engine}" rmi "${probe_ref}" >/dev/null 2>&1
-	if ((made_mods)) && ! [[ ${KIND_KEEP:-} == 1 && ${created} == 1 ]]; then
+	if ((made_mods && !kept)); then
 		rmdir /lib/modules 2>/dev/null
 	fi
 	[[ -z ${work_dir} ]] || rm -rf -- "${work_dir}"
 	exit "${rc}"
 }
 
+# release_cluster NAME OURS STATUS LOGS: when STATUS is not 0 (or
+# KIND_EXPORT_LOGS=1), export the logs of cluster NAME to $artifacts/LOGS;
+# then, when this run created it (OURS is 1), delete it, unless KIND_KEEP=1.
+release_cluster() {
+	local name=$1 ours=$2 rc=$3 logs=${artifacts}/$4
+	if [[ ${rc} != 0 || ${KIND_EXPORT_LOGS:-} == 1 ]] && cluster_exists "${name}"; then
+		log "status ${rc}: exporting the kind logs of ${name} to ${logs}"
+		"${kind_bin}" export logs "${logs}" --name "${name}" >&2
+	fi
+	((ours)) || return 0
+	if [[ ${KIND_KEEP:-} == 1 ]]; then
+		log "keeping cluster ${name} (KIND_KEEP=1); delete it with: ${kind_bin} delete cluster --name ${name}"
+		kept=1
+	else
+		log "deleting cluster ${name}"
+		# --kubeconfig: the cluster's own file, not the user's.
+		"${kind_bin}" delete cluster --name "${name}" --kubeconfig "${work_dir}/kubeconfig-${name}" >&2
+	fi
+}
+
+# cluster_exists NAME: kind has a cluster NAME.
 cluster_exists() {
-	"${kind_bin}" get clusters 2>/dev/null | grep -qxF -- "${cluster}"
+	"${kind_bin}" get clusters 2>/dev/null | grep -qxF -- "$1"
 }
 
 # apt_install PKG...: install Debian packages (root with apt only).
@@ -257,10 +287,25 @@ have_or_pull() {
 	timeout 600 "${engine}" pull "${ref}" >&2
 }
 
-# kind_config: the effective cluster config in the work directory.
+# kind_config NAME WORKERS: the effective config of cluster NAME, with
+# WORKERS worker nodes after the control plane, in the work directory; prints
+# its path.
 kind_config() {
-	local out=${work_dir}/kind-config.yaml cgroup gates
-	sed "s#^\([[:space:]]*image:[[:space:]]*\).*#\1${node_image}#" "${script_dir}/kind-config.yaml" >"${out}"
+	local out=${work_dir}/kind-config-$1.yaml workers=$2 cgroup gates
+	# The node image on the control plane's image line, and after it each
+	# worker, with the same image, as an item of the same nodes list.
+	awk -v img="${node_image}" -v workers="${workers}" '
+		!done && match($0, /^[[:space:]]*image:/) {
+			ind = substr($0, 1, RLENGTH - length("image:"))
+			print ind "image: " img
+			for (i = 0; i < workers; i++) {
+				print substr(ind, 3) "- role: worker # added by run.sh"
+				print ind "image: " img
+			}
+			done = 1
+			next
+		}
+		{ print }' "${script_dir}/kind-config.yaml" >"${out}"
 	grep -q '^featureGates:' "${out}" && die "kind-config.yaml has featureGates: set FEATURE_GATES in e2e/versions.env instead"
 	gates=$(feature_gates_yaml "  ") || exit 1
 	cat >>"${out}" <<EOF
@@ -298,40 +343,41 @@ EOF
 	printf '%s\n' "${out}"
 }
 
-# load_archive TAR: copy an image archive into the node's containerd.
+# load_archive NAME TAR: copy an image archive into the containerd of every
+# node of cluster NAME.
 load_archive() {
-	"${kind_bin}" load image-archive "$1" --name "${cluster}"
+	"${kind_bin}" load image-archive "$2" --name "$1"
 }
 
-# load_image IMAGE: copy an image of the engine into the node's containerd.
+# load_image NAME IMAGE: copy an image of the engine into the nodes of
+# cluster NAME.
 # "kind load docker-image" calls docker whatever the provider, and with docker
 # imports every platform of the saved image and fails ("content digest ...
 # not found") when docker's containerd image store holds only this host's
 # platform of a multi-platform image; then save that platform alone (docker
 # 28+) and load the archive.
 load_image() {
-	local image=$1 archive=${work_dir}/image.tar platform
+	local name=$1 image=$2 archive=${work_dir}/image.tar platform
 	if [[ ${engine} == podman ]]; then
 		podman save --format docker-archive --output "${archive}" "${image}" >/dev/null
-	elif "${kind_bin}" load docker-image "${image}" --name "${cluster}"; then
+	elif "${kind_bin}" load docker-image "${image}" --name "${name}"; then
 		return 0
 	else
 		platform=$(docker version --format '{{.Server.Os}}/{{.Server.Arch}}')
 		log "retrying ${image} as a ${platform} archive"
 		docker image save --platform "${platform}" --output "${archive}" "${image}"
 	fi
-	load_archive "${archive}"
+	load_archive "${name}" "${archive}"
 	rm -f -- "${archive}"
 }
 
-# suite_images: build the plugin and test images and load them into the node.
-suite_images() {
+# make_images: build the plugin and test images (registry: in the engine;
+# local: as archives in the work directory) and set test_image.
+make_images() {
 	if [[ ${mode} == registry ]]; then
 		log "building ${PLUGIN_IMAGE}"
 		(cd -- "${repo_root}" && "${engine}" build -t "${PLUGIN_IMAGE}" .)
-		load_image "${PLUGIN_IMAGE}"
 		have_or_pull "${TEST_IMAGE}"
-		load_image "${TEST_IMAGE}"
 		test_image=${TEST_IMAGE}
 		return 0
 	fi
@@ -353,9 +399,19 @@ suite_images() {
 	done
 	"${dir}/mkimage" -o "${dir}/busybox.tar" -tag "${LOCAL_TEST_IMAGE}" -file /bin/busybox=/bin/busybox \
 		"${applets[@]}" -env PATH=/bin -cmd /bin/sh
-	load_archive "${dir}/plugin.tar"
-	load_archive "${dir}/busybox.tar"
 	test_image=${LOCAL_TEST_IMAGE}
+}
+
+# load_images NAME: load what make_images made into the nodes of cluster
+# NAME.
+load_images() {
+	if [[ ${mode} == registry ]]; then
+		load_image "$1" "${PLUGIN_IMAGE}"
+		load_image "$1" "${TEST_IMAGE}"
+	else
+		load_archive "$1" "${work_dir}/images/plugin.tar"
+		load_archive "$1" "${work_dir}/images/busybox.tar"
+	fi
 }
 
 # next_tag: the plugin image under a second tag in the node's containerd,
@@ -374,14 +430,137 @@ host_plugin() {
 	"${engine}" cp "${bin}" "${node}:/usr/local/bin/cdi-device-plugin-e2e"
 }
 
+# create_cluster NAME CONFIG: create kind cluster NAME from the effective
+# CONFIG (kind_config), its kubeconfig in the work directory. The caller marks
+# the cluster as its own first: from then on it is deleted on exit, even
+# half-created.
+create_cluster() {
+	local name=$1 config=$2
+	# kind bind-mounts /lib/modules, which a kernel without modules lacks.
+	if [[ ! -e /lib/modules && $(id -u) == 0 ]]; then
+		mkdir /lib/modules
+		made_mods=1
+	fi
+	"${engine}" network inspect kind >/dev/null 2>&1 || made_net=1
+	log "creating cluster ${name}"
+	# --kubeconfig keeps the user's kubeconfig untouched; --retain keeps
+	# the nodes of a failed creation for the log export (the trap deletes
+	# them).
+	"${kind_bin}" create cluster --name "${name}" --config "${config}" \
+		--kubeconfig "${work_dir}/kubeconfig-${name}" --retain --wait 5m
+}
+
+# suite_env NODE KUBECONFIG: the suite's variables for the cluster of
+# KUBECONFIG whose node-side checks go to the node container NODE.
+suite_env() {
+	export KUBECONFIG=$2
+	export E2E_PLUGIN_IMAGE=${PLUGIN_IMAGE}
+	export E2E_TEST_IMAGE=${test_image}
+	export E2E_NODE_SHELL="${engine} exec -i $1"
+	export E2E_RESTART_KUBELET="${engine} exec $1 systemctl restart kubelet"
+	# containerd's default state dir; kind's config.toml does not move it.
+	export E2E_RUNTIME_STATE=/run/containerd
+	export E2E_ARTIFACTS=${artifacts}
+	export KUBECTL=${kubectl_bin}
+}
+
+# first_suite [GO TEST ARGS...]: the suite on the one-node cluster (created,
+# or reused with KIND_REUSE=1); its status in rc.
+first_suite() {
+	local kubeconfig=${work_dir}/kubeconfig-${cluster}
+	if cluster_exists "${cluster}"; then
+		[[ ${KIND_REUSE:-} == 1 ]] || die "a kind cluster named '${cluster}' already exists; delete it (${kind_bin} delete cluster --name ${cluster}), set KIND_CLUSTER to another name, or set KIND_REUSE=1 to use it"
+		log "reusing cluster ${cluster} (KIND_REUSE=1); it will not be deleted"
+		reused=1
+		# Only to know how to make the suite's images.
+		if [[ ${KIND_NODE_IMAGE:-} == local ]] || ! have_or_pull "$(sed -n 's/^[[:space:]]*image:[[:space:]]*//p' "${script_dir}/kind-config.yaml")"; then
+			mode=local
+		else
+			mode=registry
+		fi
+	else
+		resolve_node_image
+		log "node image: ${node_image} (${mode}; ready after $((SECONDS - t0)) s)"
+		local config
+		config=$(kind_config "${cluster}" 0)
+		# From here on a cluster of that name is ours, even half-created.
+		created=1
+		create_cluster "${cluster}" "${config}"
+	fi
+	"${kind_bin}" get kubeconfig --name "${cluster}" >"${kubeconfig}"
+
+	make_images
+	load_images "${cluster}"
+	next_tag
+	host_plugin
+
+	suite_env "${node}" "${kubeconfig}"
+	export E2E_PLUGIN_IMAGE_NEXT=${PLUGIN_IMAGE_NEXT}
+	# Host mode (scenario 10): the plugin as a process of the node, which is
+	# the kubelet's host; the reboot is simulated inside the node.
+	export E2E_PLUGIN_HOST="${script_dir}/node-hooks.sh ${engine} ${node} plugin-host"
+	export E2E_REBOOT="${script_dir}/node-hooks.sh ${engine} ${node} simulate-reboot"
+
+	log "cluster ready after $((SECONDS - t0)) s"
+	run_suite "" "$@" || rc=$?
+}
+
+# m2_suite: scenario M2 (TestM2) alone, with E2E_M2=1, on a cluster of its
+# own: a control plane and a worker, both schedulable, from the same node
+# image, config (feature gates, CDI in containerd) and images as the first
+# (created, or reused with KIND_REUSE=1); its status in rc. The exit trap
+# deletes it, after exporting its logs when something failed.
+m2_suite() {
+	local t1=${SECONDS} kubeconfig=${work_dir}/kubeconfig-${m2_cluster} cp=${m2_cluster}-control-plane
+	[[ -n ${node_image} ]] || resolve_node_image
+	[[ -n ${test_image} ]] || make_images
+	if cluster_exists "${m2_cluster}"; then
+		[[ ${KIND_REUSE:-} == 1 ]] || die "a kind cluster named '${m2_cluster}' already exists; delete it (${kind_bin} delete cluster --name ${m2_cluster}), set KIND_CLUSTER to another name, or set KIND_REUSE=1 to use it"
+		log "reusing cluster ${m2_cluster} (KIND_REUSE=1); it will not be deleted"
+		m2_reused=1
+	else
+		local config
+		config=$(kind_config "${m2_cluster}" 1)
+		m2_created=1
+		create_cluster "${m2_cluster}" "${config}"
+	fi
+	"${kind_bin}" get kubeconfig --name "${m2_cluster}" >"${kubeconfig}"
+	# kind taints the control plane of a cluster with workers: M2 puts a
+	# pod on each node.
+	if "${kubectl_bin}" --kubeconfig "${kubeconfig}" get node "${cp}" -o jsonpath='{.spec.taints[*].key}' |
+		grep -qw node-role.kubernetes.io/control-plane; then
+		"${kubectl_bin}" --kubeconfig "${kubeconfig}" taint node "${cp}" node-role.kubernetes.io/control-plane:NoSchedule- >&2
+	fi
+	# kind --wait waits for the control plane only.
+	"${kubectl_bin}" --kubeconfig "${kubeconfig}" wait --for=condition=Ready node --all --timeout=3m >&2
+	load_images "${m2_cluster}"
+
+	suite_env "${cp}" "${kubeconfig}"
+	# Neither host mode nor the upgrade: only TestM2 runs here.
+	unset E2E_PLUGIN_IMAGE_NEXT E2E_PLUGIN_HOST E2E_REBOOT
+	export E2E_M2=1
+	log "cluster ${m2_cluster} ready after $((SECONDS - t1)) s"
+	E2E_TIMEOUT=10m run_suite "" -run '^TestM2$' || rc=$?
+	log "M2: $((SECONDS - t1)) s, its cluster's deletion not included"
+}
+
 main() {
 	command -v go >/dev/null 2>&1 || die "'go' not found in PATH"
 	trap cleanup EXIT
 	trap 'exit 130' INT
 	trap 'exit 143' TERM
-	local t0=${SECONDS}
+	# t0, kubectl_bin and rc are read and set by the functions main calls.
+	local t0=${SECONDS} rc=0 m2=${KIND_M2:-}
+	if [[ -z ${m2} ]]; then
+		m2=1
+		(($# == 0)) || m2=0
+	fi
+	case ${m2} in
+	0 | 1) ;;
+	only) (($# == 0)) || die "KIND_M2=only runs scenario M2 alone and takes no go test arguments" ;;
+	*) die "KIND_M2='${m2}': 0, 1 or only" ;;
+	esac
 	work_dir=$(mktemp -d "${TMPDIR:-/tmp}/cdi-kind-e2e.XXXXXX")
-	local kubeconfig=${work_dir}/kubeconfig
 
 	choose_engine
 	export KIND_EXPERIMENTAL_PROVIDER=${engine}
@@ -399,60 +578,19 @@ main() {
 	fi
 	command -v "${kubectl_bin}" >/dev/null 2>&1 || die "KUBECTL='${kubectl_bin}' not found"
 
-	if cluster_exists; then
-		[[ ${KIND_REUSE:-} == 1 ]] || die "a kind cluster named '${cluster}' already exists; delete it (${kind_bin} delete cluster --name ${cluster}), set KIND_CLUSTER to another name, or set KIND_REUSE=1 to use it"
-		log "reusing cluster ${cluster} (KIND_REUSE=1); it will not be deleted"
-		reused=1
-		# Only to know how to make the suite's images.
-		if [[ ${KIND_NODE_IMAGE:-} == local ]] || ! have_or_pull "$(sed -n 's/^[[:space:]]*image:[[:space:]]*//p' "${script_dir}/kind-config.yaml")"; then
-			mode=local
-		else
-			mode=registry
-		fi
-	else
-		resolve_node_image
-		log "node image: ${node_image} (${mode}; ready after $((SECONDS - t0)) s)"
-		local config
-		config=$(kind_config)
-		# kind bind-mounts /lib/modules, which a kernel without modules lacks.
-		if [[ ! -e /lib/modules && $(id -u) == 0 ]]; then
-			mkdir /lib/modules
-			made_mods=1
-		fi
-		"${engine}" network inspect kind >/dev/null 2>&1 || made_net=1
-		# From here on a cluster of that name is ours, even half-created.
-		created=1
-		log "creating cluster ${cluster}"
-		# --kubeconfig keeps the user's kubeconfig untouched; --retain keeps
-		# the nodes of a failed creation for the log export (the trap deletes
-		# them).
-		"${kind_bin}" create cluster --name "${cluster}" --config "${config}" \
-			--kubeconfig "${kubeconfig}" --retain --wait 5m
+	# Not "cond || first_suite": set -e would be off inside it.
+	if [[ ${m2} != only ]]; then
+		first_suite "$@"
 	fi
-	"${kind_bin}" get kubeconfig --name "${cluster}" >"${kubeconfig}"
-	export KUBECONFIG=${kubeconfig}
-
-	suite_images
-	next_tag
-	host_plugin
-
-	export E2E_PLUGIN_IMAGE=${PLUGIN_IMAGE}
-	export E2E_PLUGIN_IMAGE_NEXT=${PLUGIN_IMAGE_NEXT}
-	export E2E_TEST_IMAGE=${test_image}
-	export E2E_NODE_SHELL="${engine} exec -i ${node}"
-	export E2E_RESTART_KUBELET="${engine} exec ${node} systemctl restart kubelet"
-	# containerd's default state dir; kind's config.toml does not move it.
-	export E2E_RUNTIME_STATE=/run/containerd
-	# Host mode (scenario 10): the plugin as a process of the node, which is
-	# the kubelet's host; the reboot is simulated inside the node.
-	export E2E_PLUGIN_HOST="${script_dir}/node-hooks.sh ${engine} ${node} plugin-host"
-	export E2E_REBOOT="${script_dir}/node-hooks.sh ${engine} ${node} simulate-reboot"
-	export E2E_ARTIFACTS=${artifacts}
-	export KUBECTL=${kubectl_bin}
-
-	log "cluster ready after $((SECONDS - t0)) s"
-	local rc=0
-	run_suite "" "$@" || rc=$?
+	if ((rc == 0)) && [[ ${m2} != 0 ]]; then
+		# Done with the first cluster: delete it before M2's two nodes
+		# start, rather than have them share the machine.
+		if ((created || reused)); then
+			release_cluster "${cluster}" "${created}" 0 kind-logs
+			created=0 reused=0
+		fi
+		m2_suite
+	fi
 	log "$((SECONDS - t0)) s in all"
 	exit "${rc}"
 }
