@@ -28,6 +28,13 @@
 //	E2E_PLUGIN_IMAGE_NEXT another tag of the plugin image, present on the node,
 //	                     that the upgrade scenario rolls the DaemonSet to
 //	                     (optional: without it that scenario is skipped)
+//	E2E_API_SERVER_HOST, E2E_API_SERVER_PORT
+//	                     where pods reach the API server when the kubernetes
+//	                     Service does not route (the local node: no
+//	                     kube-proxy); passed to the DRA driver (optional)
+//	E2E_M2               1: run scenario M2 (TestM2), which needs two
+//	                     schedulable nodes (e2e/kind/run.sh sets it for its
+//	                     second cluster); otherwise it is skipped
 //	E2E_ARTIFACTS        where logs and objects are saved when a test fails
 package e2e
 
