@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"sigs.k8s.io/yaml"
 )
@@ -166,6 +167,63 @@ func TestFeatureGatesYAML(t *testing.T) {
 			}
 			if c.gates != "" && len(got) != len(c.want) {
 				t.Errorf("gates %v, want %v", got, c.want)
+			}
+		})
+	}
+}
+
+// TestOtherKubelet: "up" refuses to start beside a kubelet it did not
+// start that shares this machine's mounts (its /var/lib/kubelet is ours),
+// and ignores one in another mount namespace (a kind node's, inside its
+// container), so that make e2e and make e2e-kind can run side by side.
+func TestOtherKubelet(t *testing.T) {
+	if os.Getuid() != 0 {
+		t.Skip("cluster.sh needs root")
+	}
+	if _, err := exec.LookPath("unshare"); err != nil {
+		t.Skip("no unshare")
+	}
+	if out, _ := exec.Command("pgrep", "-x", "kubelet").Output(); len(out) > 0 {
+		t.Skip("a kubelet runs on this machine already")
+	}
+	sleep, err := exec.LookPath("sleep")
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile(sleep)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fake := filepath.Join(t.TempDir(), "kubelet") // pgrep -x kubelet finds it
+	if err := os.WriteFile(fake, data, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		name    string
+		argv    []string
+		refused bool
+	}{
+		{"same mount namespace", []string{fake, "60"}, true},
+		{"another mount namespace", []string{"unshare", "--mount", fake, "60"}, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			k := exec.Command(c.argv[0], c.argv[1:]...)
+			if err := k.Start(); err != nil {
+				t.Fatal(err)
+			}
+			defer func() { _ = k.Process.Kill(); _ = k.Wait() }()
+			// The fake is found once it runs under its own name.
+			for i := 0; i < 100; i++ {
+				if out, _ := exec.Command("pgrep", "-x", "kubelet").Output(); len(out) > 0 {
+					break
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+			sh := exec.Command("bash", "cluster.sh", "check")
+			sh.Env = append(os.Environ(), "E2E_WORK="+t.TempDir(), "E2E_KUBELET_ROOT="+filepath.Join(t.TempDir(), "absent"))
+			out, _ := sh.CombinedOutput()
+			if got := strings.Contains(string(out), "another kubelet is running"); got != c.refused {
+				t.Fatalf("refused beside the kubelet: %v, want %v:\n%s", got, c.refused, out)
 			}
 		})
 	}
