@@ -222,7 +222,9 @@ func copyHashed(ctx context.Context, path string, src io.Reader, want, name stri
 	var n int64
 	err := atomicfile.Write(path, 0o644, func(f *os.File) error {
 		w := io.MultiWriter(f, h)
-		buf := make([]byte, 256*1024)
+		// io.Copy's size: devices load in parallel, and what each load
+		// takes grows the heap the plugin keeps afterwards.
+		buf := make([]byte, 32*1024)
 		for {
 			if err := ctx.Err(); err != nil {
 				return err
