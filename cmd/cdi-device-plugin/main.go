@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"runtime/debug"
 	"strconv"
 	"syscall"
 	"time"
@@ -34,11 +35,29 @@ import (
 
 var version = "dev"
 
+// gcPercent is the garbage collector's target when the environment sets no
+// GOGC. The plugin's live heap is small (0.9 MiB at 8 devices after
+// dp-bench's calls): at Go's 100 the heap grows to the runtime's 4 MiB
+// minimum between collections, and the scavenger keeps what it reached;
+// at 50 the minimum is 2 MiB. Measured (docs/benchmarks.md): 2 MiB less
+// resident memory at 8 devices and at 10,000 IDs, about 10 ms more to
+// start at 10,000 IDs, no difference in CPU over a bench round.
+const gcPercent = 50
+
 func main() {
+	defaultGC(os.LookupEnv)
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	code := run(ctx, os.Args[1:], os.LookupEnv, os.Stderr)
 	stop()
 	os.Exit(code)
+}
+
+// defaultGC sets the GC target to gcPercent, unless the environment sets
+// GOGC (the runtime has read it).
+func defaultGC(env config.Env) {
+	if _, set := env("GOGC"); !set {
+		debug.SetGCPercent(gcPercent)
+	}
 }
 
 // run runs the plugin until ctx is done and returns the exit status: 0 on

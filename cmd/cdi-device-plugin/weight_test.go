@@ -5,6 +5,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"runtime/debug"
 	"strings"
 	"testing"
 )
@@ -45,5 +46,29 @@ func TestLinkedPackages(t *testing.T) {
 		if deps[p] {
 			t.Errorf("the plugin (tags %q) links %s", tags, p)
 		}
+	}
+}
+
+// TestDefaultGC: without GOGC in the environment the GC target is
+// gcPercent; GOGC, when set (off included), is left to the runtime.
+func TestDefaultGC(t *testing.T) {
+	prev := debug.SetGCPercent(100)
+	defer debug.SetGCPercent(prev)
+	for _, c := range []struct {
+		name string
+		env  map[string]string
+		want int
+	}{
+		{"unset", nil, gcPercent},
+		{"set", map[string]string{"GOGC": "200"}, 100},
+		{"off", map[string]string{"GOGC": "off"}, 100},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			debug.SetGCPercent(100)
+			defaultGC(envOf(c.env))
+			if got := debug.SetGCPercent(100); got != c.want {
+				t.Fatalf("GC target %d, want %d", got, c.want)
+			}
+		})
 	}
 }
