@@ -36,7 +36,7 @@ ENV_SRC    := deploy/systemd/cdi-device-plugin.env
 
 export IMAGE
 
-.PHONY: all help tree-check build install uninstall image-host-installer run test unit vet lint helm bench image deploy undeploy render clean e2e e2e-kind e2e-up e2e-down demo demo-down
+.PHONY: all help tree-check build install uninstall image-host-installer run test unit vet lint helm bench image deploy undeploy render clean bench-dra e2e e2e-kind e2e-up e2e-down demo demo-down
 
 all: build
 
@@ -121,6 +121,30 @@ bench: build ## Go benchmarks; dp-bench: our plugin and two peers side by side -
 	  echo "peers: SAMPLE_BIN=$$SAMPLE_BIN SQUAT_BIN=$$SQUAT_BIN"; \
 	  $(BIN)/dp-bench -targets cmd/dp-bench/bench.yaml -runs $(BENCH_RUNS) -idle $(BENCH_IDLE) -must-pass cdi-device-plugin -compare cdi-device-plugin \
 	    -gobench $(BIN)/gobench.txt -json $(BIN)/benchmarks.json -md docs/benchmarks.md
+	@$(MAKE) --no-print-directory bench-dra
+
+# make bench-dra (also the last step of make bench): dp-bench drives our
+# DRA driver, with and without its steps, and dra-example-driver's kubelet
+# plugin as the kubelet does, against a private etcd and kube-apiserver:
+# the e2e node's binaries (e2e/local/build-binaries.sh caches them in
+# $(E2E_CACHE)/bin). Without them it says so and is not run;
+# docs/benchmarks.md then keeps its DRA tables. DRA_EXAMPLE_BIN overrides
+# the peer's binary.
+E2E_CACHE            ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/cdi-device-plugin-e2e
+BENCH_KUBE_APISERVER ?= $(E2E_CACHE)/bin/kube-apiserver-$(K8S_VERSION)
+BENCH_ETCD           ?= $(E2E_CACHE)/bin/etcd-$(ETCD_VERSION)
+BENCH_DRA_CALLS      ?= 20
+
+bench-dra: build ## dp-bench: our DRA driver beside dra-example-driver, with a private kube-apiserver -> docs/benchmarks.md
+	@set -e; for b in $(BENCH_KUBE_APISERVER) $(BENCH_ETCD); do [ -x "$$b" ] || { \
+	    echo "dp-bench DRA drivers: not run: no $$b (e2e/local/build-binaries.sh builds it); docs/benchmarks.md keeps its DRA tables"; exit 0; }; done; \
+	  peers="$$(BENCH_CACHE=$(BENCH_CACHE) cmd/dp-bench/peers.sh dra-example-kubeletplugin)"; \
+	  export DRA_BIN=$(BIN)/cdi-dra-driver; \
+	  export DRA_EXAMPLE_BIN="$${DRA_EXAMPLE_BIN:-$$(printf '%s\n' "$$peers" | sed -n 's/^dra-example-kubeletplugin=//p')}"; \
+	  echo "peers: DRA_EXAMPLE_BIN=$$DRA_EXAMPLE_BIN"; \
+	  $(BIN)/dp-bench -targets cmd/dp-bench/bench-dra.yaml -runs $(BENCH_RUNS) -dra-calls $(BENCH_DRA_CALLS) \
+	    -kube-apiserver $(BENCH_KUBE_APISERVER) -etcd $(BENCH_ETCD) -feature-gates $(FEATURE_GATES) \
+	    -must-pass cdi-dra-driver -compare cdi-dra-driver -json $(BIN)/benchmarks-dra.json -md docs/benchmarks.md
 
 image: ## Build the container image with the Dockerfile
 	$(CONTAINER) build -t $(IMAGE) --build-arg VERSION=$(VERSION) .

@@ -25,6 +25,10 @@ const (
 	CauseNotInSpec
 	// CauseYielded means another process owns the resource's CDI spec.
 	CauseYielded
+	// CauseHeldByDRA means a claim of the DRA driver holds it (the
+	// kubelet's PodResources says so): the device plugin must not hand it
+	// to a second pod (a node switched back from DRA).
+	CauseHeldByDRA
 )
 
 var causeNames = [...]string{
@@ -35,11 +39,12 @@ var causeNames = [...]string{
 	CausePrepareFailed: "prestart",
 	CauseNotInSpec:     "no_cdi_spec",
 	CauseYielded:       "yielded",
+	CauseHeldByDRA:     "dra_claim",
 }
 
 // Causes are the causes of an unhealthy device, in order.
 func Causes() []Cause {
-	return []Cause{CauseMissing, CauseWrongNode, CauseNodeError, CausePrepareFailed, CauseNotInSpec, CauseYielded}
+	return []Cause{CauseMissing, CauseWrongNode, CauseNodeError, CausePrepareFailed, CauseNotInSpec, CauseYielded, CauseHeldByDRA}
 }
 
 // String is the cause's label value ("" for CauseNone).

@@ -1,6 +1,10 @@
 package device
 
-import "testing"
+import (
+	"os"
+	"strings"
+	"testing"
+)
 
 func TestCauses(t *testing.T) {
 	seen := map[string]Cause{}
@@ -33,5 +37,28 @@ func TestCauses(t *testing.T) {
 				t.Fatalf("SetProblem: healthy %v problem %+v", d.Healthy, d.Problem)
 			}
 		})
+	}
+}
+
+// TestCausesDocumented: every cause is a documented value of the reason
+// label (docs/operations.md, the health transitions metric).
+func TestCausesDocumented(t *testing.T) {
+	doc, err := os.ReadFile("../docs/operations.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var row string
+	for _, l := range strings.Split(string(doc), "\n") {
+		if strings.HasPrefix(l, "| `cdi_device_plugin_device_health_transitions_total` |") {
+			row = l
+		}
+	}
+	if row == "" {
+		t.Fatal("docs/operations.md has no row for cdi_device_plugin_device_health_transitions_total")
+	}
+	for _, c := range Causes() {
+		if !strings.Contains(row, "`"+c.String()+"`") {
+			t.Errorf("docs/operations.md does not list the reason %q", c)
+		}
 	}
 }

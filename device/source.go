@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -108,6 +109,9 @@ type Source struct {
 	noHolders bool
 	// faults reported by others (a failed preparation), by device name.
 	faults map[string]Problem
+	// holds: devices held elsewhere (DRA claims), by device name
+	// (SetHolds); apart from faults, which their owners set and clear.
+	holds map[string]Problem
 	// poke asks Run to publish after a fault changed; rescan to rescan
 	// every device after a kernel event.
 	poke, rescan chan struct{}
@@ -216,6 +220,25 @@ func (s *Source) SetFault(name string, p Problem) {
 	}
 }
 
+// SetHolds replaces the devices held elsewhere than through this resource
+// (by a DRA claim), by device name, each with its problem: a held device
+// whose node is fine and that has no fault is unhealthy for its hold.
+// Holds are kept apart from faults: setting or clearing one never touches
+// the other. Run publishes a change.
+func (s *Source) SetHolds(holds map[string]Problem) {
+	s.mu.Lock()
+	if maps.Equal(s.holds, holds) {
+		s.mu.Unlock()
+		return
+	}
+	s.holds = maps.Clone(holds)
+	s.mu.Unlock()
+	select {
+	case s.poke <- struct{}{}:
+	default:
+	}
+}
+
 // Refresh rescans now and makes the result the current snapshot (for use
 // before Run, e.g. after faults were restored).
 func (s *Source) Refresh() *Snapshot {
@@ -260,10 +283,14 @@ func (s *Source) scan() *Snapshot {
 }
 
 // applyFault reports a device whose node is fine unhealthy when a fault is
-// set for it. The caller holds s.mu.
+// set for it, else when something holds it (SetHolds). The caller holds
+// s.mu.
 func (s *Source) applyFault(d *Device) {
 	if f := s.faults[d.Name]; !f.None() && d.Healthy {
 		d.SetProblem(f)
+	}
+	if h := s.holds[d.Name]; !h.None() && d.Healthy {
+		d.SetProblem(h)
 	}
 }
 

@@ -6,12 +6,15 @@ import (
 	"fmt"
 	"os"
 	"reflect"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/sirupsen/logrus"
 	"golang.org/x/sync/errgroup"
+	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
@@ -207,7 +210,6 @@ func (d *Driver) Run(ctx context.Context) error {
 		return fmt.Errorf("start the kubelet plugin: %w", err)
 	}
 	d.helper.Store(helper)
-	defer helper.Stop()
 	d.log.WithField("registrar", d.opts.RegistrarDir).WithField("plugin dir", d.opts.PluginDir).Info("serving the kubelet")
 	g, gctx := errgroup.WithContext(ctx)
 	for _, r := range d.res {
@@ -216,7 +218,56 @@ func (d *Driver) Run(ctx context.Context) error {
 	}
 	g.Go(func() error { return d.watchNode(gctx) })
 	g.Go(func() error { return d.loop(gctx, helper) })
-	return g.Wait()
+	err = g.Wait()
+	helper.Stop() // its slice controller too: nothing publishes after this
+	d.taintOnStop()
+	return err
+}
+
+// stopTaintTimeout bounds the slice updates of a driver that stops.
+const stopTaintTimeout = 5 * time.Second
+
+// taintOnStop puts the handover taint on every device of the node's
+// slices as the driver stops. The kubelet wipes a gone driver's slices
+// only 30 s after it unregistered; meanwhile the scheduler would still
+// allocate their devices to pods that no driver can prepare (a node
+// switched back to the device plugin, whose pods asking for the extended
+// resource would go through DRA). A driver that starts again publishes its
+// devices as they are. Best effort: a failure is logged.
+func (d *Driver) taintOnStop() {
+	ctx, cancel := context.WithTimeout(context.Background(), stopTaintTimeout)
+	defer cancel()
+	taint := resourceapi.DeviceTaint{Key: d.opts.DriverName + "/" + TaintHandover, Effect: resourceapi.DeviceTaintEffectNoSchedule}
+	list, err := d.opts.Client.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{
+		FieldSelector: "spec.driver=" + d.opts.DriverName + ",spec.nodeName=" + d.opts.NodeName})
+	if err != nil {
+		d.log.WithError(err).Warn("stopping: could not list the ResourceSlices to taint their devices")
+		return
+	}
+	n := 0
+	for i := range list.Items {
+		s := list.Items[i].DeepCopy()
+		// The field selector is the API server's; a fake client ignores it.
+		if s.Spec.Driver != d.opts.DriverName || s.Spec.NodeName == nil || *s.Spec.NodeName != d.opts.NodeName {
+			continue
+		}
+		changed := false
+		for j := range s.Spec.Devices {
+			dv := &s.Spec.Devices[j]
+			if !slices.ContainsFunc(dv.Taints, func(t resourceapi.DeviceTaint) bool { return t.Key == taint.Key }) {
+				dv.Taints = append(dv.Taints, taint)
+				changed = true
+				n++
+			}
+		}
+		if !changed {
+			continue
+		}
+		if _, err := d.opts.Client.ResourceV1().ResourceSlices().Update(ctx, s, metav1.UpdateOptions{}); err != nil {
+			d.log.WithError(err).WithField("slice", s.Name).Warn("stopping: could not taint the devices of a ResourceSlice")
+		}
+	}
+	d.log.WithField("devices", n).Info("stopping: the devices carry the handover taint until the driver publishes them again")
 }
 
 // HandleError is called by the helper for errors in the background

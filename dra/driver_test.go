@@ -303,9 +303,19 @@ func TestPrepareUnprepareAcrossRestart(t *testing.T) {
 		t.Fatalf("checkpoint %+v", pc)
 	}
 
+	ckpt := filepath.Join(h.state, "dra", "checkpoint.json")
+	written, err := os.Stat(ckpt)
+	if err != nil {
+		t.Fatal(err)
+	}
 	again := h.prepare(c1)[c1.Uid]
 	if again.Error != "" || fmt.Sprint(allIDs(again)) != fmt.Sprint(allIDs(got)) {
 		t.Fatalf("second Prepare: %v, want %v", again, got)
+	}
+	// Nothing new to keep: the checkpoint is not written (and synced)
+	// again (a write replaces the file).
+	if fi, err := os.Stat(ckpt); err != nil || !os.SameFile(fi, written) {
+		t.Fatalf("the checkpoint was written again for a claim prepared already (%v)", err)
 	}
 	h.stop()
 	h.start()
@@ -607,4 +617,32 @@ func TestHandoverGuard(t *testing.T) {
 	}
 	h.podres.Set()
 	h.waitFor("no handover taint once no container holds a device", all(false))
+}
+
+// TestStopTaintsDevices (issue 21): a driver that stops leaves its
+// devices tainted handover in its slices, which the kubelet wipes only 30
+// s after the driver unregistered: meanwhile the scheduler allocates none
+// of them, so a node switched back to the device plugin gets no new pod
+// served through a driver that is gone. Started again, the driver
+// publishes them untainted.
+func TestStopTaintsDevices(t *testing.T) {
+	h := newHarness(t, nil)
+	h.start()
+	untainted := func() bool {
+		p := h.published()
+		return len(p) == 4 && !slices.ContainsFunc([]string{"sim-0", "sim-1", "sim-2", "sim-3"}, func(n string) bool { return len(p[n].Taints) > 0 })
+	}
+	h.waitFor("4 devices without taints", untainted)
+	h.stop()
+	p := h.published()
+	if len(p) != 4 {
+		t.Fatalf("%d devices left in the slices after the stop, want 4", len(p))
+	}
+	for name, d := range p {
+		if !hasTaint(d, TaintHandover) || d.Taints[0].Effect != resourceapi.DeviceTaintEffectNoSchedule {
+			t.Errorf("%s after the stop: taints %+v, want %s/%s:NoSchedule", name, d.Taints, testDriver, TaintHandover)
+		}
+	}
+	h.start()
+	h.waitFor("untainted again after the start", untainted)
 }

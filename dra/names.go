@@ -11,13 +11,13 @@ package dra
 
 import (
 	"fmt"
-	"strconv"
 	"strings"
 
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/cdi-device-plugin/cdi-device-plugin/config"
+	"github.com/cdi-device-plugin/cdi-device-plugin/internal/dranames"
 )
 
 // Taint keys, below the driver name: <driver>/unhealthy on a device that
@@ -50,12 +50,7 @@ const (
 
 // DefaultDriverName is the driver name when none is given: <class>.<domain>
 // of the first resource (sim.example.com for example.com/sim).
-func DefaultDriverName(cfg *config.Config) string {
-	if len(cfg.Resources) == 0 {
-		return ""
-	}
-	return cfg.Resources[0].Class + "." + cfg.Resources[0].Domain
-}
+func DefaultDriverName(cfg *config.Config) string { return dranames.DefaultDriverName(cfg) }
 
 // CheckDriverName checks a driver name: a DNS subdomain of at most 63
 // characters (resource.k8s.io's limit; it is also the domain of the
@@ -71,34 +66,9 @@ func CheckDriverName(field, name string) error {
 }
 
 // DeviceName is the name of a device in the ResourceSlice: its resource's
-// ID prefix and its index (sim-0), made a DNS label: lowercase, every
-// other character than a letter, digit or '-' written as '-', the prefix
-// cut so that the name fits 63 characters.
-func DeviceName(idPrefix string, index int) string {
-	suffix := "-" + strconv.Itoa(index)
-	prefix := namePrefix(idPrefix)
-	if n := validation.DNS1123LabelMaxLength - len(suffix); len(prefix) > n {
-		prefix = strings.TrimRight(prefix[:n], "-")
-	}
-	return prefix + suffix
-}
-
-// namePrefix is idPrefix as the start of a DNS label.
-func namePrefix(idPrefix string) string {
-	b := make([]byte, 0, len(idPrefix))
-	for _, r := range strings.ToLower(idPrefix) {
-		switch {
-		case r >= 'a' && r <= 'z', r >= '0' && r <= '9':
-			b = append(b, byte(r))
-		default:
-			b = append(b, '-')
-		}
-	}
-	if p := strings.Trim(string(b), "-"); p != "" {
-		return p
-	}
-	return "device"
-}
+// ID prefix and its index (sim-0), made a DNS label (dranames.DeviceName:
+// the device plugin recognises the driver's claims by it too).
+func DeviceName(idPrefix string, index int) string { return dranames.DeviceName(idPrefix, index) }
 
 // CheckDeviceNames checks that no two resources' devices get one name in
 // the pool (ID prefixes that differ only in case or punctuation): the
@@ -106,7 +76,7 @@ func namePrefix(idPrefix string) string {
 func CheckDeviceNames(cfg *config.Config) error {
 	seen := map[string]int{}
 	for i := range cfg.Resources {
-		p := namePrefix(cfg.Resources[i].IDPrefix)
+		p := dranames.NamePrefix(cfg.Resources[i].IDPrefix)
 		if j, dup := seen[p]; dup {
 			return &config.FieldError{Field: cfg.ResourceField(i, "idPrefix"), Value: cfg.Resources[i].IDPrefix,
 				Reason: fmt.Sprintf("gives the same ResourceSlice device names (%s-<index>) as resources[%d] (idPrefix %q)", p, j, cfg.Resources[j].IDPrefix)}

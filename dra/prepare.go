@@ -186,11 +186,13 @@ func (d *Driver) prepare(ctx context.Context, claims []*resourceapi.ResourceClai
 		}
 	}
 	next := cp
+	added := false
 	for _, p := range plans {
 		if p.again {
 			d.ensureClaimSpec(p)
 			continue
 		}
+		added = true
 		if err := d.writeClaimSpec(p); err != nil {
 			errs[p.claim.UID] = fmt.Errorf("claim %s/%s: %w", p.claim.Namespace, p.claim.Name, err)
 			undo()
@@ -201,6 +203,11 @@ func (d *Driver) prepare(ctx context.Context, claims []*resourceapi.ResourceClai
 		}
 		next[p.claim.UID] = p.entry
 	}
+	// Claims all prepared already (the kubelet asks again after it
+	// restarts): the checkpoint on disk holds them; no write, no fsync.
+	if !added {
+		return answer(plans), nil
+	}
 	if err := d.opts.Checkpoint.Save(next); err != nil {
 		undo()
 		for _, p := range plans {
@@ -208,6 +215,11 @@ func (d *Driver) prepare(ctx context.Context, claims []*resourceapi.ResourceClai
 		}
 		return nil, errs
 	}
+	return answer(plans), nil
+}
+
+// answer is the kubelet's answer for prepared claims: their devices.
+func answer(plans []*planned) map[types.UID][]kubeletplugin.Device {
 	out := map[types.UID][]kubeletplugin.Device{}
 	for _, p := range plans {
 		for _, dv := range p.entry.Devices {
@@ -216,7 +228,7 @@ func (d *Driver) prepare(ctx context.Context, claims []*resourceapi.ResourceClai
 			})
 		}
 	}
-	return out, nil
+	return out
 }
 
 // stepFailures are the failed devices of a runner's error, by name.

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -166,4 +167,58 @@ func HeldByResource(ctx context.Context, socket string) (map[string][]string, er
 		}
 	}
 	return held, nil
+}
+
+// ClaimDevice is a device that a DRA claim of a container holds, as the
+// kubelet's PodResources API lists it.
+type ClaimDevice struct {
+	// Claim is the claim's namespace/name.
+	Claim string
+	// Driver, Pool and Device name the device as the driver published it.
+	Driver, Pool, Device string
+	// CDIDevices are the qualified CDI device names the driver gave for
+	// the device.
+	CDIDevices []string
+}
+
+// ClaimDevices returns the devices that DRA claims of containers hold,
+// once per claim and device (a claim that several containers share
+// counts once), in the order List gives them, from one List of the
+// kubelet's PodResources API on socket. A missing socket or a failed List
+// is an error naming the socket: nobody can tell then.
+func ClaimDevices(ctx context.Context, socket string) ([]ClaimDevice, error) {
+	if _, err := os.Stat(socket); err != nil {
+		return nil, fmt.Errorf("PodResources socket %s: %w", socket, err)
+	}
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	resp, err := listPodResources(ctx, socket)
+	if err != nil {
+		return nil, fmt.Errorf("PodResources List on %s: %w", socket, err)
+	}
+	// A kubelet before 1.31 names no driver, pool or device: the CDI
+	// names tell its devices apart.
+	type key struct{ claim, driver, pool, device, cdi string }
+	seen := map[key]bool{}
+	var out []ClaimDevice
+	for _, pod := range resp.PodResources {
+		for _, c := range pod.Containers {
+			for _, dr := range c.DynamicResources {
+				claim := dr.ClaimNamespace + "/" + dr.ClaimName
+				for _, cr := range dr.ClaimResources {
+					d := ClaimDevice{Claim: claim, Driver: cr.DriverName, Pool: cr.PoolName, Device: cr.DeviceName}
+					for _, n := range cr.CdiDevices {
+						d.CDIDevices = append(d.CDIDevices, n.Name)
+					}
+					k := key{claim, cr.DriverName, cr.PoolName, cr.DeviceName, strings.Join(d.CDIDevices, ",")}
+					if seen[k] {
+						continue
+					}
+					seen[k] = true
+					out = append(out, d)
+				}
+			}
+		}
+	}
+	return out, nil
 }

@@ -50,7 +50,10 @@ type Options struct {
 	// RetryInterval bounds the wait between registration attempts when no
 	// kubelet.sock event arrives (default 5 s).
 	RetryInterval time.Duration
-	Log           *logrus.Entry
+	// Registered, when set, is called by Run's loop after every
+	// successful registration (ClaimGuard.Registered); it must not block.
+	Registered func()
+	Log        *logrus.Entry
 	// Metrics, when set, records the calls, registrations and devices.
 	Metrics *metrics.Metrics
 }

@@ -148,6 +148,9 @@ func (r *runner) registrationDone(err error) {
 			p.log.WithField("attempts", r.failures+1).Info("registered after failed attempts")
 		}
 		r.failures = 0
+		if p.opts.Registered != nil {
+			p.opts.Registered()
+		}
 		return
 	}
 	l := p.log.WithError(err)

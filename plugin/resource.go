@@ -42,7 +42,10 @@ type Resource struct {
 	Plugin *Plugin
 	// Recovery, optional, runs beside the others.
 	Recovery Background
-	Log      *logrus.Entry
+	// Claims, optional, reports Unhealthy the devices DRA claims hold: it
+	// asks before the first publication, then runs beside the others.
+	Claims *ClaimGuard
+	Log    *logrus.Entry
 	// Metrics, when set, counts the spec writes.
 	Metrics *metrics.Metrics
 	// RetryMin and RetryMax bound the backoff between failed spec writes
@@ -84,6 +87,10 @@ func (r *Resource) Ready() error { return r.Plugin.Ready() }
 // Run returns.
 func (r *Resource) Run(ctx context.Context) error {
 	r.init()
+	// The devices DRA claims hold are known before anything is published.
+	if r.Claims != nil {
+		r.Claims.Start(ctx)
+	}
 	// Spec first, then the kubelet hears of the devices.
 	if err := r.follower.Start(); err != nil {
 		return err
@@ -93,6 +100,9 @@ func (r *Resource) Run(ctx context.Context) error {
 	g.Go(func() error { return r.Plugin.Run(ctx) })
 	if r.Recovery != nil {
 		g.Go(func() error { return r.Recovery.Run(ctx) })
+	}
+	if r.Claims != nil {
+		g.Go(func() error { return r.Claims.Run(ctx) })
 	}
 	return g.Wait()
 }

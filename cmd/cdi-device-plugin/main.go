@@ -26,6 +26,7 @@ import (
 	"github.com/cdi-device-plugin/cdi-device-plugin/config"
 	"github.com/cdi-device-plugin/cdi-device-plugin/device"
 	"github.com/cdi-device-plugin/cdi-device-plugin/internal/atomicfile"
+	"github.com/cdi-device-plugin/cdi-device-plugin/internal/dranames"
 	"github.com/cdi-device-plugin/cdi-device-plugin/internal/logs"
 	"github.com/cdi-device-plugin/cdi-device-plugin/internal/parts"
 	"github.com/cdi-device-plugin/cdi-device-plugin/metrics"
@@ -63,7 +64,10 @@ func defaultGC(env config.Env) {
 // run runs the plugin until ctx is done and returns the exit status: 0 on
 // a clean shutdown, 2 for bad configuration, 1 for any other failure.
 func run(ctx context.Context, args []string, env config.Env, stderr io.Writer) int {
-	cfg, err := config.Load(args, env, stderr)
+	var driverName string
+	extra := config.Extra{Name: "driver-name", Env: "DRIVER_NAME", Value: &driverName,
+		Usage: "the DRA driver's name, to recognise its claims' devices that PodResources names without CDI names (default <class>.<domain> of the first resource)"}
+	cfg, err := config.LoadWith("cdi-device-plugin", args, env, stderr, extra)
 	switch {
 	case errors.Is(err, flag.ErrHelp):
 		return 0
@@ -80,8 +84,13 @@ func run(ctx context.Context, args []string, env config.Env, stderr io.Writer) i
 	logger.SetFormatter(formatter(cfg.LogFormat))
 	log := logrus.NewEntry(logger).WithField("plugin", cfg.PluginName)
 	// A reload reads the same flags and environment, and the file again.
-	load := func() (*config.Config, error) { return config.Load(args, env, io.Discard) }
-	if err := serve(ctx, cfg, load, logger, log); err != nil {
+	load := func() (*config.Config, error) {
+		var ignored string // the same flags and environment: the same name
+		e := extra
+		e.Value = &ignored
+		return config.LoadWith("cdi-device-plugin", args, env, io.Discard, e)
+	}
+	if err := serve(ctx, cfg, driverName, load, logger, log); err != nil {
 		log.WithError(err).Error("exiting")
 		if errors.Is(err, config.ErrInvalid) {
 			return 2
@@ -105,7 +114,7 @@ var (
 // metrics and probes; with a config file, it applies the file's changes.
 // Specs and device nodes are kept on shutdown: a container restarting
 // while the plugin is being upgraded must still resolve its CDI names.
-func serve(ctx context.Context, cfg *config.Config, load func() (*config.Config, error), logger *logrus.Logger, log *logrus.Entry) error {
+func serve(ctx context.Context, cfg *config.Config, driverName string, load func() (*config.Config, error), logger *logrus.Logger, log *logrus.Entry) error {
 	if fi, err := os.Stat(cfg.DevRoot); err != nil || !fi.IsDir() {
 		return &config.FieldError{Field: "dev-root", Value: cfg.DevRoot, Reason: "must be an existing directory"}
 	}
@@ -119,6 +128,7 @@ func serve(ctx context.Context, cfg *config.Config, load func() (*config.Config,
 	}
 	start := time.Now().UnixNano()
 	s := newSupervisor(logger, log, m, server, cdi.NewWriter(cfg.CDIDir, cfg.Owner(), start), start)
+	s.driverName = driverName
 	if err := os.MkdirAll(cfg.DevicePluginDir, 0o750); err != nil {
 		return fmt.Errorf("device plugin dir: %w", err)
 	}
@@ -195,8 +205,9 @@ type part struct {
 
 // build constructs the parts of resource i without touching the disk.
 // Errors of the constructors are errors of the configuration, named by the
-// field the user wrote.
-func build(cfg *config.Config, i int, writer *cdi.Writer, start int64, log *logrus.Entry, m *metrics.Metrics) (*part, error) {
+// field the user wrote. driverName is the DRA driver's name (--driver-name;
+// empty: its default), whose claims the claim guard recognises.
+func build(cfg *config.Config, i int, writer *cdi.Writer, start int64, log *logrus.Entry, m *metrics.Metrics, driverName string) (*part, error) {
 	rc := &cfg.Resources[i]
 	field := func(name string) string { return cfg.ResourceField(i, name) }
 	if rc.Simulated() {
@@ -213,10 +224,22 @@ func build(cfg *config.Config, i int, writer *cdi.Writer, start int64, log *logr
 		}
 	}
 	socket := plugin.SocketName(cfg.PluginName, rc.Name, start)
-	res, err := parts.Build(cfg, i, parts.Options{Writer: writer, Socket: filepath.Join(cfg.DevicePluginDir, socket), Log: log, Metrics: m})
+	// The claim guard needs the source, which the holders it gives
+	// parts.Build are asked of only once the resource runs.
+	guard := &plugin.ClaimGuard{Socket: cfg.PodResourcesSocket}
+	res, err := parts.Build(cfg, i, parts.Options{Writer: writer, Socket: filepath.Join(cfg.DevicePluginDir, socket), Log: log, Metrics: m,
+		// A device a DRA claim holds (a node switched back from the DRA
+		// driver) is in use: no background re-preparation resets it, and
+		// a vanished one is not forgotten.
+		Holders: guard.Held})
 	if err != nil {
 		return nil, err
 	}
+	if driverName == "" {
+		driverName = dranames.DefaultDriverName(cfg)
+	}
+	guard.Source, guard.Log = res.Source, res.Log
+	guard.Match = plugin.ClaimMatch{Kind: res.Kind, IDPrefix: rc.IDPrefix, Drivers: []string{driverName}, Pool: cfg.NodeName}
 	var preparer plugin.Preparer // a nil interface, not a nil *Runner
 	if res.Runner.HasSteps() {
 		preparer = res.Runner
@@ -236,6 +259,7 @@ func build(cfg *config.Config, i int, writer *cdi.Writer, start int64, log *logr
 		Strategies:       cfg.DeviceListStrategy,
 		Mounts:           mounts,
 		Preparer:         preparer,
+		Registered:       guard.Registered,
 		Log:              res.Log,
 		Metrics:          m,
 	}, nil)
@@ -249,7 +273,7 @@ func build(cfg *config.Config, i int, writer *cdi.Writer, start int64, log *logr
 	}
 	return &part{
 		Resource: res, name: rc.Name, kind: res.Kind,
-		resource: &plugin.Resource{Source: res.Source, Spec: res.Spec, Plugin: p, Recovery: res.Runner, Log: res.Log, Metrics: m},
+		resource: &plugin.Resource{Source: res.Source, Spec: res.Spec, Plugin: p, Recovery: res.Runner, Claims: guard, Log: res.Log, Metrics: m},
 	}, nil
 }
 

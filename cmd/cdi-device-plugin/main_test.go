@@ -47,8 +47,17 @@ func (d dirs) args(extra ...string) []string {
 	return append([]string{"--device-plugin-dir", d.plugins, "--cdi-dir", d.cdi, "--dev-root", d.dev, "--state-dir", d.state}, extra...)
 }
 
+// envOf is an environment of m alone, but for POD_RESOURCES_SOCKET: a
+// path where none is, unless m sets it, so that no test asks the
+// PodResources of a kubelet that runs on the machine.
 func envOf(m map[string]string) func(string) (string, bool) {
-	return func(k string) (string, bool) { v, ok := m[k]; return v, ok }
+	return func(k string) (string, bool) {
+		v, ok := m[k]
+		if !ok && k == "POD_RESOURCES_SOCKET" {
+			return "/nonexistent/cdi-device-plugin-test/pod-resources.sock", true
+		}
+		return v, ok
+	}
 }
 
 // syncBuffer is a goroutine-safe log sink.

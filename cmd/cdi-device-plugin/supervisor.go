@@ -34,6 +34,9 @@ type supervisor struct {
 	server  *metrics.Server // nil: no metrics address
 	writer  *cdi.Writer
 	start   int64
+	// driverName is the DRA driver's name (--driver-name; empty: its
+	// default), for the claim guards.
+	driverName string
 
 	cfg     *config.Config
 	running map[string]*instance
@@ -113,7 +116,7 @@ func (s *supervisor) apply(ctx context.Context, next *config.Config) (change, er
 			kinds = append(kinds, old.part.kind)
 			continue
 		}
-		p, err := build(next, i, s.writer, time.Now().UnixNano(), s.log, s.metrics)
+		p, err := build(next, i, s.writer, time.Now().UnixNano(), s.log, s.metrics, s.driverName)
 		if err != nil {
 			return ch, err
 		}
@@ -225,7 +228,7 @@ func (s *supervisor) restore(ctx context.Context, name string) {
 	if i < 0 {
 		return
 	}
-	p, err := build(s.cfg, i, s.writer, time.Now().UnixNano(), s.log, s.metrics)
+	p, err := build(s.cfg, i, s.writer, time.Now().UnixNano(), s.log, s.metrics, s.driverName)
 	if err == nil {
 		err = p.prepare()
 	}

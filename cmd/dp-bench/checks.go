@@ -1,5 +1,7 @@
 package main
 
+import "slices"
+
 // Status of a contract check in one run.
 type Status string
 
@@ -102,7 +104,7 @@ func (r *RunResult) count(id string, v float64) { r.Metrics[id] = Sample{Value: 
 // Failed lists the IDs of failed checks, in check order.
 func (r *RunResult) Failed() []string {
 	var ids []string
-	for _, c := range checkDefs {
+	for _, c := range slices.Concat(checkDefs, draCheckDefs) {
 		if r.Checks[c.ID].Status == Fail {
 			ids = append(ids, c.ID)
 		}

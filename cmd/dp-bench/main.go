@@ -14,6 +14,13 @@
 // PLUGIN, its arguments, -env and -remove-device are templates over the
 // run's directories: {{.SocketDir}} (kubelet.sock), {{.CDIDir}},
 // {{.DevDir}} (device files dp-bench creates) and {{.WorkDir}}.
+//
+// A targets file of DRA drivers (targets with "dra" set, dra.go) runs
+// them against a private etcd and kube-apiserver (-etcd,
+// -kube-apiserver), as the kubelet drives a DRA driver: registration,
+// ResourceSlices, NodePrepareResources and NodeUnprepareResources; their
+// templates also have {{.RegistrarDir}}, {{.PluginsDir}},
+// {{.PodResources}}, {{.Kubeconfig}} and {{.NodeName}}.
 package main
 
 import (
@@ -45,6 +52,7 @@ func main() {
 type options struct {
 	targets  []Target
 	settings Settings
+	cp       ControlPlaneOptions
 	runs     int
 	jsonOut  string
 	mdOut    string
@@ -95,9 +103,15 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.DurationVar(&o.settings.Connect, "connect-timeout", def.Connect, "the kubelet's call to the plugin's endpoint during Register")
 	fs.DurationVar(&o.settings.Term, "term-timeout", def.Term, "wait for the exit after SIGTERM")
 	fs.StringVar(&o.settings.TmpfsDir, "tmpfs-dir", def.TmpfsDir, "where {{.DevDir}} and {{.CDIDir}} are made, a tmpfs as /dev and /run are on a node (empty: TMPDIR, like the other directories)")
+	fs.IntVar(&o.settings.DRACalls, "dra-calls", def.DRACalls, "DRA drivers: claims per size prepared in a run (p50 over them)")
+	fs.DurationVar(&o.settings.APIInterval, "api-interval", def.APIInterval, "DRA drivers: least time between two calls that make the driver read a claim (client-go's default limiter allows 5 a second)")
+	fs.StringVar(&o.cp.APIServer, "kube-apiserver", "", "DRA drivers: the kube-apiserver binary")
+	fs.StringVar(&o.cp.Etcd, "etcd", "", "DRA drivers: the etcd binary")
+	fs.StringVar(&o.cp.FeatureGates, "feature-gates", "", "DRA drivers: kube-apiserver's --feature-gates")
+	fs.DurationVar(&o.cp.Ready, "api-ready-timeout", time.Minute, "DRA drivers: wait for the API server to be ready")
 	fs.StringVar(&o.jsonOut, "json", "", "write the full report as JSON to this file")
 	fs.StringVar(&o.render, "render", "", "run nothing: print (and with -md write) the tables of a report written by -json")
-	fs.StringVar(&o.compare, "compare", "", "a target name: add its per-round ratios to every other target of the same scenario")
+	fs.StringVar(&o.compare, "compare", "", "a target name: add its per-round ratios to every other target of the same group (a target's group, else its scenario)")
 	fs.StringVar(&o.goBench, "gobench", "", "add the medians of this `go test -bench` output to the report")
 	fs.StringVar(&o.mdOut, "md", "", "write the tables into this Markdown file, between dp-bench's markers (the rest of the file is kept)")
 	if err := fs.Parse(args); err != nil {
@@ -109,12 +123,16 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	if o.settings.Calls < 1 {
 		return nil, fmt.Errorf("-calls=%d: must be at least 1", o.settings.Calls)
 	}
+	if o.settings.DRACalls < 1 {
+		return nil, fmt.Errorf("-dra-calls=%d: must be at least 1", o.settings.DRACalls)
+	}
 	if o.settings.Idle < 0 {
 		return nil, fmt.Errorf("-idle=%s: must not be negative", o.settings.Idle)
 	}
 	for name, d := range map[string]time.Duration{"prompt": o.settings.Prompt, "register-timeout": o.settings.Register,
 		"restart-timeout": o.settings.Restart, "change-timeout": o.settings.Change, "settle": o.settings.Settle,
-		"connect-timeout": o.settings.Connect, "term-timeout": o.settings.Term} {
+		"connect-timeout": o.settings.Connect, "term-timeout": o.settings.Term, "api-interval": o.settings.APIInterval,
+		"api-ready-timeout": o.cp.Ready} {
 		if d <= 0 {
 			return nil, fmt.Errorf("-%s=%s: must be above 0", name, d)
 		}
@@ -193,7 +211,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if o.render != "" {
 		return render(o, stdout, stderr)
 	}
-	rep := &Report{Command: "dp-bench " + strings.Join(args, " "), Machine: describeMachine(), Runs: o.runs, Settings: o.settings, Compare: o.compare}
+	rep := &Report{Command: "dp-bench " + strings.Join(args, " "), Machine: describeMachine(), Runs: o.runs, Settings: o.settings, Compare: o.compare,
+		DRA: isDRA(o.targets)}
 	if o.goBench != "" {
 		if rep.GoBench, err = parseGoBench(o.goBench); err != nil {
 			fmt.Fprintf(stderr, "dp-bench: -gobench=%q: %v\n", o.goBench, err)
@@ -202,13 +221,31 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	results := make([][]*RunResult, len(o.targets))
 	setupErr := make([]error, len(o.targets))
+	var cl *draCluster
+	if rep.DRA {
+		fmt.Fprintln(stderr, "dp-bench: starting etcd and kube-apiserver")
+		if cl, err = startCluster(ctx, o.cp); err != nil {
+			for j := range o.targets {
+				setupErr[j] = fmt.Errorf("%w: %w", errNoControlPlane, err)
+			}
+			fmt.Fprintf(stderr, "dp-bench: DRA drivers not run: %v\n", setupErr[0])
+		} else {
+			defer cl.stop()
+			rep.APIServer = cl.version
+		}
+	}
 	for i := 0; i < o.runs && ctx.Err() == nil; i++ {
 		for j := range o.targets {
 			t := &o.targets[j]
 			if setupErr[j] != nil || ctx.Err() != nil {
 				continue
 			}
-			res, err := runTarget(ctx, *t, o.settings)
+			var res *RunResult
+			if t.DRA != nil {
+				res, err = runDRATarget(ctx, *t, o.settings, cl)
+			} else {
+				res, err = runTarget(ctx, *t, o.settings)
+			}
 			if err != nil {
 				setupErr[j] = err
 				fmt.Fprintf(stderr, "dp-bench: %s: not run: %v\n", t.Label(), err)

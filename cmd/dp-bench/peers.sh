@@ -12,8 +12,14 @@
 # - generic-device-plugin: github.com/squat/generic-device-plugin at a
 #   pinned pseudo-version. If the module proxy refuses it, this says so and
 #   goes on; `make bench` then runs without it (or with SQUAT_BIN).
+# - dra-example-kubeletplugin: the kubelet plugin of
+#   sigs.k8s.io/dra-example-driver at DRA_EXAMPLE_VERSION, the DRA peer of
+#   cdi-dra-driver; built from its own go.mod (a wrapper module that
+#   requires it). Refused by the module proxy: said, and skipped.
 #
-# Prints "name=path" for every binary it has on stdout, progress on stderr.
+# With names (sample-device-plugin, generic-device-plugin,
+# dra-example-kubeletplugin), builds only those. Prints "name=path" for
+# every binary it has on stdout, progress on stderr.
 set -euo pipefail
 LOG_TAG=peers
 # shellcheck source=e2e/lib.sh
@@ -47,9 +53,33 @@ build_squat() {
 	mv -f "${out}.tmp" "${out}"
 }
 
-build_sample
-build_squat
-for f in "${BIN_DIR}/sample-device-plugin-${K8S_VERSION}" "${BIN_DIR}/generic-device-plugin-${SQUAT_VERSION}"; do
+build_dra_example() {
+	local out=${BIN_DIR}/dra-example-kubeletplugin-${DRA_EXAMPLE_VERSION}
+	[[ -x ${out} ]] && return 0
+	local dir=${BENCH_CACHE}/src/dra-example-driver-${DRA_EXAMPLE_VERSION}
+	log "dra-example-kubeletplugin ${DRA_EXAMPLE_VERSION}"
+	mkdir -p "${dir}"
+	printf 'module bench.local/wrapper\n\ngo 1.26\n' >"${dir}/go.mod"
+	if ! (cd "${dir}" && go get "sigs.k8s.io/dra-example-driver/cmd/dra-example-kubeletplugin@${DRA_EXAMPLE_VERSION}" >&2); then
+		log "dra-example-driver ${DRA_EXAMPLE_VERSION}: not available from the module proxy; benchmarking without it (set DRA_EXAMPLE_BIN to a binary to include it)"
+		return 0
+	fi
+	(cd "${dir}" && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "${out}.tmp" sigs.k8s.io/dra-example-driver/cmd/dra-example-kubeletplugin)
+	mv -f "${out}.tmp" "${out}"
+}
+
+names=("$@")
+[[ ${#names[@]} -gt 0 ]] || names=(sample-device-plugin generic-device-plugin dra-example-kubeletplugin)
+for n in "${names[@]}"; do
+	case ${n} in
+	sample-device-plugin) build_sample ;;
+	generic-device-plugin) build_squat ;;
+	dra-example-kubeletplugin) build_dra_example ;;
+	*) die "unknown peer ${n} (sample-device-plugin, generic-device-plugin, dra-example-kubeletplugin)" ;;
+	esac
+done
+for f in "${BIN_DIR}/sample-device-plugin-${K8S_VERSION}" "${BIN_DIR}/generic-device-plugin-${SQUAT_VERSION}" \
+	"${BIN_DIR}/dra-example-kubeletplugin-${DRA_EXAMPLE_VERSION}"; do
 	[[ -x ${f} ]] || continue
 	n=$(basename "${f}")
 	printf '%s=%s\n' "${n%%-v*}" "${f}"

@@ -45,13 +45,21 @@ type Settings struct {
 	Term time.Duration
 	// TmpfsDir holds the runs' DevDir and CDIDir ("": TMPDIR).
 	TmpfsDir string
+	// DRACalls is the number of claims per size a DRA driver prepares
+	// (p50 over them).
+	DRACalls int
+	// APIInterval is the least time between two calls that make a DRA
+	// driver read a claim from the API server: above the interval of
+	// client-go's default limiter (5 a second), so that the limiter is
+	// not what is timed.
+	APIInterval time.Duration
 }
 
 // DefaultSettings suit a benchmark; tests shorten them.
 func DefaultSettings() Settings {
 	return Settings{Calls: 200, Idle: 10 * time.Second, Prompt: time.Second, Register: 30 * time.Second,
 		Restart: 30 * time.Second, Change: 15 * time.Second, Settle: time.Second, Connect: 2 * time.Second, Term: 10 * time.Second,
-		TmpfsDir: defaultTmpfsDir()}
+		TmpfsDir: defaultTmpfsDir(), DRACalls: 20, APIInterval: 210 * time.Millisecond}
 }
 
 func sprintf(format string, args ...any) string {
@@ -65,7 +73,7 @@ func sprintf(format string, args ...any) string {
 // checks the contract, measures, and stops it. Only setup errors are
 // returned; failures of the plugin are results.
 func runTarget(ctx context.Context, t Target, s Settings) (*RunResult, error) {
-	r, err := t.prepare(s.TmpfsDir)
+	r, err := t.prepare(s.TmpfsDir, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -492,17 +500,27 @@ func (x *session) resolve(r *pluginapi.ContainerAllocateResponse) {
 		x.res.skip("cdi-resolve", "no CDI names returned")
 		return
 	}
-	cache, err := cdiapi.NewCache(cdiapi.WithSpecDirs(x.r.host.CDIDir), cdiapi.WithAutoRefresh(false))
+	n, err := injectCDI(x.r.host.CDIDir, names)
 	if err != nil {
-		x.res.fail("cdi-resolve", "CDI cache of %s: %v", x.r.plugin.CDIDir, err)
+		x.res.fail("cdi-resolve", "%v", err)
 		return
+	}
+	x.res.pass("cdi-resolve", "%d names, %d device nodes injected", len(names), n)
+}
+
+// injectCDI resolves CDI device names as containerd does: a fresh cache
+// over dir, InjectDevices into an empty OCI spec. It returns the number
+// of device nodes injected.
+func injectCDI(dir string, names []string) (int, error) {
+	cache, err := cdiapi.NewCache(cdiapi.WithSpecDirs(dir), cdiapi.WithAutoRefresh(false))
+	if err != nil {
+		return 0, fmt.Errorf("CDI cache of %s: %w", dir, err)
 	}
 	spec := &oci.Spec{Process: &oci.Process{}, Linux: &oci.Linux{}}
 	if unresolved, err := cache.InjectDevices(spec, names...); err != nil {
-		x.res.fail("cdi-resolve", "InjectDevices %v: unresolved %v: %v", names, unresolved, err)
-		return
+		return 0, fmt.Errorf("InjectDevices %v: unresolved %v: %w", names, unresolved, err)
 	}
-	x.res.pass("cdi-resolve", "%d names, %d device nodes injected", len(names), len(spec.Linux.Devices))
+	return len(spec.Linux.Devices), nil
 }
 
 // preferred checks GetPreferredAllocation, when advertised, on all IDs and

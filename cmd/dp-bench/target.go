@@ -18,10 +18,17 @@ import (
 // Target is one plugin command line, with the size it is run at, to check
 // and measure. Command, Env, Files and RemoveDevice are templates over
 // Dirs (e.g. "{{.SocketDir}}") with a function env ("{{env "BIN"}}").
+// A target with DRA set is a DRA driver, driven as the kubelet drives one
+// (dra.go); the others are device plugins.
 type Target struct {
 	// Name labels the plugin in the tables, Scenario its size.
 	Name     string `json:"name"`
 	Scenario string `json:"scenario,omitempty"`
+	// Group is what -compare pairs targets by (default: the scenario):
+	// the -compare target is compared with the others of its group.
+	Group string `json:"group,omitempty"`
+	// DRA, when set, makes the target a DRA driver.
+	DRA *DRATarget `json:"dra,omitempty"`
 	// Command is the plugin's argv.
 	Command []string `json:"command"`
 	// Env is the plugin's whole environment (KEY=VALUE), PATH aside.
@@ -55,10 +62,32 @@ type Target struct {
 	Resource string `json:"resource,omitempty"`
 }
 
+// DRATarget is what a DRA driver target must do.
+type DRATarget struct {
+	// Driver is the driver name it must register and publish devices of.
+	Driver string `json:"driver"`
+	// Devices is the number of devices it must publish for the node (0:
+	// any); the prepare calls take up to 8 of them.
+	Devices int `json:"devices,omitempty"`
+	// StepsEvidence is a glob (template) of files that its preparation
+	// steps write (a device's state.json): a second NodePrepareResources
+	// of a prepared claim must leave them as they were. Empty: not
+	// checked.
+	StepsEvidence string `json:"stepsEvidence,omitempty"`
+}
+
 // UeventCheck is Target.Uevent.
 type UeventCheck struct {
 	Change  string `json:"change"`
 	Trigger string `json:"trigger"`
+}
+
+// group is the comparison group: Group, else the scenario.
+func (t Target) group() string {
+	if t.Group != "" {
+		return t.Group
+	}
+	return t.Scenario
 }
 
 // Label is "name (scenario)".
@@ -74,6 +103,10 @@ type Dirs struct {
 	// SocketDir holds kubelet.sock; CDIDir the CDI specs; DevDir the
 	// device files dp-bench creates; WorkDir the Files and anything else.
 	SocketDir, CDIDir, DevDir, WorkDir string
+	// For DRA drivers: the kubelet's plugin registration directory and
+	// plugins directory, its PodResources socket, the API server's
+	// kubeconfig and the name of the node (a fresh Node object per run).
+	RegistrarDir, PluginsDir, PodResources, Kubeconfig, NodeName string
 }
 
 // file is the targets file: several targets, run side by side.
@@ -97,6 +130,9 @@ func loadTargets(path string) ([]Target, error) {
 	for i := range f.Targets {
 		if err := f.Targets[i].validate(); err != nil {
 			return nil, fmt.Errorf("%s: targets[%d]: %w", path, i, err)
+		}
+		if (f.Targets[i].DRA != nil) != (f.Targets[0].DRA != nil) {
+			return nil, fmt.Errorf("%s: targets[%d]: DRA drivers and device plugins in one file: their tables differ, give them in two files", path, i)
 		}
 	}
 	return f.Targets, nil
@@ -122,6 +158,25 @@ func (t Target) validate() error {
 			return fmt.Errorf("files: %q must be a plain file name", name)
 		}
 	}
+	if t.DRA != nil {
+		return t.DRA.validate(t)
+	}
+	return nil
+}
+
+func (d *DRATarget) validate(t Target) error {
+	if d.Driver == "" {
+		return errors.New("dra.driver: empty")
+	}
+	if d.Devices < 0 {
+		return fmt.Errorf("dra.devices=%d: must not be negative", d.Devices)
+	}
+	for field, set := range map[string]bool{"socketDir": t.SocketDir != "", "cdiDir": t.CDIDir != "", "removeDevice": t.RemoveDevice != "",
+		"uevent": t.Uevent != nil, "ids": t.IDs != 0, "resource": t.Resource != ""} {
+		if set {
+			return fmt.Errorf("%s: not used for a DRA driver (dra is set)", field)
+		}
+	}
 	return nil
 }
 
@@ -135,14 +190,21 @@ type runDirs struct {
 	argv, env []string
 	remove    string // host path of RemoveDevice
 	change    string // Uevent.Change, expanded
+	evidence  string // DRA.StepsEvidence, expanded
 	scratch   string // for the mount namespace's overlays
 }
+
+// cluster is what a DRA driver's run gets from the API server: its
+// kubeconfig and the node's name.
+type cluster struct{ Kubeconfig, NodeName string }
 
 // prepare makes the run's directories and files and expands the templates.
 // DevDir and CDIDir are made in tmpfsDir (when not empty), the others in
 // TMPDIR: on a node /dev and /run are tmpfs, the kubelet's and the
-// plugin's state are on disk.
-func (t Target) prepare(tmpfsDir string) (*runDirs, error) {
+// plugin's state are on disk. A DRA driver's run gets c's kubeconfig and
+// node name, the registration and plugins directories and the
+// PodResources socket's path.
+func (t Target) prepare(tmpfsDir string, c *cluster) (*runDirs, error) {
 	root, err := os.MkdirTemp("", "dpb")
 	if err != nil {
 		return nil, err
@@ -155,6 +217,17 @@ func (t Target) prepare(tmpfsDir string) (*runDirs, error) {
 		}
 	}
 	r.host = Dirs{SocketDir: filepath.Join(root, "s"), CDIDir: filepath.Join(r.fastRoot, "cdi"), DevDir: filepath.Join(r.fastRoot, "dev"), WorkDir: filepath.Join(root, "work")}
+	mkdirs := []string{r.host.SocketDir, r.host.CDIDir, r.host.DevDir, r.host.WorkDir, r.scratch}
+	if t.DRA != nil {
+		if c == nil {
+			r.cleanup()
+			return nil, errors.New("a DRA driver needs the API server")
+		}
+		r.host.RegistrarDir, r.host.PluginsDir = filepath.Join(root, "reg"), filepath.Join(root, "plugins")
+		r.host.PodResources = filepath.Join(r.host.SocketDir, "pod-resources.sock")
+		r.host.Kubeconfig, r.host.NodeName = c.Kubeconfig, c.NodeName
+		mkdirs = append(mkdirs, r.host.RegistrarDir, r.host.PluginsDir)
+	}
 	r.plugin = r.host
 	if t.SocketDir != "" {
 		r.plugin.SocketDir = t.SocketDir
@@ -168,7 +241,7 @@ func (t Target) prepare(tmpfsDir string) (*runDirs, error) {
 		r.cleanup()
 		return nil, err
 	}
-	for _, d := range []string{r.host.SocketDir, r.host.CDIDir, r.host.DevDir, r.host.WorkDir, r.scratch} {
+	for _, d := range mkdirs {
 		if err := os.Mkdir(d, 0o755); err != nil {
 			return fail(err)
 		}
@@ -236,6 +309,11 @@ func (t Target) prepare(tmpfsDir string) (*runDirs, error) {
 	}
 	if t.Uevent != nil {
 		if r.change, err = expand("uevent.change", t.Uevent.Change); err != nil {
+			return fail(err)
+		}
+	}
+	if t.DRA != nil && t.DRA.StepsEvidence != "" {
+		if r.evidence, err = expand("dra.stepsEvidence", t.DRA.StepsEvidence); err != nil {
 			return fail(err)
 		}
 	}

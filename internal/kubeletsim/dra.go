@@ -25,6 +25,10 @@ type DRA struct {
 	conn   *grpc.ClientConn
 }
 
+// ErrRefused is returned by RegisterDRA for a driver the kubelet would
+// refuse; other errors are those of the calls (a socket not served yet).
+var ErrRefused = errors.New("registration refused")
+
 // RegisterDRA registers the driver serving the registration socket sock
 // as the kubelet's plugin watcher and DRA manager do: GetInfo must name a
 // DRA plugin that offers the v1 DRA service; the registration is then
@@ -57,7 +61,7 @@ func RegisterDRA(ctx context.Context, sock string) (*DRA, error) {
 		return nil, fmt.Errorf("NotifyRegistrationStatus on %s: %w", sock, err)
 	}
 	if refused != nil {
-		return nil, fmt.Errorf("registration of %s refused: %w", info.Name, refused)
+		return nil, fmt.Errorf("%w: %s: %w", ErrRefused, info.Name, refused)
 	}
 	conn, err := grpc.NewClient("unix://"+info.Endpoint, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {

@@ -2,7 +2,9 @@
 // serves the Registration service on <dir>/kubelet.sock over a real unix
 // socket, records registrations, and talks to plugins the way the kubelet's
 // device manager does (ListAndWatch, Allocate, GetPreferredAllocation). A
-// restart wipes the directory as the kubelet does.
+// restart wipes the directory as the kubelet does. RegisterDRA registers
+// and calls a DRA driver as the kubelet's plugin watcher and DRA manager
+// do; ServePodResources serves the kubelet's PodResources List.
 //
 // Register is handled like the kubelet's registration server
 // (pkg/kubelet/cm/devicemanager/plugin/v1beta1): the version must be a

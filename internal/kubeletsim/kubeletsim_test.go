@@ -2,15 +2,20 @@ package kubeletsim_test
 
 import (
 	"context"
+	"errors"
 	"net"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+	drav1 "k8s.io/kubelet/pkg/apis/dra/v1"
+	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
+	podresourcesapi "k8s.io/kubelet/pkg/apis/podresources/v1"
 
 	"github.com/cdi-device-plugin/cdi-device-plugin/internal/kubeletsim"
 	"github.com/cdi-device-plugin/cdi-device-plugin/internal/testutil"
@@ -101,5 +106,112 @@ func TestRegister(t *testing.T) {
 	}
 	if reg.Err != nil || reg.Options == nil || !reg.Options.PreStartRequired {
 		t.Fatalf("accepted registration %+v", reg)
+	}
+}
+
+// regServer is a driver's registration service answering info, and
+// recording the status the kubelet sends back.
+type regServer struct {
+	registerapi.UnimplementedRegistrationServer
+	info   atomic.Pointer[registerapi.PluginInfo]
+	status chan *registerapi.RegistrationStatus
+}
+
+func (s *regServer) GetInfo(context.Context, *registerapi.InfoRequest) (*registerapi.PluginInfo, error) {
+	return s.info.Load(), nil
+}
+
+func (s *regServer) NotifyRegistrationStatus(_ context.Context, st *registerapi.RegistrationStatus) (*registerapi.RegistrationStatusResponse, error) {
+	s.status <- st
+	return &registerapi.RegistrationStatusResponse{}, nil
+}
+
+// TestRegisterDRA: a driver that is not a DRA plugin, lacks the v1
+// service or names no endpoint is refused (ErrRefused) and told so; one
+// that is registers; a socket nobody serves is an error of the call, not
+// a refusal.
+func TestRegisterDRA(t *testing.T) {
+	dir := testutil.ShortDir(t)
+	sock := filepath.Join(dir, "reg.sock")
+	if _, err := kubeletsim.RegisterDRA(context.Background(), sock); err == nil || errors.Is(err, kubeletsim.ErrRefused) {
+		t.Fatalf("nothing served: %v", err)
+	}
+	lis, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &regServer{status: make(chan *registerapi.RegistrationStatus, 1)}
+	srv := grpc.NewServer()
+	registerapi.RegisterRegistrationServer(srv, s)
+	done := make(chan struct{})
+	go func() { defer close(done); _ = srv.Serve(lis) }()
+	defer func() { srv.Stop(); <-done }()
+	good := func() *registerapi.PluginInfo {
+		return &registerapi.PluginInfo{Type: registerapi.DRAPlugin, Name: "d.example.com", Endpoint: filepath.Join(dir, "dra.sock"),
+			SupportedVersions: []string{drav1.DRAPluginService}}
+	}
+	for _, c := range []struct {
+		name string
+		edit func(*registerapi.PluginInfo)
+		want string
+	}{
+		{"device plugin", func(i *registerapi.PluginInfo) { i.Type = registerapi.DevicePlugin }, "plugin type"},
+		{"no v1 service", func(i *registerapi.PluginInfo) { i.SupportedVersions = []string{"v1beta1.DRAPlugin"} }, "lack " + drav1.DRAPluginService},
+		{"no endpoint", func(i *registerapi.PluginInfo) { i.Endpoint = "" }, "no endpoint"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			info := good()
+			c.edit(info)
+			s.info.Store(info)
+			_, err := kubeletsim.RegisterDRA(context.Background(), sock)
+			if !errors.Is(err, kubeletsim.ErrRefused) || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("error %v, want ErrRefused with %q", err, c.want)
+			}
+			if st := <-s.status; st.PluginRegistered || !strings.Contains(st.Error, c.want) {
+				t.Fatalf("status sent %+v", st)
+			}
+		})
+	}
+	s.info.Store(good())
+	d, err := kubeletsim.RegisterDRA(context.Background(), sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	if st := <-s.status; !st.PluginRegistered || d.Info.Name != "d.example.com" {
+		t.Fatalf("status %+v, info %+v", st, d.Info)
+	}
+}
+
+// TestPodResources: List answers the pods last set, and counts the calls.
+func TestPodResources(t *testing.T) {
+	sock := filepath.Join(testutil.ShortDir(t), "podres.sock")
+	p, err := kubeletsim.ServePodResources(sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Stop()
+	c, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	list := func() []*podresourcesapi.PodResources {
+		t.Helper()
+		r, err := podresourcesapi.NewPodResourcesListerClient(c).List(context.Background(), &podresourcesapi.ListPodResourcesRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r.PodResources
+	}
+	if got := list(); len(got) != 0 {
+		t.Fatalf("pods at first: %v", got)
+	}
+	p.Set(&podresourcesapi.PodResources{Name: "a", Namespace: "ns"})
+	if got := list(); len(got) != 1 || got[0].Name != "a" {
+		t.Fatalf("pods after Set: %v", got)
+	}
+	if n := p.Calls(); n != 2 {
+		t.Errorf("%d List calls counted, want 2", n)
 	}
 }

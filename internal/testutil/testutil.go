@@ -4,17 +4,13 @@ package testutil
 
 import (
 	"context"
-	"net"
 	"os"
 	"path/filepath"
-	"slices"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/cdi-device-plugin/cdi-device-plugin/internal/kubeletsim"
 	"golang.org/x/sys/unix"
-	"google.golang.org/grpc"
 	podresourcesapi "k8s.io/kubelet/pkg/apis/podresources/v1"
 )
 
@@ -82,43 +78,19 @@ func Watch(ctx context.Context, t testing.TB, dir, endpoint string) (*kubeletsim
 	return c, updates
 }
 
-// PodResources is the kubelet's PodResources List, answering the pods
-// last set.
-type PodResources struct {
-	podresourcesapi.UnimplementedPodResourcesListerServer
-	mu   sync.Mutex
-	pods []*podresourcesapi.PodResources
-}
-
-// Set replaces the pods List answers.
-func (s *PodResources) Set(pods ...*podresourcesapi.PodResources) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.pods = pods
-}
-
-// List answers the pods.
-func (s *PodResources) List(context.Context, *podresourcesapi.ListPodResourcesRequest) (*podresourcesapi.ListPodResourcesResponse, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return &podresourcesapi.ListPodResourcesResponse{PodResources: slices.Clone(s.pods)}, nil
-}
+// PodResources is the kubelet's PodResources List (kubeletsim's).
+type PodResources = kubeletsim.PodResources
 
 // ServePodResources serves the PodResources API on the unix socket sock,
 // answering pods, until the test ends (the server is stopped and its
 // goroutine joined).
 func ServePodResources(t testing.TB, sock string, pods ...*podresourcesapi.PodResources) *PodResources {
 	t.Helper()
-	ln, err := net.Listen("unix", sock)
+	p, err := kubeletsim.ServePodResources(sock, pods...)
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := grpc.NewServer()
-	p := &PodResources{pods: pods}
-	podresourcesapi.RegisterPodResourcesListerServer(srv, p)
-	served := make(chan struct{})
-	go func() { defer close(served); _ = srv.Serve(ln) }()
-	t.Cleanup(func() { srv.Stop(); <-served })
+	t.Cleanup(p.Stop)
 	return p
 }
 

@@ -1,0 +1,747 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/fsnotify/fsnotify"
+	drav1 "k8s.io/kubelet/pkg/apis/dra/v1"
+
+	"github.com/cdi-device-plugin/cdi-device-plugin/internal/kubeletsim"
+)
+
+// A DRA driver is driven as the kubelet drives one: dp-bench watches the
+// plugin registration directory and registers the driver through its
+// socket (GetInfo, NotifyRegistrationStatus), waits for its devices in
+// ResourceSlices of the node's pool, then, as the scheduler and the
+// kubelet would, writes the allocation of fresh ResourceClaims and calls
+// NodePrepareResources and NodeUnprepareResources on the driver's
+// endpoint (kubeletsim.RegisterDRA). The API server is a private one
+// (ControlPlane) shared by all runs; every run has a Node object of its
+// own and a PodResources stand-in on its socket.
+
+// The DRA driver's contract, in the order the checks run.
+var draCheckDefs = []checkDef{
+	{"dra-register", "registers through the registration socket as a DRA plugin (GetInfo: type, v1 service, endpoint; the expected name)"},
+	{"dra-slices", "publishes its devices in ResourceSlices of the node's pool"},
+	{"dra-prepare", "NodePrepareResources answers every allocated device with its request and CDI IDs (1 and 8 devices)"},
+	{"dra-cdi-resolve", "returned CDI IDs resolve (fresh CDI cache + InjectDevices, as containerd)"},
+	{"dra-idempotent", "a second NodePrepareResources of a prepared claim gives the same answer"},
+	{"dra-steps-once", "a second NodePrepareResources of a prepared claim runs no step again (the steps' files unchanged)"},
+	{"dra-unprepare", "NodeUnprepareResources succeeds, and again for the same claim"},
+	{"dra-unprepare-unknown", "NodeUnprepareResources of a claim it never prepared succeeds"},
+	{"dra-refuse-unknown", "NodePrepareResources of a claim allocated to a device it does not publish answers an error"},
+}
+
+const (
+	emptyRPC = "NodeUnprepareResources p50, no claims (empty RPC)"
+)
+
+// What is measured in every run of a DRA driver.
+var draMetricDefs = []metricDef{
+	{"start-registered", "process start → registered (GetInfo, NotifyRegistrationStatus answered)", "ms", "start → exit of a Go binary that exits at once"},
+	{"start-sliced", "process start → all its devices in ResourceSlices (watch event)", "ms", "dp-bench's own ResourceSlice: create → watch event"},
+	{"dra-devices", "devices published", "", ""},
+	{"prepare-1", "NodePrepareResources p50, new claim, 1 device", "µs", emptyRPC},
+	{"prepare-8", "NodePrepareResources p50, new claim, 8 devices", "µs", emptyRPC},
+	{"prepare-again-1", "NodePrepareResources p50, claim prepared already, 1 device", "µs", emptyRPC},
+	{"prepare-again-8", "NodePrepareResources p50, claim prepared already, 8 devices", "µs", emptyRPC},
+	{"unprepare-1", "NodeUnprepareResources p50, 1 device", "µs", emptyRPC},
+	{"unprepare-8", "NodeUnprepareResources p50, 8 devices", "µs", emptyRPC},
+	{"dra-rss", "resident memory (after the calls)", "MiB", "an idle Go process"},
+	{"claim-get", "GET of a claim by dp-bench, p50 (what every NodePrepareResources does first, in the helper)", "µs", ""},
+}
+
+// draSizes are the claim sizes the calls are timed at.
+var draSizes = []int{1, 8}
+
+// errNoControlPlane marks targets that need the API server when it could
+// not be started.
+var errNoControlPlane = errors.New("no API server")
+
+// benchNamespace holds the claims dp-bench makes.
+const benchNamespace = "dp-bench"
+
+// draCluster is the API server all DRA runs share.
+type draCluster struct {
+	cp      *ControlPlane
+	version string
+	nodes   atomic.Int64
+	claims  atomic.Int64
+}
+
+// startCluster starts the control plane and makes the claims' namespace.
+func startCluster(ctx context.Context, o ControlPlaneOptions) (*draCluster, error) {
+	cp, err := StartControlPlane(ctx, o)
+	if err != nil {
+		return nil, err
+	}
+	cl := &draCluster{cp: cp}
+	var v apiVersion
+	if err := cp.Client.do(ctx, http.MethodGet, "/version", nil, &v); err == nil {
+		cl.version = v.GitVersion
+	}
+	ns := &namespace{typeMeta: typeMeta{APIVersion: "v1", Kind: "Namespace"}, Metadata: objectMeta{Name: benchNamespace}}
+	if err := cp.Client.do(ctx, http.MethodPost, pathNamespaces, ns, nil); err != nil && !isAlreadyExists(err) {
+		cp.Stop()
+		return nil, fmt.Errorf("namespace %s: %w", benchNamespace, err)
+	}
+	return cl, nil
+}
+
+func (cl *draCluster) stop() { cl.cp.Stop() }
+
+// runDRATarget runs the DRA driver t once against a fresh Node object, a
+// PodResources stand-in and the shared API server. Only setup errors are
+// returned; failures of the driver are results.
+func runDRATarget(ctx context.Context, t Target, s Settings, cl *draCluster) (*RunResult, error) {
+	nodeName := fmt.Sprintf("dp-bench-node-%d", cl.nodes.Add(1))
+	r, err := t.prepare(s.TmpfsDir, &cluster{Kubeconfig: cl.cp.Kubeconfig, NodeName: nodeName})
+	if err != nil {
+		return nil, err
+	}
+	defer r.cleanup()
+	api := cl.cp.Client
+	n := &node{typeMeta: typeMeta{APIVersion: "v1", Kind: "Node"},
+		Metadata: objectMeta{Name: nodeName, Labels: map[string]string{"kubernetes.io/hostname": nodeName}}}
+	if err := api.do(ctx, http.MethodPost, pathNodes, n, nil); err != nil {
+		return nil, fmt.Errorf("node %s: %w", nodeName, err)
+	}
+	defer cleanupNode(api, nodeName)
+	pr, err := kubeletsim.ServePodResources(r.host.PodResources)
+	if err != nil {
+		return nil, err
+	}
+	defer pr.Stop()
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	events, err := api.watch(wctx, pathResourceSlices, url.Values{"fieldSelector": {"spec.nodeName=" + nodeName}})
+	if err != nil {
+		return nil, fmt.Errorf("watching ResourceSlices: %w", err)
+	}
+	fw, err := fsnotify.NewWatcher()
+	if err != nil {
+		return nil, err
+	}
+	defer fw.Close()
+	if err := fw.Add(r.host.RegistrarDir); err != nil {
+		return nil, err
+	}
+	execBase, err := exitBaseline()
+	if err != nil {
+		return nil, err
+	}
+	apiBase, err := sliceBaseline(ctx, api, nodeName, events)
+	if err != nil {
+		return nil, err
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	idle, err := startProc([]string{self}, []string{helperEnv + `={"mode":"sleep"}`}, nil, "")
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _, _ = idle.terminate(5 * time.Second) }()
+	p, err := startProc(r.argv, r.env, nil, r.scratch)
+	if err != nil {
+		return nil, err
+	}
+	res := newRunResult()
+	x := &draSession{t: t, s: s, r: r, p: p, res: res, api: api, cl: cl, node: nodeName, events: events, fsw: fw,
+		execBase: execBase, apiBase: apiBase, idle: idle}
+	err = x.run(ctx)
+	x.stop()
+	if err != nil {
+		res.Err = err.Error()
+	}
+	if res.Err != "" || len(res.Failed()) > 0 {
+		res.Log = p.Log()
+	}
+	return res, nil
+}
+
+// cleanupNode deletes the node's slices and the node.
+func cleanupNode(api *apiClient, node string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	_ = api.do(ctx, http.MethodDelete, pathResourceSlices+"?"+url.Values{"fieldSelector": {"spec.nodeName=" + node}}.Encode(), nil, nil)
+	_ = api.do(ctx, http.MethodDelete, pathNodes+"/"+node, nil, nil)
+}
+
+// sliceBaseline is the time from dp-bench's own ResourceSlice create to
+// its watch event: the API server's share of a published slice.
+func sliceBaseline(ctx context.Context, api *apiClient, node string, events <-chan watchEvent) (time.Duration, error) {
+	name := node + "-baseline"
+	sl := &resourceSlice{typeMeta: typeMeta{APIVersion: "resource.k8s.io/v1", Kind: "ResourceSlice"}, Metadata: objectMeta{Name: name},
+		Spec: resourceSliceSpec{Driver: "baseline.dp-bench.example.com", Pool: resourcePool{Name: node, ResourceSliceCount: 1},
+			NodeName: &node, Devices: []sliceDevice{{Name: "baseline-0"}}}}
+	t0 := time.Now()
+	if err := api.do(ctx, http.MethodPost, pathResourceSlices, sl, nil); err != nil {
+		return 0, fmt.Errorf("baseline ResourceSlice: %w", err)
+	}
+	defer func() { _ = api.do(ctx, http.MethodDelete, pathResourceSlices+"/"+name, nil, nil) }()
+	timeout := time.After(10 * time.Second)
+	for {
+		select {
+		case ev, ok := <-events:
+			if !ok {
+				return 0, errors.New("baseline ResourceSlice: the watch ended")
+			}
+			var s resourceSlice
+			if ev.Type == watchAdded && json.Unmarshal(ev.Object, &s) == nil && s.Metadata.Name == name {
+				return ev.At.Sub(t0), nil
+			}
+		case <-timeout:
+			return 0, errors.New("baseline ResourceSlice: no watch event within 10s")
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		}
+	}
+}
+
+// draSession is one run of a DRA driver in progress.
+type draSession struct {
+	t      Target
+	s      Settings
+	r      *runDirs
+	p      *proc
+	res    *RunResult
+	api    *apiClient
+	cl     *draCluster
+	node   string
+	events <-chan watchEvent
+	fsw    *fsnotify.Watcher
+	idle   *proc
+
+	execBase, apiBase time.Duration
+
+	dra     *kubeletsim.DRA
+	devices []string  // published devices, in slice order
+	lastGET time.Time // the last call that made the driver read a claim
+}
+
+func (x *draSession) stop() {
+	if x.dra != nil {
+		_ = x.dra.Close()
+	}
+	if !x.p.Exited() {
+		_, _ = x.p.terminate(x.s.Term)
+	}
+}
+
+func (x *draSession) run(ctx context.Context) error {
+	skipRest := func(err error) {
+		for _, c := range draCheckDefs {
+			if _, ok := x.res.Checks[c.ID]; !ok {
+				x.res.skip(c.ID, "not reached: %v", err)
+			}
+		}
+	}
+	if err := x.register(ctx); err != nil {
+		x.res.Err = err.Error()
+		skipRest(err)
+		return nil
+	}
+	if err := x.slices(ctx); err != nil {
+		x.res.Err = err.Error()
+		skipRest(err)
+		return nil
+	}
+	// The driver's start-up requests (lists, watches, slice writes) took
+	// tokens of its API client's limiter: let it fill again.
+	if err := sleep(ctx, 10*x.s.APIInterval); err != nil {
+		return err
+	}
+	if err := x.calls(ctx); err != nil {
+		return err
+	}
+	if err := x.unknown(ctx); err != nil {
+		return err
+	}
+	ps, err := readProc(x.p.Pid())
+	if err != nil {
+		return err
+	}
+	bs, err := readProc(x.idle.Pid())
+	if err != nil {
+		return err
+	}
+	x.res.measure("dra-rss", mib(ps.RSS), mib(bs.RSS))
+	return nil
+}
+
+// register waits for a socket in the registration directory and
+// registers the driver through it, as the kubelet's plugin watcher does
+// (retrying at once, where the kubelet retries within a second, so that
+// the time is the driver's).
+func (x *draSession) register(ctx context.Context) error {
+	deadline := time.NewTimer(x.s.Register)
+	defer deadline.Stop()
+	var lastErr error
+	for {
+		for _, sock := range sockets(x.r.host.RegistrarDir) {
+			cctx, cancel := context.WithTimeout(ctx, x.s.Connect)
+			d, err := kubeletsim.RegisterDRA(cctx, sock)
+			cancel()
+			at := time.Now()
+			switch {
+			case err == nil:
+				x.dra = d
+				x.res.measure("start-registered", ms(at.Sub(x.p.Start)), ms(x.execBase))
+				if d.Info.Name != x.t.DRA.Driver {
+					x.res.fail("dra-register", "registered as %q, want %q", d.Info.Name, x.t.DRA.Driver)
+				} else {
+					x.res.pass("dra-register", "%s, services %v, socket %s", d.Info.Name, d.Info.SupportedVersions, filepath.Base(sock))
+				}
+				return nil
+			case errors.Is(err, kubeletsim.ErrRefused):
+				x.res.fail("dra-register", "%v", err)
+				return err
+			}
+			lastErr = err
+		}
+		select {
+		case <-x.fsw.Events:
+		case err := <-x.fsw.Errors:
+			return err
+		case <-time.After(2 * time.Millisecond): // a socket made, not served yet
+		case <-x.p.done:
+			x.res.fail("dra-register", "exited before it registered: %v", x.p.err)
+			return fmt.Errorf("the driver exited before it registered: %w", x.p.err)
+		case <-deadline.C:
+			x.res.fail("dra-register", "no registration within %s (last: %v)", x.s.Register, lastErr)
+			return errNotRegistered
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// sockets are the unix sockets in dir.
+func sockets(dir string) []string {
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return nil
+	}
+	var out []string
+	for _, e := range ents {
+		if e.Type()&os.ModeSocket != 0 {
+			out = append(out, filepath.Join(dir, e.Name()))
+		}
+	}
+	return out
+}
+
+// pool is the driver's slices of the node's pool, as the watch shows them.
+type pool map[string]*resourceSlice
+
+// complete returns the devices of the pool's newest generation, in slice
+// order, and the number of its slices; ok is false while some are
+// missing.
+func (pl pool) complete() (devices []string, n int, ok bool) {
+	var gen int64 = -1
+	for _, s := range pl {
+		gen = max(gen, s.Spec.Pool.Generation)
+	}
+	var cur []*resourceSlice
+	for _, s := range pl {
+		if s.Spec.Pool.Generation == gen {
+			cur = append(cur, s)
+		}
+	}
+	if len(cur) == 0 || int64(len(cur)) != cur[0].Spec.Pool.ResourceSliceCount {
+		return nil, len(cur), false
+	}
+	sort.Slice(cur, func(i, j int) bool { return cur[i].Metadata.Name < cur[j].Metadata.Name })
+	for _, s := range cur {
+		for _, d := range s.Spec.Devices {
+			devices = append(devices, d.Name)
+		}
+	}
+	return devices, len(cur), true
+}
+
+// slices waits for the driver's ResourceSlices of the node's pool with
+// all its devices.
+func (x *draSession) slices(ctx context.Context) error {
+	pl := pool{}
+	var others []string // pools of the driver not named after the node
+	timeout := time.NewTimer(x.s.Register)
+	defer timeout.Stop()
+	for {
+		select {
+		case ev, ok := <-x.events:
+			if !ok {
+				x.res.fail("dra-slices", "the API server ended the watch")
+				return errors.New("the ResourceSlice watch ended")
+			}
+			s := &resourceSlice{}
+			if ev.Type == watchError || json.Unmarshal(ev.Object, s) != nil || s.Spec.Driver != x.t.DRA.Driver {
+				continue
+			}
+			if s.Spec.Pool.Name != x.node {
+				others = append(others, s.Spec.Pool.Name)
+				continue
+			}
+			if ev.Type == watchDeleted {
+				delete(pl, s.Metadata.Name)
+			} else {
+				pl[s.Metadata.Name] = s
+			}
+			devs, n, ok := pl.complete()
+			if !ok || (x.t.DRA.Devices > 0 && len(devs) < x.t.DRA.Devices) {
+				continue
+			}
+			x.res.measure("start-sliced", ms(ev.At.Sub(x.p.Start)), ms(x.apiBase))
+			x.res.count("dra-devices", float64(len(devs)))
+			x.devices = devs
+			if x.t.DRA.Devices > 0 && len(devs) != x.t.DRA.Devices {
+				x.res.fail("dra-slices", "%d devices, want %d", len(devs), x.t.DRA.Devices)
+			} else {
+				x.res.pass("dra-slices", "%d devices in %d slice(s) of pool %s", len(devs), n, x.node)
+			}
+			if len(devs) == 0 {
+				return errors.New("no device published")
+			}
+			return nil
+		case <-x.p.done:
+			x.res.fail("dra-slices", "exited: %v", x.p.err)
+			return fmt.Errorf("the driver exited: %w", x.p.err)
+		case <-timeout.C:
+			devs, n, _ := pl.complete()
+			x.res.fail("dra-slices", "within %s: %d devices in %d slices of pool %s (other pools: %v)", x.s.Register, len(devs), n, x.node, others)
+			return errors.New("its devices were not published")
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// createClaim makes a claim allocated to devs, as the scheduler leaves
+// it: created, then its status written.
+func (x *draSession) createClaim(ctx context.Context, devs []string) (*resourceClaim, error) {
+	want := benchClaim(benchNamespace, fmt.Sprintf("claim-%d", x.cl.claims.Add(1)), x.t.DRA.Driver, x.node, devs)
+	path := pathClaims(benchNamespace)
+	c := &resourceClaim{}
+	if err := x.api.do(ctx, http.MethodPost, path, &resourceClaim{typeMeta: want.typeMeta, Metadata: want.Metadata, Spec: want.Spec}, c); err != nil {
+		return nil, fmt.Errorf("creating claim %s: %w", want.Metadata.Name, err)
+	}
+	c.Status = want.Status
+	if err := x.api.do(ctx, http.MethodPut, path+"/"+c.Metadata.Name+"/status", c, c); err != nil {
+		return nil, fmt.Errorf("allocating claim %s: %w", want.Metadata.Name, err)
+	}
+	if c.Metadata.UID == "" || c.Status.Allocation == nil {
+		return nil, fmt.Errorf("claim %s: the API server's answer has no UID or allocation", want.Metadata.Name)
+	}
+	return c, nil
+}
+
+func (x *draSession) deleteClaim(ctx context.Context, c *resourceClaim) {
+	_ = x.api.do(ctx, http.MethodDelete, pathClaims(c.Metadata.Namespace)+"/"+c.Metadata.Name, nil, nil)
+}
+
+// pace waits until the API interval has passed since the last call that
+// made the driver read a claim: the driver's client-side limiter (5
+// requests a second in client-go's default) must not be what is timed.
+func (x *draSession) pace(ctx context.Context) error {
+	if d := time.Until(x.lastGET.Add(x.s.APIInterval)); d > 0 {
+		return sleep(ctx, d)
+	}
+	return nil
+}
+
+// timed times call right after an empty RPC, timed too (as the device
+// plugins' calls alternate with one): each call finds the driver as warm
+// as its baseline did. A call that makes the driver read a claim (get)
+// is paced (pace) and sets lastGET.
+func (x *draSession) timed(ctx context.Context, st *sizeTimes, get bool, call func(context.Context) error) (time.Duration, error) {
+	if get {
+		if err := x.pace(ctx); err != nil {
+			return 0, err
+		}
+	}
+	cctx, cancel := context.WithTimeout(ctx, x.s.Register)
+	defer cancel()
+	t0 := time.Now()
+	if _, err := x.dra.Unprepare(cctx); err != nil {
+		return 0, fmt.Errorf("the empty NodeUnprepareResources: %w", err)
+	}
+	st.empty = append(st.empty, time.Since(t0))
+	t0 = time.Now()
+	err := call(cctx)
+	d := time.Since(t0)
+	if get {
+		x.lastGET = time.Now()
+	}
+	return d, err
+}
+
+// prepare calls NodePrepareResources for c (the driver reads c from the
+// API server), timed after an empty RPC.
+func (x *draSession) prepare(ctx context.Context, st *sizeTimes, c *resourceClaim) (*drav1.NodePrepareResourcesResponse, time.Duration, error) {
+	var resp *drav1.NodePrepareResourcesResponse
+	d, err := x.timed(ctx, st, true, func(ctx context.Context) (err error) {
+		resp, err = x.dra.Prepare(ctx, kubeletClaim(c))
+		return err
+	})
+	return resp, d, err
+}
+
+// unprepare calls NodeUnprepareResources for claims, timed after an
+// empty RPC.
+func (x *draSession) unprepare(ctx context.Context, st *sizeTimes, claims ...*drav1.Claim) (*drav1.NodeUnprepareResourcesResponse, time.Duration, error) {
+	var resp *drav1.NodeUnprepareResourcesResponse
+	d, err := x.timed(ctx, st, false, func(ctx context.Context) (err error) {
+		resp, err = x.dra.Unprepare(ctx, claims...)
+		return err
+	})
+	return resp, d, err
+}
+
+// unprepareErr is the error of an unprepare call for claim uid, if any.
+func unprepareErr(resp *drav1.NodeUnprepareResourcesResponse, err error, uid string) error {
+	if err != nil {
+		return err
+	}
+	r, ok := resp.GetClaims()[uid]
+	switch {
+	case !ok:
+		return errors.New("claim not answered")
+	case r.GetError() != "":
+		return errors.New(r.GetError())
+	}
+	return nil
+}
+
+// sizeTimes are one claim size's timed calls: the empty RPCs before
+// each call, the calls, and dp-bench's own GETs of the claims.
+type sizeTimes struct{ empty, prepare, again, unprepare, get []time.Duration }
+
+// calls times prepare, prepare again and unprepare of fresh claims of 1
+// and 8 devices (as many as published, up to 8), each call next to an
+// empty RPC, and checks the answers.
+func (x *draSession) calls(ctx context.Context) error {
+	var sizes []int
+	for _, n := range draSizes {
+		if n <= len(x.devices) {
+			sizes = append(sizes, n)
+		}
+	}
+	var gets []time.Duration
+	failed := map[string]bool{}
+	fail := func(id, format string, args ...any) {
+		failed[id] = true
+		x.res.fail(id, format, args...)
+	}
+	for _, n := range sizes {
+		var st sizeTimes
+		for i := 0; i < x.s.DRACalls && !failed["dra-prepare"]; i++ {
+			if err := x.cycle(ctx, n, i == 0, &st, fail); err != nil {
+				return err
+			}
+		}
+		base := us(median(st.empty))
+		for id, ds := range map[string][]time.Duration{"prepare": st.prepare, "prepare-again": st.again, "unprepare": st.unprepare} {
+			if len(ds) > 0 {
+				x.res.measure(fmt.Sprintf("%s-%d", id, n), us(median(ds)), base)
+			}
+		}
+		gets = append(gets, st.get...)
+	}
+	if len(gets) > 0 {
+		x.res.Metrics["claim-get"] = Sample{Value: us(median(gets))}
+	}
+	desc := fmt.Sprintf("claims of %v devices, %d each", sizes, x.s.DRACalls)
+	for _, id := range []string{"dra-prepare", "dra-idempotent", "dra-unprepare"} {
+		if !failed[id] {
+			x.res.pass(id, "%s", desc)
+		}
+	}
+	return nil
+}
+
+// cycle is one claim of n devices: allocated, prepared, prepared again,
+// unprepared twice, deleted. The first cycle of a size also resolves the
+// CDI IDs and looks at the steps' files.
+func (x *draSession) cycle(ctx context.Context, n int, first bool, st *sizeTimes, fail func(id, format string, args ...any)) error {
+	c, err := x.createClaim(ctx, x.devices[:n])
+	if err != nil {
+		return err
+	}
+	defer x.deleteClaim(ctx, c)
+	uid := c.Metadata.UID
+	var ev0 map[string]string
+	if first && x.r.evidence != "" {
+		if ev0, err = evidence(x.r.evidence); err != nil {
+			return err
+		}
+	}
+	resp, d, err := x.prepare(ctx, st, c)
+	if err != nil {
+		fail("dra-prepare", "%d devices: %v", n, err)
+		return nil
+	}
+	if p := checkPrepared(c, x.t.DRA.Driver, resp); len(p) > 0 {
+		fail("dra-prepare", "%d devices: %s", n, strings.Join(p, "; "))
+		_, _, _ = x.unprepare(ctx, st, kubeletClaim(c))
+		return nil
+	}
+	st.prepare = append(st.prepare, d)
+	answer := resp.GetClaims()[uid]
+	var ev1 map[string]string
+	if first {
+		x.resolve(cdiIDs(answer))
+		if x.r.evidence != "" {
+			if ev1, err = evidence(x.r.evidence); err != nil {
+				return err
+			}
+		}
+	}
+	again, d, err := x.prepare(ctx, st, c)
+	switch {
+	case err != nil:
+		fail("dra-idempotent", "%d devices: %v", n, err)
+	case diffAnswers(answer, again.GetClaims()[uid]) != "":
+		fail("dra-idempotent", "%d devices: %s", n, diffAnswers(answer, again.GetClaims()[uid]))
+	default:
+		st.again = append(st.again, d)
+	}
+	if first {
+		if err := x.stepsOnce(n, ev0, ev1); err != nil {
+			return err
+		}
+	}
+	ur, d, err := x.unprepare(ctx, st, kubeletClaim(c))
+	if err := unprepareErr(ur, err, uid); err != nil {
+		fail("dra-unprepare", "%d devices: %v", n, err)
+		return nil
+	}
+	st.unprepare = append(st.unprepare, d)
+	ur, err = x.dra.Unprepare(ctx, kubeletClaim(c))
+	if err := unprepareErr(ur, err, uid); err != nil {
+		fail("dra-unprepare", "%d devices, unprepared already: %v", n, err)
+	}
+	// What every NodePrepareResources costs before the driver's own
+	// work: the helper reads the claim from the API server.
+	t0 := time.Now()
+	if err := x.api.do(ctx, http.MethodGet, pathClaims(c.Metadata.Namespace)+"/"+c.Metadata.Name, nil, &resourceClaim{}); err != nil {
+		return fmt.Errorf("reading claim %s: %w", c.Metadata.Name, err)
+	}
+	st.get = append(st.get, time.Since(t0))
+	return nil
+}
+
+// stepsOnce checks that the second prepare left the steps' files as the
+// first one did (ev1), when the first one changed them (from ev0).
+func (x *draSession) stepsOnce(n int, ev0, ev1 map[string]string) error {
+	if x.r.evidence == "" {
+		x.res.skip("dra-steps-once", "no steps' files given")
+		return nil
+	}
+	if len(changedFiles(ev0, ev1)) == 0 {
+		if _, ok := x.res.Checks["dra-steps-once"]; !ok {
+			x.res.skip("dra-steps-once", "the first preparation changed none of %s", x.t.DRA.StepsEvidence)
+		}
+		return nil
+	}
+	ev2, err := evidence(x.r.evidence)
+	if err != nil {
+		return err
+	}
+	if ch := changedFiles(ev1, ev2); len(ch) > 0 {
+		x.res.fail("dra-steps-once", "%d devices: %d file(s) written again: %s", n, len(ch), strings.Join(ch, ", "))
+		return nil
+	}
+	x.res.pass("dra-steps-once", "%d file(s) written by the first preparation, none by the second", len(changedFiles(ev0, ev1)))
+	return nil
+}
+
+// resolve injects the CDI IDs as containerd does.
+func (x *draSession) resolve(ids []string) {
+	if _, ok := x.res.Checks["dra-cdi-resolve"]; ok && x.res.Checks["dra-cdi-resolve"].Status == Fail {
+		return
+	}
+	nodes, err := injectCDI(x.r.host.CDIDir, ids)
+	if err != nil {
+		x.res.fail("dra-cdi-resolve", "%v", err)
+		return
+	}
+	x.res.pass("dra-cdi-resolve", "%d IDs, %d device nodes injected", len(ids), nodes)
+}
+
+// unknown checks that an unknown claim is unprepared without an error and
+// that a claim allocated to a device the driver does not publish is
+// refused.
+func (x *draSession) unknown(ctx context.Context) error {
+	uid, err := randomUID()
+	if err != nil {
+		return err
+	}
+	ur, err := x.dra.Unprepare(ctx, &drav1.Claim{Namespace: benchNamespace, Name: "dp-bench-never-prepared", Uid: uid})
+	if err := unprepareErr(ur, err, uid); err != nil {
+		x.res.fail("dra-unprepare-unknown", "%v", err)
+	} else {
+		x.res.pass("dra-unprepare-unknown", "answered without an error")
+	}
+	c, err := x.createClaim(ctx, []string{"dp-bench-no-such-device"})
+	if err != nil {
+		return err
+	}
+	defer x.deleteClaim(ctx, c)
+	resp, _, err := x.prepare(ctx, &sizeTimes{}, c)
+	var got *drav1.NodePrepareResourceResponse
+	if err == nil {
+		got = resp.GetClaims()[c.Metadata.UID]
+	}
+	switch {
+	case err != nil:
+		x.res.pass("dra-refuse-unknown", "call failed: %v", err)
+	case got == nil:
+		x.res.fail("dra-refuse-unknown", "claim not answered")
+	case got.GetError() != "":
+		x.res.pass("dra-refuse-unknown", "%s", got.GetError())
+	default:
+		x.res.fail("dra-refuse-unknown", "prepared: %s", answerKey(got))
+	}
+	_, _ = x.dra.Unprepare(ctx, kubeletClaim(c))
+	return nil
+}
+
+// randomUID is a random UUID (version 4), as the API server makes.
+func randomUID() (string, error) {
+	var b [16]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return "", err
+	}
+	b[6] = b[6]&0x0f | 0x40
+	b[8] = b[8]&0x3f | 0x80
+	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:]), nil
+}
+
+// defsOf are the checks and metrics of a report's kind.
+func defsOf(dra bool) ([]checkDef, []metricDef) {
+	if dra {
+		return draCheckDefs, draMetricDefs
+	}
+	return checkDefs, metricDefs
+}
+
+// isDRA reports whether the targets are DRA drivers (loadTargets keeps a
+// file to one kind).
+func isDRA(ts []Target) bool {
+	return slices.ContainsFunc(ts, func(t Target) bool { return t.DRA != nil })
+}

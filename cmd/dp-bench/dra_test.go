@@ -1,0 +1,405 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	drav1 "k8s.io/kubelet/pkg/apis/dra/v1"
+	"sigs.k8s.io/yaml"
+)
+
+// TestBenchClaim: the claim asks for as many devices as it is allocated,
+// and the allocation is the scheduler's: one result per device, of the
+// driver, in the node's pool, for the claim's request, on that node. It
+// is checked in k8s.io/api's types, decoded strictly from dp-bench's JSON.
+func TestBenchClaim(t *testing.T) {
+	b, err := json.Marshal(benchClaim("ns", "c1", "drv.example.com", "node-1", []string{"d-0", "d-3"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var c resourceapi.ResourceClaim
+	if err := yaml.UnmarshalStrict(b, &c); err != nil {
+		t.Fatalf("not a ResourceClaim of k8s.io/api: %v\n%s", err, b)
+	}
+	if c.APIVersion != "resource.k8s.io/v1" || c.Kind != "ResourceClaim" || c.Namespace != "ns" || c.Name != "c1" {
+		t.Errorf("object %s %s %s/%s", c.APIVersion, c.Kind, c.Namespace, c.Name)
+	}
+	reqs := c.Spec.Devices.Requests
+	if len(reqs) != 1 || reqs[0].Exactly == nil || reqs[0].Exactly.Count != 2 ||
+		reqs[0].Exactly.AllocationMode != resourceapi.DeviceAllocationModeExactCount || reqs[0].Exactly.DeviceClassName == "" {
+		t.Fatalf("requests %+v", reqs)
+	}
+	a := c.Status.Allocation
+	if a == nil || len(a.Devices.Results) != 2 {
+		t.Fatalf("allocation %+v", a)
+	}
+	for i, r := range a.Devices.Results {
+		want := resourceapi.DeviceRequestAllocationResult{Request: reqs[0].Name, Driver: "drv.example.com", Pool: "node-1", Device: []string{"d-0", "d-3"}[i]}
+		if r.Request != want.Request || r.Driver != want.Driver || r.Pool != want.Pool || r.Device != want.Device {
+			t.Errorf("result %d: %+v, want %+v", i, r, want)
+		}
+	}
+	terms := a.NodeSelector.NodeSelectorTerms
+	if len(terms) != 1 || len(terms[0].MatchFields) != 1 || terms[0].MatchFields[0].Key != "metadata.name" ||
+		terms[0].MatchFields[0].Operator != corev1.NodeSelectorOpIn || !slices.Equal(terms[0].MatchFields[0].Values, []string{"node-1"}) {
+		t.Errorf("node selector %+v", a.NodeSelector)
+	}
+	// The API server's answer, read back.
+	c.UID, c.ResourceVersion = "u-1", "7"
+	b, _ = json.Marshal(&c)
+	var got resourceClaim
+	if err := json.Unmarshal(b, &got); err != nil {
+		t.Fatal(err)
+	}
+	if k := kubeletClaim(&got); k.Namespace != "ns" || k.Name != "c1" || k.Uid != "u-1" || got.Metadata.ResourceVersion != "7" {
+		t.Errorf("kubelet's claim %+v, metadata %+v", k, got.Metadata)
+	}
+}
+
+// TestAPITypes: dp-bench's other objects are k8s.io/api's, and it reads
+// a slice and the API server's error as k8s.io/api writes them.
+func TestAPITypes(t *testing.T) {
+	nodeName := "n1"
+	for _, c := range []struct {
+		name string
+		obj  any
+		into any
+	}{
+		{"node", &node{typeMeta: typeMeta{APIVersion: "v1", Kind: "Node"}, Metadata: objectMeta{Name: "n1", Labels: map[string]string{"a": "b"}}}, &corev1.Node{}},
+		{"namespace", &namespace{typeMeta: typeMeta{APIVersion: "v1", Kind: "Namespace"}, Metadata: objectMeta{Name: "ns"}}, &corev1.Namespace{}},
+		{"slice", &resourceSlice{typeMeta: typeMeta{APIVersion: "resource.k8s.io/v1", Kind: "ResourceSlice"}, Metadata: objectMeta{Name: "s"},
+			Spec: resourceSliceSpec{Driver: "d", Pool: resourcePool{Name: "n1", Generation: 2, ResourceSliceCount: 1}, NodeName: &nodeName,
+				Devices: []sliceDevice{{Name: "d0"}}}}, &resourceapi.ResourceSlice{}},
+	} {
+		b, _ := json.Marshal(c.obj)
+		if err := yaml.UnmarshalStrict(b, c.into); err != nil {
+			t.Errorf("%s: %v\n%s", c.name, err, b)
+		}
+	}
+	written := resourceapi.ResourceSlice{ObjectMeta: metav1.ObjectMeta{Name: "s", UID: "u"}, Spec: resourceapi.ResourceSliceSpec{Driver: "d",
+		Pool: resourceapi.ResourcePool{Name: "n1", Generation: 3, ResourceSliceCount: 2}, NodeName: &nodeName,
+		Devices: []resourceapi.Device{{Name: "d0", Attributes: map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{"d/x": {StringValue: ptr("y")}}}, {Name: "d1"}}}}
+	b, _ := json.Marshal(written)
+	var s resourceSlice
+	if err := json.Unmarshal(b, &s); err != nil {
+		t.Fatal(err)
+	}
+	if s.Metadata.Name != "s" || s.Spec.Driver != "d" || s.Spec.Pool != (resourcePool{Name: "n1", Generation: 3, ResourceSliceCount: 2}) ||
+		*s.Spec.NodeName != "n1" || len(s.Spec.Devices) != 2 || s.Spec.Devices[1].Name != "d1" {
+		t.Errorf("slice read %+v", s)
+	}
+	b, _ = json.Marshal(metav1.Status{Status: metav1.StatusFailure, Reason: metav1.StatusReasonAlreadyExists, Message: "exists", Code: 409})
+	var st apiStatus
+	if err := json.Unmarshal(b, &st); err != nil || st.Reason != "AlreadyExists" || st.Message != "exists" || st.Code != 409 {
+		t.Errorf("status read %+v %v", st, err)
+	}
+}
+
+func ptr[T any](v T) *T { return &v }
+
+func dev(pool, name string, reqs []string, cdi ...string) *drav1.Device {
+	return &drav1.Device{PoolName: pool, DeviceName: name, RequestNames: reqs, CdiDeviceIds: cdi}
+}
+
+func answer(uid string, r *drav1.NodePrepareResourceResponse) *drav1.NodePrepareResourcesResponse {
+	return &drav1.NodePrepareResourcesResponse{Claims: map[string]*drav1.NodePrepareResourceResponse{uid: r}}
+}
+
+// TestCheckPrepared: every allocated device of the driver answered once,
+// with its request and a CDI ID, and nothing else.
+func TestCheckPrepared(t *testing.T) {
+	c := benchClaim("ns", "c1", "drv", "n1", []string{"d0", "d1"})
+	c.Metadata.UID = "u1"
+	// A result of another driver is not this driver's to answer.
+	c.Status.Allocation.Devices.Results = append(c.Status.Allocation.Devices.Results,
+		deviceRequestAllocationResult{Request: benchRequest, Driver: "other", Pool: "n1", Device: "x"})
+	req := []string{benchRequest}
+	ok := &drav1.NodePrepareResourceResponse{Devices: []*drav1.Device{dev("n1", "d1", req, "k/c=d1"), dev("n1", "d0", req, "k/c=d0", "k/claim=u1")}}
+	if p := checkPrepared(c, "drv", answer("u1", ok)); len(p) != 0 {
+		t.Fatalf("a right answer: %v", p)
+	}
+	for _, tc := range []struct {
+		name string
+		resp *drav1.NodePrepareResourcesResponse
+		want string
+	}{
+		{"not answered", answer("u2", ok), "claim c1 not answered"},
+		{"error", answer("u1", &drav1.NodePrepareResourceResponse{Error: "boom"}), `error "boom"`},
+		{"missing", answer("u1", &drav1.NodePrepareResourceResponse{Devices: []*drav1.Device{dev("n1", "d0", req, "i")}}), "not answered: n1/d1"},
+		{"twice", answer("u1", &drav1.NodePrepareResourceResponse{Devices: []*drav1.Device{dev("n1", "d0", req, "i"), dev("n1", "d0", req, "i"), dev("n1", "d1", req, "i")}}), "n1/d0 answered twice"},
+		{"not allocated", answer("u1", &drav1.NodePrepareResourceResponse{Devices: []*drav1.Device{dev("n1", "d0", req, "i"), dev("n1", "d1", req, "i"), dev("n1", "x", req, "i")}}), "n1/x answered, not allocated"},
+		{"other pool", answer("u1", &drav1.NodePrepareResourceResponse{Devices: []*drav1.Device{dev("n2", "d0", req, "i"), dev("n1", "d1", req, "i")}}), "n2/d0 answered, not allocated"},
+		{"request", answer("u1", &drav1.NodePrepareResourceResponse{Devices: []*drav1.Device{dev("n1", "d0", []string{"other"}, "i"), dev("n1", "d1", req, "i")}}), `n1/d0: requests [other]`},
+		{"no CDI ID", answer("u1", &drav1.NodePrepareResourceResponse{Devices: []*drav1.Device{dev("n1", "d0", req), dev("n1", "d1", req, "i")}}), "n1/d0: no CDI ID"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := checkPrepared(c, "drv", tc.resp)
+			if !strings.Contains(strings.Join(p, "; "), tc.want) {
+				t.Fatalf("problems %q, want one with %q", p, tc.want)
+			}
+		})
+	}
+	two := answer("u1", ok)
+	two.Claims["u9"] = ok
+	if p := checkPrepared(c, "drv", two); !strings.Contains(strings.Join(p, ";"), "2 claims answered for 1") {
+		t.Errorf("two claims answered: %v", p)
+	}
+}
+
+// TestAnswerIdempotence: answers are compared whatever the order of their
+// devices and requests; a change of CDI IDs, devices or an error is a
+// difference, and the difference names it.
+func TestAnswerIdempotence(t *testing.T) {
+	req := []string{"a", "b"}
+	a := &drav1.NodePrepareResourceResponse{Devices: []*drav1.Device{dev("p", "d0", req, "k/c=d0", "k/claim=u"), dev("p", "d1", req, "k/c=d1")}}
+	reordered := &drav1.NodePrepareResourceResponse{Devices: []*drav1.Device{dev("p", "d1", []string{"b", "a"}, "k/c=d1"), dev("p", "d0", req, "k/c=d0", "k/claim=u")}}
+	if d := diffAnswers(a, reordered); d != "" {
+		t.Errorf("same answer reordered: %s", d)
+	}
+	for _, tc := range []struct {
+		name string
+		b    *drav1.NodePrepareResourceResponse
+		want string
+	}{
+		{"CDI IDs", &drav1.NodePrepareResourceResponse{Devices: []*drav1.Device{dev("p", "d0", req, "k/c=d0"), dev("p", "d1", req, "k/c=d1")}}, "-p/d0 requests=[a b] cdi=[k/c=d0 k/claim=u]"},
+		{"device", &drav1.NodePrepareResourceResponse{Devices: []*drav1.Device{dev("p", "d0", req, "k/c=d0", "k/claim=u"), dev("p", "d2", req, "k/c=d1")}}, "+p/d2"},
+		{"error", &drav1.NodePrepareResourceResponse{Error: "held"}, "+error=held"},
+		{"nothing", nil, "+<no answer>"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if d := diffAnswers(a, tc.b); !strings.Contains(d, tc.want) {
+				t.Fatalf("diff %q, want it to contain %q", d, tc.want)
+			}
+		})
+	}
+	if got := cdiIDs(a); !slices.Equal(got, []string{"k/c=d0", "k/claim=u", "k/c=d1"}) {
+		t.Errorf("CDI IDs %v", got)
+	}
+}
+
+// TestEvidence: the steps' files are told apart by content: rewritten
+// with the same bytes is no change, new, changed and removed files are.
+func TestEvidence(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, s string) {
+		t.Helper()
+		if err := os.MkdirAll(filepath.Join(dir, filepath.Dir(name)), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(s), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	glob := filepath.Join(dir, "*", "state.json")
+	write("d0/state.json", `{"generation":1}`)
+	write("d1/state.json", `{"generation":1}`)
+	write("d1/other", "not matched")
+	e0, err := evidence(glob)
+	if err != nil || len(e0) != 2 {
+		t.Fatalf("evidence %v %v", e0, err)
+	}
+	write("d0/state.json", `{"generation":1}`)
+	write("d1/other", "changed, not matched")
+	e1, _ := evidence(glob)
+	if ch := changedFiles(e0, e1); len(ch) != 0 {
+		t.Errorf("same contents: changed %v", ch)
+	}
+	write("d0/state.json", `{"generation":2}`)
+	write("d2/state.json", `{}`)
+	if err := os.Remove(filepath.Join(dir, "d1", "state.json")); err != nil {
+		t.Fatal(err)
+	}
+	e2, _ := evidence(glob)
+	want := []string{filepath.Join(dir, "d0", "state.json"), filepath.Join(dir, "d1", "state.json"), filepath.Join(dir, "d2", "state.json")}
+	if ch := changedFiles(e1, e2); !slices.Equal(ch, want) {
+		t.Errorf("changed %v, want %v", ch, want)
+	}
+	if _, err := evidence("[bad"); err == nil {
+		t.Error("a bad glob gave no error")
+	}
+}
+
+// TestPoolComplete: a pool is complete when all slices of its newest
+// generation are there; devices in slice-name order.
+func TestPoolComplete(t *testing.T) {
+	sl := func(name string, gen, count int64, devs ...string) *resourceSlice {
+		s := &resourceSlice{Metadata: objectMeta{Name: name},
+			Spec: resourceSliceSpec{Pool: resourcePool{Name: "n", Generation: gen, ResourceSliceCount: count}}}
+		for _, d := range devs {
+			s.Spec.Devices = append(s.Spec.Devices, sliceDevice{Name: d})
+		}
+		return s
+	}
+	pl := pool{}
+	if _, _, ok := pl.complete(); ok {
+		t.Fatal("an empty pool is complete")
+	}
+	pl["b"] = sl("b", 1, 2, "d2", "d3")
+	if _, n, ok := pl.complete(); ok || n != 1 {
+		t.Fatalf("1 of 2 slices: complete %v (%d)", ok, n)
+	}
+	pl["a"] = sl("a", 1, 2, "d0", "d1")
+	devs, n, ok := pl.complete()
+	if !ok || n != 2 || !slices.Equal(devs, []string{"d0", "d1", "d2", "d3"}) {
+		t.Fatalf("complete %v, %d slices, devices %v", ok, n, devs)
+	}
+	// A newer generation replaces the old one, slice by slice.
+	pl["c"] = sl("c", 2, 1, "d9")
+	if devs, _, ok := pl.complete(); !ok || !slices.Equal(devs, []string{"d9"}) {
+		t.Fatalf("newer generation: complete %v, devices %v", ok, devs)
+	}
+}
+
+// TestDRATargets: a DRA target names its driver and none of the device
+// plugin's fields; a file holds one kind of target; the templates give
+// the run's DRA directories and the cluster's kubeconfig and node.
+func TestDRATargets(t *testing.T) {
+	dir := t.TempDir()
+	for _, c := range []struct {
+		name, body, want string
+	}{
+		{"no driver", "targets:\n- name: a\n  command: [x]\n  dra: {devices: 8}\n", "dra.driver: empty"},
+		{"devices", "targets:\n- name: a\n  command: [x]\n  dra: {driver: d, devices: -1}\n", "dra.devices=-1"},
+		{"device plugin field", "targets:\n- name: a\n  command: [x]\n  ids: 8\n  dra: {driver: d}\n", "ids: not used for a DRA driver"},
+		{"mixed", "targets:\n- name: a\n  command: [x]\n  dra: {driver: d}\n- name: b\n  command: [x]\n", "targets[1]: DRA drivers and device plugins in one file"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			p := filepath.Join(dir, strings.ReplaceAll(c.name, " ", "-")+".yaml")
+			if err := os.WriteFile(p, []byte(c.body), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			_, err := loadTargets(p)
+			if err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("error %v, want it to contain %q", err, c.want)
+			}
+		})
+	}
+	ts, err := loadTargets("bench-dra.yaml")
+	if err != nil || !isDRA(ts) {
+		t.Fatalf("bench-dra.yaml: %v (DRA %v)", err, isDRA(ts))
+	}
+	tg := Target{Name: "d", Command: []string{"drv", "{{.RegistrarDir}}", "{{.PluginsDir}}", "{{.PodResources}}", "{{.Kubeconfig}}", "{{.NodeName}}"},
+		DRA: &DRATarget{Driver: "d.example.com", StepsEvidence: "{{.WorkDir}}/state/*"}}
+	if _, err := tg.prepare("", nil); err == nil {
+		t.Error("a DRA target prepared without a cluster")
+	}
+	r, err := tg.prepare("", &cluster{Kubeconfig: "/k/config", NodeName: "node-7"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.cleanup()
+	for _, d := range []string{r.argv[1], r.argv[2]} {
+		if fi, err := os.Stat(d); err != nil || !fi.IsDir() {
+			t.Errorf("%s: not made: %v", d, err)
+		}
+	}
+	if filepath.Dir(r.argv[3]) != r.host.SocketDir || r.argv[4] != "/k/config" || r.argv[5] != "node-7" {
+		t.Errorf("argv %q", r.argv)
+	}
+	if r.evidence != r.host.WorkDir+"/state/*" {
+		t.Errorf("evidence %q", r.evidence)
+	}
+}
+
+// TestDRAReport: DRA targets get their own checks, metrics and markers,
+// so that one file holds both kinds of tables; the comparison pairs by
+// group and names both sides where one peer meets several of ours.
+func TestDRAReport(t *testing.T) {
+	run := func(v float64) *RunResult {
+		r := newRunResult()
+		r.pass("dra-register", "ok")
+		r.fail("dra-idempotent", "changed")
+		r.measure("prepare-8", v, 100)
+		r.Metrics["claim-get"] = Sample{Value: 7}
+		return r
+	}
+	dra := &DRATarget{Driver: "d"}
+	rep := &Report{DRA: true, Compare: "ours", Runs: 1, Targets: []TargetReport{
+		summarize(Target{Name: "ours", Scenario: "8, steps", Group: "8", DRA: dra}, []*RunResult{run(300)}),
+		summarize(Target{Name: "ours", Scenario: "8, no steps", Group: "8", DRA: dra}, []*RunResult{run(200)}),
+		summarize(Target{Name: "peer", Scenario: "8", DRA: dra}, []*RunResult{run(100)}),
+	}}
+	if f := rep.Targets[0].Runs[0].Failed(); !slices.Equal(f, []string{"dra-idempotent"}) {
+		t.Errorf("failed %v", f)
+	}
+	var b bytes.Buffer
+	writeMarkdown(&b, rep)
+	s := b.String()
+	for _, want := range []string{
+		"| registers through the registration socket as a DRA plugin",
+		"| a second NodePrepareResources of a prepared claim gives the same answer | **FAIL**: changed |",
+		"| NodePrepareResources p50, new claim, 8 devices (µs) | NodeUnprepareResources p50, no claims (empty RPC) | 300 (100, ×3.00) | 200 (100, ×2.00) | 100 (100, ×1.00) |",
+		"| GET of a claim by dp-bench, p50 (what every NodePrepareResources does first, in the helper) (µs) |  | 7.00 | 7.00 | 7.00 |",
+		"| metric | ours (8, steps) ÷ peer (8) | ours (8, no steps) ÷ peer (8) |",
+		"| NodePrepareResources p50, new claim, 8 devices | 3.00 | 2.00 |",
+	} {
+		if !strings.Contains(s, want) {
+			t.Errorf("missing %q in:\n%s", want, s)
+		}
+	}
+	for _, absent := range []string{"Allocate", "| GET of a claim by dp-bench, p50 (what every NodePrepareResources does first, in the helper) | 1.00"} {
+		if strings.Contains(s, absent) {
+			t.Errorf("%q in:\n%s", absent, s)
+		}
+	}
+	// Both kinds of tables in one file, each between its markers.
+	p := filepath.Join(t.TempDir(), "b.md")
+	if err := os.WriteFile(p, []byte("intro\n"+mdBegin+"\nplugins\n"+mdEnd+"\nmiddle\n"+mdBeginDRA+"\nold\n"+mdEndDRA+"\nend\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := writeMarkdownInto(p, rep); err != nil {
+		t.Fatal(err)
+	}
+	got, _ := os.ReadFile(p)
+	if !strings.HasPrefix(string(got), "intro\n"+mdBegin+"\nplugins\n"+mdEnd+"\nmiddle\n"+mdBeginDRA+"\nGenerated") ||
+		!strings.HasSuffix(string(got), mdEndDRA+"\nend\n") || strings.Contains(string(got), "\nold\n") {
+		t.Errorf("file:\n%s", got)
+	}
+}
+
+// TestDRANoAPIServer: without the API server's binaries the DRA targets
+// are reported as not run, with the reason, and nothing is started.
+func TestDRANoAPIServer(t *testing.T) {
+	var stdout, stderr bytes.Buffer
+	code := run(context.Background(), []string{"-targets", "bench-dra.yaml", "-runs", "1", "-etcd", "/nonexistent/etcd"}, &stdout, &stderr)
+	if code != 1 {
+		t.Errorf("exit %d, want 1 (targets must pass)", code)
+	}
+	for _, want := range []string{"| publishes its devices in ResourceSlices of the node's pool | not run | not run | not run |",
+		"- cdi-dra-driver (8 devices, no steps): not run: no API server: -kube-apiserver: not given"} {
+		if !strings.Contains(stdout.String(), want) {
+			t.Errorf("missing %q in:\n%s\nstderr:\n%s", want, stdout.String(), stderr.String())
+		}
+	}
+}
+
+// TestLinksNoKubeClient: dp-bench links neither client-go nor k8s.io/api:
+// every baseline process is dp-bench itself, and they would double its
+// start-up and triple its memory (apiclient.go).
+func TestLinksNoKubeClient(t *testing.T) {
+	goBin, err := exec.LookPath("go")
+	if err != nil {
+		t.Skipf("no go in PATH: %v", err)
+	}
+	out, err := exec.Command(goBin, "list", "-deps", ".").CombinedOutput()
+	if err != nil {
+		t.Skipf("go list: %v: %s", err, out)
+	}
+	for _, dep := range strings.Fields(string(out)) {
+		for _, banned := range []string{"k8s.io/client-go/", "k8s.io/api/", "k8s.io/apimachinery/pkg/apis/", "k8s.io/apimachinery/pkg/runtime/"} {
+			if strings.HasPrefix(dep+"/", banned) {
+				t.Errorf("dp-bench links %s", dep)
+			}
+		}
+	}
+}

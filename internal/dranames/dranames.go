@@ -1,0 +1,56 @@
+// Package dranames holds the names the DRA driver gives what it publishes
+// that the device plugin must recognise too (the devices of the driver's
+// claims, in the kubelet's PodResources): the default driver name and the
+// devices' names in the ResourceSlice. It imports no Kubernetes library,
+// so the device plugin's binary links none of the DRA driver's.
+package dranames
+
+import (
+	"strconv"
+	"strings"
+
+	"github.com/cdi-device-plugin/cdi-device-plugin/config"
+)
+
+// MaxLabel is the longest DNS label (a ResourceSlice device name).
+const MaxLabel = 63
+
+// DefaultDriverName is the driver name when none is given: <class>.<domain>
+// of the first resource (sim.example.com for example.com/sim); "" without
+// resources.
+func DefaultDriverName(cfg *config.Config) string {
+	if len(cfg.Resources) == 0 {
+		return ""
+	}
+	return cfg.Resources[0].Class + "." + cfg.Resources[0].Domain
+}
+
+// DeviceName is the name of a device in the ResourceSlice: its resource's
+// ID prefix and its index (sim-0), made a DNS label: lowercase, every
+// other character than a letter, digit or '-' written as '-', the prefix
+// cut so that the name fits 63 characters.
+func DeviceName(idPrefix string, index int) string {
+	suffix := "-" + strconv.Itoa(index)
+	prefix := NamePrefix(idPrefix)
+	if n := MaxLabel - len(suffix); len(prefix) > n {
+		prefix = strings.TrimRight(prefix[:n], "-")
+	}
+	return prefix + suffix
+}
+
+// NamePrefix is idPrefix as the start of a DNS label.
+func NamePrefix(idPrefix string) string {
+	b := make([]byte, 0, len(idPrefix))
+	for _, r := range strings.ToLower(idPrefix) {
+		switch {
+		case r >= 'a' && r <= 'z', r >= '0' && r <= '9':
+			b = append(b, byte(r))
+		default:
+			b = append(b, '-')
+		}
+	}
+	if p := strings.Trim(string(b), "-"); p != "" {
+		return p
+	}
+	return "device"
+}

@@ -1,0 +1,65 @@
+package kubeletsim
+
+import (
+	"context"
+	"net"
+	"slices"
+	"sync"
+
+	"google.golang.org/grpc"
+	podresourcesapi "k8s.io/kubelet/pkg/apis/podresources/v1"
+)
+
+// PodResources is the kubelet's PodResources List, answering the pods
+// last set (none at first), as drivers and plugins ask it which devices
+// containers hold, and counting the calls.
+type PodResources struct {
+	podresourcesapi.UnimplementedPodResourcesListerServer
+	mu    sync.Mutex
+	pods  []*podresourcesapi.PodResources
+	calls int
+
+	srv    *grpc.Server
+	served chan struct{}
+}
+
+// ServePodResources serves the PodResources API on the unix socket sock,
+// answering pods, until Stop.
+func ServePodResources(sock string, pods ...*podresourcesapi.PodResources) (*PodResources, error) {
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		return nil, err
+	}
+	p := &PodResources{pods: pods, srv: grpc.NewServer(), served: make(chan struct{})}
+	podresourcesapi.RegisterPodResourcesListerServer(p.srv, p)
+	go func() { defer close(p.served); _ = p.srv.Serve(ln) }()
+	return p, nil
+}
+
+// Stop stops the server and waits for it.
+func (s *PodResources) Stop() {
+	s.srv.Stop()
+	<-s.served
+}
+
+// Set replaces the pods List answers.
+func (s *PodResources) Set(pods ...*podresourcesapi.PodResources) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.pods = pods
+}
+
+// Calls is how many List calls were answered.
+func (s *PodResources) Calls() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.calls
+}
+
+// List answers the pods.
+func (s *PodResources) List(context.Context, *podresourcesapi.ListPodResourcesRequest) (*podresourcesapi.ListPodResourcesResponse, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.calls++
+	return &podresourcesapi.ListPodResourcesResponse{PodResources: slices.Clone(s.pods)}, nil
+}
