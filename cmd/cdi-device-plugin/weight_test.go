@@ -1,13 +1,19 @@
 package main
 
 import (
+	"context"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
 	"runtime/debug"
+	"runtime/metrics"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/cdi-device-plugin/cdi-device-plugin/internal/testutil"
 )
 
 // TestLinkedPackages: the plugin, built as make builds it, links none of
@@ -49,15 +55,23 @@ func TestLinkedPackages(t *testing.T) {
 	}
 }
 
-// TestDefaultGC: without GOGC in the environment the GC target is
-// gcPercent; GOGC, when set (off included), is left to the runtime.
-func TestDefaultGC(t *testing.T) {
+// gogc is the GC target now, read without changing it.
+func gogc() uint64 {
+	s := []metrics.Sample{{Name: "/gc/gogc:percent"}}
+	metrics.Read(s)
+	return s[0].Value.Uint64()
+}
+
+// TestGCTarget: without GOGC in the environment the GC target becomes
+// gcPercent at the first registration, not before; GOGC, when set (off
+// included), is left to the runtime.
+func TestGCTarget(t *testing.T) {
 	prev := debug.SetGCPercent(100)
 	defer debug.SetGCPercent(prev)
 	for _, c := range []struct {
 		name string
 		env  map[string]string
-		want int
+		want uint64
 	}{
 		{"unset", nil, gcPercent},
 		{"set", map[string]string{"GOGC": "200"}, 100},
@@ -65,10 +79,48 @@ func TestDefaultGC(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			debug.SetGCPercent(100)
-			defaultGC(envOf(c.env))
-			if got := debug.SetGCPercent(100); got != c.want {
+			g := newGCTarget(envOf(c.env))
+			if got := gogc(); got != 100 {
+				t.Fatalf("GC target %d before the first registration, want 100", got)
+			}
+			g.inService()
+			g.inService()
+			if got := gogc(); got != c.want {
 				t.Fatalf("GC target %d, want %d", got, c.want)
 			}
 		})
 	}
+	t.Run("the plugin's first registration", func(t *testing.T) {
+		testutil.NeedMknod(t)
+		debug.SetGCPercent(100)
+		d := newDirs(t)
+		// Built, served and its spec written, the plugin has not
+		// registered (no kubelet): the target is Go's.
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan int, 1)
+		go func() { done <- run(ctx, d.args(), envOf(map[string]string{"NUMBER_DEVICES": "2"}), io.Discard) }()
+		deadline := time.Now().Add(5 * time.Second)
+		for {
+			if m, _ := filepath.Glob(filepath.Join(d.plugins, "*.sock")); len(m) > 0 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("no socket served within 5s")
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		if got := gogc(); got != 100 {
+			t.Fatalf("GC target %d before the first registration, want 100", got)
+		}
+		cancel()
+		<-done
+		startRun(t, newDirs(t), nil, map[string]string{"NUMBER_DEVICES": "2"})
+		deadline = time.Now().Add(5 * time.Second)
+		for gogc() != gcPercent {
+			if time.Now().After(deadline) {
+				t.Fatalf("GC target %d after the registration, want %d", gogc(), gcPercent)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	})
 }
