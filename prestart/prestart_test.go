@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -433,6 +434,29 @@ func TestSameDeviceSerialised(t *testing.T) {
 	}
 	if s := state(t, r, "sim-0"); s.Generation != 8 || s.ResetCount != 8 {
 		t.Fatalf("lost updates: %+v", s)
+	}
+}
+
+// TestReprogramLoadMemory: loading an image takes a small buffer; devices
+// load in parallel, and what a load takes grows the heap the plugin then
+// keeps. With a 256 KiB buffer, a load allocated over 256 KiB.
+func TestReprogramLoadMemory(t *testing.T) {
+	img, _ := image(t, 1<<20)
+	r, _, _ := newRunner(t, &Reprogram{Image: img, Always: true})
+	d := devs(1)
+	if err := r.Prepare(context.Background(), d); err != nil {
+		t.Fatal(err)
+	}
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	if err := r.Prepare(context.Background(), d); err != nil {
+		t.Fatal(err)
+	}
+	runtime.ReadMemStats(&after)
+	if got := after.TotalAlloc - before.TotalAlloc; got > 128<<10 {
+		t.Fatalf("loading a 1 MiB image allocated %d KiB, want at most 128 KiB", got>>10)
+	} else {
+		t.Logf("loading a 1 MiB image allocated %d KiB", got>>10)
 	}
 }
 

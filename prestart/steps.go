@@ -16,7 +16,6 @@ import (
 	"strings"
 	"sync"
 	"syscall"
-	"text/template"
 	"time"
 
 	"github.com/sirupsen/logrus"
@@ -222,7 +221,9 @@ func copyHashed(ctx context.Context, path string, src io.Reader, want, name stri
 	var n int64
 	err := atomicfile.Write(path, 0o644, func(f *os.File) error {
 		w := io.MultiWriter(f, h)
-		buf := make([]byte, 256*1024)
+		// io.Copy's size: devices load in parallel, and what each load
+		// takes grows the heap the plugin keeps afterwards.
+		buf := make([]byte, 32*1024)
 		for {
 			if err := ctx.Err(); err != nil {
 				return err
@@ -255,35 +256,33 @@ func copyHashed(ctx context.Context, path string, src io.Reader, want, name stri
 	return n, nil
 }
 
-// Exec runs a command for a real device: arguments are templates over the
-// device ({{.ID}}, {{.HostPath}}, {{.ContainerPath}}, {{.Resource}},
-// {{.Index}}, {{.StateDir}}), no shell is involved, the environment holds
+// Exec runs a command for a real device: arguments are templates of the
+// device's fields ({{.ID}}, {{.HostPath}}, {{.ContainerPath}},
+// {{.Resource}}, {{.Index}}, {{.StateDir}}; see argTemplate), no shell is involved, the environment holds
 // only PATH and the configured variables, the working directory is the
 // device's state directory, and the output goes to the log.
 type Exec struct {
-	Command []*template.Template
+	command []argTemplate
 	Env     map[string]string
 	Limit   time.Duration
 	// MaxOutput bounds the output kept for the log (default 64 KiB).
 	MaxOutput int
 }
 
-// NewExec parses the command's templates.
+// NewExec parses the command's templates; an unknown field, or any action
+// that is not one field, is an error now rather than at the first
+// container start.
 func NewExec(command []string, env map[string]string, limit time.Duration) (*Exec, error) {
 	if len(command) == 0 || command[0] == "" {
 		return nil, errors.New("exec needs a command")
 	}
 	e := &Exec{Env: env, Limit: limit}
 	for i, a := range command {
-		tpl, err := template.New(strconv.Itoa(i)).Option("missingkey=error").Parse(a)
+		tpl, err := parseArg(strconv.Itoa(i), a)
 		if err != nil {
 			return nil, fmt.Errorf("argument %d %q: %w", i, a, err)
 		}
-		// Catch unknown fields now rather than at the first container start.
-		if err := tpl.Execute(io.Discard, templateData(&Target{})); err != nil {
-			return nil, fmt.Errorf("argument %d %q: %w", i, a, err)
-		}
-		e.Command = append(e.Command, tpl)
+		e.command = append(e.command, tpl)
 	}
 	return e, nil
 }
@@ -293,15 +292,6 @@ func (*Exec) Name() string { return "exec" }
 
 // Timeout bounds one run of the command.
 func (e *Exec) Timeout() time.Duration { return e.Limit }
-
-type tplData struct {
-	ID, HostPath, ContainerPath, Resource, StateDir string
-	Index                                           int
-}
-
-func templateData(t *Target) tplData {
-	return tplData{ID: t.ID, HostPath: t.HostPath, ContainerPath: t.ContainerPath, Resource: t.Resource, StateDir: t.Dir, Index: t.Index}
-}
 
 // limitedBuffer keeps the first max bytes written to it.
 type limitedBuffer struct {
@@ -325,14 +315,9 @@ func (b *limitedBuffer) Write(p []byte) (int, error) {
 // Run runs the command for the device, killing its process group when ctx
 // ends.
 func (e *Exec) Run(ctx context.Context, t *Target) error {
-	data := templateData(t)
-	args := make([]string, len(e.Command))
-	for i, tpl := range e.Command {
-		var sb strings.Builder
-		if err := tpl.Execute(&sb, data); err != nil {
-			return fmt.Errorf("argument %d: %w", i, err)
-		}
-		args[i] = sb.String()
+	args := make([]string, len(e.command))
+	for i, tpl := range e.command {
+		args[i] = tpl.expand(t)
 	}
 	cmd := exec.CommandContext(ctx, args[0], args[1:]...)
 	env := []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}

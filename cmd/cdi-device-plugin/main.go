@@ -13,7 +13,9 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"runtime/debug"
 	"strconv"
+	"sync"
 	"syscall"
 	"time"
 
@@ -35,11 +37,43 @@ import (
 
 var version = "dev"
 
+// gcPercent is the garbage collector's target once the plugin is in
+// service, when the environment sets no GOGC. The plugin's live heap is
+// small (0.9 MiB at 8 devices after dp-bench's calls): at Go's 100 the heap
+// grows to the runtime's 4 MiB minimum between collections, and the
+// scavenger keeps what it reached; at 50 the minimum is 2 MiB. Measured
+// (docs/benchmarks.md): 2 MiB less resident memory at 8 devices and at
+// 10,000 IDs, no difference in CPU over a bench round.
+const gcPercent = 50
+
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	code := run(ctx, os.Args[1:], os.LookupEnv, os.Stderr)
 	stop()
 	os.Exit(code)
+}
+
+// gcTarget lowers the GC target to gcPercent at the plugin's first
+// registration, unless the environment sets GOGC (the runtime has read
+// it). The start-up runs at Go's default: it allocates in one burst
+// (package init, configuration, spec, gRPC), garbage once registered, and
+// a collection in its middle delayed the registration by 2 ms.
+type gcTarget struct {
+	keep bool // GOGC is set
+	once sync.Once
+}
+
+func newGCTarget(env config.Env) *gcTarget {
+	_, set := env("GOGC")
+	return &gcTarget{keep: set}
+}
+
+// inService is called after every registration; the first sets the
+// target. It does not block.
+func (g *gcTarget) inService() {
+	if !g.keep {
+		g.once.Do(func() { debug.SetGCPercent(gcPercent) })
+	}
 }
 
 // run runs the plugin until ctx is done and returns the exit status: 0 on
@@ -71,7 +105,7 @@ func run(ctx context.Context, args []string, env config.Env, stderr io.Writer) i
 		e.Value = &ignored
 		return config.LoadWith("cdi-device-plugin", args, env, io.Discard, e)
 	}
-	if err := serve(ctx, cfg, driverName, load, logger, log); err != nil {
+	if err := serve(ctx, cfg, driverName, load, logger, log, newGCTarget(env)); err != nil {
 		log.WithError(err).Error("exiting")
 		if errors.Is(err, config.ErrInvalid) {
 			return 2
@@ -95,7 +129,7 @@ var (
 // metrics and probes; with a config file, it applies the file's changes.
 // Specs and device nodes are kept on shutdown: a container restarting
 // while the plugin is being upgraded must still resolve its CDI names.
-func serve(ctx context.Context, cfg *config.Config, driverName string, load func() (*config.Config, error), logger *logrus.Logger, log *logrus.Entry) error {
+func serve(ctx context.Context, cfg *config.Config, driverName string, load func() (*config.Config, error), logger *logrus.Logger, log *logrus.Entry, gc *gcTarget) error {
 	if fi, err := os.Stat(cfg.DevRoot); err != nil || !fi.IsDir() {
 		return &config.FieldError{Field: "dev-root", Value: cfg.DevRoot, Reason: "must be an existing directory"}
 	}
@@ -109,6 +143,7 @@ func serve(ctx context.Context, cfg *config.Config, driverName string, load func
 	}
 	start := time.Now().UnixNano()
 	s := newSupervisor(logger, log, m, server, cdi.NewWriter(cfg.CDIDir, cfg.Owner(), start), start)
+	s.registered = gc.inService
 	s.driverName = driverName
 	if err := os.MkdirAll(cfg.DevicePluginDir, 0o750); err != nil {
 		return fmt.Errorf("device plugin dir: %w", err)
@@ -188,7 +223,7 @@ type part struct {
 // Errors of the constructors are errors of the configuration, named by the
 // field the user wrote. driverName is the DRA driver's name (--driver-name;
 // empty: its default), whose claims the claim guard recognises.
-func build(cfg *config.Config, i int, writer *cdi.Writer, start int64, log *logrus.Entry, m *metrics.Metrics, driverName string) (*part, error) {
+func build(cfg *config.Config, i int, writer *cdi.Writer, start int64, log *logrus.Entry, m *metrics.Metrics, driverName string, registered func()) (*part, error) {
 	rc := &cfg.Resources[i]
 	field := func(name string) string { return cfg.ResourceField(i, name) }
 	if rc.Simulated() {
@@ -240,7 +275,7 @@ func build(cfg *config.Config, i int, writer *cdi.Writer, start int64, log *logr
 		Strategies:       cfg.DeviceListStrategy,
 		Mounts:           mounts,
 		Preparer:         preparer,
-		Registered:       guard.Registered,
+		Registered:       func() { guard.Registered(); registered() },
 		Log:              res.Log,
 		Metrics:          m,
 	}, nil)

@@ -37,6 +37,8 @@ type supervisor struct {
 	// driverName is the DRA driver's name (--driver-name; empty: its
 	// default), for the claim guards.
 	driverName string
+	// registered is called after every registration of a resource.
+	registered func()
 
 	cfg     *config.Config
 	running map[string]*instance
@@ -116,7 +118,7 @@ func (s *supervisor) apply(ctx context.Context, next *config.Config) (change, er
 			kinds = append(kinds, old.part.kind)
 			continue
 		}
-		p, err := build(next, i, s.writer, time.Now().UnixNano(), s.log, s.metrics, s.driverName)
+		p, err := build(next, i, s.writer, time.Now().UnixNano(), s.log, s.metrics, s.driverName, s.registered)
 		if err != nil {
 			return ch, err
 		}
@@ -228,7 +230,7 @@ func (s *supervisor) restore(ctx context.Context, name string) {
 	if i < 0 {
 		return
 	}
-	p, err := build(s.cfg, i, s.writer, time.Now().UnixNano(), s.log, s.metrics, s.driverName)
+	p, err := build(s.cfg, i, s.writer, time.Now().UnixNano(), s.log, s.metrics, s.driverName, s.registered)
 	if err == nil {
 		err = p.prepare()
 	}

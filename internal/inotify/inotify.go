@@ -116,6 +116,7 @@ func (w *Watcher) Close() error { return w.f.Close() }
 // taken yet (merging repeats; past its limit, one IN_Q_OVERFLOW event).
 type Stream struct {
 	w         *Watcher
+	buf       []byte // the reader's
 	events    chan []Event
 	done      chan struct{}
 	closed    chan struct{}
@@ -123,6 +124,13 @@ type Stream struct {
 	stopAfter func() bool
 	err       error
 }
+
+// readBufSize holds 60 events of the longest name (16 + 256 bytes); a read
+// takes the whole events that fit and the kernel keeps the rest. The
+// buffer is the Stream's, on the heap: a buffer local to the reader would
+// be on its stack, and the 64 KiB one there kept a 128 KiB stack per
+// stream for the life of the process.
+const readBufSize = 16 * 1024
 
 // Watch watches dirs for mask and starts the one reader. The stream ends
 // when ctx is done, on Close, or when reading fails: Events is then
@@ -139,7 +147,7 @@ func Watch(ctx context.Context, mask uint32, dirs ...string) (*Stream, error) {
 			return nil, err
 		}
 	}
-	s := &Stream{w: w, events: make(chan []Event), done: make(chan struct{}), closed: make(chan struct{})}
+	s := &Stream{w: w, buf: make([]byte, readBufSize), events: make(chan []Event), done: make(chan struct{}), closed: make(chan struct{})}
 	s.stopAfter = context.AfterFunc(ctx, s.closeWatcher)
 	go s.read()
 	return s, nil
@@ -148,9 +156,8 @@ func Watch(ctx context.Context, mask uint32, dirs ...string) (*Stream, error) {
 func (s *Stream) read() {
 	defer close(s.done)
 	defer close(s.events)
-	buf := make([]byte, 64*1024)
 	for {
-		evs, err := s.w.Read(buf)
+		evs, err := s.w.Read(s.buf)
 		if err != nil {
 			select {
 			case <-s.closed: // our own close made the read fail

@@ -2,8 +2,11 @@ package inotify
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
+	"runtime/metrics"
+	"strings"
 	"testing"
 	"time"
 
@@ -136,9 +139,77 @@ func TestStream(t *testing.T) {
 			t.Fatalf("watch again: %v", err)
 		}
 	})
+	t.Run("a burst bigger than one read arrives whole and in order", func(t *testing.T) {
+		burst := t.TempDir()
+		s, err := Watch(context.Background(), EntryChanges, burst)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Close()
+		// 200 creations of 200-byte names: 43 KiB of events, more than
+		// one read of the reader's buffer takes.
+		const n = 200
+		names := make([]string, n)
+		for i := range names {
+			names[i] = fmt.Sprintf("%03d-%s", i, strings.Repeat("x", 196))
+			if err := os.WriteFile(filepath.Join(burst, names[i]), nil, 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}
+		var got []string
+		for len(got) < n {
+			for _, ev := range next(t, s) {
+				if ev.Mask&unix.IN_CREATE != 0 {
+					got = append(got, ev.Name)
+				}
+			}
+		}
+		for i := range names {
+			if got[i] != names[i] {
+				t.Fatalf("creation %d: got %q, want %q", i, got[i], names[i])
+			}
+		}
+	})
 	t.Run("a missing dir is an error", func(t *testing.T) {
 		if _, err := Watch(context.Background(), EntryChanges, filepath.Join(dir, "none")); err == nil {
 			t.Fatal("no error")
 		}
 	})
+}
+
+// stackBytes is the memory the runtime holds for goroutine stacks.
+func stackBytes() int64 {
+	s := []metrics.Sample{{Name: "/memory/classes/heap/stacks:bytes"}}
+	metrics.Read(s)
+	return int64(s[0].Value.Uint64())
+}
+
+// TestStreamStack: a stream's reader keeps a small stack. Its read buffer
+// on the stack (64 KiB) made every reader's stack 128 KiB, for the life
+// of the process: 8 MiB for the 64 streams here.
+func TestStreamStack(t *testing.T) {
+	dir := t.TempDir()
+	const streams = 64
+	before := stackBytes()
+	ss := make([]*Stream, streams)
+	for i := range ss {
+		s, err := Watch(context.Background(), EntryChanges, dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(s.Close)
+		ss[i] = s
+	}
+	// Every reader has read once, its stack as deep as reading takes it.
+	if err := os.WriteFile(filepath.Join(dir, "f"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range ss {
+		next(t, s)
+	}
+	grown := stackBytes() - before
+	if limit := int64(streams * 32 << 10); grown > limit {
+		t.Fatalf("%d streams hold %d KiB more of stacks, want at most %d KiB (32 KiB each)", streams, grown>>10, limit>>10)
+	}
+	t.Logf("%d streams: %d KiB of stacks", streams, grown>>10)
 }
