@@ -377,11 +377,12 @@ func clusterWide(o *objects) []objMeta {
 }
 
 // TestDriverRBAC: the driver's account may do what the driver needs and
-// nothing more.
+// nothing more. Claims: the kubeletplugin helper GETs each claim the
+// kubelet asks it to prepare, and nothing lists or watches them.
 func TestDriverRBAC(t *testing.T) {
 	want := []rbacv1.PolicyRule{
 		{APIGroups: []string{"resource.k8s.io"}, Resources: []string{"resourceslices"}, Verbs: []string{"get", "list", "watch", "create", "update", "patch", "delete"}},
-		{APIGroups: []string{"resource.k8s.io"}, Resources: []string{"resourceclaims"}, Verbs: []string{"get", "list", "watch"}},
+		{APIGroups: []string{"resource.k8s.io"}, Resources: []string{"resourceclaims"}, Verbs: []string{"get"}},
 		{APIGroups: []string{""}, Resources: []string{"nodes"}, Verbs: []string{"get", "list", "watch"}},
 	}
 	for _, r := range renderers() {
