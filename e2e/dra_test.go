@@ -13,11 +13,14 @@ import (
 	"testing"
 	"time"
 
+	authv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 )
 
 // The DRA scenarios' deployment (issue 21): the same simulated devices,
@@ -273,7 +276,70 @@ func (c *cluster) scenarioDRASlice(t *testing.T) string {
 	if dc.Spec.ExtendedResourceName == nil || *dc.Spec.ExtendedResourceName != draResource {
 		t.Errorf("DeviceClass %s extendedResourceName %v, want %s", draClass, dc.Spec.ExtendedResourceName, draResource)
 	}
+	c.checkSliceAdmission(t, pod)
 	return node
+}
+
+// checkSliceAdmission: the ValidatingAdmissionPolicy lets the driver's
+// service account write the ResourceSlices of its pod's node and no other.
+// Each write is a dry run as the account (a token from the TokenRequest
+// API, bound to the driver pod as its projected token is, or to nothing),
+// which admission judges as a real write but never stores.
+func (c *cluster) checkSliceAdmission(t *testing.T, pod *corev1.Pod) {
+	t.Helper()
+	ctx := context.Background()
+	const other = "cdi-e2e-other-node"
+	as := func(boundToPod bool) *kubernetes.Clientset {
+		expiry := int64(600) // the API's minimum
+		req := &authv1.TokenRequest{Spec: authv1.TokenRequestSpec{ExpirationSeconds: &expiry}}
+		if boundToPod {
+			req.Spec.BoundObjectRef = &authv1.BoundObjectReference{Kind: "Pod", APIVersion: "v1", Name: pod.Name, UID: pod.UID}
+		}
+		tok, err := c.cs.CoreV1().ServiceAccounts(pod.Namespace).CreateToken(ctx, pod.Spec.ServiceAccountName, req, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatalf("token of %s/%s: %v", pod.Namespace, pod.Spec.ServiceAccountName, err)
+		}
+		cfg := rest.AnonymousClientConfig(c.cfg)
+		cfg.BearerToken = tok.Status.Token
+		cs, err := kubernetes.NewForConfig(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return cs
+	}
+	slice := func(node string) *resourceapi.ResourceSlice {
+		return &resourceapi.ResourceSlice{
+			ObjectMeta: metav1.ObjectMeta{GenerateName: "cdi-e2e-admission-"},
+			Spec: resourceapi.ResourceSliceSpec{
+				Driver:   draDriver,
+				Pool:     resourceapi.ResourcePool{Name: node, Generation: 1, ResourceSliceCount: 1},
+				NodeName: &node,
+			},
+		}
+	}
+	podToken, podlessToken := as(true), as(false)
+	for _, tc := range []struct {
+		name   string
+		cs     *kubernetes.Clientset
+		node   string
+		refuse string // "" when the write is allowed
+	}{
+		{"own node", podToken, pod.Spec.NodeName, ""},
+		{"another node", podToken, other, "may write only the ResourceSlices of that node, not one of node " + other},
+		{"own node, token bound to no pod", podlessToken, pod.Spec.NodeName, "this token names no node"},
+	} {
+		_, err := tc.cs.ResourceV1().ResourceSlices().Create(ctx, slice(tc.node), metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		switch {
+		case tc.refuse == "" && err != nil:
+			t.Errorf("slice admission, %s: the driver's account was refused: %v", tc.name, err)
+		case tc.refuse != "" && err == nil:
+			t.Errorf("slice admission, %s: the driver's account wrote a slice of node %s", tc.name, tc.node)
+		case tc.refuse != "" && (!apierrors.IsInvalid(err) && !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), tc.refuse)):
+			t.Errorf("slice admission, %s: %v, want a refusal saying %q", tc.name, err, tc.refuse)
+		case tc.refuse != "":
+			t.Logf("slice admission, %s: refused: %v", tc.name, err)
+		}
+	}
 }
 
 // draSpecDevices returns the device names of the DRA resource's spec.

@@ -35,6 +35,11 @@
 //	E2E_M2               1: run scenario M2 (TestM2), which needs two
 //	                     schedulable nodes (e2e/kind/run.sh sets it for its
 //	                     second cluster); otherwise it is skipped
+//	E2E_NODE_ROOT        the node's root directory as this machine sees it
+//	                     ("/" for the local node, /proc/PID/root of a kind
+//	                     node's container), where the real-hardware scenario
+//	                     reads the kubelet's PodResources (optional: without
+//	                     it the devices' topology is not checked)
 //	E2E_ARTIFACTS        where logs and objects are saved when a test fails
 package e2e
 

@@ -4,6 +4,7 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -11,6 +12,10 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	podresourcesapi "k8s.io/kubelet/pkg/apis/podresources/v1"
 )
 
 // The real-hardware scenario's own deployment: devices found by their PCI
@@ -113,6 +118,10 @@ resources:
 		t.Errorf("spec without the identity of 0000:41:00.0:\n%s", spec)
 	}
 
+	ids := specIDsByAddress(t, spec)
+	c.checkTopology(t, hwGPU, map[string][]int64{ids["0000:00:06.0"]: nil, ids["0000:41:00.0"]: {1}})
+	c.unbindByUevent(t, node, "0000:00:06.0")
+
 	// A USB serial adapter plugged in: the kernel's sysfs entry first, then
 	// its nodes (the tty last, in the watched dev root).
 	t0 := time.Now()
@@ -139,4 +148,117 @@ mknod `+hwDev+`/ttyUSB0 c 188 0`)
 		return capacity == 0, fmt.Sprintf("capacity %d", capacity)
 	})
 	t.Logf("USB adapter unplugged: forgotten, capacity 0 after %v (forgetAfter 5s)", time.Since(t0).Round(time.Millisecond))
+}
+
+// specIDsByAddress maps the PCI addresses in a spec's device annotations
+// to the devices' names (their IDs).
+func specIDsByAddress(t *testing.T, spec string) map[string]string {
+	t.Helper()
+	var f struct {
+		Devices []struct {
+			Name        string            `json:"name"`
+			Annotations map[string]string `json:"annotations"`
+		} `json:"devices"`
+	}
+	if err := json.Unmarshal([]byte(spec), &f); err != nil {
+		t.Fatalf("spec: %v\n%s", err, spec)
+	}
+	out := map[string]string{}
+	for _, d := range f.Devices {
+		if a := d.Annotations["cdi-device-plugin/pci-address"]; a != "" {
+			out[a] = d.Name
+		}
+	}
+	return out
+}
+
+// checkTopology: the kubelet lists the devices of res with the NUMA nodes
+// their plugin reported (want: ID -> NUMA node IDs, nil for none), as a
+// topology-aware agent reads them: PodResources GetAllocatableResources
+// on the kubelet's socket, reached through E2E_NODE_ROOT (the node's root
+// as this machine sees it; without it the check is skipped).
+func (c *cluster) checkTopology(t *testing.T, res string, want map[string][]int64) {
+	t.Helper()
+	root := os.Getenv("E2E_NODE_ROOT")
+	if root == "" {
+		t.Logf("E2E_NODE_ROOT unset: the kubelet's device topology not checked")
+		return
+	}
+	sock := filepath.Join(root, "/var/lib/kubelet/pod-resources/kubelet.sock")
+	conn, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	got := map[string][]int64{}
+	eventually(t, time.Minute, "the kubelet lists "+res+" with its topology", func() (bool, string) {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		r, err := podresourcesapi.NewPodResourcesListerClient(conn).GetAllocatableResources(ctx, &podresourcesapi.AllocatableResourcesRequest{})
+		if err != nil {
+			return false, err.Error()
+		}
+		clear(got)
+		for _, d := range r.GetDevices() {
+			if d.GetResourceName() != res {
+				continue
+			}
+			for _, id := range d.GetDeviceIds() {
+				var numa []int64
+				for _, n := range d.GetTopology().GetNodes() {
+					numa = append(numa, n.GetID())
+				}
+				got[id] = numa
+			}
+		}
+		if len(got) != len(want) {
+			return false, fmt.Sprintf("devices %v", got)
+		}
+		for id, w := range want {
+			if g, ok := got[id]; !ok || !slices.Equal(g, w) {
+				return false, fmt.Sprintf("devices %v, want %v", got, want)
+			}
+		}
+		return true, ""
+	})
+	t.Logf("the kubelet lists %s with NUMA nodes %v", res, got)
+}
+
+// unbindByUevent: a GPU unbound from its driver in the tree, which changes
+// no node, is Unhealthy once a kernel uevent of the pci subsystem tells
+// the plugin to look (allocatable 1), and Healthy again once rebound and
+// told again (allocatable 2). The uevent is the machine's own (a real PCI
+// device's uevent file written here): only a node that shares this
+// machine's kernel (the local node, a kind node) receives it; elsewhere
+// the step is skipped.
+func (c *cluster) unbindByUevent(t *testing.T, node, addr string) {
+	t.Helper()
+	here, err := hostSh("cat /proc/sys/kernel/random/boot_id")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if there := c.mustNodeSh(t, "cat /proc/sys/kernel/random/boot_id"); there != here {
+		t.Logf("the node runs another kernel: no uevent sent from here")
+		return
+	}
+	uevent := func() {
+		t.Helper()
+		if _, err := hostSh("echo change > $(ls -d /sys/bus/pci/devices/* | head -1)/uevent"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	link := hwRoot + "/sys/devices/pci0000:00/" + addr + "/driver"
+	for _, step := range []struct {
+		what, sh string
+		want     int64
+	}{
+		{"unbound", "rm " + link, 1},
+		{"bound again", "ln -s ../../../bus/pci/drivers/nvidia " + link, 2},
+	} {
+		c.mustNodeSh(t, step.sh)
+		t0 := time.Now()
+		uevent()
+		c.waitAllocatableOf(t, node, hwGPU, step.want, time.Minute)
+		t.Logf("GPU %s %s, then a kernel uevent: allocatable %d after %v", addr, step.what, step.want, time.Since(t0).Round(time.Millisecond))
+	}
 }

@@ -457,6 +457,10 @@ suite_env() {
 	export E2E_PLUGIN_IMAGE=${PLUGIN_IMAGE}
 	export E2E_TEST_IMAGE=${test_image}
 	export E2E_NODE_SHELL="${engine} exec -i $1"
+	# The node container's root from here: the kubelet's PodResources
+	# socket, for the real-hardware scenario's topology check.
+	E2E_NODE_ROOT=/proc/$("${engine}" inspect -f '{{.State.Pid}}' "$1")/root
+	export E2E_NODE_ROOT
 	export E2E_RESTART_KUBELET="${engine} exec $1 systemctl restart kubelet"
 	# containerd's default state dir; kind's config.toml does not move it.
 	export E2E_RUNTIME_STATE=/run/containerd

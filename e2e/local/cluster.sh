@@ -396,6 +396,7 @@ export E2E_PLUGIN_IMAGE=${PLUGIN_IMAGE}
 export E2E_PLUGIN_IMAGE_NEXT=${PLUGIN_IMAGE_NEXT}
 export E2E_TEST_IMAGE=${TEST_IMAGE}
 export E2E_NODE_SHELL=
+export E2E_NODE_ROOT=/
 export E2E_RUNTIME_STATE=${CTRD}/state
 export E2E_RESTART_KUBELET='${REPO}/e2e/local/cluster.sh restart-kubelet'
 export E2E_PLUGIN_HOST='${REPO}/e2e/local/cluster.sh plugin-host'
