@@ -90,7 +90,8 @@ func (s *Source) absNodes(ns []Node) []Node {
 }
 
 // scanHost matches the devices found now with those known (a new one gets
-// the next index; a vanished one stays, Unhealthy) and returns them with
+// the next index; a vanished one stays, Unhealthy; one found with another
+// identity than it had stays as it was, Unhealthy) and returns them with
 // their health: a found glob device is healthy; a discovered one when its
 // nodes are what the discovery says.
 func (s *Source) scanHost(snap *Snapshot) *Snapshot {
@@ -99,9 +100,22 @@ func (s *Source) scanHost(snap *Snapshot) *Snapshot {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	changed := false
+	// rebound: known devices found with another identity, by key, with
+	// how it differs. They keep their nodes and count as gone (the way
+	// out of a rebinding on purpose is forgetAfter).
+	var rebound map[string]string
 	for _, k := range keys {
 		c := cands[k]
 		d, ok := s.known[k]
+		if ok {
+			if why := identityChange(d.Identity, c.identity); why != "" {
+				if rebound == nil {
+					rebound = map[string]string{}
+				}
+				rebound[k] = why
+				continue
+			}
+		}
 		if !ok {
 			suffix := c.suffix
 			if suffix == "" {
@@ -132,6 +146,8 @@ func (s *Source) scanHost(snap *Snapshot) *Snapshot {
 	for k, d := range s.known {
 		d.Shared = shared
 		_, found := cands[k]
+		why, wrong := rebound[k]
+		found = found && !wrong
 		switch {
 		case found || cands == nil:
 			delete(s.goneSince, k)
@@ -142,6 +158,8 @@ func (s *Source) scanHost(snap *Snapshot) *Snapshot {
 		case cands == nil:
 			// The discovery failed: health as the disk says.
 			d.SetProblem(s.nodesStatus(d))
+		case wrong:
+			d.SetProblem(Problem{Cause: CauseIdentityChanged, Message: why})
 		case !found:
 			d.SetProblem(Problem{Cause: CauseMissing})
 		default:
