@@ -3,6 +3,7 @@ package device
 import (
 	"context"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -77,6 +78,19 @@ func (s *Source) sharedNodes() []Node {
 	return out
 }
 
+// sharedBeside is shared without the nodes that are d's own or other
+// nodes already (sharedNodes naming /dev/vfio/vfio, which a vfio-pci
+// function has of its own): a node appears once in a device.
+func sharedBeside(shared []Node, d *Device) []Node {
+	mine := func(n Node) bool {
+		return n.HostPath == d.HostPath || slices.ContainsFunc(d.Extra, func(e Node) bool { return e.HostPath == n.HostPath })
+	}
+	if !slices.ContainsFunc(shared, mine) {
+		return shared
+	}
+	return slices.DeleteFunc(slices.Clone(shared), mine)
+}
+
 // absNodes makes the candidate's other nodes absolute on both sides.
 func (s *Source) absNodes(ns []Node) []Node {
 	if len(ns) == 0 {
@@ -144,7 +158,7 @@ func (s *Source) scanHost(snap *Snapshot) *Snapshot {
 	snap.Devices = make([]Device, 0, len(s.known))
 	now := time.Now()
 	for k, d := range s.known {
-		d.Shared = shared
+		d.Shared = sharedBeside(shared, &d)
 		_, found := cands[k]
 		why, wrong := rebound[k]
 		found = found && !wrong

@@ -481,3 +481,42 @@ func TestRebindOnPurpose(t *testing.T) {
 		return len(s.Devices) == 1 && s.Devices[0].Name == "gpu-1" && s.Devices[0].Healthy && s.Devices[0].HostPath == filepath.Join(root, "vfio", "42")
 	})
 }
+
+// TestVFIOContainerNode (issue 20): a function bound to vfio-pci has the
+// shared /dev/vfio/vfio among its own nodes (the discovery gives it): once
+// in the device even when sharedNodes names it too, and a device without
+// it is Unhealthy (missing), as for any of its nodes.
+func TestVFIOContainerNode(t *testing.T) {
+	fn := useFakeNodes(t)
+	root := t.TempDir()
+	fn.make(t, filepath.Join(root, "vfio", "42"), 511, 0)
+	fn.make(t, filepath.Join(root, "vfio", "vfio"), 10, 196)
+	fd := &fakeDiscovery{}
+	f := vfio(gpu("0000:3b:00.2", 0, 0), "42")
+	f.Extra = []Node{{HostPath: "vfio/vfio", Type: Char}}
+	fd.set(f)
+	src, err := NewSource(Options{DevRoot: root, IDPrefix: "vf", Discover: fd.discover, DiscoverKind: "pci", SharedNodes: []string{"vfio/vfio"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	snap, err := src.Prepare()
+	if err != nil || snap.Healthy() != 1 {
+		t.Fatalf("prepare: %v %+v", err, snap)
+	}
+	var paths []string
+	for _, n := range snap.Devices[0].AllNodes() {
+		paths = append(paths, n.ContainerPath)
+	}
+	if want := []string{"/dev/vfio/42", "/dev/vfio/vfio"}; strings.Join(paths, " ") != strings.Join(want, " ") {
+		t.Fatalf("nodes %q, want %q (vfio/vfio once)", paths, want)
+	}
+	if n := snap.Devices[0].Extra; len(n) != 1 || n[0].Major != 10 || n[0].Minor != 196 {
+		t.Fatalf("vfio/vfio's numbers are read from the node: %+v", n)
+	}
+	if err := os.Remove(filepath.Join(root, "vfio", "vfio")); err != nil {
+		t.Fatal(err)
+	}
+	if d := src.Refresh().Devices[0]; d.Healthy || d.Problem.Cause != CauseMissing || !strings.Contains(d.Problem.Message, "vfio/vfio") {
+		t.Fatalf("without /dev/vfio/vfio: %+v %s", d, d.Problem)
+	}
+}

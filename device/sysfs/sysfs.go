@@ -4,8 +4,8 @@
 // the NUMA node of a device node. It only reads.
 //
 // The nodes of a PCI function, found without configuration:
-//   - bound to vfio-pci: /dev/vfio/<IOMMU group>; /dev/vfio/vfio is shared
-//     by every function (configure it in sharedNodes);
+//   - bound to vfio-pci: /dev/vfio/<IOMMU group>, then /dev/vfio/vfio (the
+//     VFIO container, which every function needs and shares);
 //   - bound to nvidia: /dev/nvidia<Device Minor> (char 195), the minor from
 //     <procRoot>/driver/nvidia/gpus/<address>/information: the NVIDIA
 //     driver registers its nodes in /proc/devices only, nowhere in sysfs;
@@ -109,7 +109,7 @@ func readFunction(p, addr, procRoot string) (PCIFunction, error) {
 	case "vfio-pci":
 		if f.IOMMUGroup != "" {
 			if n, ok := vfioNode(f.IOMMUGroup); ok {
-				f.Nodes = append(f.Nodes, n)
+				f.Nodes = append(f.Nodes, n, vfioContainer)
 			}
 		}
 	case "nvidia":
@@ -175,6 +175,10 @@ func vfioNode(g string) (device.Node, bool) {
 	}
 	return device.Node{HostPath: "vfio/" + g, Type: device.Char}, true
 }
+
+// vfioContainer is /dev/vfio/vfio, the VFIO container every vfio-pci
+// function needs beside its group's node (numbers read from the node).
+var vfioContainer = device.Node{HostPath: "vfio/vfio", Type: device.Char}
 
 // nvidiaMajor is the NVIDIA driver's character major (/proc/devices).
 const nvidiaMajor = 195

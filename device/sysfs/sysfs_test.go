@@ -150,7 +150,8 @@ func TestMadeTrees(t *testing.T) {
 			{Key: "0000:81:00.0", Node: device.Node{HostPath: "nvidia1", Type: device.Char, Major: 195, Minor: 1}, NUMANode: 1},
 		}},
 		{"vfio-pci", PCISelector{Vendor: "8086", Driver: "vfio-pci"}, []device.Found{
-			{Key: "0000:3b:00.2", Node: device.Node{HostPath: "vfio/42", Type: device.Char}, NUMANode: 0},
+			{Key: "0000:3b:00.2", Node: device.Node{HostPath: "vfio/42", Type: device.Char},
+				Extra: []device.Node{{HostPath: "vfio/vfio", Type: device.Char}}, NUMANode: 0},
 		}},
 		{"DRM card and render node", PCISelector{Vendor: "1002", Class: "03"}, []device.Found{
 			{Key: "0000:c1:00.0", Node: device.Node{HostPath: "dri/card1", Type: device.Char, Major: 226, Minor: 1},
