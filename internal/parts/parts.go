@@ -110,11 +110,11 @@ func Build(cfg *config.Config, i int, o Options) (*Resource, error) {
 		switch rc.Discovery() {
 		case config.DiscoverPCI:
 			sel := sysfs.PCISelector{Vendor: rc.PCI.Vendor, Device: rc.PCI.Device, Class: rc.PCI.Class, Driver: rc.PCI.Driver}
-			opts.Discover, opts.DiscoverKind = sysfs.Discover(cfg.SysRoot, cfg.ProcRoot, sel), string(config.DiscoverPCI)
+			opts.Discover, opts.DiscoverKind = sysfs.Discover(cfg.SysRoot, cfg.ProcRoot, sel, log), string(config.DiscoverPCI)
 			opts.KernelEvents = sysfs.KernelEvents("pci")
 		case config.DiscoverUSB:
 			sel := sysfs.USBSelector{Vendor: rc.USB.Vendor, Product: rc.USB.Product, Serial: rc.USB.Serial}
-			opts.Discover, opts.DiscoverKind = sysfs.DiscoverUSB(cfg.SysRoot, sel), string(config.DiscoverUSB)
+			opts.Discover, opts.DiscoverKind = sysfs.DiscoverUSB(cfg.SysRoot, sel, log), string(config.DiscoverUSB)
 			opts.KernelEvents = sysfs.KernelEvents("usb")
 		default:
 			opts.HostGlobs = rc.HostGlobs
