@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -359,4 +360,56 @@ func freshCDICache(t *testing.T, dir string) *cdiapi.Cache {
 		t.Fatalf("cache errors: %v", errs)
 	}
 	return c
+}
+
+// TestGlobNUMA (issue 20): a hostDevices resource gives each node the NUMA
+// node of the device behind its numbers (/sys/dev/char/<major>:<minor>,
+// whose device is a function with its numa_node, in a tree made here),
+// reports it in ListAndWatch's TopologyInfo, and GetPreferredAllocation
+// keeps a request on one NUMA node.
+func TestGlobNUMA(t *testing.T) {
+	d := newDirs(t)
+	testutil.NeedMknod(t)
+	s := newSysTree(t)
+	for i, f := range []struct {
+		bus, addr string
+		numa      int
+	}{{"pci0000:00", "0000:01:00.0", 0}, {"pci0000:80", "0000:81:00.0", 1}, {"pci0000:80", "0000:82:00.0", 1}} {
+		name, minor := "ttyR"+strconv.Itoa(i), uint32(64+i)
+		fn := s.function(f.bus, f.addr, "1415", "c158", "070002", "serial", f.numa)
+		s.registered(fn, "tty", name, name, 4, minor)
+		s.link(filepath.Join(fn, "tty", name, "device"), "../../../"+f.addr)
+		s.link(filepath.Join(s.sys, "dev", "char", fmt.Sprintf("4:%d", minor)), "../../devices/"+f.bus+"/"+f.addr+"/tty/"+name)
+		testutil.Mknod(t, filepath.Join(d.dev, name), 4, minor)
+	}
+	cfg := writeConfig(t, `
+resources:
+- name: example.com/serial
+  idPrefix: tty
+  hostDevices: ["ttyR*"]
+`)
+	r := startRun(t, d, []string{"--config", cfg, "--sys-root", s.sys}, map[string]string{"NODE_NAME": "n1"})
+	u, err := r.wait(5*time.Second, func(u kubeletsim.Update) bool { return u.Healthy() == 3 })
+	if err != nil {
+		t.Fatalf("three healthy nodes: %v\n%s", err, r.stderr.String())
+	}
+	numa := map[string]int64{}
+	for _, dev := range u.Devices {
+		numa[dev.ID] = -1
+		if dev.Topology != nil && len(dev.Topology.Nodes) == 1 {
+			numa[dev.ID] = dev.Topology.Nodes[0].ID
+		}
+	}
+	if want := map[string]int64{"tty-n1-ttyR0": 0, "tty-n1-ttyR1": 1, "tty-n1-ttyR2": 1}; !maps.Equal(numa, want) {
+		t.Fatalf("NUMA nodes %v, want %v", numa, want)
+	}
+	resp, err := r.c.GetPreferredAllocation(context.Background(), &pluginapi.PreferredAllocationRequest{ContainerRequests: []*pluginapi.ContainerPreferredAllocationRequest{{
+		AvailableDeviceIDs: []string{"tty-n1-ttyR0", "tty-n1-ttyR1", "tty-n1-ttyR2"}, AllocationSize: 2,
+	}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := resp.ContainerResponses[0].DeviceIDs; !slices.Equal(got, []string{"tty-n1-ttyR1", "tty-n1-ttyR2"}) {
+		t.Fatalf("preferred %v, want the two on NUMA node 1", got)
+	}
 }
