@@ -157,11 +157,11 @@ resources:
 
 // sysTree makes sysfs and procfs trees below a temporary directory.
 type sysTree struct {
-	t         *testing.T
+	t         testing.TB
 	sys, proc string
 }
 
-func newSysTree(t *testing.T) *sysTree {
+func newSysTree(t testing.TB) *sysTree {
 	root := t.TempDir()
 	return &sysTree{t: t, sys: filepath.Join(root, "sys"), proc: filepath.Join(root, "proc")}
 }

@@ -1,0 +1,155 @@
+package main
+
+import (
+	"io"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+
+	"github.com/cdi-device-plugin/cdi-device-plugin/internal/kubeletsim"
+	"github.com/cdi-device-plugin/cdi-device-plugin/internal/testutil"
+)
+
+// fakeUevents stands in for the kernel's uevent socket (the openUevents
+// seam): every resource that listens gets one end of a socket pair, and
+// send writes a kernel-shaped datagram into the others, so the events go
+// through the listener's parsing and subsystem filter as the kernel's do.
+type fakeUevents struct {
+	mu      sync.Mutex
+	writers []*os.File
+	opened  chan struct{}
+}
+
+func useFakeUevents(tb testing.TB) *fakeUevents {
+	tb.Helper()
+	f := &fakeUevents{opened: make(chan struct{}, 8)}
+	saved := openUevents
+	openUevents = f.open
+	tb.Cleanup(func() {
+		openUevents = saved
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		for _, w := range f.writers {
+			_ = w.Close()
+		}
+	})
+	return f
+}
+
+func (f *fakeUevents) open() (io.ReadCloser, error) {
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, err
+	}
+	if err := unix.SetNonblock(fds[0], true); err != nil {
+		return nil, err
+	}
+	f.mu.Lock()
+	f.writers = append(f.writers, os.NewFile(uintptr(fds[1]), "uevents-w"))
+	f.mu.Unlock()
+	f.opened <- struct{}{}
+	return os.NewFile(uintptr(fds[0]), "uevents-r"), nil
+}
+
+// send sends a uevent of the PCI function at devpath (below /sys).
+func (f *fakeUevents) send(tb testing.TB, action, devpath string) {
+	tb.Helper()
+	msg := action + "@" + devpath + "\x00ACTION=" + action + "\x00DEVPATH=" + devpath + "\x00SUBSYSTEM=pci\x00"
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, w := range f.writers {
+		if _, err := w.WriteString(msg); err != nil {
+			tb.Fatal(err)
+		}
+	}
+}
+
+// unboundGPU is a plugin run with one NVIDIA function found by a selector
+// that names no driver, in a tree made here, its kernel events from
+// fakeUevents.
+type unboundGPU struct {
+	r       *running
+	ev      *fakeUevents
+	driver  string // the function's driver link
+	devpath string
+}
+
+func startGPU(tb testing.TB) *unboundGPU {
+	tb.Helper()
+	testutil.NeedMknod(tb)
+	ev := useFakeUevents(tb)
+	d := newDirs(tb)
+	s := newSysTree(tb)
+	fn := s.function("pci0000:00", "0000:01:00.0", "10de", "2330", "030200", "nvidia", 0)
+	s.write(filepath.Join(s.proc, "driver", "nvidia", "gpus", "0000:01:00.0", "information"), "Model: \t H100\nDevice Minor: \t 0")
+	testutil.Mknod(tb, filepath.Join(d.dev, "nvidia0"), 195, 0)
+	// forgetAfter 1h: the source's one timer (the forget ticker, every
+	// minute) cannot be what delivers a change in a test that ends sooner.
+	cfg := writeConfig(tb, `
+resources:
+- name: example.com/gpu
+  idPrefix: gpu
+  pci: {vendor: "10de"}
+  forgetAfter: 1h
+`)
+	r := startRun(tb, d, []string{"--config", cfg, "--sys-root", s.sys, "--proc-root", s.proc}, map[string]string{"NODE_NAME": "n1"})
+	if _, err := r.wait(5*time.Second, func(u kubeletsim.Update) bool { return u.Healthy() == 1 }); err != nil {
+		tb.Fatalf("one healthy GPU: %v\n%s", err, r.stderr.String())
+	}
+	select {
+	case <-ev.opened:
+	case <-time.After(5 * time.Second):
+		tb.Fatal("the resource did not open its kernel events")
+	}
+	return &unboundGPU{r: r, ev: ev, driver: filepath.Join(fn, "driver"), devpath: "/devices/pci0000:00/0000:01:00.0"}
+}
+
+// unbind and bind change the function in the tree as the kernel does
+// (its driver link; the NVIDIA driver's nodes stay, so no node changes).
+func (g *unboundGPU) unbind(tb testing.TB) {
+	tb.Helper()
+	if err := os.Remove(g.driver); err != nil {
+		tb.Fatal(err)
+	}
+}
+
+func (g *unboundGPU) bind(tb testing.TB) {
+	tb.Helper()
+	if err := os.Symlink("../../../bus/pci/drivers/nvidia", g.driver); err != nil {
+		tb.Fatal(err)
+	}
+}
+
+// TestUeventToListAndWatch (issue 20): a function unbound in a sysfs tree
+// changes no node, so only its kernel event tells: injected through the
+// uevent seam, it makes the kubelet stand-in's ListAndWatch stream report
+// the device Unhealthy, and the bind event Healthy again. No timer
+// delivers either: the directory watch sees no change (the nodes stay),
+// and the source's only timer, the forget ticker, runs every minute with
+// forgetAfter 1h, past the end of this test (checked at its end).
+func TestUeventToListAndWatch(t *testing.T) {
+	start := time.Now()
+	g := startGPU(t)
+	for _, c := range []struct {
+		action string
+		change func(testing.TB)
+		health string
+	}{
+		{"unbind", g.unbind, pluginapi.Unhealthy},
+		{"bind", g.bind, pluginapi.Healthy},
+	} {
+		c.change(t)
+		g.ev.send(t, c.action, g.devpath)
+		if _, err := g.r.wait(5*time.Second, func(u kubeletsim.Update) bool { return u.Health("gpu-n1-0") == c.health }); err != nil {
+			t.Fatalf("%s event: %v, want gpu-n1-0 %s\n%s", c.action, err, c.health, g.r.stderr.String())
+		}
+	}
+	if time.Since(start) >= time.Minute {
+		t.Fatal("the test ran as long as the forget ticker's period: a timer may have delivered the change")
+	}
+}
