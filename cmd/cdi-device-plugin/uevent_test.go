@@ -153,3 +153,28 @@ func TestUeventToListAndWatch(t *testing.T) {
 		t.Fatal("the test ran as long as the forget ticker's period: a timer may have delivered the change")
 	}
 }
+
+// BenchmarkUeventToListAndWatch: from a kernel event (through the uevent
+// seam) of a function unbound or bound again to the kubelet stand-in's
+// ListAndWatch update that reports it: the source's rescan of the PCI
+// bus, the spec write, the plugin's update and gRPC.
+func BenchmarkUeventToListAndWatch(b *testing.B) {
+	g := startGPU(b)
+	bound := true
+	for b.Loop() {
+		b.StopTimer()
+		action, health := "unbind", pluginapi.Unhealthy
+		if bound {
+			g.unbind(b)
+		} else {
+			g.bind(b)
+			action, health = "bind", pluginapi.Healthy
+		}
+		bound = !bound
+		b.StartTimer()
+		g.ev.send(b, action, g.devpath)
+		if _, err := g.r.wait(5*time.Second, func(u kubeletsim.Update) bool { return u.Health("gpu-n1-0") == health }); err != nil {
+			b.Fatalf("%s event: %v", action, err)
+		}
+	}
+}
