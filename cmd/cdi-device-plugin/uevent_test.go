@@ -4,6 +4,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -75,7 +76,10 @@ func (f *fakeUevents) send(tb testing.TB, action, devpath string) {
 type unboundGPU struct {
 	r       *running
 	ev      *fakeUevents
-	driver  string // the function's driver link
+	d       dirs
+	s       *sysTree
+	fn      string // the function's directory
+	driver  string // its driver link
 	devpath string
 }
 
@@ -106,7 +110,7 @@ resources:
 	case <-time.After(5 * time.Second):
 		tb.Fatal("the resource did not open its kernel events")
 	}
-	return &unboundGPU{r: r, ev: ev, driver: filepath.Join(fn, "driver"), devpath: "/devices/pci0000:00/0000:01:00.0"}
+	return &unboundGPU{r: r, ev: ev, d: d, s: s, fn: fn, driver: filepath.Join(fn, "driver"), devpath: "/devices/pci0000:00/0000:01:00.0"}
 }
 
 // unbind and bind change the function in the tree as the kernel does
@@ -151,6 +155,45 @@ func TestUeventToListAndWatch(t *testing.T) {
 	}
 	if time.Since(start) >= time.Minute {
 		t.Fatal("the test ran as long as the forget ticker's period: a timer may have delivered the change")
+	}
+}
+
+// TestReboundToVFIO (issue 20): the function rebound from nvidia to
+// vfio-pci (its unbind and bind events) under a selector that names no
+// driver is Unhealthy at once, and the spec keeps its NVIDIA node under
+// its CDI name (no vfio node swapped in); bound back to nvidia: Healthy.
+func TestReboundToVFIO(t *testing.T) {
+	g := startGPU(t)
+	testutil.Mknod(t, filepath.Join(g.d.dev, "vfio", "42"), 243, 0)
+	testutil.Mknod(t, filepath.Join(g.d.dev, "vfio", "vfio"), 10, 196)
+	if err := os.MkdirAll(filepath.Join(g.s.sys, "kernel", "iommu_groups", "42"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	g.s.link(filepath.Join(g.fn, "iommu_group"), "../../../kernel/iommu_groups/42")
+	// Both changes before the events, so that no rescan sees it unbound
+	// (missing) in between.
+	g.unbind(t)
+	g.s.bind(g.fn, "vfio-pci")
+	g.ev.send(t, "unbind", g.devpath)
+	g.ev.send(t, "bind", g.devpath)
+	if _, err := g.r.wait(5*time.Second, func(u kubeletsim.Update) bool { return u.Health("gpu-n1-0") == pluginapi.Unhealthy }); err != nil {
+		t.Fatalf("rebound to vfio-pci: %v\n%s", err, g.r.stderr.String())
+	}
+	if !strings.Contains(g.r.stderr.String(), "cause=identity_changed") {
+		t.Errorf("no identity_changed in the log:\n%s", g.r.stderr.String())
+	}
+	spec, err := os.ReadFile(filepath.Join(g.d.cdi, "k8s.example.com-gpu.json"))
+	if err != nil || !strings.Contains(string(spec), `"path":"/dev/nvidia0"`) || strings.Contains(string(spec), "vfio") {
+		t.Fatalf("the spec of the rebound function: %v\n%s", err, spec)
+	}
+	if err := os.Remove(g.driver); err != nil {
+		t.Fatal(err)
+	}
+	g.bind(t)
+	g.ev.send(t, "unbind", g.devpath)
+	g.ev.send(t, "bind", g.devpath)
+	if _, err := g.r.wait(5*time.Second, func(u kubeletsim.Update) bool { return u.Health("gpu-n1-0") == pluginapi.Healthy }); err != nil {
+		t.Fatalf("bound back to nvidia: %v\n%s", err, g.r.stderr.String())
 	}
 }
 
