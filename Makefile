@@ -103,7 +103,8 @@ unit: helm ## Unit and integration tests with the race detector (needs root for 
 
 test: vet unit ## What CI runs: vet, gofmt, race-enabled tests
 
-# make bench: Go benchmarks, then dp-bench runs our plugin and two peers
+# make bench: Go benchmarks (cmd/cdi-device-plugin's: UeventToListAndWatch,
+# the whole plugin against the kubelet stand-in), then dp-bench runs our plugin and two peers
 # (cmd/dp-bench/peers.sh builds them once into $(BENCH_CACHE)) side by side
 # and writes docs/benchmarks.md. SQUAT_BIN overrides the generic-device-plugin binary.
 BENCH_RUNS  ?= 5
@@ -112,7 +113,7 @@ BENCH_COUNT ?= 5
 BENCH_CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/cdi-device-plugin-bench
 
 bench: build ## Go benchmarks; dp-bench: our plugin and two peers side by side -> docs/benchmarks.md
-	$(GO) test -run '^$$' -bench . -benchtime 300ms -count $(BENCH_COUNT) ./plugin/ ./prestart/ ./cdi/ >$(BIN)/gobench.txt || { cat $(BIN)/gobench.txt; exit 1; }
+	$(GO) test -run '^$$' -bench . -benchtime 300ms -count $(BENCH_COUNT) ./plugin/ ./prestart/ ./cdi/ ./cmd/cdi-device-plugin/ >$(BIN)/gobench.txt || { cat $(BIN)/gobench.txt; exit 1; }
 	cat $(BIN)/gobench.txt
 	@set -e; peers="$$(BENCH_CACHE=$(BENCH_CACHE) cmd/dp-bench/peers.sh)"; \
 	  export PLUGIN_BIN=$(BIN)/cdi-device-plugin; \

@@ -29,6 +29,11 @@ const (
 	// kubelet's PodResources says so): the device plugin must not hand it
 	// to a second pod (a node switched back from DRA).
 	CauseHeldByDRA
+	// CauseIdentityChanged means a device found by its identity is there
+	// with another one than it had (a PCI function rebound to another
+	// driver, or of another vendor or device ID; a USB device of another
+	// vendor, product or serial on its port): it keeps its old nodes.
+	CauseIdentityChanged
 )
 
 var causeNames = [...]string{
@@ -40,11 +45,13 @@ var causeNames = [...]string{
 	CauseNotInSpec:     "no_cdi_spec",
 	CauseYielded:       "yielded",
 	CauseHeldByDRA:     "dra_claim",
+
+	CauseIdentityChanged: "identity_changed",
 }
 
 // Causes are the causes of an unhealthy device, in order.
 func Causes() []Cause {
-	return []Cause{CauseMissing, CauseWrongNode, CauseNodeError, CausePrepareFailed, CauseNotInSpec, CauseYielded, CauseHeldByDRA}
+	return []Cause{CauseMissing, CauseWrongNode, CauseNodeError, CausePrepareFailed, CauseNotInSpec, CauseYielded, CauseHeldByDRA, CauseIdentityChanged}
 }
 
 // String is the cause's label value ("" for CauseNone).

@@ -3,6 +3,7 @@ package device
 import (
 	"context"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -77,6 +78,19 @@ func (s *Source) sharedNodes() []Node {
 	return out
 }
 
+// sharedBeside is shared without the nodes that are d's own or other
+// nodes already (sharedNodes naming /dev/vfio/vfio, which a vfio-pci
+// function has of its own): a node appears once in a device.
+func sharedBeside(shared []Node, d *Device) []Node {
+	mine := func(n Node) bool {
+		return n.HostPath == d.HostPath || slices.ContainsFunc(d.Extra, func(e Node) bool { return e.HostPath == n.HostPath })
+	}
+	if !slices.ContainsFunc(shared, mine) {
+		return shared
+	}
+	return slices.DeleteFunc(slices.Clone(shared), mine)
+}
+
 // absNodes makes the candidate's other nodes absolute on both sides.
 func (s *Source) absNodes(ns []Node) []Node {
 	if len(ns) == 0 {
@@ -90,7 +104,8 @@ func (s *Source) absNodes(ns []Node) []Node {
 }
 
 // scanHost matches the devices found now with those known (a new one gets
-// the next index; a vanished one stays, Unhealthy) and returns them with
+// the next index; a vanished one stays, Unhealthy; one found with another
+// identity than it had stays as it was, Unhealthy) and returns them with
 // their health: a found glob device is healthy; a discovered one when its
 // nodes are what the discovery says.
 func (s *Source) scanHost(snap *Snapshot) *Snapshot {
@@ -99,9 +114,22 @@ func (s *Source) scanHost(snap *Snapshot) *Snapshot {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	changed := false
+	// rebound: known devices found with another identity, by key, with
+	// how it differs. They keep their nodes and count as gone (the way
+	// out of a rebinding on purpose is forgetAfter).
+	var rebound map[string]string
 	for _, k := range keys {
 		c := cands[k]
 		d, ok := s.known[k]
+		if ok {
+			if why := identityChange(d.Identity, c.identity); why != "" {
+				if rebound == nil {
+					rebound = map[string]string{}
+				}
+				rebound[k] = why
+				continue
+			}
+		}
 		if !ok {
 			suffix := c.suffix
 			if suffix == "" {
@@ -130,8 +158,10 @@ func (s *Source) scanHost(snap *Snapshot) *Snapshot {
 	snap.Devices = make([]Device, 0, len(s.known))
 	now := time.Now()
 	for k, d := range s.known {
-		d.Shared = shared
+		d.Shared = sharedBeside(shared, &d)
 		_, found := cands[k]
+		why, wrong := rebound[k]
+		found = found && !wrong
 		switch {
 		case found || cands == nil:
 			delete(s.goneSince, k)
@@ -142,6 +172,8 @@ func (s *Source) scanHost(snap *Snapshot) *Snapshot {
 		case cands == nil:
 			// The discovery failed: health as the disk says.
 			d.SetProblem(s.nodesStatus(d))
+		case wrong:
+			d.SetProblem(Problem{Cause: CauseIdentityChanged, Message: why})
 		case !found:
 			d.SetProblem(Problem{Cause: CauseMissing})
 		default:

@@ -323,3 +323,200 @@ func TestUnhealthyAtStartSaid(t *testing.T) {
 		t.Fatalf("said %q, want one line naming both missing nodes", lines)
 	}
 }
+
+// vfio is gpu's function rebound to vfio-pci: its node the IOMMU group's.
+func vfio(f Found, group string) Found {
+	f.Node = Node{HostPath: "vfio/" + group, Type: Char, Major: 511, Minor: 0}
+	f.Identity.PCIDriver, f.Identity.IOMMUGroup = "vfio-pci", group
+	return f
+}
+
+// TestIdentityChanged (issue 20): a known device found again under its
+// key with another identity (a function rebound from nvidia to vfio-pci
+// by a selector that names no driver; another vendor or device ID; a USB
+// device of another product or serial on the same port) is Unhealthy
+// (identity_changed) and keeps the nodes it had, also across a restart
+// (the registry records the identity); it is Healthy again when the
+// identity is back. A registry of an earlier version, with no identity,
+// takes the first one found.
+func TestIdentityChanged(t *testing.T) {
+	fn := useFakeNodes(t)
+	root, state := t.TempDir(), t.TempDir()
+	fn.make(t, filepath.Join(root, "nvidia0"), 195, 0)
+	fn.make(t, filepath.Join(root, "vfio", "42"), 511, 0)
+	fd := &fakeDiscovery{}
+	nv := gpu("0000:01:00.0", 0, 0)
+	fd.set(nv)
+	opts := Options{DevRoot: root, IDPrefix: "gpu", Discover: fd.discover, DiscoverKind: "pci", Registry: filepath.Join(state, "registry.json")}
+	src, err := NewSource(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if snap, err := src.Prepare(); err != nil || snap.Healthy() != 1 {
+		t.Fatalf("prepare: %v %+v", err, snap)
+	}
+	changed := func(src *Source, what string, wants ...string) {
+		t.Helper()
+		d := src.Snapshot().Devices
+		if len(d) != 1 || d[0].Healthy || d[0].Problem.Cause != CauseIdentityChanged {
+			t.Fatalf("%s: %+v, want one device Unhealthy for %s", what, d, CauseIdentityChanged)
+		}
+		if d[0].HostPath != filepath.Join(root, "nvidia0") || d[0].Name != "gpu-0" || d[0].Identity.PCIDriver != "nvidia" {
+			t.Fatalf("%s: the device's nodes or identity were swapped: %+v", what, d[0])
+		}
+		for _, w := range wants {
+			if !strings.Contains(d[0].Problem.Message, w) {
+				t.Errorf("%s: problem %q does not say %q", what, d[0].Problem, w)
+			}
+		}
+	}
+	fd.set(vfio(nv, "42"))
+	src.Refresh()
+	changed(src, "rebound to vfio-pci", "driver", "nvidia", "vfio-pci")
+
+	// A restart while it is rebound: still the old device, Unhealthy.
+	src2, err := NewSource(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := src2.Prepare(); err != nil {
+		t.Fatal(err)
+	}
+	changed(src2, "rebound, after a restart", "driver")
+
+	// Another device ID on the same address.
+	other := nv
+	other.Identity.PCIDevice = "2335"
+	fd.set(other)
+	src2.Refresh()
+	changed(src2, "another device ID", "device", "2330", "2335")
+
+	// Back with the same identity: Healthy, the same device.
+	fd.set(nv)
+	src2.Refresh()
+	if d := src2.Snapshot().Devices; len(d) != 1 || !d[0].Healthy || d[0].Name != "gpu-0" {
+		t.Fatalf("identity back: %+v", d)
+	}
+
+	// A registry of an earlier version has no identity: the first found is
+	// taken, and a later change is one.
+	reg := `{"version": 1, "devices": [{"path": "pci/0000:01:00.0", "id": "gpu-0", "index": 0, "type": "c", "major": 195, "minor": 0, "node": "nvidia0"}]}`
+	if err := os.WriteFile(opts.Registry, []byte(reg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	fd.set(vfio(nv, "42"))
+	src3, err := NewSource(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if snap, err := src3.Prepare(); err != nil || snap.Healthy() != 1 || snap.Devices[0].Identity.PCIDriver != "vfio-pci" {
+		t.Fatalf("an old registry takes what is found first: %v %+v", err, snap)
+	}
+	fd.set(nv)
+	src3.Refresh()
+	if d := src3.Snapshot().Devices; len(d) != 1 || d[0].Problem.Cause != CauseIdentityChanged || d[0].HostPath != filepath.Join(root, "vfio", "42") {
+		t.Fatalf("rebound after an old registry's identity was taken: %+v", d)
+	}
+}
+
+// TestUSBIdentityChanged: a USB device without serial is keyed by its
+// port; another product on that port is not the device the port had.
+func TestUSBIdentityChanged(t *testing.T) {
+	fn := useFakeNodes(t)
+	root := t.TempDir()
+	fn.make(t, filepath.Join(root, "ttyUSB0"), 188, 0)
+	usb := func(product string) Found {
+		return Found{Key: "port:1-2", Node: Node{HostPath: "ttyUSB0", Type: Char, Major: 188, Minor: 0}, NUMANode: NoNUMA,
+			Identity: Identity{USBBus: 1, USBDevice: 4, USBVendor: "0403", USBProduct: product}}
+	}
+	fd := &fakeDiscovery{}
+	fd.set(usb("6001"))
+	src, err := NewSource(Options{DevRoot: root, IDPrefix: "ser", Discover: fd.discover, DiscoverKind: "usb"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if snap, err := src.Prepare(); err != nil || snap.Healthy() != 1 {
+		t.Fatalf("prepare: %v %+v", err, snap)
+	}
+	fd.set(usb("6015"))
+	src.Refresh()
+	if d := src.Snapshot().Devices; len(d) != 1 || d[0].Problem.Cause != CauseIdentityChanged || d[0].Identity.USBProduct != "6001" ||
+		!strings.Contains(d[0].Problem.Message, "6015") {
+		t.Fatalf("another product on the port: %+v", d)
+	}
+	// Plugged in again (another device number): the same device, Healthy.
+	back := usb("6001")
+	back.Identity.USBDevice = 5
+	fd.set(back)
+	src.Refresh()
+	if d := src.Snapshot().Devices; len(d) != 1 || !d[0].Healthy || d[0].Identity.USBDevice != 5 {
+		t.Fatalf("back: %+v", d)
+	}
+}
+
+// TestRebindOnPurpose (issue 20): the way out for an operator who rebinds
+// a function on purpose: after forgetAfter, a rebound device that no
+// container holds is forgotten, and found again as a new device (the next
+// index) with its new nodes.
+func TestRebindOnPurpose(t *testing.T) {
+	fn := useFakeNodes(t)
+	root := t.TempDir()
+	fn.make(t, filepath.Join(root, "nvidia0"), 195, 0)
+	fn.make(t, filepath.Join(root, "vfio", "42"), 511, 0)
+	fd := &fakeDiscovery{}
+	nv := gpu("0000:01:00.0", 0, 0)
+	fd.set(nv)
+	src, err := NewSource(Options{DevRoot: root, IDPrefix: "gpu", Discover: fd.discover, DiscoverKind: "pci",
+		ForgetAfter: 30 * time.Millisecond, Holders: func(context.Context) ([]string, error) { return nil, nil }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := src.Prepare(); err != nil {
+		t.Fatal(err)
+	}
+	out := runSource(t, src)
+	fd.set(vfio(nv, "42"))
+	src.Refresh()
+	waitSnap(t, src, out, 2*time.Second, "forgotten, found again as a new device", func(s *Snapshot) bool {
+		return len(s.Devices) == 1 && s.Devices[0].Name == "gpu-1" && s.Devices[0].Healthy && s.Devices[0].HostPath == filepath.Join(root, "vfio", "42")
+	})
+}
+
+// TestVFIOContainerNode (issue 20): a function bound to vfio-pci has the
+// shared /dev/vfio/vfio among its own nodes (the discovery gives it): once
+// in the device even when sharedNodes names it too, and a device without
+// it is Unhealthy (missing), as for any of its nodes.
+func TestVFIOContainerNode(t *testing.T) {
+	fn := useFakeNodes(t)
+	root := t.TempDir()
+	fn.make(t, filepath.Join(root, "vfio", "42"), 511, 0)
+	fn.make(t, filepath.Join(root, "vfio", "vfio"), 10, 196)
+	fd := &fakeDiscovery{}
+	f := vfio(gpu("0000:3b:00.2", 0, 0), "42")
+	f.Extra = []Node{{HostPath: "vfio/vfio", Type: Char}}
+	fd.set(f)
+	src, err := NewSource(Options{DevRoot: root, IDPrefix: "vf", Discover: fd.discover, DiscoverKind: "pci", SharedNodes: []string{"vfio/vfio"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	snap, err := src.Prepare()
+	if err != nil || snap.Healthy() != 1 {
+		t.Fatalf("prepare: %v %+v", err, snap)
+	}
+	var paths []string
+	for _, n := range snap.Devices[0].AllNodes() {
+		paths = append(paths, n.ContainerPath)
+	}
+	if want := []string{"/dev/vfio/42", "/dev/vfio/vfio"}; strings.Join(paths, " ") != strings.Join(want, " ") {
+		t.Fatalf("nodes %q, want %q (vfio/vfio once)", paths, want)
+	}
+	if n := snap.Devices[0].Extra; len(n) != 1 || n[0].Major != 10 || n[0].Minor != 196 {
+		t.Fatalf("vfio/vfio's numbers are read from the node: %+v", n)
+	}
+	if err := os.Remove(filepath.Join(root, "vfio", "vfio")); err != nil {
+		t.Fatal(err)
+	}
+	if d := src.Refresh().Devices[0]; d.Healthy || d.Problem.Cause != CauseMissing || !strings.Contains(d.Problem.Message, "vfio/vfio") {
+		t.Fatalf("without /dev/vfio/vfio: %+v %s", d, d.Problem)
+	}
+}

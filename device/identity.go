@@ -3,6 +3,7 @@ package device
 import (
 	"slices"
 	"strconv"
+	"strings"
 )
 
 // Node is one device node of a device.
@@ -69,4 +70,57 @@ func SameDevice(a, b Device) bool {
 	return a.Name == b.Name && a.Index == b.Index && a.HostPath == b.HostPath && a.ContainerPath == b.ContainerPath &&
 		a.Type == b.Type && a.Major == b.Major && a.Minor == b.Minor && a.NUMANode == b.NUMANode &&
 		a.Identity == b.Identity && slices.Equal(a.Extra, b.Extra) && slices.Equal(a.Shared, b.Shared)
+}
+
+// recordedIdentity is what must stay the same for a device found by its
+// identity to be the device it was (the registry keeps it): for PCI the
+// vendor and device IDs and the bound driver; for USB the vendor, product
+// and serial. Not its key (address, port), the numbers a replug changes
+// (USB bus and device), nor the class or IOMMU group.
+type recordedIdentity struct {
+	PCIVendor  string `json:"pciVendor,omitempty"`
+	PCIDevice  string `json:"pciDevice,omitempty"`
+	PCIDriver  string `json:"pciDriver,omitempty"`
+	USBVendor  string `json:"usbVendor,omitempty"`
+	USBProduct string `json:"usbProduct,omitempty"`
+	USBSerial  string `json:"usbSerial,omitempty"`
+}
+
+func (id Identity) recorded() recordedIdentity {
+	return recordedIdentity{PCIVendor: id.PCIVendor, PCIDevice: id.PCIDevice, PCIDriver: id.PCIDriver,
+		USBVendor: id.USBVendor, USBProduct: id.USBProduct, USBSerial: id.USBSerial}
+}
+
+// set puts r into id.
+func (r recordedIdentity) set(id *Identity) {
+	id.PCIVendor, id.PCIDevice, id.PCIDriver = r.PCIVendor, r.PCIDevice, r.PCIDriver
+	id.USBVendor, id.USBProduct, id.USBSerial = r.USBVendor, r.USBProduct, r.USBSerial
+}
+
+// identityChange says how now differs from the identity was of a known
+// device, field by field ("driver nvidia, now vfio-pci"); "" when it does
+// not, or when nothing was recorded (a glob device; an entry of a registry
+// written before identities were kept: the first found is taken).
+func identityChange(was, now Identity) string {
+	w, n := was.recorded(), now.recorded()
+	if w == (recordedIdentity{}) || w == n {
+		return ""
+	}
+	var parts []string
+	for _, f := range []struct{ name, was, now string }{
+		{"PCI vendor", w.PCIVendor, n.PCIVendor}, {"PCI device", w.PCIDevice, n.PCIDevice}, {"driver", w.PCIDriver, n.PCIDriver},
+		{"USB vendor", w.USBVendor, n.USBVendor}, {"product", w.USBProduct, n.USBProduct}, {"serial", w.USBSerial, n.USBSerial},
+	} {
+		if f.was != f.now {
+			parts = append(parts, f.name+" "+orNone(f.was)+", now "+orNone(f.now))
+		}
+	}
+	return strings.Join(parts, "; ")
+}
+
+func orNone(s string) string {
+	if s == "" {
+		return "none"
+	}
+	return s
 }

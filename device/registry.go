@@ -38,6 +38,10 @@ type registryEntry struct {
 	// Node is the own node of a discovered device (pci, usb), relative
 	// to the dev root; Path is then its key, "<kind>/<key>".
 	Node string `json:"node,omitempty"`
+	// Identity is what a discovered device must stay (see
+	// recordedIdentity); absent in registries of earlier versions, and
+	// then taken from the first found.
+	Identity *recordedIdentity `json:"identity,omitempty"`
 }
 
 // loadRegistry restores the host devices seen by earlier runs. A missing
@@ -80,10 +84,14 @@ func (s *Source) loadRegistry() error {
 			continue
 		}
 		rel := s.disc.entryNode(e)
-		s.known[e.Path] = Device{
+		d := Device{
 			Name: e.ID, Index: e.Index, HostPath: filepath.Join(s.root, rel), ContainerPath: s.containerPath(e.Index, rel),
 			Type: e.Type, Major: e.Major, Minor: e.Minor, NUMANode: NoNUMA,
 		}
+		if e.Identity != nil {
+			e.Identity.set(&d.Identity)
+		}
+		s.known[e.Path] = d
 	}
 	return nil
 }
@@ -112,6 +120,9 @@ func (s *Source) saveRegistry() {
 	f := registryFile{Version: RegistryVersion, Devices: make([]registryEntry, 0, len(s.known))}
 	for rel, d := range s.known {
 		e := registryEntry{Path: rel, ID: d.Name, Index: d.Index, Type: d.Type, Major: d.Major, Minor: d.Minor, Node: s.disc.node(s, d)}
+		if id := d.Identity.recorded(); id != (recordedIdentity{}) {
+			e.Identity = &id
+		}
 		f.Devices = append(f.Devices, e)
 	}
 	slices.SortFunc(f.Devices, func(a, b registryEntry) int { return a.Index - b.Index })

@@ -35,7 +35,7 @@ func mknod(t *testing.T, d dirs, rel string, major, minor uint32) {
 	testutil.Mknod(t, filepath.Join(d.dev, rel), major, minor)
 }
 
-func writeConfig(t *testing.T, body string) string {
+func writeConfig(t testing.TB, body string) string {
 	t.Helper()
 	p := filepath.Join(t.TempDir(), "config.yaml")
 	if err := os.WriteFile(p, []byte(body), 0o644); err != nil {

@@ -116,6 +116,11 @@ func run(ctx context.Context, args []string, env config.Env, stderr io.Writer) i
 	return 0
 }
 
+// openUevents, when set, opens the kernel's uevents of a resource found by
+// identity in place of its NETLINK_KOBJECT_UEVENT socket (tests inject
+// events through it).
+var openUevents func() (io.ReadCloser, error)
+
 // The log format and level, as config names them (internal/logs).
 var (
 	formatter = logs.Formatter
@@ -247,7 +252,7 @@ func build(cfg *config.Config, i int, writer *cdi.Writer, start int64, log *logr
 		// A device a DRA claim holds (a node switched back from the DRA
 		// driver) is in use: no background re-preparation resets it, and
 		// a vanished one is not forgotten.
-		Holders: guard.Held})
+		Holders: guard.Held, Uevents: openUevents})
 	if err != nil {
 		return nil, err
 	}

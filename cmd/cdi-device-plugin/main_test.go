@@ -28,7 +28,7 @@ import (
 
 type dirs struct{ plugins, cdi, dev, state string }
 
-func newDirs(t *testing.T) dirs {
+func newDirs(t testing.TB) dirs {
 	t.Helper()
 	short, err := os.MkdirTemp("", "dp")
 	if err != nil {
@@ -90,7 +90,7 @@ type running struct {
 	stop    func() int // cancels the run, returns its exit status
 }
 
-func startRun(t *testing.T, d dirs, args []string, env map[string]string) *running {
+func startRun(t testing.TB, d dirs, args []string, env map[string]string) *running {
 	t.Helper()
 	k, err := kubeletsim.Start(d.plugins)
 	if err != nil {

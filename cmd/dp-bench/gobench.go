@@ -90,7 +90,7 @@ func writeGoBench(w io.Writer, bs []GoBench) {
 	if len(bs) == 0 {
 		return
 	}
-	fmt.Fprintf(w, "\n### Go benchmarks\n\nMedian of the runs (`-count`), in-process, no gRPC.\n\n| benchmark | package | time/op | B/op | allocs/op | runs |\n| --- | --- | --- | --- | --- | --- |\n")
+	fmt.Fprintf(w, "\n### Go benchmarks\n\nMedian of the runs (`-count`), in-process; no gRPC but in UeventToListAndWatch (a kernel event through the uevent seam to the kubelet stand-in's ListAndWatch update).\n\n| benchmark | package | time/op | B/op | allocs/op | runs |\n| --- | --- | --- | --- | --- | --- |\n")
 	for _, b := range bs {
 		pkg := b.Package
 		if i := strings.LastIndexByte(pkg, '/'); i >= 0 {

@@ -4,8 +4,8 @@
 // the NUMA node of a device node. It only reads.
 //
 // The nodes of a PCI function, found without configuration:
-//   - bound to vfio-pci: /dev/vfio/<IOMMU group>; /dev/vfio/vfio is shared
-//     by every function (configure it in sharedNodes);
+//   - bound to vfio-pci: /dev/vfio/<IOMMU group>, then /dev/vfio/vfio (the
+//     VFIO container, which every function needs and shares);
 //   - bound to nvidia: /dev/nvidia<Device Minor> (char 195), the minor from
 //     <procRoot>/driver/nvidia/gpus/<address>/information: the NVIDIA
 //     driver registers its nodes in /proc/devices only, nowhere in sysfs;
@@ -26,8 +26,12 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
+
+	"github.com/sirupsen/logrus"
 
 	"github.com/cdi-device-plugin/cdi-device-plugin/device"
+	"github.com/cdi-device-plugin/cdi-device-plugin/internal/logs"
 )
 
 // PCISelector picks PCI functions: Vendor always, the rest when set.
@@ -67,26 +71,84 @@ func (s PCISelector) Match(f PCIFunction) bool {
 	return false
 }
 
-// PCIFunctions reads every PCI function of sysRoot, in address order.
-func PCIFunctions(sysRoot, procRoot string) ([]PCIFunction, error) {
+// Unreadable is a PCI function or USB device that could not be read: it
+// is skipped, the others of its bus are found without it.
+type Unreadable struct {
+	// Name is its address (0000:01:00.0) or port path (1-2); Vendor its
+	// vendor ID when that could be read ("" when not).
+	Name, Vendor string
+	Err          error
+}
+
+func (u *Unreadable) Error() string { return u.Name + ": " + u.Err.Error() }
+func (u *Unreadable) Unwrap() error { return u.Err }
+
+// PCIFunctions reads every PCI function of sysRoot, in address order; a
+// function that cannot be read is skipped and returned in skipped (one
+// that went away meanwhile is not). err: the bus cannot be listed.
+func PCIFunctions(sysRoot, procRoot string) (fns []PCIFunction, skipped []*Unreadable, err error) {
 	dir := filepath.Join(sysRoot, "bus", "pci", "devices")
 	entries, err := os.ReadDir(dir)
 	if errors.Is(err, fs.ErrNotExist) {
-		return nil, nil // no PCI bus
+		return nil, nil, nil // no PCI bus
 	}
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	var out []PCIFunction
 	for _, e := range entries {
-		f, err := readFunction(filepath.Join(dir, e.Name()), e.Name(), procRoot)
+		p := filepath.Join(dir, e.Name())
+		f, err := readFunction(p, e.Name(), procRoot)
 		if err != nil {
-			return nil, err
+			if !gone(p) {
+				skipped = append(skipped, &Unreadable{Name: e.Name(), Vendor: f.Vendor, Err: err})
+			}
+			continue
 		}
-		out = append(out, f)
+		fns = append(fns, f)
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Address < out[j].Address })
-	return out, nil
+	sort.Slice(fns, func(i, j int) bool { return fns[i].Address < fns[j].Address })
+	return fns, skipped, nil
+}
+
+// gone reports whether the device at p (its bus link) is no more.
+func gone(p string) bool {
+	_, err := os.Stat(p)
+	return errors.Is(err, fs.ErrNotExist)
+}
+
+// sayOnce warns of each unreadable device of a discovery once while it
+// stays unreadable (not on every rescan), again if it breaks again after
+// it was read.
+type sayOnce struct {
+	mu   sync.Mutex
+	log  *logrus.Entry
+	bus  string // the log field that names the device: pci, usb
+	said map[string]bool
+}
+
+func newSayOnce(log *logrus.Entry, bus string) *sayOnce {
+	if log == nil {
+		log = logs.Discard()
+	}
+	return &sayOnce{log: log, bus: bus, said: map[string]bool{}}
+}
+
+// skipped says those of skipped not said yet whose vendor, when read, is
+// vendor (another vendor's are no device of the resource).
+func (s *sayOnce) skipped(skipped []*Unreadable, vendor string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := make(map[string]bool, len(skipped))
+	for _, u := range skipped {
+		if u.Vendor != "" && u.Vendor != vendor {
+			continue
+		}
+		now[u.Name] = true
+		if !s.said[u.Name] {
+			s.log.WithField(s.bus, u.Name).WithError(u.Err).Warn("skipping a device that cannot be read; the others are found")
+		}
+	}
+	s.said = now
 }
 
 // readFunction reads the function at p (its bus/pci/devices link).
@@ -109,7 +171,7 @@ func readFunction(p, addr, procRoot string) (PCIFunction, error) {
 	case "vfio-pci":
 		if f.IOMMUGroup != "" {
 			if n, ok := vfioNode(f.IOMMUGroup); ok {
-				f.Nodes = append(f.Nodes, n)
+				f.Nodes = append(f.Nodes, n, vfioContainer)
 			}
 		}
 	case "nvidia":
@@ -175,6 +237,10 @@ func vfioNode(g string) (device.Node, bool) {
 	}
 	return device.Node{HostPath: "vfio/" + g, Type: device.Char}, true
 }
+
+// vfioContainer is /dev/vfio/vfio, the VFIO container every vfio-pci
+// function needs beside its group's node (numbers read from the node).
+var vfioContainer = device.Node{HostPath: "vfio/vfio", Type: device.Char}
 
 // nvidiaMajor is the NVIDIA driver's character major (/proc/devices).
 const nvidiaMajor = 195
@@ -305,12 +371,16 @@ func NUMAOfNode(sysRoot string, t device.NodeType, major, minor uint32) int {
 // functions sel picks (device.Options.Discover): each function is a
 // device keyed by its address, its first node its own, the others extra.
 // A function with no node is skipped (nothing to give a container).
-func Discover(sysRoot, procRoot string, sel PCISelector) func() ([]device.Found, error) {
+// A function that cannot be read is skipped with a warning on log (nil:
+// none) that names it, said once while it stays so.
+func Discover(sysRoot, procRoot string, sel PCISelector, log *logrus.Entry) func() ([]device.Found, error) {
+	say := newSayOnce(log, "pci")
 	return func() ([]device.Found, error) {
-		fns, err := PCIFunctions(sysRoot, procRoot)
+		fns, skipped, err := PCIFunctions(sysRoot, procRoot)
 		if err != nil {
 			return nil, err
 		}
+		say.skipped(skipped, sel.Vendor)
 		var out []device.Found
 		for _, f := range fns {
 			if !sel.Match(f) || len(f.Nodes) == 0 {

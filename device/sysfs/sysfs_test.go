@@ -1,10 +1,15 @@
 package sysfs
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
+
+	"github.com/sirupsen/logrus"
+	"github.com/sirupsen/logrus/hooks/test"
 
 	"github.com/cdi-device-plugin/cdi-device-plugin/device"
 )
@@ -15,14 +20,14 @@ const fixture = "testdata/nvidia-h100-vm"
 
 func TestFixtureH100(t *testing.T) {
 	sys, proc := filepath.Join(fixture, "sys"), filepath.Join(fixture, "proc")
-	fns, err := PCIFunctions(sys, proc)
-	if err != nil {
-		t.Fatal(err)
+	fns, skipped, err := PCIFunctions(sys, proc)
+	if err != nil || len(skipped) != 0 {
+		t.Fatal(err, skipped)
 	}
 	if len(fns) != 7 {
 		t.Fatalf("%d functions, want the fixture's 7: %+v", len(fns), fns)
 	}
-	found, err := Discover(sys, proc, PCISelector{Vendor: "10de"})()
+	found, err := Discover(sys, proc, PCISelector{Vendor: "10de"}, nil)()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -52,7 +57,7 @@ func TestFixtureH100(t *testing.T) {
 		{"virtio (no nodes)", PCISelector{Vendor: "1af4"}, 0},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			found, err := Discover(sys, proc, c.sel)()
+			found, err := Discover(sys, proc, c.sel, nil)()
 			if err != nil || len(found) != c.n {
 				t.Fatalf("found %d (%v), want %d", len(found), err, c.n)
 			}
@@ -150,7 +155,8 @@ func TestMadeTrees(t *testing.T) {
 			{Key: "0000:81:00.0", Node: device.Node{HostPath: "nvidia1", Type: device.Char, Major: 195, Minor: 1}, NUMANode: 1},
 		}},
 		{"vfio-pci", PCISelector{Vendor: "8086", Driver: "vfio-pci"}, []device.Found{
-			{Key: "0000:3b:00.2", Node: device.Node{HostPath: "vfio/42", Type: device.Char}, NUMANode: 0},
+			{Key: "0000:3b:00.2", Node: device.Node{HostPath: "vfio/42", Type: device.Char},
+				Extra: []device.Node{{HostPath: "vfio/vfio", Type: device.Char}}, NUMANode: 0},
 		}},
 		{"DRM card and render node", PCISelector{Vendor: "1002", Class: "03"}, []device.Found{
 			{Key: "0000:c1:00.0", Node: device.Node{HostPath: "dri/card1", Type: device.Char, Major: 226, Minor: 1},
@@ -158,7 +164,7 @@ func TestMadeTrees(t *testing.T) {
 		}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			found, err := Discover(sys, proc, c.sel)()
+			found, err := Discover(sys, proc, c.sel, nil)()
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -173,7 +179,7 @@ func TestMadeTrees(t *testing.T) {
 			}
 		})
 	}
-	fns, _ := PCIFunctions(sys, proc)
+	fns, _, _ := PCIFunctions(sys, proc)
 	if len(fns) != 4 || fns[1].Address != "0000:3b:00.2" || fns[1].IOMMUGroup != "42" || fns[1].Driver != "vfio-pci" {
 		t.Errorf("functions in address order, the vfio one second with its group: %+v", fns)
 	}
@@ -195,17 +201,86 @@ func TestMalformed(t *testing.T) {
 	tr := newTree(t)
 	tr.function("pci0000:00", "0000:01:00.0", "10de", "2330", "030200", "nvidia", 0)
 	tr.file(filepath.Join(tr.proc, "driver", "nvidia", "gpus", "0000:01:00.0", "information"), "Device Minor: \t zero\n")
-	if _, err := PCIFunctions(tr.sys, tr.proc); err == nil {
-		t.Error("a Device Minor that is no number: no error")
+	if fns, skipped, err := PCIFunctions(tr.sys, tr.proc); err != nil || len(fns) != 0 || len(skipped) != 1 || skipped[0].Name != "0000:01:00.0" {
+		t.Errorf("a Device Minor that is no number: %+v %v %v", fns, skipped, err)
 	}
 	tr2 := newTree(t)
 	dir := tr2.function("pci0000:00", "0000:01:00.0", "10de", "2330", "030200", "", 0)
 	tr2.file(filepath.Join(dir, "vendor"), "0x10dex\n")
-	if _, err := PCIFunctions(tr2.sys, tr2.proc); err == nil {
-		t.Error("a vendor of 5 digits: no error")
+	if _, skipped, err := PCIFunctions(tr2.sys, tr2.proc); err != nil || len(skipped) != 1 || !strings.Contains(skipped[0].Error(), "0000:01:00.0") {
+		t.Errorf("a vendor of 5 digits: %v %v", skipped, err)
 	}
-	if fns, err := PCIFunctions(filepath.Join(t.TempDir(), "none"), ""); err != nil || len(fns) != 0 {
+	if fns, _, err := PCIFunctions(filepath.Join(t.TempDir(), "none"), ""); err != nil || len(fns) != 0 {
 		t.Errorf("no PCI bus: %v %v", fns, err)
+	}
+}
+
+// TestUnreadableSkipped (issue 20): a PCI function or USB device that
+// cannot be read does not hold back the others of its bus: it is skipped
+// with a warning that names it, said once while it stays so (not on every
+// rescan), again if it breaks again after it was read; one whose vendor
+// says it is not the selector's is skipped quietly.
+func TestUnreadableSkipped(t *testing.T) {
+	tr := newTree(t)
+	tr.function("pci0000:00", "0000:01:00.0", "10de", "2330", "030200", "nvidia", 0)
+	tr.file(filepath.Join(tr.proc, "driver", "nvidia", "gpus", "0000:01:00.0", "information"), "Device Minor: \t 0\n")
+	tr.function("pci0000:00", "0000:02:00.0", "10de", "2330", "030200", "nvidia", 0)
+	bad := filepath.Join(tr.proc, "driver", "nvidia", "gpus", "0000:02:00.0", "information")
+	tr.file(bad, "Device Minor: \t zero\n")
+	other := tr.function("pci0000:00", "0000:03:00.0", "8086", "154c", "020000", "", 0)
+	tr.file(filepath.Join(other, "class"), "0x02\n")
+
+	log, hook := test.NewNullLogger()
+	warned := func() []string {
+		var out []string
+		for _, e := range hook.AllEntries() {
+			if e.Level == logrus.WarnLevel {
+				out = append(out, fmt.Sprint(e.Data["pci"], " ", e.Data[logrus.ErrorKey]))
+			}
+		}
+		return out
+	}
+	discover := Discover(tr.sys, tr.proc, PCISelector{Vendor: "10de"}, logrus.NewEntry(log))
+	for range 2 {
+		found, err := discover()
+		if err != nil || len(found) != 1 || found[0].Key != "0000:01:00.0" {
+			t.Fatalf("found %+v %v, want the readable GPU", found, err)
+		}
+	}
+	if w := warned(); len(w) != 1 || !strings.HasPrefix(w[0], "0000:02:00.0 ") || !strings.Contains(w[0], "zero") {
+		t.Fatalf("warned %q, want once, naming 0000:02:00.0 and why", w)
+	}
+	tr.file(bad, "Device Minor: \t 1\n")
+	if found, err := discover(); err != nil || len(found) != 2 {
+		t.Fatalf("readable again: %+v %v", found, err)
+	}
+	tr.file(bad, "Device Minor: \t zero\n")
+	_, _ = discover()
+	if w := warned(); len(w) != 2 {
+		t.Fatalf("warned %q, want again once broken again", w)
+	}
+
+	// USB: an adapter whose product cannot be read beside one that can.
+	utr := newTree(t)
+	for i, product := range []string{"6001", "60x1"} {
+		name := "1-" + itoa(i+1)
+		d := filepath.Join(utr.sys, "devices", "pci0000:00", "0000:00:14.0", "usb1", name)
+		for k, v := range map[string]string{"busnum": "1", "devnum": itoa(i + 2), "idVendor": "0403", "idProduct": product,
+			"dev": "189:" + itoa(i+2), "uevent": "DEVNAME=bus/usb/001/00" + itoa(i+2)} {
+			utr.file(filepath.Join(d, k), v+"\n")
+		}
+		utr.link(filepath.Join(utr.sys, "bus", "usb", "devices", name), "../../../devices/pci0000:00/0000:00:14.0/usb1/"+name)
+	}
+	hook.Reset()
+	discoverUSB := DiscoverUSB(utr.sys, USBSelector{Vendor: "0403"}, logrus.NewEntry(log))
+	for range 2 {
+		found, err := discoverUSB()
+		if err != nil || len(found) != 1 || found[0].Key != "port:1-1" {
+			t.Fatalf("USB found %+v %v, want the readable adapter", found, err)
+		}
+	}
+	if n := len(hook.AllEntries()); n != 1 || hook.LastEntry().Data["usb"] != "1-2" {
+		t.Fatalf("USB warned %d times (%+v), want once naming 1-2", n, hook.LastEntry())
 	}
 }
 
@@ -235,14 +310,14 @@ func TestUSB(t *testing.T) {
 	_ = os.MkdirAll(filepath.Join(tr.sys, "bus", "usb", "devices"), 0o755)
 	tr.link(filepath.Join(tr.sys, "bus", "usb", "devices", "1-1.2:1.0"), "../../../devices/pci0000:00/0000:00:14.0/usb1/1-1/1-1.2/1-1.2:1.0")
 
-	devs, err := USBDevices(tr.sys)
+	devs, _, err := USBDevices(tr.sys)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(devs) != 3 {
 		t.Fatalf("%d devices, want the root hub, the hub and the adapter (no interface): %+v", len(devs), devs)
 	}
-	found, err := DiscoverUSB(tr.sys, USBSelector{Vendor: "0403", Product: "6001"})()
+	found, err := DiscoverUSB(tr.sys, USBSelector{Vendor: "0403", Product: "6001"}, nil)()
 	if err != nil || len(found) != 1 {
 		t.Fatalf("found %+v %v", found, err)
 	}
@@ -255,11 +330,11 @@ func TestUSB(t *testing.T) {
 		t.Fatalf("identity %+v", id)
 	}
 	// The hub's nodes are its own, not its child's.
-	hubs, _ := DiscoverUSB(tr.sys, USBSelector{Vendor: "05e3"})()
+	hubs, _ := DiscoverUSB(tr.sys, USBSelector{Vendor: "05e3"}, nil)()
 	if len(hubs) != 1 || hubs[0].Node.HostPath != "bus/usb/001/002" || len(hubs[0].Extra) != 0 {
 		t.Fatalf("hub %+v", hubs)
 	}
-	if other, _ := DiscoverUSB(tr.sys, USBSelector{Vendor: "0403", Serial: "B20"})(); len(other) != 0 {
+	if other, _ := DiscoverUSB(tr.sys, USBSelector{Vendor: "0403", Serial: "B20"}, nil)(); len(other) != 0 {
 		t.Fatalf("another serial matched: %+v", other)
 	}
 }

@@ -140,3 +140,16 @@ func KernelEvents(subsystems ...string) func(ctx context.Context, changed func()
 		return l.Close, nil
 	}
 }
+
+// KernelEventsFrom is KernelEvents reading the kernel-shaped messages
+// from the reader open returns instead of the kernel's socket (tests: one
+// end of a socket pair).
+func KernelEventsFrom(open func() (io.ReadCloser, error), subsystems ...string) func(ctx context.Context, changed func()) (func(), error) {
+	return func(ctx context.Context, changed func()) (func(), error) {
+		r, err := open()
+		if err != nil {
+			return nil, err
+		}
+		return NewListener(ctx, r, func(Uevent) { changed() }, subsystems...).Close, nil
+	}
+}

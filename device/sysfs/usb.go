@@ -10,6 +10,8 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/sirupsen/logrus"
+
 	"github.com/cdi-device-plugin/cdi-device-plugin/device"
 )
 
@@ -38,32 +40,37 @@ func (s USBSelector) Match(d USBDevice) bool {
 	return d.Vendor == s.Vendor && (s.Product == "" || d.Product == s.Product) && (s.Serial == "" || d.Serial == s.Serial)
 }
 
-// USBDevices reads every USB device (not interface) of sysRoot, by name.
-func USBDevices(sysRoot string) ([]USBDevice, error) {
+// USBDevices reads every USB device (not interface) of sysRoot, by name;
+// a device that cannot be read is skipped and returned in skipped (one
+// that went away meanwhile is not). err: the bus cannot be listed.
+func USBDevices(sysRoot string) (devs []USBDevice, skipped []*Unreadable, err error) {
 	dir := filepath.Join(sysRoot, "bus", "usb", "devices")
 	entries, err := os.ReadDir(dir)
 	if errors.Is(err, fs.ErrNotExist) {
-		return nil, nil // no USB bus
+		return nil, nil, nil // no USB bus
 	}
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	var out []USBDevice
 	for _, e := range entries {
 		name := e.Name()
 		if strings.Contains(name, ":") {
 			continue // an interface (1-1:1.0)
 		}
-		d, ok, err := readUSB(sysRoot, filepath.Join(dir, name), name)
+		p := filepath.Join(dir, name)
+		d, ok, err := readUSB(sysRoot, p, name)
 		if err != nil {
-			return nil, err
+			if !gone(p) {
+				skipped = append(skipped, &Unreadable{Name: name, Vendor: d.Vendor, Err: err})
+			}
+			continue
 		}
 		if ok {
-			out = append(out, d)
+			devs = append(devs, d)
 		}
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
-	return out, nil
+	sort.Slice(devs, func(i, j int) bool { return devs[i].Name < devs[j].Name })
+	return devs, skipped, nil
 }
 
 // readUSB reads the device at p; false for an entry that is no device
@@ -148,13 +155,17 @@ func usbKey(d USBDevice) string {
 }
 
 // DiscoverUSB returns the discovery of a resource whose devices are the
-// USB devices sel picks (device.Options.Discover).
-func DiscoverUSB(sysRoot string, sel USBSelector) func() ([]device.Found, error) {
+// USB devices sel picks (device.Options.Discover). A device that cannot
+// be read is skipped with a warning on log (nil: none) that names it, said
+// once while it stays so.
+func DiscoverUSB(sysRoot string, sel USBSelector, log *logrus.Entry) func() ([]device.Found, error) {
+	say := newSayOnce(log, "usb")
 	return func() ([]device.Found, error) {
-		devs, err := USBDevices(sysRoot)
+		devs, skipped, err := USBDevices(sysRoot)
 		if err != nil {
 			return nil, err
 		}
+		say.skipped(skipped, sel.Vendor)
 		var out []device.Found
 		for _, d := range devs {
 			if !sel.Match(d) || len(d.Nodes) == 0 {

@@ -12,6 +12,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -43,6 +44,10 @@ type Options struct {
 	// background recovery spares them, and a vanished host device held so
 	// is not forgotten.
 	Holders func(ctx context.Context) ([]string, error)
+	// Uevents, when set, opens the kernel's uevents of a resource found by
+	// identity (pci, usb) in place of the NETLINK_KOBJECT_UEVENT socket:
+	// a reader of kernel-shaped messages (tests).
+	Uevents func() (io.ReadCloser, error)
 }
 
 // Resource is one configured resource, built.
@@ -110,12 +115,12 @@ func Build(cfg *config.Config, i int, o Options) (*Resource, error) {
 		switch rc.Discovery() {
 		case config.DiscoverPCI:
 			sel := sysfs.PCISelector{Vendor: rc.PCI.Vendor, Device: rc.PCI.Device, Class: rc.PCI.Class, Driver: rc.PCI.Driver}
-			opts.Discover, opts.DiscoverKind = sysfs.Discover(cfg.SysRoot, cfg.ProcRoot, sel), string(config.DiscoverPCI)
-			opts.KernelEvents = sysfs.KernelEvents("pci")
+			opts.Discover, opts.DiscoverKind = sysfs.Discover(cfg.SysRoot, cfg.ProcRoot, sel, log), string(config.DiscoverPCI)
+			opts.KernelEvents = kernelEvents(o.Uevents, "pci")
 		case config.DiscoverUSB:
 			sel := sysfs.USBSelector{Vendor: rc.USB.Vendor, Product: rc.USB.Product, Serial: rc.USB.Serial}
-			opts.Discover, opts.DiscoverKind = sysfs.DiscoverUSB(cfg.SysRoot, sel), string(config.DiscoverUSB)
-			opts.KernelEvents = sysfs.KernelEvents("usb")
+			opts.Discover, opts.DiscoverKind = sysfs.DiscoverUSB(cfg.SysRoot, sel, log), string(config.DiscoverUSB)
+			opts.KernelEvents = kernelEvents(o.Uevents, "usb")
 		default:
 			opts.HostGlobs = rc.HostGlobs
 			sysRoot := cfg.SysRoot
@@ -146,6 +151,15 @@ func Build(cfg *config.Config, i int, o Options) (*Resource, error) {
 		Spec:     StateSpec{Spec: o.Writer.Spec(specRes), runner: runner},
 		registry: opts.Registry, podResources: cfg.PodResourcesSocket,
 	}, nil
+}
+
+// kernelEvents are the kernel events of subsystem: from open when set,
+// else the kernel's socket.
+func kernelEvents(open func() (io.ReadCloser, error), subsystem string) func(context.Context, func()) (func(), error) {
+	if open != nil {
+		return sysfs.KernelEventsFrom(open, subsystem)
+	}
+	return sysfs.KernelEvents(subsystem)
 }
 
 // Prepare creates the simulated nodes (or finds the host devices), gives
