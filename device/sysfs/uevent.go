@@ -63,8 +63,9 @@ type Listener struct {
 
 // Listen opens a NETLINK_KOBJECT_UEVENT socket bound to the kernel's
 // multicast group and calls handle, from its one reader goroutine, with
-// the events of subsystems (all when none). It needs the host's network
-// namespace (the kernel sends them there), no privilege.
+// the events of subsystems (all when none). It needs no privilege, and no
+// particular network namespace: the kernel (4.18 and later) sends them to
+// every one owned by the initial user namespace.
 func Listen(ctx context.Context, handle func(Uevent), subsystems ...string) (*Listener, error) {
 	fd, err := unix.Socket(unix.AF_NETLINK, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC|unix.SOCK_NONBLOCK, unix.NETLINK_KOBJECT_UEVENT)
 	if err != nil {

@@ -2,7 +2,11 @@ package sysfs
 
 import (
 	"context"
+	"fmt"
 	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -100,6 +104,69 @@ func TestListenKernel(t *testing.T) {
 	case <-done:
 	case <-time.After(2 * time.Second):
 		t.Fatal("Close did not end the reader")
+	}
+}
+
+// TestListenInOwnNetns: a listener whose socket was made in a network
+// namespace of its own, as a pod's without hostNetwork, receives a real
+// kernel uevent of the pci subsystem (the kernel, 4.18 and later, sends
+// them to every network namespace of the initial user namespace): why the
+// DaemonSet needs no hostNetwork for resources found by identity.
+func TestListenInOwnNetns(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: a network namespace of its own, and a PCI device's uevent file to write")
+	}
+	files, _ := filepath.Glob("/sys/bus/pci/devices/*/uevent")
+	if len(files) == 0 {
+		t.Skip("no PCI device here to send a uevent")
+	}
+	dir, err := filepath.EvalSymlinks(filepath.Dir(files[0]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := strings.TrimPrefix(dir, "/sys")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	got := make(chan Uevent, 64)
+	type opened struct {
+		l   *Listener
+		err error
+	}
+	ch := make(chan opened)
+	go func() {
+		// Never unlocked: the thread, in its own network namespace, ends
+		// with this goroutine. The socket keeps the namespace it was made in.
+		runtime.LockOSThread()
+		if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
+			ch <- opened{err: fmt.Errorf("unshare: %w", err)}
+			return
+		}
+		l, err := Listen(ctx, func(ev Uevent) {
+			select {
+			case got <- ev:
+			default:
+			}
+		}, "pci")
+		ch <- opened{l, err}
+	}()
+	o := <-ch
+	if o.err != nil {
+		t.Skipf("no listener in a network namespace of its own: %v", o.err)
+	}
+	defer o.l.Close()
+	if err := os.WriteFile(files[0], []byte("change"), 0); err != nil {
+		t.Skipf("no uevent sent: %v", err)
+	}
+	deadline := time.After(5 * time.Second)
+	for {
+		select {
+		case ev := <-got:
+			if ev.Action == "change" && ev.DevPath == want {
+				return
+			}
+		case <-deadline:
+			t.Fatalf("no change event of %s reached a listener in its own network namespace", want)
+		}
 	}
 }
 
