@@ -5,6 +5,8 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+
+	"github.com/cdi-device-plugin/cdi-device-plugin/internal/inotify"
 )
 
 // discoverer finds the devices of a resource, one kind per source:
@@ -32,6 +34,22 @@ type discoverer interface {
 type nodeMaker interface {
 	discoverer
 	tempPattern(s *Source) string
+}
+
+// nodePatcher is a discoverer that can answer an event naming one of its
+// nodes by re-checking that device alone (simulated): the source patches
+// its snapshot instead of rescanning every device.
+type nodePatcher interface {
+	discoverer
+	// nodeEvents places a burst of directory events: the positions, in
+	// the snapshot, of the devices whose nodes they name; ok is false when
+	// one may change more than its node (the directory itself, another
+	// directory, an overflow), and every device is rescanned. Entries that
+	// are no node (temp files, other devices) give nothing.
+	nodeEvents(s *Source, evs []inotify.Event) (idx []int, ok bool)
+	// nodeHealth is the health of the nodes of d, a device of the
+	// snapshot, as they are now.
+	nodeHealth(s *Source, d Device) Problem
 }
 
 // finder finds the host devices of a resource (globs, identified); the

@@ -3,15 +3,20 @@ package device
 import (
 	"fmt"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/cdi-device-plugin/cdi-device-plugin/internal/atomicfile"
+	"github.com/cdi-device-plugin/cdi-device-plugin/internal/inotify"
 )
 
 // simulated devices are Count nodes <DevRoot>/<FilePrefix>-<i> that the
 // source makes itself: device i is node i, healthy while that node is
-// there with the configured type and numbers.
+// there with the configured type and numbers. An event naming one node
+// re-checks that device alone (nodePatcher).
 type simulated struct{}
 
 // prepare creates the nodes (idempotently): a correct node is kept, a
@@ -65,6 +70,29 @@ func (simulated) watchDirs(s *Source) []string { return []string{simDir(s)} }
 // nodes.
 func (simulated) tempPattern(s *Source) string {
 	return atomicfile.TempPattern(filepath.Join(s.root, s.opts.FilePrefix+"-*"))
+}
+
+// nodeEvents: events naming nodes in the nodes' directory give their
+// devices; any other event that may matter (the directory itself, another
+// directory, an overflow) asks for a full rescan. Entries of the nodes'
+// directory that are no node (temp files, other devices) change nothing.
+func (simulated) nodeEvents(s *Source, evs []inotify.Event) ([]int, bool) {
+	nodeDir := simDir(s)
+	var idx []int
+	for _, e := range evs {
+		if e.Mask&unix.IN_Q_OVERFLOW != 0 || e.Dir != nodeDir || e.Name == "" {
+			return nil, false
+		}
+		if i, ok := simIndex(s, e.Name); ok && !slices.Contains(idx, i) {
+			idx = append(idx, i)
+		}
+	}
+	return idx, true
+}
+
+// nodeHealth: device d's node as it is now.
+func (simulated) nodeHealth(_ *Source, d Device) Problem {
+	return nodeStatus(d.HostPath, d.Type, d.Major, d.Minor)
 }
 
 // simRel is node i, relative to the dev root.

@@ -16,7 +16,6 @@ import (
 	"time"
 
 	"github.com/sirupsen/logrus"
-	"golang.org/x/sys/unix"
 	"tags.cncf.io/container-device-interface/pkg/parser"
 
 	"github.com/cdi-device-plugin/cdi-device-plugin/internal/inotify"
@@ -445,47 +444,41 @@ func (s *Source) Run(ctx context.Context, out chan *Snapshot) error {
 // it every device is rescanned.
 const maxPendingEvents = 4096
 
-// publishEvents publishes what the events change. Events naming simulated
-// nodes re-check those nodes alone; any other event that may matter (the
-// directory itself, another directory, an overflow, host devices)
-// rescans every device. Entries of the nodes' directory that are no
-// node (temp files, other devices) change nothing.
+// publishEvents publishes what the events change: a discoverer that can
+// place them on its devices' nodes (nodePatcher) has those devices alone
+// re-checked; any other event, or a burst past maxPendingEvents (full),
+// rescans every device.
 func (s *Source) publishEvents(out chan *Snapshot, evs []inotify.Event, full bool) {
-	if full || s.disc != nil {
+	p, ok := s.kind.(nodePatcher)
+	if full || !ok {
 		s.publish(out)
 		return
 	}
-	nodeDir := simDir(s)
-	var idx []int
-	for _, e := range evs {
-		if e.Mask&unix.IN_Q_OVERFLOW != 0 || e.Dir != nodeDir || e.Name == "" {
-			s.publish(out)
-			return
-		}
-		if i, ok := simIndex(s, e.Name); ok && !slices.Contains(idx, i) {
-			idx = append(idx, i)
-		}
+	idx, ok := p.nodeEvents(s, evs)
+	if !ok {
+		s.publish(out)
+		return
 	}
 	if len(idx) > 0 {
-		s.publishNodes(out, idx)
+		s.publishNodes(out, p, idx)
 	}
 }
 
-// publishNodes re-checks the simulated nodes idx and publishes the
-// snapshot with their health if it changed: the other devices are
-// copied from the current snapshot, not looked at again.
-func (s *Source) publishNodes(out chan *Snapshot, idx []int) {
+// publishNodes re-checks the devices at positions idx of the current
+// snapshot and publishes the snapshot with their health if it changed: the
+// other devices are copied from the current snapshot, not looked at
+// again.
+func (s *Source) publishNodes(out chan *Snapshot, p nodePatcher, idx []int) {
 	s.mu.Lock()
 	prev := s.current
 	s.mu.Unlock()
-	if prev == nil || len(prev.Devices) != s.opts.Count {
+	if prev == nil || slices.Max(idx) >= len(prev.Devices) {
 		s.publish(out)
 		return
 	}
 	status := make([]Problem, len(idx))
 	for k, i := range idx {
-		d := prev.Devices[i]
-		status[k] = nodeStatus(d.HostPath, d.Type, d.Major, d.Minor)
+		status[k] = p.nodeHealth(s, prev.Devices[i])
 	}
 	s.mu.Lock()
 	if s.current != prev {
