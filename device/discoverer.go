@@ -5,14 +5,56 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+
+	"github.com/cdi-device-plugin/cdi-device-plugin/internal/inotify"
 )
 
-// discoverer finds the host devices of a resource, one kind per source:
-// nodes matched by globs over the dev root, or devices found by their bus
-// identity (Options.Discover: PCI, USB). The source's loop, registry and
-// health are the same for all; simulated devices, which the source makes
-// itself, need none.
+// discoverer finds the devices of a resource, one kind per source:
+// simulated nodes the source makes, nodes matched by globs over the dev
+// root, or devices found by their bus identity (Options.Discover: PCI,
+// USB). It is all the source's one watch-and-publish loop asks of a kind;
+// faults, holds, forgetting and publishing are the same for all.
 type discoverer interface {
+	// prepare readies the devices before the first scan: simulated
+	// nodes are made (idempotently), the host devices seen before are
+	// loaded from the registry.
+	prepare(s *Source) error
+	// scan fills snap with the devices as they are now, in index order,
+	// with the health of their nodes (faults and holds are the
+	// source's), and returns it.
+	scan(s *Source, snap *Snapshot) *Snapshot
+	// watchDirs are the directories besides the dev root and the shared
+	// nodes' whose entries change what scan finds.
+	watchDirs(s *Source) []string
+}
+
+// nodeMaker is a discoverer that makes its devices' nodes (simulated), each
+// through a temp file beside it that a killed run may leave: tempPattern
+// globs those.
+type nodeMaker interface {
+	discoverer
+	tempPattern(s *Source) string
+}
+
+// nodePatcher is a discoverer that can answer an event naming one of its
+// nodes by re-checking that device alone (simulated): the source patches
+// its snapshot instead of rescanning every device.
+type nodePatcher interface {
+	discoverer
+	// nodeEvents places a burst of directory events: the positions, in
+	// the snapshot, of the devices whose nodes they name; ok is false when
+	// one may change more than its node (the directory itself, another
+	// directory, an overflow), and every device is rescanned. Entries that
+	// are no node (temp files, other devices) give nothing.
+	nodeEvents(s *Source, evs []inotify.Event) (idx []int, ok bool)
+	// nodeHealth is the health of the nodes of d, a device of the
+	// snapshot, as they are now.
+	nodeHealth(s *Source, d Device) Problem
+}
+
+// finder finds the host devices of a resource (globs, identified); the
+// registry remembers what it found (remembered makes it a discoverer).
+type finder interface {
 	// find returns the devices found now by registry key, and their keys
 	// in the order new devices get their indexes in; a nil map: it failed,
 	// what is known stays as it is.
@@ -30,15 +72,16 @@ type discoverer interface {
 	watchDirs(s *Source) []string
 }
 
-// newDiscoverer is the discoverer the options ask for (nil: simulated).
-func newDiscoverer(o Options) discoverer {
+// newDiscoverer is the discoverer the options ask for and, for host
+// devices, the finder behind it (which scanHost and the registry ask).
+func newDiscoverer(o Options) (discoverer, finder) {
 	switch {
 	case o.Discover != nil:
-		return identified{}
+		return remembered{}, identified{}
 	case len(o.HostGlobs) > 0:
-		return globs{}
+		return remembered{}, globs{}
 	}
-	return nil
+	return simulated{}, nil
 }
 
 // globs finds existing nodes matched by HostGlobs; a device is its node,

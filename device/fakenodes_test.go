@@ -21,7 +21,7 @@ type fakeNodes struct {
 
 // useFakeNodes installs the stand-in for the rest of the test. Tests that
 // use it must not run in parallel (nodeOps is the package's).
-func useFakeNodes(t *testing.T) *fakeNodes {
+func useFakeNodes(t testing.TB) *fakeNodes {
 	t.Helper()
 	f := &fakeNodes{nodes: map[uint64]uint32{}, rdev: map[uint64]uint64{}}
 	saved := nodeOps

@@ -28,10 +28,6 @@ type Found struct {
 	Identity Identity
 }
 
-// host reports whether the devices are found on the host (globs or a
-// discovery), not simulated.
-func (s *Source) host() bool { return s.disc != nil }
-
 // candidate is one host device found by this scan, before it is matched
 // with the devices known.
 type candidate struct {

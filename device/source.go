@@ -16,10 +16,8 @@ import (
 	"time"
 
 	"github.com/sirupsen/logrus"
-	"golang.org/x/sys/unix"
 	"tags.cncf.io/container-device-interface/pkg/parser"
 
-	"github.com/cdi-device-plugin/cdi-device-plugin/internal/atomicfile"
 	"github.com/cdi-device-plugin/cdi-device-plugin/internal/inotify"
 	"github.com/cdi-device-plugin/cdi-device-plugin/internal/latest"
 	"github.com/cdi-device-plugin/cdi-device-plugin/internal/logs"
@@ -92,8 +90,12 @@ type Source struct {
 	opts Options
 	root string
 	log  *logrus.Entry
-	// disc finds the host devices (nil: simulated ones).
-	disc discoverer
+	// kind finds the devices: simulated, globs, pci or usb.
+	kind discoverer
+	// disc is the finder behind a kind of host devices (globs,
+	// identified), which scanHost and the registry ask; nil for
+	// simulated devices.
+	disc finder
 
 	mu      sync.Mutex
 	current *Snapshot
@@ -146,32 +148,16 @@ func NewSource(o Options) (*Source, error) {
 	if err := parser.ValidateDeviceName(longest); err != nil {
 		return nil, fmt.Errorf("device IDs like %q: %w: %w", longest, ErrDeviceName, err)
 	}
-	return &Source{opts: o, root: root, log: o.Log, disc: newDiscoverer(o), known: map[string]Device{}, goneSince: map[string]time.Time{}, faults: map[string]Problem{}, poke: make(chan struct{}, 1), rescan: make(chan struct{}, 1)}, nil
+	kind, disc := newDiscoverer(o)
+	return &Source{opts: o, root: root, log: o.Log, kind: kind, disc: disc, known: map[string]Device{}, goneSince: map[string]time.Time{}, faults: map[string]Problem{}, poke: make(chan struct{}, 1), rescan: make(chan struct{}, 1)}, nil
 }
 
-// Prepare creates the simulated nodes (idempotently), or loads the host
-// devices seen before, and returns the first snapshot.
+// Prepare readies the devices (the discoverer creates the simulated nodes,
+// idempotently, or loads the host devices seen before) and returns the
+// first snapshot.
 func (s *Source) Prepare() (*Snapshot, error) {
-	if s.host() {
-		if err := s.loadRegistry(); err != nil {
-			return nil, err
-		}
-	} else {
-		created := 0
-		for i := 0; i < s.opts.Count; i++ {
-			rel := s.simRel(i)
-			wrote, err := EnsureNode(s.root, rel, s.opts.Type, s.opts.Major, s.opts.Minor)
-			if err != nil {
-				return nil, fmt.Errorf("device node %s: %w", rel, err)
-			}
-			if wrote {
-				created++
-				s.log.WithField("device", s.deviceName(strconv.Itoa(i))).Debugf("created device node %s", filepath.Join(s.root, rel))
-			}
-		}
-		if created > 0 {
-			s.log.WithField("created", created).WithField("devices", s.opts.Count).Info("device nodes created or repaired")
-		}
+	if err := s.kind.prepare(s); err != nil {
+		return nil, err
 	}
 	snap := s.Refresh()
 	s.logUnhealthyAtStart(snap)
@@ -257,15 +243,13 @@ func (s *Source) Snapshot() *Snapshot {
 }
 
 // TempPattern is the glob of the temp nodes a killed run may have left
-// beside the simulated nodes; "" for host devices.
+// beside the nodes the source makes (simulated); "" for host devices.
 func (s *Source) TempPattern() string {
-	if s.opts.Count == 0 {
-		return ""
+	if m, ok := s.kind.(nodeMaker); ok {
+		return m.tempPattern(s)
 	}
-	return atomicfile.TempPattern(filepath.Join(s.root, s.opts.FilePrefix+"-*"))
+	return ""
 }
-
-func (s *Source) simRel(i int) string { return s.opts.FilePrefix + "-" + strconv.Itoa(i) }
 
 func (s *Source) deviceName(suffix string) string {
 	return ID(s.opts.IDPrefix, s.opts.NodeName, suffix)
@@ -295,30 +279,7 @@ func (s *Source) applyFault(d *Device) {
 }
 
 func (s *Source) scanNodes() *Snapshot {
-	snap := &Snapshot{Replicas: s.opts.Replicas}
-	if !s.host() {
-		snap.Devices = make([]Device, s.opts.Count)
-		for i := range snap.Devices {
-			rel := s.simRel(i)
-			d := Device{
-				Name:          s.deviceName(strconv.Itoa(i)),
-				Index:         i,
-				HostPath:      filepath.Join(s.root, rel),
-				ContainerPath: filepath.Join(s.opts.ContainerDevRoot, rel),
-				Type:          s.opts.Type,
-				Major:         s.opts.Major,
-				Minor:         s.opts.Minor,
-				NUMANode:      NoNUMA,
-			}
-			if s.opts.NUMANodes > 0 {
-				d.NUMANode = i * s.opts.NUMANodes / s.opts.Count
-			}
-			d.SetProblem(nodeStatus(d.HostPath, d.Type, d.Major, d.Minor))
-			snap.Devices[i] = d
-		}
-		return snap
-	}
-	return s.scanHost(snap)
+	return s.kind.scan(s, &Snapshot{Replicas: s.opts.Replicas})
 }
 
 // HostSuffix turns a host device path relative to the dev root into the
@@ -370,21 +331,17 @@ func (s *Source) LegacyIDs() map[string]string {
 }
 
 // watchDirs are the directories whose entries decide the snapshot: the dev
-// root, the directory of the simulated nodes, and for host globs every
-// existing directory that a directory part of the glob matches, at every
-// depth (for bus*/n*: the root, and every bus* directory).
+// root, the shared nodes' directories, and those the discoverer names (the
+// directory of the simulated nodes; for host globs every existing
+// directory that a directory part of the glob matches, at every depth: for
+// bus*/n*, every bus* directory).
 func (s *Source) watchDirs() []string {
 	dirs := map[string]bool{s.root: true}
-	if !s.host() {
-		dirs[filepath.Dir(filepath.Join(s.root, s.opts.FilePrefix))] = true
-	}
 	for _, rel := range s.opts.SharedNodes {
 		dirs[filepath.Dir(filepath.Join(s.root, rel))] = true
 	}
-	if s.disc != nil {
-		for _, d := range s.disc.watchDirs(s) {
-			dirs[d] = true
-		}
+	for _, d := range s.kind.watchDirs(s) {
+		dirs[d] = true
 	}
 	out := make([]string, 0, len(dirs))
 	for d := range dirs {
@@ -437,7 +394,7 @@ func (s *Source) Run(ctx context.Context, out chan *Snapshot) error {
 	// here.
 	s.publish(out)
 	var forget <-chan time.Time
-	if s.opts.ForgetAfter > 0 && s.host() && s.opts.Holders != nil {
+	if s.opts.ForgetAfter > 0 && s.opts.Holders != nil {
 		t := time.NewTicker(min(max(s.opts.ForgetAfter/4, 10*time.Millisecond), time.Minute))
 		defer t.Stop()
 		forget = t.C
@@ -487,61 +444,41 @@ func (s *Source) Run(ctx context.Context, out chan *Snapshot) error {
 // it every device is rescanned.
 const maxPendingEvents = 4096
 
-// publishEvents publishes what the events change. Events naming simulated
-// nodes re-check those nodes alone; any other event that may matter (the
-// directory itself, another directory, an overflow, host devices)
-// rescans every device. Entries of the nodes' directory that are no
-// node (temp files, other devices) change nothing.
+// publishEvents publishes what the events change: a discoverer that can
+// place them on its devices' nodes (nodePatcher) has those devices alone
+// re-checked; any other event, or a burst past maxPendingEvents (full),
+// rescans every device.
 func (s *Source) publishEvents(out chan *Snapshot, evs []inotify.Event, full bool) {
-	if full || s.host() {
+	p, ok := s.kind.(nodePatcher)
+	if full || !ok {
 		s.publish(out)
 		return
 	}
-	nodeDir := filepath.Dir(filepath.Join(s.root, s.opts.FilePrefix))
-	var idx []int
-	for _, e := range evs {
-		if e.Mask&unix.IN_Q_OVERFLOW != 0 || e.Dir != nodeDir || e.Name == "" {
-			s.publish(out)
-			return
-		}
-		if i, ok := s.simIndex(e.Name); ok && !slices.Contains(idx, i) {
-			idx = append(idx, i)
-		}
+	idx, ok := p.nodeEvents(s, evs)
+	if !ok {
+		s.publish(out)
+		return
 	}
 	if len(idx) > 0 {
-		s.publishNodes(out, idx)
+		s.publishNodes(out, p, idx)
 	}
 }
 
-// simIndex is the index of the simulated node named name in its
-// directory (<base of FilePrefix>-<i>, 0 <= i < Count).
-func (s *Source) simIndex(name string) (int, bool) {
-	rest, ok := strings.CutPrefix(name, filepath.Base(s.opts.FilePrefix)+"-")
-	if !ok {
-		return 0, false
-	}
-	i, err := strconv.Atoi(rest)
-	if err != nil || i < 0 || i >= s.opts.Count || strconv.Itoa(i) != rest {
-		return 0, false
-	}
-	return i, true
-}
-
-// publishNodes re-checks the simulated nodes idx and publishes the
-// snapshot with their health if it changed: the other devices are
-// copied from the current snapshot, not looked at again.
-func (s *Source) publishNodes(out chan *Snapshot, idx []int) {
+// publishNodes re-checks the devices at positions idx of the current
+// snapshot and publishes the snapshot with their health if it changed: the
+// other devices are copied from the current snapshot, not looked at
+// again.
+func (s *Source) publishNodes(out chan *Snapshot, p nodePatcher, idx []int) {
 	s.mu.Lock()
 	prev := s.current
 	s.mu.Unlock()
-	if prev == nil || len(prev.Devices) != s.opts.Count {
+	if prev == nil || slices.Max(idx) >= len(prev.Devices) {
 		s.publish(out)
 		return
 	}
 	status := make([]Problem, len(idx))
 	for k, i := range idx {
-		d := prev.Devices[i]
-		status[k] = nodeStatus(d.HostPath, d.Type, d.Major, d.Minor)
+		status[k] = p.nodeHealth(s, prev.Devices[i])
 	}
 	s.mu.Lock()
 	if s.current != prev {
