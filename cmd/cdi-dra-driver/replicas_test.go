@@ -174,3 +174,33 @@ func TestReplicasNotPublished(t *testing.T) {
 		t.Fatalf("warning logged %d times after a second publication, want 1:\n%s", n, s.stderr.String())
 	}
 }
+
+// TestDefaultDriverNameSkipsReplicas (issue 21): with no --driver-name,
+// the driver is named after the first resource it publishes: the first
+// resource has replicas (not published), so the driver registers and
+// publishes as sim.example.com, the second's <class>.<domain>, the name
+// the device plugin's claim guard takes too (internal/dranames).
+func TestDefaultDriverNameSkipsReplicas(t *testing.T) {
+	testutil.NeedMknod(t)
+	d := newDirs(t)
+	testutil.ServePodResources(t, d.podres)
+	cfg := filepath.Join(t.TempDir(), "config.yaml")
+	if err := os.WriteFile(cfg, []byte(`resources:
+- name: example.com/shared
+  idPrefix: shared
+  replicas: 2
+- name: example.com/sim
+  idPrefix: sim
+  count: 2
+`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	s := startDriver(t, d, "sim.example.com", "--config", cfg)
+	if want := filepath.Join(d.kubelet, "plugins", "sim.example.com", "dra.sock"); s.kl.Info.Name != "sim.example.com" || s.kl.Info.Endpoint != want {
+		t.Fatalf("registered %+v, want sim.example.com at %s", s.kl.Info, want)
+	}
+	p := s.waitFor(t, "sim-0 and sim-1 published", func(p map[string]resourceapi.Device) bool { return len(p) == 2 })
+	if got, want := keys(p), []string{"sim.example.com sim-0", "sim.example.com sim-1"}; !slices.Equal(got, want) {
+		t.Fatalf("published %v, want %v", got, want)
+	}
+}
