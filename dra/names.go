@@ -49,7 +49,8 @@ const (
 )
 
 // DefaultDriverName is the driver name when none is given: <class>.<domain>
-// of the first resource (sim.example.com for example.com/sim).
+// of the first resource it publishes, one without replicas above 1
+// (sim.example.com for example.com/sim; dranames.DefaultDriverName).
 func DefaultDriverName(cfg *config.Config) string { return dranames.DefaultDriverName(cfg) }
 
 // CheckDriverName checks a driver name: a DNS subdomain of at most 63

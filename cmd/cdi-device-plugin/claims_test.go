@@ -95,6 +95,47 @@ func TestDRAClaimHeldAtStart(t *testing.T) {
 	}
 }
 
+// TestDRAClaimDefaultNameSkipsReplicas (issue 21): the claim guard takes
+// the DRA driver's default name as the driver does (internal/dranames):
+// <class>.<domain> of the first resource the driver publishes. The first
+// resource has replicas (the driver does not publish it), so a claim of
+// sim.example.com holds sim-1, named without CDI names.
+func TestDRAClaimDefaultNameSkipsReplicas(t *testing.T) {
+	d := newDirs(t)
+	testutil.NeedMknod(t)
+	sock := filepath.Join(d.plugins, "pod-resources.sock")
+	testutil.ServePodResources(t, sock, claimPod("c1", claimDevice("sim.example.com", "node1", "sim-1")))
+	cfg := writeConfig(t, `
+resources:
+- name: example.com/shared
+  idPrefix: shared
+  replicas: 2
+- name: example.com/sim
+  idPrefix: sim
+  count: 3
+`)
+	r := startRun(t, d, []string{"--config", cfg, "--pod-resources-socket", sock}, map[string]string{"NODE_NAME": "node1"})
+	updates := r.updates
+	if r.reg.Request.ResourceName != "example.com/sim" {
+		reg, err := r.kubelet.WaitRegistration(5 * time.Second)
+		if err != nil || reg.Request.ResourceName != "example.com/sim" {
+			t.Fatalf("registration %+v, %v; log:\n%s", reg.Request, err, r.stderr.String())
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		_, updates = testutil.Watch(ctx, t, d.plugins, reg.Request.Endpoint)
+	}
+	var first kubeletsim.Update
+	select {
+	case first = <-updates:
+	case <-time.After(5 * time.Second):
+		t.Fatalf("no first answer; log:\n%s", r.stderr.String())
+	}
+	if first.Health("sim-node1-1") != pluginapi.Unhealthy || first.Healthy() != 2 {
+		t.Fatalf("first answer %+v, want sim-node1-1 Unhealthy, the others Healthy; log:\n%s", first.Devices, r.stderr.String())
+	}
+}
+
 func btoi(b bool) int {
 	if b {
 		return 1

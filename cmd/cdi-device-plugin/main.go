@@ -81,7 +81,7 @@ func (g *gcTarget) inService() {
 func run(ctx context.Context, args []string, env config.Env, stderr io.Writer) int {
 	var driverName string
 	extra := config.Extra{Name: "driver-name", Env: "DRIVER_NAME", Value: &driverName,
-		Usage: "the DRA driver's name, to recognise its claims' devices that PodResources names without CDI names (default <class>.<domain> of the first resource)"}
+		Usage: "the DRA driver's name, to recognise its claims' devices that PodResources names without CDI names (default <class>.<domain> of the first resource without replicas above 1, as the driver's)"}
 	cfg, err := config.LoadWith("cdi-device-plugin", args, env, stderr, extra)
 	switch {
 	case errors.Is(err, flag.ErrHelp):

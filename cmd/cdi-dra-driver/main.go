@@ -29,6 +29,7 @@ import (
 	"github.com/cdi-device-plugin/cdi-device-plugin/config"
 	"github.com/cdi-device-plugin/cdi-device-plugin/dra"
 	"github.com/cdi-device-plugin/cdi-device-plugin/internal/atomicfile"
+	"github.com/cdi-device-plugin/cdi-device-plugin/internal/dranames"
 	"github.com/cdi-device-plugin/cdi-device-plugin/internal/logs"
 	"github.com/cdi-device-plugin/cdi-device-plugin/internal/parts"
 	"github.com/cdi-device-plugin/cdi-device-plugin/metrics"
@@ -61,7 +62,7 @@ type flags struct {
 func (f *flags) extra() []config.Extra {
 	return []config.Extra{
 		{Name: "kubeconfig", Env: "KUBECONFIG", Usage: "kubeconfig file (default: the in-cluster configuration)", Value: &f.kubeconfig},
-		{Name: "driver-name", Env: "DRIVER_NAME", Usage: "DRA driver name (default <class>.<domain> of the first resource)", Value: &f.driverName},
+		{Name: "driver-name", Env: "DRIVER_NAME", Usage: "DRA driver name (default <class>.<domain> of the first resource it publishes: the first without replicas above 1, else the first)", Value: &f.driverName},
 		{Name: "kubelet-registrar-dir", Env: "KUBELET_REGISTRAR_DIR", Usage: "the kubelet's plugin registration directory (default " + DefaultRegistrarDir + ")",
 			Default: DefaultRegistrarDir, Value: &f.registrarDir},
 		{Name: "kubelet-plugins-dir", Env: "KUBELET_PLUGINS_DIR", Usage: "the kubelet's plugins directory; the driver's socket is <dir>/<driver>/dra.sock (default " + DefaultPluginsDir + ")",
@@ -192,7 +193,7 @@ func build(cfg *config.Config, f flags, client func(string) (kubernetes.Interfac
 			return nil, err
 		}
 		d.kinds = append(d.kinds, p.Kind)
-		if rc.ReplicaCount() > 1 {
+		if !dranames.Published(rc) {
 			p.Log.WithField("replicas", rc.ReplicaCount()).Warn("not published through DRA: a resource with replicas is the device plugin's only")
 			continue
 		}

@@ -16,14 +16,26 @@ import (
 const MaxLabel = 63
 
 // DefaultDriverName is the driver name when none is given: <class>.<domain>
-// of the first resource (sim.example.com for example.com/sim); "" without
-// resources.
+// of the first resource the driver publishes (sim.example.com for
+// example.com/sim), skipping those with replicas above 1 (Published); of
+// the first resource when it publishes none; "" without resources.
 func DefaultDriverName(cfg *config.Config) string {
 	if len(cfg.Resources) == 0 {
 		return ""
 	}
-	return cfg.Resources[0].Class + "." + cfg.Resources[0].Domain
+	r := &cfg.Resources[0]
+	for i := range cfg.Resources {
+		if Published(&cfg.Resources[i]) {
+			r = &cfg.Resources[i]
+			break
+		}
+	}
+	return r.Class + "." + r.Domain
 }
+
+// Published reports whether the DRA driver publishes the resource: one
+// with replicas above 1 is the device plugin's only.
+func Published(r *config.Resource) bool { return r.ReplicaCount() <= 1 }
 
 // DeviceName is the name of a device in the ResourceSlice: its resource's
 // ID prefix and its index (sim-0), made a DNS label: lowercase, every

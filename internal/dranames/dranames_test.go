@@ -4,6 +4,8 @@ import (
 	"testing"
 
 	"k8s.io/apimachinery/pkg/util/validation"
+
+	"github.com/cdi-device-plugin/cdi-device-plugin/config"
 )
 
 // TestMaxLabel: the limit is Kubernetes's own, which this package cannot
@@ -16,5 +18,37 @@ func TestMaxLabel(t *testing.T) {
 		if errs := validation.IsDNS1123Label(name); len(errs) > 0 {
 			t.Errorf("%q: %v", name, errs)
 		}
+	}
+}
+
+// TestDefaultDriverName (issue 21): <class>.<domain> of the first resource
+// the driver publishes, one without replicas above 1; of the first
+// resource when it publishes none.
+func TestDefaultDriverName(t *testing.T) {
+	one, two := 1, 2
+	sim := config.Resource{Name: "example.com/sim", Domain: "example.com", Class: "sim"}
+	simOne := config.Resource{Name: "example.com/sim", Domain: "example.com", Class: "sim", Replicas: &one}
+	shared := config.Resource{Name: "example.com/shared", Domain: "example.com", Class: "shared", Replicas: &two}
+	fpga := config.Resource{Name: "example.org/fpga", Domain: "example.org", Class: "fpga"}
+	for _, c := range []struct {
+		name string
+		res  []config.Resource
+		want string
+	}{
+		{"no resources", nil, ""},
+		{"one", []config.Resource{sim}, "sim.example.com"},
+		{"the first of two", []config.Resource{fpga, sim}, "fpga.example.org"},
+		{"replicas 1 is published", []config.Resource{simOne, fpga}, "sim.example.com"},
+		{"the first published", []config.Resource{shared, sim, fpga}, "sim.example.com"},
+		{"none published", []config.Resource{shared}, "shared.example.com"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			if got := DefaultDriverName(&config.Config{Resources: c.res}); got != c.want {
+				t.Fatalf("%q, want %q", got, c.want)
+			}
+		})
+	}
+	if !Published(&sim) || !Published(&simOne) || Published(&shared) {
+		t.Fatal("Published: a resource is published unless it has replicas above 1")
 	}
 }
