@@ -270,9 +270,19 @@ write_overlay() {
 		env+="              value: /etc/cdi-device-plugin/config.yaml"$'\n'
 	fi
 
+	# The device plugin's claim guard knows the DRA driver's claims by the
+	# driver's name: per-node, the driver's; with MODE=device-plugin, the
+	# one given (a node switched back from a driver of another name).
+	plugin_env=${env}
+	if [[ ${MODE} == per-node || (${MODE} == device-plugin && -n ${DRIVER_NAME:-}) ]]; then
+		quote "${DRIVER:-${DRIVER_NAME}}"
+		plugin_env+="            - name: DRIVER_NAME"$'\n'
+		plugin_env+="              value: ${REPLY}"$'\n'
+	fi
+
 	# Strategic merge patches: env entries merge by name with the base's
 	# list, volumes by name, mounts by path.
-	if [[ ${MODE} != dra && -n ${env} ]]; then
+	if [[ ${MODE} != dra && -n ${plugin_env} ]]; then
 		{
 			printf '%s\n' \
 				'apiVersion: apps/v1' \
@@ -285,7 +295,7 @@ write_overlay() {
 				'      containers:' \
 				'        - name: cdi-device-plugin' \
 				'          env:'
-			printf '%s' "${env}"
+			printf '%s' "${plugin_env}"
 			if [[ -n ${PLUGIN_CONFIG:-} ]]; then
 				printf '%s\n' \
 					'          volumeMounts:' \

@@ -1036,10 +1036,10 @@ func TestDeployScriptSettings(t *testing.T) {
 		for _, e := range ct.Env {
 			env[e.Name] = e.Value
 		}
-		want := map[string]string{"NUMBER_DEVICES": "4", "ENV_PREFIX": "", "CONFIG_FILE": "/etc/cdi-device-plugin/config.yaml"}
+		// Both know the driver by its name (the plugin's claim guard too).
+		want := map[string]string{"NUMBER_DEVICES": "4", "ENV_PREFIX": "", "CONFIG_FILE": "/etc/cdi-device-plugin/config.yaml", "DRIVER_NAME": "sim.example.com"}
 		if c == driverContainer {
 			want["KUBERNETES_SERVICE_HOST"], want["KUBERNETES_SERVICE_PORT"] = "10.0.0.9", "16443"
-			want["DRIVER_NAME"] = "sim.example.com"
 		}
 		for k, v := range want {
 			if got, ok := env[k]; !ok || got != v {
@@ -1047,10 +1047,8 @@ func TestDeployScriptSettings(t *testing.T) {
 			}
 		}
 		if c == pluginContainer {
-			for _, k := range []string{"KUBERNETES_SERVICE_HOST", "DRIVER_NAME"} {
-				if _, ok := env[k]; ok {
-					t.Errorf("the device plugin gets %s", k)
-				}
+			if _, ok := env["KUBERNETES_SERVICE_HOST"]; ok {
+				t.Errorf("the device plugin gets KUBERNETES_SERVICE_HOST")
 			}
 		}
 		found := false
@@ -1166,6 +1164,71 @@ func TestHelmLint(t *testing.T) {
 			out, err := exec.Command(h, "lint", "--strict", filepath.Join("helm", "cdi-device-plugin"), "--set", "mode="+mode).CombinedOutput()
 			if err != nil {
 				t.Fatalf("helm lint: %v\n%s", err, out)
+			}
+		})
+	}
+}
+
+// TestPluginKnowsTheDriver: the device plugin's claim guard knows the DRA
+// driver's claims by the driver's name, so the plugin gets the driver's
+// DRIVER_NAME wherever it is not its own default: per-node, both
+// DaemonSets carry the same name, the default one or one given; with only
+// the device plugin installed, the name given reaches it.
+func TestPluginKnowsTheDriver(t *testing.T) {
+	env := func(t *testing.T, o *objects, c string) (string, bool) {
+		t.Helper()
+		ds := o.daemonSet(t, c)
+		if ds == nil {
+			t.Fatalf("no %s DaemonSet", c)
+		}
+		for _, e := range ds.Spec.Template.Spec.Containers[0].Env {
+			if e.Name == "DRIVER_NAME" {
+				return e.Value, true
+			}
+		}
+		return "", false
+	}
+	render := func(t *testing.T, args ...string) *objects {
+		t.Helper()
+		out, err := deployScript(t, args...)
+		if err != nil {
+			t.Fatalf("deploy.sh render: %v\n%s", err, out)
+		}
+		return decode(t, out)
+	}
+	for _, c := range []struct {
+		name   string
+		render func(t *testing.T) *objects
+		want   string // the plugin's DRIVER_NAME; "" for none
+		driver bool   // a driver DaemonSet whose DRIVER_NAME must equal it
+	}{
+		{"kustomize per-node", func(t *testing.T) *objects { return kustomizeRender(t, filepath.Join("modes", "per-node")) }, "simple-device.example.com", true},
+		{"deploy.sh per-node", func(t *testing.T) *objects { return render(t, "MODE=per-node") }, "simple-device.example.com", true},
+		{"deploy.sh per-node, DRA_RESOURCES", func(t *testing.T) *objects {
+			return render(t, "MODE=per-node", "PLUGIN_CONFIG=testdata/config.yaml", "DRA_RESOURCES=example.com/sim")
+		}, "sim.example.com", true},
+		{"deploy.sh per-node, DRIVER_NAME", func(t *testing.T) *objects { return render(t, "MODE=per-node", "DRIVER_NAME=gpu.example.com") }, "gpu.example.com", true},
+		{"deploy.sh device-plugin, DRIVER_NAME", func(t *testing.T) *objects { return render(t, "MODE=device-plugin", "DRIVER_NAME=gpu.example.com") }, "gpu.example.com", false},
+		{"deploy.sh device-plugin", func(t *testing.T) *objects { return render(t, "MODE=device-plugin") }, "", false},
+		{"helm per-node", func(t *testing.T) *objects { return helmRender(t, "--set", "mode=per-node") }, "simple-device.example.com", true},
+		{"helm per-node, driverName", func(t *testing.T) *objects {
+			return helmRender(t, "--set", "mode=per-node", "--set", "dra.driverName=gpu.example.com")
+		}, "gpu.example.com", true},
+		{"helm device-plugin, driverName", func(t *testing.T) *objects {
+			return helmRender(t, "--set", "mode=device-plugin", "--set", "dra.driverName=gpu.example.com")
+		}, "gpu.example.com", false},
+		{"helm device-plugin", func(t *testing.T) *objects { return helmRender(t, "--set", "mode=device-plugin") }, "", false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			o := c.render(t)
+			got, ok := env(t, o, pluginContainer)
+			if got != c.want || ok != (c.want != "") {
+				t.Errorf("the plugin's DRIVER_NAME %q (set: %v), want %q", got, ok, c.want)
+			}
+			if c.driver {
+				if d, _ := env(t, o, driverContainer); d != got {
+					t.Errorf("the driver's DRIVER_NAME %q, the plugin's %q", d, got)
+				}
 			}
 		})
 	}
