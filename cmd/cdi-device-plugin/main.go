@@ -93,10 +93,7 @@ func run(ctx context.Context, args []string, env config.Env, stderr io.Writer) i
 		fmt.Fprintln(stderr, "cdi-device-plugin:", err)
 		return 2
 	}
-	logger := logrus.New()
-	logger.SetOutput(stderr)
-	logger.SetLevel(logLevel(cfg.Level))
-	logger.SetFormatter(formatter(cfg.LogFormat))
+	logger := logs.New(stderr, cfg)
 	log := logrus.NewEntry(logger).WithField("plugin", cfg.PluginName)
 	// A reload reads the same flags and environment, and the file again.
 	load := func() (*config.Config, error) {
@@ -120,12 +117,6 @@ func run(ctx context.Context, args []string, env config.Env, stderr io.Writer) i
 // identity in place of its NETLINK_KOBJECT_UEVENT socket (tests inject
 // events through it).
 var openUevents func() (io.ReadCloser, error)
-
-// The log format and level, as config names them (internal/logs).
-var (
-	formatter = logs.Formatter
-	logLevel  = logs.Level
-)
 
 // serve builds every resource first (the constructors check what the
 // configuration alone could not, before anything is written), then

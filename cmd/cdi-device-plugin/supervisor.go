@@ -19,6 +19,7 @@ import (
 	"github.com/cdi-device-plugin/cdi-device-plugin/cdi"
 	"github.com/cdi-device-plugin/cdi-device-plugin/config"
 	"github.com/cdi-device-plugin/cdi-device-plugin/internal/inotify"
+	"github.com/cdi-device-plugin/cdi-device-plugin/internal/logs"
 	"github.com/cdi-device-plugin/cdi-device-plugin/metrics"
 )
 
@@ -183,8 +184,7 @@ func (s *supervisor) apply(ctx context.Context, next *config.Config) (change, er
 	if err != nil {
 		s.log.WithError(err).Warn("removing stale CDI specs")
 	}
-	s.logger.SetLevel(logLevel(next.Level))
-	s.logger.SetFormatter(formatter(next.LogFormat))
+	logs.Apply(s.logger, next)
 	s.cfg = next
 	s.publish()
 	return ch, nil

@@ -102,10 +102,7 @@ func run(ctx context.Context, args []string, env config.Env, stderr io.Writer, c
 		fmt.Fprintln(stderr, "cdi-dra-driver:", err)
 		return 2
 	}
-	logger := logrus.New()
-	logger.SetOutput(stderr)
-	logger.SetLevel(logs.Level(cfg.Level))
-	logger.SetFormatter(logs.Formatter(cfg.LogFormat))
+	logger := logs.New(stderr, cfg)
 	log := logrus.NewEntry(logger).WithField("plugin", cfg.PluginName)
 	d, err := build(cfg, f, client, log)
 	if err != nil {

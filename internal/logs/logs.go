@@ -20,6 +20,22 @@ func Discard() *logrus.Entry {
 	return logrus.NewEntry(l)
 }
 
+// New returns a command's logger: it writes to out at the configuration's
+// level and in its format.
+func New(out io.Writer, cfg *config.Config) *logrus.Logger {
+	l := logrus.New()
+	l.SetOutput(out)
+	Apply(l, cfg)
+	return l
+}
+
+// Apply sets l's level and format to the configuration's (at start, and
+// again on a reload).
+func Apply(l *logrus.Logger, cfg *config.Config) {
+	l.SetLevel(Level(cfg.Level))
+	l.SetFormatter(Formatter(cfg.LogFormat))
+}
+
 // Formatter is the logrus formatter of a log format.
 func Formatter(f config.LogFormat) logrus.Formatter {
 	if f == config.LogJSON {
