@@ -85,11 +85,9 @@ func listPodResources(ctx context.Context, socket string) (*podresourcesapi.List
 	return podresourcesapi.NewPodResourcesListerClient(conn).List(ctx, &podresourcesapi.ListPodResourcesRequest{})
 }
 
-// HeldDevices returns the device IDs (as advertised to the kubelet,
-// replica IDs included) of resource that containers hold, from the
-// kubelet's PodResources API on socket. A missing socket or a failed List
-// is an error naming the socket: nobody can tell then.
-func HeldDevices(ctx context.Context, socket, resource string) ([]string, error) {
+// list is one List of the PodResources API on socket, given 5 s. A missing
+// socket or a failed List is an error naming the socket.
+func list(ctx context.Context, socket string) (*podresourcesapi.ListPodResourcesResponse, error) {
 	if _, err := os.Stat(socket); err != nil {
 		return nil, fmt.Errorf("PodResources socket %s: %w", socket, err)
 	}
@@ -99,17 +97,16 @@ func HeldDevices(ctx context.Context, socket, resource string) ([]string, error)
 	if err != nil {
 		return nil, fmt.Errorf("PodResources List on %s: %w", socket, err)
 	}
-	var ids []string
-	for _, pod := range resp.PodResources {
-		for _, c := range pod.Containers {
-			for _, d := range c.Devices {
-				if d.ResourceName == resource {
-					ids = append(ids, d.DeviceIds...)
-				}
-			}
-		}
-	}
-	return ids, nil
+	return resp, nil
+}
+
+// HeldDevices returns the device IDs (as advertised to the kubelet,
+// replica IDs included) of resource that containers hold, from the
+// kubelet's PodResources API on socket. A missing socket or a failed List
+// is an error naming the socket: nobody can tell then.
+func HeldDevices(ctx context.Context, socket, resource string) ([]string, error) {
+	held, err := HeldByResource(ctx, socket)
+	return held[resource], err
 }
 
 // DeviceHolders returns the device IDs of resource that the kubelet's
@@ -121,11 +118,9 @@ func DeviceHolders(ctx context.Context, socket, resource string) (held map[strin
 	if _, err := os.Stat(socket); err != nil {
 		return nil, false, nil
 	}
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	resp, err := listPodResources(ctx, socket)
+	resp, err := list(ctx, socket)
 	if err != nil {
-		return nil, false, fmt.Errorf("PodResources API at %s: List: %w", socket, err)
+		return nil, false, err
 	}
 	held = map[string][]string{}
 	for _, pod := range resp.PodResources {
@@ -149,14 +144,9 @@ func DeviceHolders(ctx context.Context, socket, resource string) (held map[strin
 // from one List. A missing socket or a failed List is an error naming the
 // socket: nobody can tell then.
 func HeldByResource(ctx context.Context, socket string) (map[string][]string, error) {
-	if _, err := os.Stat(socket); err != nil {
-		return nil, fmt.Errorf("PodResources socket %s: %w", socket, err)
-	}
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	resp, err := listPodResources(ctx, socket)
+	resp, err := list(ctx, socket)
 	if err != nil {
-		return nil, fmt.Errorf("PodResources List on %s: %w", socket, err)
+		return nil, err
 	}
 	held := map[string][]string{}
 	for _, pod := range resp.PodResources {
@@ -187,14 +177,9 @@ type ClaimDevice struct {
 // kubelet's PodResources API on socket. A missing socket or a failed List
 // is an error naming the socket: nobody can tell then.
 func ClaimDevices(ctx context.Context, socket string) ([]ClaimDevice, error) {
-	if _, err := os.Stat(socket); err != nil {
-		return nil, fmt.Errorf("PodResources socket %s: %w", socket, err)
-	}
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	resp, err := listPodResources(ctx, socket)
+	resp, err := list(ctx, socket)
 	if err != nil {
-		return nil, fmt.Errorf("PodResources List on %s: %w", socket, err)
+		return nil, err
 	}
 	// A kubelet before 1.31 names no driver, pool or device: the CDI
 	// names tell its devices apart.
