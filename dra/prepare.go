@@ -358,32 +358,20 @@ func (d *Driver) claimEdits(uid types.UID, pc PreparedClaim) cdi.Claim {
 }
 
 // identityEnv is the variable that tells a container which bus devices
-// of the resource it got (see plugin's Allocate), for the devices ids.
+// of the resource it got (plugin.IdentityEnv, as Allocate gives it), for
+// the devices ids.
 func (r *resource) identityEnv(ids []string) (string, string) {
 	s := r.snap.Load()
 	if s == nil {
 		return "", ""
 	}
-	var pci, usb []string
+	var idts []device.Identity
 	for _, id := range ids {
-		i := slices.IndexFunc(s.Devices, func(x device.Device) bool { return x.Name == id })
-		if i < 0 {
-			continue
-		}
-		switch idt := s.Devices[i].Identity; {
-		case idt.PCIAddress != "":
-			pci = append(pci, idt.PCIAddress)
-		case idt.USBBus > 0:
-			usb = append(usb, fmt.Sprintf("%03d:%03d", idt.USBBus, idt.USBDevice))
+		if i := slices.IndexFunc(s.Devices, func(x device.Device) bool { return x.Name == id }); i >= 0 {
+			idts = append(idts, s.Devices[i].Identity)
 		}
 	}
-	switch {
-	case len(pci) > 0:
-		return "PCI_RESOURCE_" + plugin.EnvName(r.Name), strings.Join(pci, ",")
-	case len(usb) > 0:
-		return "USB_RESOURCE_" + plugin.EnvName(r.Name), strings.Join(usb, ",")
-	}
-	return "", ""
+	return plugin.IdentityEnv(r.Name, idts)
 }
 
 // writeClaimSpec writes the claim's spec, when it has something to give,

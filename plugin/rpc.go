@@ -317,14 +317,24 @@ func (p *Plugin) PreStartContainer(ctx context.Context, req *pluginapi.PreStartC
 	return &pluginapi.PreStartContainerResponse{}, nil
 }
 
-// identityEnv is the variable that tells a container which bus devices it
-// got: PCI_RESOURCE_<RESOURCE> with their PCI addresses (KubeVirt's
-// convention), or USB_RESOURCE_<RESOURCE> with their bus:device numbers,
-// comma-separated in the order of the devices; none for other devices.
+// identityEnv is IdentityEnv of the devices phys of v.
 func (p *Plugin) identityEnv(v *view, phys []int) (string, string) {
+	ids := make([]device.Identity, len(phys))
+	for k, i := range phys {
+		ids[k] = v.snap.Devices[i].Identity
+	}
+	return IdentityEnv(p.opts.ResourceName, ids)
+}
+
+// IdentityEnv is the variable that tells a container which bus devices of
+// resource it got, for the device plugin's Allocate and the DRA driver's
+// claims alike: PCI_RESOURCE_<RESOURCE> with their PCI addresses
+// (KubeVirt's convention), or USB_RESOURCE_<RESOURCE> with their
+// bus:device numbers, comma-separated in the order of the devices; none
+// ("") for other devices.
+func IdentityEnv(resource string, ids []device.Identity) (string, string) {
 	var pci, usb []string
-	for _, i := range phys {
-		id := v.snap.Devices[i].Identity
+	for _, id := range ids {
 		switch {
 		case id.PCIAddress != "":
 			pci = append(pci, id.PCIAddress)
@@ -334,9 +344,9 @@ func (p *Plugin) identityEnv(v *view, phys []int) (string, string) {
 	}
 	switch {
 	case len(pci) > 0:
-		return "PCI_RESOURCE_" + EnvName(p.opts.ResourceName), strings.Join(pci, ",")
+		return "PCI_RESOURCE_" + EnvName(resource), strings.Join(pci, ",")
 	case len(usb) > 0:
-		return "USB_RESOURCE_" + EnvName(p.opts.ResourceName), strings.Join(usb, ",")
+		return "USB_RESOURCE_" + EnvName(resource), strings.Join(usb, ",")
 	}
 	return "", ""
 }
