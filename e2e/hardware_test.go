@@ -184,7 +184,7 @@ func (c *cluster) checkTopology(t *testing.T, res string, want map[string][]int6
 		t.Logf("E2E_NODE_ROOT unset: the kubelet's device topology not checked")
 		return
 	}
-	sock := filepath.Join(root, "/var/lib/kubelet/pod-resources/kubelet.sock")
+	sock := filepath.Join(root, "var", "lib", "kubelet", "pod-resources", "kubelet.sock")
 	conn, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
