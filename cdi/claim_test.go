@@ -10,6 +10,7 @@ import (
 	oci "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/cdi-device-plugin/cdi-device-plugin/device"
+	"github.com/cdi-device-plugin/cdi-device-plugin/internal/testutil"
 )
 
 // TestClaimSpecRoundTrip (issue 21): a claim's spec and the resource's
@@ -46,7 +47,7 @@ func TestClaimSpecRoundTrip(t *testing.T) {
 		t.Fatalf("claim spec: %v %v", fi, err)
 	}
 	spec := &oci.Spec{Process: &oci.Process{}, Linux: &oci.Linux{}}
-	if unresolved, err := freshCache(t, dir).InjectDevices(spec, "k8s.example.com/fpga=fpga-n1-1", name); err != nil || len(unresolved) > 0 {
+	if unresolved, err := testutil.FreshCDICache(t, dir).InjectDevices(spec, "k8s.example.com/fpga=fpga-n1-1", name); err != nil || len(unresolved) > 0 {
 		t.Fatalf("inject: %v %v", unresolved, err)
 	}
 	if !slices.Contains(spec.Process.Env, "FPGA_1=/dev/fpga-1") || !slices.Contains(spec.Process.Env, "FPGA_DEVICES=fpga-n1-1") {

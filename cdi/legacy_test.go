@@ -12,6 +12,7 @@ import (
 	cdiapi "tags.cncf.io/container-device-interface/pkg/cdi"
 
 	"github.com/cdi-device-plugin/cdi-device-plugin/device"
+	"github.com/cdi-device-plugin/cdi-device-plugin/internal/testutil"
 )
 
 // hostSource makes real char nodes (1:3) at rels below a fresh dev root and
@@ -63,7 +64,7 @@ func TestLegacyAliasRoundTrip(t *testing.T) {
 	if err := spec.Write(snap); err != nil {
 		t.Fatal(err)
 	}
-	fresh := freshCache(t, cdiDir)
+	fresh := testutil.FreshCDICache(t, cdiDir)
 	for _, c := range []struct{ name, path string }{
 		{"x-n1-a_b", "/dev/a_b"},  // the checkpointed name of an earlier version
 		{"x-n1-a:_b", "/dev/a_b"}, // the current name

@@ -80,7 +80,7 @@ func TestRoundTrip(t *testing.T) {
 		t.Fatalf("temp files left: %v", tmps)
 	}
 
-	fresh := freshCache(t, cdiDir)
+	fresh := testutil.FreshCDICache(t, cdiDir)
 	want := []string{"k8s.example.com/fpga=fpga-n1-0", "k8s.example.com/fpga=fpga-n1-1", "k8s.example.com/fpga=fpga-n1-2"}
 	if got := fresh.ListDevices(); !slices.Equal(got, want) {
 		t.Fatalf("devices %v, want %v", got, want)
@@ -362,7 +362,7 @@ func TestRoundTripSeveralNodes(t *testing.T) {
 	if err := w.Write(res, snap); err != nil {
 		t.Fatal(err)
 	}
-	fresh := freshCache(t, cdiDir)
+	fresh := testutil.FreshCDICache(t, cdiDir)
 	d := fresh.GetDevice("k8s.example.com/gpu=gpu-n1-1")
 	if d == nil || d.Annotations[IdentityAnnotationPrefix+"pci-address"] != "0000:41:00.0" || d.Annotations[IdentityAnnotationPrefix+"pci-driver"] != "nvidia" {
 		t.Fatalf("device annotations: %+v", d)
@@ -384,18 +384,4 @@ func TestRoundTripSeveralNodes(t *testing.T) {
 	if !slices.Contains(spec.Process.Env, "GPU_1=/dev/nvidia1") {
 		t.Fatalf("env %v", spec.Process.Env)
 	}
-}
-
-// freshCache reads dir with a new CDI cache, as containerd does, and fails
-// the test on any spec error.
-func freshCache(t *testing.T, dir string) *cdiapi.Cache {
-	t.Helper()
-	c, err := cdiapi.NewCache(cdiapi.WithSpecDirs(dir), cdiapi.WithAutoRefresh(false))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if errs := c.GetErrors(); len(errs) != 0 {
-		t.Fatalf("cache errors: %v", errs)
-	}
-	return c
 }

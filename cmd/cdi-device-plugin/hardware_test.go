@@ -13,7 +13,6 @@ import (
 	"time"
 
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
-	cdiapi "tags.cncf.io/container-device-interface/pkg/cdi"
 
 	"github.com/cdi-device-plugin/cdi-device-plugin/internal/kubeletsim"
 	"github.com/cdi-device-plugin/cdi-device-plugin/internal/testutil"
@@ -333,7 +332,7 @@ func TestFoundKindsRoundTrip(t *testing.T) {
 			if k, v, _ := strings.Cut(c.env, "="); resp.ContainerResponses[0].Envs[k] != v {
 				t.Fatalf("container envs %v, want %s", resp.ContainerResponses[0].Envs, c.env)
 			}
-			cache := freshCDICache(t, d.cdi)
+			cache := testutil.FreshCDICache(t, d.cdi)
 			var annotations map[string]string
 			for _, name := range cache.ListDevices() {
 				if strings.HasSuffix(name, "="+c.id) {
@@ -347,19 +346,6 @@ func TestFoundKindsRoundTrip(t *testing.T) {
 			}
 		})
 	}
-}
-
-// freshCDICache reads the specs in dir as a runtime that starts does.
-func freshCDICache(t *testing.T, dir string) *cdiapi.Cache {
-	t.Helper()
-	c, err := cdiapi.NewCache(cdiapi.WithSpecDirs(dir), cdiapi.WithAutoRefresh(false))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if errs := c.GetErrors(); len(errs) != 0 {
-		t.Fatalf("cache errors: %v", errs)
-	}
-	return c
 }
 
 // TestGlobNUMA (issue 20): a hostDevices resource gives each node the NUMA

@@ -1,5 +1,6 @@
 // Package testutil holds what the tests of several packages share: short
-// socket directories and device nodes. Only tests import it.
+// socket directories, device nodes, a fresh CDI cache. Only tests import
+// it.
 package testutil
 
 import (
@@ -12,6 +13,7 @@ import (
 	"github.com/cdi-device-plugin/cdi-device-plugin/internal/kubeletsim"
 	"golang.org/x/sys/unix"
 	podresourcesapi "k8s.io/kubelet/pkg/apis/podresources/v1"
+	cdiapi "tags.cncf.io/container-device-interface/pkg/cdi"
 )
 
 // ShortDir is a temporary directory with a path short enough for unix
@@ -114,4 +116,18 @@ func Go(t testing.TB, f func(ctx context.Context) error) context.CancelFunc {
 		}
 	})
 	return cancel
+}
+
+// FreshCDICache reads the specs in dir with a new CDI cache, as a runtime
+// that starts (containerd) does, and fails the test on any spec error.
+func FreshCDICache(t testing.TB, dir string) *cdiapi.Cache {
+	t.Helper()
+	c, err := cdiapi.NewCache(cdiapi.WithSpecDirs(dir), cdiapi.WithAutoRefresh(false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if errs := c.GetErrors(); len(errs) != 0 {
+		t.Fatalf("cache errors: %v", errs)
+	}
+	return c
 }
