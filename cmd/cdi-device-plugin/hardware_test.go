@@ -230,6 +230,14 @@ func TestFoundKindsRoundTrip(t *testing.T) {
 		path         string
 		major, minor int64
 	}
+	// A function bound to vfio-pci, in IOMMU group 42.
+	vfioTree := func(s *sysTree) {
+		vf := s.function("pci0000:00", "0000:3b:00.2", "8086", "154c", "020000", "vfio-pci", 0)
+		if err := os.MkdirAll(filepath.Join(s.sys, "kernel", "iommu_groups", "42"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		s.link(filepath.Join(vf, "iommu_group"), "../../../kernel/iommu_groups/42")
+	}
 	for _, c := range []struct {
 		name, config, id string
 		env              string // from Allocate
@@ -246,13 +254,7 @@ func TestFoundKindsRoundTrip(t *testing.T) {
   idPrefix: vf
   pci: {vendor: "8086", driver: vfio-pci}
 `,
-			tree: func(s *sysTree) {
-				vf := s.function("pci0000:00", "0000:3b:00.2", "8086", "154c", "020000", "vfio-pci", 0)
-				if err := os.MkdirAll(filepath.Join(s.sys, "kernel", "iommu_groups", "42"), 0o755); err != nil {
-					t.Fatal(err)
-				}
-				s.link(filepath.Join(vf, "iommu_group"), "../../../kernel/iommu_groups/42")
-			},
+			tree:  vfioTree,
 			nodes: map[string][2]uint32{"vfio/42": {243, 0}, "vfio/vfio": {10, 196}},
 			id:    "vf-n1-0", env: "PCI_RESOURCE_EXAMPLE_COM_VF=0000:3b:00.2",
 			want: []node{{"/dev/vfio/42", 243, 0}, {"/dev/vfio/vfio", 10, 196}}, numa: 0,
@@ -266,13 +268,7 @@ func TestFoundKindsRoundTrip(t *testing.T) {
   pci: {vendor: "8086", driver: vfio-pci}
   sharedNodes: [/dev/vfio/vfio]
 `,
-			tree: func(s *sysTree) {
-				vf := s.function("pci0000:00", "0000:3b:00.2", "8086", "154c", "020000", "vfio-pci", 0)
-				if err := os.MkdirAll(filepath.Join(s.sys, "kernel", "iommu_groups", "42"), 0o755); err != nil {
-					t.Fatal(err)
-				}
-				s.link(filepath.Join(vf, "iommu_group"), "../../../kernel/iommu_groups/42")
-			},
+			tree:  vfioTree,
 			nodes: map[string][2]uint32{"vfio/42": {243, 0}, "vfio/vfio": {10, 196}},
 			id:    "vf-n1-0", env: "PCI_RESOURCE_EXAMPLE_COM_VF=0000:3b:00.2",
 			want: []node{{"/dev/vfio/42", 243, 0}, {"/dev/vfio/vfio", 10, 196}}, numa: 0,
