@@ -144,7 +144,7 @@ func (c *Checkpoint) Save(claims map[types.UID]PreparedClaim) error {
 
 // Held returns the IDs of the devices of resource that prepared claims
 // hold, sorted (for background recovery and forgetting: see
-// parts.Options.Holders).
+// resource.Options.Holders).
 func (c *Checkpoint) Held(resource string) []string {
 	c.mu.Lock()
 	defer c.mu.Unlock()

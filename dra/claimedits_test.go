@@ -29,7 +29,7 @@ func TestClaimEdits(t *testing.T) {
 		{Resource{Name: "example.com/tty", Mounts: []cdi.Mount{mount}}, ttys},
 		{Resource{Name: "example.com/sim", EnvPrefix: "SIM"}, simDevices(3, "n1")},
 	} {
-		res := &resource{Resource: r.res}
+		res := &running{Resource: r.res}
 		res.snap.Store(r.snap)
 		d.res = append(d.res, res)
 	}

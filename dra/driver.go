@@ -24,8 +24,8 @@ import (
 	"github.com/cdi-device-plugin/cdi-device-plugin/cdi"
 	"github.com/cdi-device-plugin/cdi-device-plugin/device"
 	"github.com/cdi-device-plugin/cdi-device-plugin/internal/logs"
-	"github.com/cdi-device-plugin/cdi-device-plugin/internal/specgate"
 	"github.com/cdi-device-plugin/cdi-device-plugin/metrics"
+	"github.com/cdi-device-plugin/cdi-device-plugin/resource"
 )
 
 // Defaults of Options.
@@ -51,7 +51,7 @@ type Runner interface {
 
 // Resource is one configured resource as the driver serves it: the same
 // device source, spec and prestart runner as the device plugin's (see
-// internal/parts).
+// resource.Build).
 type Resource struct {
 	// Name is the extended resource name, Kind the CDI kind of its devices.
 	Name string
@@ -63,8 +63,8 @@ type Resource struct {
 	EnvPrefix string
 	// Mounts are given to a claim's containers.
 	Mounts []cdi.Mount
-	Source specgate.DeviceSource
-	Spec   specgate.SpecFile
+	Source resource.DeviceSource
+	Spec   resource.SpecFile
 	Runner Runner
 }
 
@@ -99,7 +99,7 @@ type Driver struct {
 	opts      Options
 	log       *logrus.Entry
 	claimKind cdi.Kind
-	res       []*resource
+	res       []*running
 
 	// changed: a resource published a snapshot; nodes: the node's
 	// reported resources (latest); polled: a PodResources poll's result.
@@ -119,18 +119,18 @@ type Driver struct {
 	prepMu sync.Mutex
 }
 
-// resource is a Resource running: its follower publishes to it.
-type resource struct {
+// running is a Resource running: its follower publishes to it.
+type running struct {
 	Resource
 	d        *Driver
-	follower *specgate.Follower
-	// snap is what the spec describes now (specgate.Gate).
+	follower *resource.Follower
+	// snap is what the spec describes now (resource.Gate).
 	snap     atomic.Pointer[device.Snapshot]
 	firmware string
 }
 
-// Update takes a snapshot from the follower (specgate.Publisher).
-func (r *resource) Update(s *device.Snapshot) error {
+// Update takes a snapshot from the follower (resource.Publisher).
+func (r *running) Update(s *device.Snapshot) error {
 	r.snap.Store(s)
 	select {
 	case r.d.changed <- struct{}{}:
@@ -168,9 +168,9 @@ func New(o Options) (*Driver, error) {
 		fatal: make(chan error, 1), pings: make(chan chan struct{})}
 	d.health.Store(&healthView{changed: make(chan struct{})})
 	for _, rc := range o.Resources {
-		r := &resource{Resource: rc, d: d}
+		r := &running{Resource: rc, d: d}
 		log := d.log.WithField("resource", rc.Name)
-		r.follower = &specgate.Follower{Resource: rc.Name, Source: rc.Source, Spec: rc.Spec, Publish: r, Log: log, Metrics: o.Metrics}
+		r.follower = &resource.Follower{Resource: rc.Name, Source: rc.Source, Spec: rc.Spec, Publish: r, Log: log, Metrics: o.Metrics}
 		if sha, err := rc.Runner.FirmwareSHA256(); err != nil {
 			log.WithError(err).Warn("cannot tell the reprogram image's digest; the devices are published without firmwareSHA256")
 		} else {
@@ -404,7 +404,7 @@ func (d *Driver) current(g *guards) []Published {
 }
 
 // lookup finds the device named name in the slice.
-func (d *Driver) lookup(name string) (*resource, device.Device, bool) {
+func (d *Driver) lookup(name string) (*running, device.Device, bool) {
 	for _, r := range d.res {
 		s := r.snap.Load()
 		if s == nil {
@@ -420,7 +420,7 @@ func (d *Driver) lookup(name string) (*resource, device.Device, bool) {
 }
 
 // byName is the resource named name.
-func (d *Driver) byName(name string) *resource {
+func (d *Driver) byName(name string) *running {
 	for _, r := range d.res {
 		if r.Name == name {
 			return r

@@ -27,9 +27,9 @@ import (
 	"github.com/cdi-device-plugin/cdi-device-plugin/cdi"
 	"github.com/cdi-device-plugin/cdi-device-plugin/config"
 	"github.com/cdi-device-plugin/cdi-device-plugin/internal/kubeletsim"
-	"github.com/cdi-device-plugin/cdi-device-plugin/internal/parts"
 	"github.com/cdi-device-plugin/cdi-device-plugin/internal/testutil"
 	"github.com/cdi-device-plugin/cdi-device-plugin/prestart"
+	"github.com/cdi-device-plugin/cdi-device-plugin/resource"
 )
 
 const (
@@ -107,7 +107,7 @@ func (h *harness) start() {
 	opts.Log.Logger.SetOutput(testWriter{h.t})
 	for i := range cfg.Resources {
 		rc := &cfg.Resources[i]
-		p, err := parts.Build(cfg, i, parts.Options{Writer: w, Socket: filepath.Join(drv, "dra.sock"), Log: opts.Log,
+		p, err := resource.Build(cfg, i, resource.Options{Writer: w, Socket: filepath.Join(drv, "dra.sock"), Log: opts.Log,
 			Holders: func(context.Context) ([]string, error) { return cp.Held(rc.Name), nil }})
 		if err != nil {
 			h.t.Fatal(err)

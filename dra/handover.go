@@ -55,7 +55,7 @@ type guards struct {
 	noPodResources bool
 }
 
-func newGuards(res []*resource, log *logrus.Entry) *guards {
+func newGuards(res []*running, log *logrus.Entry) *guards {
 	gs := &guards{g: make([]guard, len(res)), log: log}
 	for _, r := range res {
 		gs.names = append(gs.names, r.Name)

@@ -16,7 +16,6 @@ import (
 	"github.com/cdi-device-plugin/cdi-device-plugin/cdi"
 	"github.com/cdi-device-plugin/cdi-device-plugin/device"
 	"github.com/cdi-device-plugin/cdi-device-plugin/metrics"
-	"github.com/cdi-device-plugin/cdi-device-plugin/plugin"
 	"github.com/cdi-device-plugin/cdi-device-plugin/prestart"
 )
 
@@ -108,7 +107,7 @@ type planned struct {
 	again bool
 	// devs are the devices to prepare, by resource (not those of admin
 	// access).
-	devs map[*resource][]device.Device
+	devs map[*running][]device.Device
 }
 
 // prepare prepares claims, all or none; errs holds the claims that
@@ -257,7 +256,7 @@ func (d *Driver) plan(c *resourceapi.ResourceClaim, cp map[types.UID]PreparedCla
 	if c.Status.Allocation == nil {
 		return nil, errors.New("not allocated")
 	}
-	p := &planned{claim: c, devs: map[*resource][]device.Device{},
+	p := &planned{claim: c, devs: map[*running][]device.Device{},
 		entry: PreparedClaim{Namespace: c.Namespace, Name: c.Name, BootID: d.opts.BootID}}
 	for _, res := range c.Status.Allocation.Devices.Results {
 		if res.Driver != d.opts.DriverName {
@@ -358,9 +357,9 @@ func (d *Driver) claimEdits(uid types.UID, pc PreparedClaim) cdi.Claim {
 }
 
 // identityEnv is the variable that tells a container which bus devices
-// of the resource it got (plugin.IdentityEnv, as Allocate gives it), for
+// of the resource it got (device.IdentityEnv, as Allocate gives it), for
 // the devices ids.
-func (r *resource) identityEnv(ids []string) (string, string) {
+func (r *running) identityEnv(ids []string) (string, string) {
 	s := r.snap.Load()
 	if s == nil {
 		return "", ""
@@ -371,7 +370,7 @@ func (r *resource) identityEnv(ids []string) (string, string) {
 			idts = append(idts, s.Devices[i].Identity)
 		}
 	}
-	return plugin.IdentityEnv(r.Name, idts)
+	return device.IdentityEnv(r.Name, idts)
 }
 
 // writeClaimSpec writes the claim's spec, when it has something to give,
@@ -463,7 +462,7 @@ func (d *Driver) reset(ctx context.Context, pc PreparedClaim, others map[types.U
 			}
 		}
 	}
-	byRes := map[*resource][]device.Device{}
+	byRes := map[*running][]device.Device{}
 	for _, dv := range pc.Devices {
 		r := d.byName(dv.Resource)
 		if dv.AdminAccess || r == nil || !r.Runner.HasReset() || held[dv.Resource+"\x00"+dv.ID] {

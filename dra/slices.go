@@ -22,7 +22,7 @@ type Published struct {
 	Resource string
 	Kind     cdi.Kind
 	IDPrefix string
-	// Snapshot holds what the spec on disk describes (specgate): a device
+	// Snapshot holds what the spec on disk describes (resource.Follower): a device
 	// the spec does not describe yet is left out.
 	Snapshot *device.Snapshot
 	// Handover: the device plugin may still serve the resource on the

@@ -249,7 +249,7 @@ func (g *ClaimGuard) list(ctx context.Context) ([]metrics.ClaimDevice, error) {
 
 // Held returns the names of the resource's devices that DRA claims hold
 // now, asked afresh (for background recovery and forgetting, which spare
-// devices in use: parts.Options.Holders).
+// devices in use: resource.Options.Holders).
 func (g *ClaimGuard) Held(ctx context.Context) ([]string, error) {
 	claims, err := g.list(ctx)
 	if err != nil {

@@ -8,15 +8,15 @@ import (
 	"github.com/sirupsen/logrus"
 	"golang.org/x/sync/errgroup"
 
-	"github.com/cdi-device-plugin/cdi-device-plugin/internal/specgate"
 	"github.com/cdi-device-plugin/cdi-device-plugin/metrics"
+	"github.com/cdi-device-plugin/cdi-device-plugin/resource"
 )
 
 // DeviceSource publishes snapshots of a resource's devices (device.Source).
-type DeviceSource = specgate.DeviceSource
+type DeviceSource = resource.DeviceSource
 
 // SpecFile is the CDI spec of a resource on disk (cdi.Spec).
-type SpecFile = specgate.SpecFile
+type SpecFile = resource.SpecFile
 
 // Background is a part that runs beside the resource until ctx is done
 // (prestart.Runner's recovery).
@@ -25,11 +25,11 @@ type Background interface {
 }
 
 // Default bounds of the backoff between failed spec writes, and of the
-// recheck of a spec a newer process took over (see specgate).
+// recheck of a spec a newer process took over (see resource.Follower).
 const (
-	DefaultRetryMin     = specgate.DefaultRetryMin
-	DefaultRetryMax     = specgate.DefaultRetryMax
-	DefaultYieldRecheck = specgate.DefaultYieldRecheck
+	DefaultRetryMin     = resource.DefaultRetryMin
+	DefaultRetryMax     = resource.DefaultRetryMax
+	DefaultYieldRecheck = resource.DefaultYieldRecheck
 )
 
 // Resource runs one resource: the device source, the CDI spec kept in step
@@ -57,14 +57,14 @@ type Resource struct {
 	YieldRecheck time.Duration
 
 	once     sync.Once
-	follower *specgate.Follower
+	follower *resource.Follower
 }
 
 // init makes the follower that keeps the spec in step and publishes to
-// the plugin (specgate).
+// the plugin (resource.Follower).
 func (r *Resource) init() {
 	r.once.Do(func() {
-		r.follower = &specgate.Follower{Resource: r.Plugin.opts.ResourceName, Source: r.Source, Spec: r.Spec, Publish: r.Plugin,
+		r.follower = &resource.Follower{Resource: r.Plugin.opts.ResourceName, Source: r.Source, Spec: r.Spec, Publish: r.Plugin,
 			Log: r.Log, Metrics: r.Metrics, RetryMin: r.RetryMin, RetryMax: r.RetryMax, YieldRecheck: r.YieldRecheck}
 	})
 }

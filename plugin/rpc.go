@@ -5,7 +5,6 @@ package plugin
 
 import (
 	"context"
-	"fmt"
 	"slices"
 	"strconv"
 	"strings"
@@ -317,50 +316,11 @@ func (p *Plugin) PreStartContainer(ctx context.Context, req *pluginapi.PreStartC
 	return &pluginapi.PreStartContainerResponse{}, nil
 }
 
-// identityEnv is IdentityEnv of the devices phys of v.
+// identityEnv is device.IdentityEnv of the devices phys of v.
 func (p *Plugin) identityEnv(v *view, phys []int) (string, string) {
 	ids := make([]device.Identity, len(phys))
 	for k, i := range phys {
 		ids[k] = v.snap.Devices[i].Identity
 	}
-	return IdentityEnv(p.opts.ResourceName, ids)
-}
-
-// IdentityEnv is the variable that tells a container which bus devices of
-// resource it got, for the device plugin's Allocate and the DRA driver's
-// claims alike: PCI_RESOURCE_<RESOURCE> with their PCI addresses
-// (KubeVirt's convention), or USB_RESOURCE_<RESOURCE> with their
-// bus:device numbers, comma-separated in the order of the devices; none
-// ("") for other devices.
-func IdentityEnv(resource string, ids []device.Identity) (string, string) {
-	var pci, usb []string
-	for _, id := range ids {
-		switch {
-		case id.PCIAddress != "":
-			pci = append(pci, id.PCIAddress)
-		case id.USBBus > 0:
-			usb = append(usb, fmt.Sprintf("%03d:%03d", id.USBBus, id.USBDevice))
-		}
-	}
-	switch {
-	case len(pci) > 0:
-		return "PCI_RESOURCE_" + EnvName(resource), strings.Join(pci, ",")
-	case len(usb) > 0:
-		return "USB_RESOURCE_" + EnvName(resource), strings.Join(usb, ",")
-	}
-	return "", ""
-}
-
-// EnvName turns a resource name into the end of a variable name:
-// example.com/gpu gives EXAMPLE_COM_GPU.
-func EnvName(resource string) string {
-	return strings.Map(func(r rune) rune {
-		switch {
-		case 'a' <= r && r <= 'z':
-			return r - 'a' + 'A'
-		case 'A' <= r && r <= 'Z', '0' <= r && r <= '9':
-			return r
-		}
-		return '_'
-	}, resource)
+	return device.IdentityEnv(p.opts.ResourceName, ids)
 }

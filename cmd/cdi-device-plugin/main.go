@@ -29,10 +29,10 @@ import (
 	"github.com/cdi-device-plugin/cdi-device-plugin/internal/atomicfile"
 	"github.com/cdi-device-plugin/cdi-device-plugin/internal/dranames"
 	"github.com/cdi-device-plugin/cdi-device-plugin/internal/logs"
-	"github.com/cdi-device-plugin/cdi-device-plugin/internal/parts"
 	"github.com/cdi-device-plugin/cdi-device-plugin/metrics"
 	"github.com/cdi-device-plugin/cdi-device-plugin/plugin"
 	"github.com/cdi-device-plugin/cdi-device-plugin/prestart"
+	"github.com/cdi-device-plugin/cdi-device-plugin/resource"
 )
 
 var version = "dev"
@@ -208,7 +208,7 @@ func sweepTemps(patterns []string, log *logrus.Entry) {
 // part is one configured resource, built: the shared parts and the
 // device plugin that serves them.
 type part struct {
-	*parts.Resource
+	*resource.Parts
 	name string
 	kind cdi.Kind
 	// resource runs it all once prepared.
@@ -237,9 +237,9 @@ func build(cfg *config.Config, i int, writer *cdi.Writer, start int64, log *logr
 	}
 	socket := plugin.SocketName(cfg.PluginName, rc.Name, start)
 	// The claim guard needs the source, which the holders it gives
-	// parts.Build are asked of only once the resource runs.
+	// resource.Build are asked of only once the resource runs.
 	guard := &plugin.ClaimGuard{Socket: cfg.PodResourcesSocket}
-	res, err := parts.Build(cfg, i, parts.Options{Writer: writer, Socket: filepath.Join(cfg.DevicePluginDir, socket), Log: log, Metrics: m,
+	res, err := resource.Build(cfg, i, resource.Options{Writer: writer, Socket: filepath.Join(cfg.DevicePluginDir, socket), Log: log, Metrics: m,
 		// A device a DRA claim holds (a node switched back from the DRA
 		// driver) is in use: no background re-preparation resets it, and
 		// a vanished one is not forgotten.
@@ -284,13 +284,13 @@ func build(cfg *config.Config, i int, writer *cdi.Writer, start int64, log *logr
 		return nil, fmt.Errorf("%s: %w", rc.Name, err)
 	}
 	return &part{
-		Resource: res, name: rc.Name, kind: res.Kind,
+		Parts: res, name: rc.Name, kind: res.Kind,
 		resource: &plugin.Resource{Source: res.Source, Spec: res.Spec, Plugin: p, Recovery: res.Runner, Claims: guard, Log: res.Log, Metrics: m},
 	}, nil
 }
 
 // prepare prepares the shared parts (nodes, device state, see
-// parts.Resource.Prepare); PreStartContainer gets the device IDs of an
+// resource.Parts.Prepare); PreStartContainer gets the device IDs of an
 // earlier version that the kubelet still holds.
 func (p *part) prepare() error {
 	aliases, err := p.Prepare()

@@ -31,9 +31,9 @@ import (
 	"github.com/cdi-device-plugin/cdi-device-plugin/internal/atomicfile"
 	"github.com/cdi-device-plugin/cdi-device-plugin/internal/dranames"
 	"github.com/cdi-device-plugin/cdi-device-plugin/internal/logs"
-	"github.com/cdi-device-plugin/cdi-device-plugin/internal/parts"
 	"github.com/cdi-device-plugin/cdi-device-plugin/metrics"
 	"github.com/cdi-device-plugin/cdi-device-plugin/prestart"
+	"github.com/cdi-device-plugin/cdi-device-plugin/resource"
 )
 
 var version = "dev"
@@ -124,7 +124,7 @@ func run(ctx context.Context, args []string, env config.Env, stderr io.Writer, c
 type driver struct {
 	cfg        *config.Config
 	log        *logrus.Entry
-	parts      []*parts.Resource
+	parts      []*resource.Parts
 	kinds      []cdi.Kind
 	checkpoint *dra.Checkpoint
 	opts       dra.Options
@@ -181,7 +181,7 @@ func build(cfg *config.Config, f flags, client func(string) (kubernetes.Interfac
 	for i := range cfg.Resources {
 		rc := &cfg.Resources[i]
 		name := rc.Name
-		p, err := parts.Build(cfg, i, parts.Options{Writer: writer, Socket: filepath.Join(pluginDir, "dra.sock"), Log: log, Metrics: d.metrics,
+		p, err := resource.Build(cfg, i, resource.Options{Writer: writer, Socket: filepath.Join(pluginDir, "dra.sock"), Log: log, Metrics: d.metrics,
 			// Prepared claims hold their devices: no background
 			// re-preparation resets them, and a vanished one is not
 			// forgotten.

@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -256,7 +257,57 @@ func TestPluginLinksNoKubeClient(t *testing.T) {
 			}
 		}
 	}
-	if !strings.Contains(string(out), "github.com/cdi-device-plugin/cdi-device-plugin/internal/parts") {
-		t.Fatal("go list -deps does not list internal/parts: the check looked at nothing")
+	if !strings.Contains(string(out), "github.com/cdi-device-plugin/cdi-device-plugin/resource") {
+		t.Fatal("go list -deps does not list resource: the check looked at nothing")
+	}
+}
+
+// TestDriverLinksNoPluginServer: the DRA driver's binary links nothing of
+// the device plugin's server (plugin/): what both commands share lives in
+// resource/, device/ (identities and their variables) and cdi/.
+func TestDriverLinksNoPluginServer(t *testing.T) {
+	goBin, err := exec.LookPath("go")
+	if err != nil {
+		t.Skipf("no go in PATH: %v", err)
+	}
+	out, err := exec.Command(goBin, "list", "-deps", "github.com/cdi-device-plugin/cdi-device-plugin/cmd/cdi-dra-driver").CombinedOutput()
+	if err != nil {
+		t.Skipf("go list: %v: %s", err, out)
+	}
+	deps := strings.Fields(string(out))
+	if slices.Contains(deps, "github.com/cdi-device-plugin/cdi-device-plugin/plugin") {
+		t.Error("cmd/cdi-dra-driver links plugin/, the device plugin's server")
+	}
+	if !slices.Contains(deps, "github.com/cdi-device-plugin/cdi-device-plugin/resource") {
+		t.Fatal("go list -deps does not list resource: the check looked at nothing")
+	}
+}
+
+// TestInternalHoldsLeaves: the packages under internal/ are leaf helpers:
+// none imports a package of the project other than config (typed values,
+// itself a leaf) and other internal/ helpers. The core both commands share
+// is resource/, a floor of its own.
+func TestInternalHoldsLeaves(t *testing.T) {
+	goBin, err := exec.LookPath("go")
+	if err != nil {
+		t.Skipf("no go in PATH: %v", err)
+	}
+	const mod = "github.com/cdi-device-plugin/cdi-device-plugin/"
+	out, err := exec.Command(goBin, "list", "-f", `{{.ImportPath}}{{range .Imports}} {{.}}{{end}}`, mod+"internal/...").CombinedOutput()
+	if err != nil {
+		t.Skipf("go list: %v: %s", err, out)
+	}
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	if len(lines) < 3 {
+		t.Fatalf("go list found %d packages under internal/: the check looked at nothing", len(lines))
+	}
+	for _, line := range lines {
+		f := strings.Fields(line)
+		for _, imp := range f[1:] {
+			if !strings.HasPrefix(imp, mod) || strings.HasPrefix(imp, mod+"internal/") || imp == mod+"config" {
+				continue
+			}
+			t.Errorf("%s imports %s: internal/ holds leaf helpers only", f[0], imp)
+		}
 	}
 }

@@ -1,12 +1,4 @@
-// Package parts builds the parts of one configured resource that the
-// device plugin and the DRA driver share: its device source (simulated
-// nodes, globs, PCI or USB devices by identity), its prestart runner, and
-// its CDI spec, whose writes first give every device its state directory
-// (StateSpec); and prepares them (nodes, device state, faults an earlier
-// run recorded). Both commands build a resource the same way, so they
-// describe the same devices with the same spec file and prepare them with
-// the same steps and state.
-package parts
+package resource
 
 import (
 	"context"
@@ -50,8 +42,8 @@ type Options struct {
 	Uevents func() (io.ReadCloser, error)
 }
 
-// Resource is one configured resource, built.
-type Resource struct {
+// Parts are one configured resource, built.
+type Parts struct {
 	// Name is the extended resource name; Kind the CDI kind of its devices.
 	Name   string
 	Kind   cdi.Kind
@@ -70,7 +62,7 @@ type Resource struct {
 // Build constructs the parts of resource i of cfg without touching the
 // disk. Errors of the constructors are errors of the configuration, named
 // by the field the user wrote.
-func Build(cfg *config.Config, i int, o Options) (*Resource, error) {
+func Build(cfg *config.Config, i int, o Options) (*Parts, error) {
 	rc := &cfg.Resources[i]
 	field := func(name string) string { return cfg.ResourceField(i, name) }
 	log := o.Log
@@ -146,7 +138,7 @@ func Build(cfg *config.Config, i int, o Options) (*Resource, error) {
 		specRes.StateRoot = stateRoot
 		specRes.NoStateMount = runner.BadState
 	}
-	return &Resource{
+	return &Parts{
 		Name: rc.Name, Kind: kind, Source: src, Runner: runner, StateRoot: stateRoot, Log: log,
 		Spec:     StateSpec{Spec: o.Writer.Spec(specRes), runner: runner},
 		registry: opts.Registry, podResources: cfg.PodResourcesSocket,
@@ -166,8 +158,8 @@ func kernelEvents(open func() (io.ReadCloser, error), subsystem string) func(con
 // every device its state and restores the faults an earlier run recorded.
 // It returns the device IDs of earlier versions that are kept resolvable
 // (see legacyAliases), old ID -> device. The spec is written by the
-// follower (specgate), before the devices are published.
-func (r *Resource) Prepare() (map[string]string, error) {
+// follower (Follower), before the devices are published.
+func (r *Parts) Prepare() (map[string]string, error) {
 	// No registry yet: the first start of a version that escapes host IDs
 	// (the registry came with the escaping), or of the resource.
 	first := false
@@ -207,7 +199,7 @@ func (r *Resource) Prepare() (map[string]string, error) {
 
 // TempPatterns are the globs of the temp files that writes of this
 // resource killed mid-way may have left (spec, registry).
-func (r *Resource) TempPatterns() []string {
+func (r *Parts) TempPatterns() []string {
 	out := []string{r.Spec.TempPattern()}
 	if p := r.Source.TempPattern(); p != "" {
 		out = append(out, p)
@@ -221,7 +213,7 @@ func (r *Resource) TempPatterns() []string {
 // device; an ID that cannot be resolved so is an error (cdi.ErrLegacyID).
 // first: no registry existed before this start (see cdi.LegacyAliases).
 // Without a PodResources socket nothing is known: no aliases.
-func (r *Resource) legacyAliases(snap *device.Snapshot, first bool) (map[string]string, error) {
+func (r *Parts) legacyAliases(snap *device.Snapshot, first bool) (map[string]string, error) {
 	legacy := r.Source.LegacyIDs()
 	if len(legacy) == 0 {
 		return nil, nil

@@ -1,10 +1,4 @@
-// Package specgate keeps a resource's CDI spec in step with its device set
-// and hands on only what the spec on disk describes: a device is published
-// healthy (to the device plugin's ListAndWatch, or in the DRA driver's
-// ResourceSlice) only once the spec describes it, so every CDI name handed
-// out resolves. It also yields the spec to a newer process that took it
-// over, and takes it back once that process is gone.
-package specgate
+package resource
 
 import (
 	"context"

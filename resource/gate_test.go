@@ -1,4 +1,4 @@
-package specgate
+package resource
 
 import (
 	"context"
