@@ -65,67 +65,6 @@ func TestFixtureH100(t *testing.T) {
 	}
 }
 
-// tree builds a sysfs and procfs in a temporary directory.
-type tree struct {
-	t               *testing.T
-	sys, proc, root string
-}
-
-func newTree(t *testing.T) *tree {
-	root := t.TempDir()
-	return &tree{t: t, root: root, sys: filepath.Join(root, "sys"), proc: filepath.Join(root, "proc")}
-}
-
-func (tr *tree) file(p, content string) {
-	tr.t.Helper()
-	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-		tr.t.Fatal(err)
-	}
-	if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
-		tr.t.Fatal(err)
-	}
-}
-
-func (tr *tree) link(p, target string) {
-	tr.t.Helper()
-	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-		tr.t.Fatal(err)
-	}
-	if err := os.Symlink(target, p); err != nil {
-		tr.t.Fatal(err)
-	}
-}
-
-// function makes a PCI function below bus bus (pci0000:xx) and links it
-// from bus/pci/devices, as the kernel does; it returns its directory.
-func (tr *tree) function(bus, addr, vendor, dev, class, driver string, numa int) string {
-	dir := filepath.Join(tr.sys, "devices", bus, addr)
-	tr.file(filepath.Join(dir, "vendor"), "0x"+vendor+"\n")
-	tr.file(filepath.Join(dir, "device"), "0x"+dev+"\n")
-	tr.file(filepath.Join(dir, "class"), "0x"+class+"\n")
-	tr.file(filepath.Join(dir, "numa_node"), itoa(numa)+"\n")
-	if driver != "" {
-		_ = os.MkdirAll(filepath.Join(tr.sys, "bus", "pci", "drivers", driver), 0o755)
-		tr.link(filepath.Join(dir, "driver"), "../../../bus/pci/drivers/"+driver)
-	}
-	tr.link(filepath.Join(tr.sys, "bus", "pci", "devices", addr), "../../../devices/"+bus+"/"+addr)
-	return dir
-}
-
-func itoa(n int) string {
-	if n < 0 {
-		return "-1"
-	}
-	return string(rune('0' + n))
-}
-
-// registered makes a node the kernel registers below dir.
-func (tr *tree) registered(dir, class, name, devname, majmin string) {
-	d := filepath.Join(dir, class, name)
-	tr.file(filepath.Join(d, "dev"), majmin+"\n")
-	tr.file(filepath.Join(d, "uevent"), "MAJOR=x\nMINOR=y\nDEVNAME="+devname+"\n")
-}
-
 func TestMadeTrees(t *testing.T) {
 	tr := newTree(t)
 	// Two GPUs over two NUMA nodes.
@@ -142,7 +81,7 @@ func TestMadeTrees(t *testing.T) {
 	amd := tr.function("pci0000:00", "0000:c1:00.0", "1002", "74a1", "038000", "amdgpu", -1)
 	tr.registered(amd, "drm", "card1", "dri/card1", "226:1")
 	tr.registered(amd, "drm", "renderD128", "dri/renderD128", "226:128")
-	tr.link(filepath.Join(amd, "subsystem"), "../../../bus/pci")
+	tr.link(filepath.Join(amd, "physfn"), "../0000:3b:00.2")
 
 	sys, proc := tr.sys, tr.proc
 	for _, c := range []struct {
@@ -185,7 +124,6 @@ func TestMadeTrees(t *testing.T) {
 	}
 
 	// The NUMA node of a char node, through /sys/dev/char.
-	tr.link(filepath.Join(sys, "dev", "char", "226:128"), "../../devices/pci0000:00/0000:c1:00.0/drm/renderD128")
 	tr.link(filepath.Join(sys, "dev", "char", "195:1"), "../../devices/pci0000:80/0000:81:00.0")
 	for _, c := range []struct {
 		major, minor uint32
@@ -287,28 +225,11 @@ func TestUnreadableSkipped(t *testing.T) {
 func TestUSB(t *testing.T) {
 	tr := newTree(t)
 	ctrl := tr.function("pci0000:00", "0000:00:14.0", "8086", "a0ed", "0c0330", "xhci_hcd", 1)
-	usb := func(parent, name string, bus, dev int, vendor, product, serial string) string {
-		d := filepath.Join(parent, name)
-		tr.file(filepath.Join(d, "busnum"), itoa(bus)+"\n")
-		tr.file(filepath.Join(d, "devnum"), itoa(dev)+"\n")
-		tr.file(filepath.Join(d, "idVendor"), vendor+"\n")
-		tr.file(filepath.Join(d, "idProduct"), product+"\n")
-		if serial != "" {
-			tr.file(filepath.Join(d, "serial"), serial+"\n")
-		}
-		tr.file(filepath.Join(d, "dev"), "189:"+itoa(dev)+"\n")
-		tr.file(filepath.Join(d, "uevent"), "DEVNAME=bus/usb/00"+itoa(bus)+"/00"+itoa(dev)+"\n")
-		rel, _ := filepath.Rel(filepath.Join(tr.sys, "bus", "usb", "devices"), d)
-		tr.link(filepath.Join(tr.sys, "bus", "usb", "devices", name), rel)
-		return d
-	}
-	root := usb(ctrl, "usb1", 1, 1, "1d6b", "0002", "")
-	hub := usb(root, "1-1", 1, 2, "05e3", "0610", "")
-	ftdi := usb(hub, "1-1.2", 1, 4, "0403", "6001", "A10K")
+	root := tr.usbDevice(ctrl, "usb1", 1, 1, "1d6b", "0002", "")
+	hub := tr.usbDevice(root, "1-1", 1, 2, "05e3", "0610", "")
+	ftdi := tr.usbDevice(hub, "1-1.2", 1, 4, "0403", "6001", "A10K")
 	// Its interface, with the tty the kernel registers below it.
-	tr.registered(filepath.Join(ftdi, "1-1.2:1.0", "ttyUSB0"), "tty", "ttyUSB0", "ttyUSB0", "188:0")
-	_ = os.MkdirAll(filepath.Join(tr.sys, "bus", "usb", "devices"), 0o755)
-	tr.link(filepath.Join(tr.sys, "bus", "usb", "devices", "1-1.2:1.0"), "../../../devices/pci0000:00/0000:00:14.0/usb1/1-1/1-1.2/1-1.2:1.0")
+	tr.registered(tr.usbInterface(ftdi, "1-1.2:1.0"), "tty", "ttyUSB0", "ttyUSB0", "188:0")
 
 	devs, _, err := USBDevices(tr.sys)
 	if err != nil {
@@ -323,7 +244,7 @@ func TestUSB(t *testing.T) {
 	}
 	f := found[0]
 	if f.Key != "0403:6001:A10K" || f.Node != (device.Node{HostPath: "ttyUSB0", Type: device.Char, Major: 188, Minor: 0}) ||
-		len(f.Extra) != 1 || f.Extra[0] != (device.Node{HostPath: "bus/usb/001/004", Type: device.Char, Major: 189, Minor: 4}) || f.NUMANode != 1 {
+		len(f.Extra) != 1 || f.Extra[0] != (device.Node{HostPath: "bus/usb/001/004", Type: device.Char, Major: 189, Minor: 3}) || f.NUMANode != 1 {
 		t.Fatalf("adapter %+v", f)
 	}
 	if id := f.Identity; id.USBBus != 1 || id.USBDevice != 4 || id.USBSerial != "A10K" || id.USBVendor != "0403" {
@@ -337,4 +258,11 @@ func TestUSB(t *testing.T) {
 	if other, _ := DiscoverUSB(tr.sys, USBSelector{Vendor: "0403", Serial: "B20"}, nil)(); len(other) != 0 {
 		t.Fatalf("another serial matched: %+v", other)
 	}
+}
+
+func itoa(n int) string {
+	if n < 0 {
+		return "-1"
+	}
+	return string(rune('0' + n))
 }
