@@ -9,11 +9,22 @@
 //   - bound to nvidia: /dev/nvidia<Device Minor> (char 195), the minor from
 //     <procRoot>/driver/nvidia/gpus/<address>/information: the NVIDIA
 //     driver registers its nodes in /proc/devices only, nowhere in sysfs;
-//   - any driver: every character or block device the kernel registers
-//     below the function (a "dev" file holding major:minor), named by the
-//     DEVNAME of the "uevent" beside it: DRM card* and renderD*, accel*,
-//     InfiniBand uverbs*. Links out of the function's directory (driver,
-//     subsystem, iommu_group, physfn, virtfn*, ...) are not followed.
+//   - any driver: the character and block devices the kernel registers
+//     for the function (a "dev" file holding major:minor in its sysfs
+//     directory), named by the DEVNAME of the "uevent" beside it: DRM
+//     card* and renderD*, accel*, InfiniBand uverbs*, an NVMe
+//     controller's nvme<N> and the namespaces (disks, partitions) the
+//     kernel registers below it. The walk stops at every child device of
+//     a bus (a directory whose "subsystem" link points to /sys/bus/<bus>):
+//     a function behind a bridge or switch port, a USB controller's
+//     devices, a disk behind a storage controller (scsi), the chips on a
+//     GPU's I2C bus are devices of their own, not the function's. Only the
+//     buses on which the kernel puts parts of the one function (pciParts:
+//     auxiliary, serial-base) are walked into. Links out of the function's
+//     directory (driver, subsystem, iommu_group, physfn, virtfn*, ...)
+//     are not followed.
+//
+// A function's nodes are looked for only when the selector picks it.
 package sysfs
 
 import (
@@ -83,10 +94,17 @@ type Unreadable struct {
 func (u *Unreadable) Error() string { return u.Name + ": " + u.Err.Error() }
 func (u *Unreadable) Unwrap() error { return u.Err }
 
-// PCIFunctions reads every PCI function of sysRoot, in address order; a
-// function that cannot be read is skipped and returned in skipped (one
-// that went away meanwhile is not). err: the bus cannot be listed.
+// PCIFunctions reads every PCI function of sysRoot with its nodes, in
+// address order; a function that cannot be read is skipped and returned
+// in skipped (one that went away meanwhile is not). err: the bus cannot
+// be listed.
 func PCIFunctions(sysRoot, procRoot string) (fns []PCIFunction, skipped []*Unreadable, err error) {
+	return pciFunctions(sysRoot, procRoot, func(PCIFunction) bool { return true })
+}
+
+// pciFunctions is PCIFunctions of the functions want picks by their
+// identity: the nodes of the others are not looked for.
+func pciFunctions(sysRoot, procRoot string, want func(PCIFunction) bool) (fns []PCIFunction, skipped []*Unreadable, err error) {
 	dir := filepath.Join(sysRoot, "bus", "pci", "devices")
 	entries, err := os.ReadDir(dir)
 	if errors.Is(err, fs.ErrNotExist) {
@@ -97,7 +115,13 @@ func PCIFunctions(sysRoot, procRoot string) (fns []PCIFunction, skipped []*Unrea
 	}
 	for _, e := range entries {
 		p := filepath.Join(dir, e.Name())
-		f, err := readFunction(p, e.Name(), procRoot)
+		f, err := readFunction(p, e.Name())
+		if err == nil {
+			if !want(f) {
+				continue
+			}
+			err = f.readNodes(p, procRoot)
+		}
 		if err != nil {
 			if !gone(p) {
 				skipped = append(skipped, &Unreadable{Name: e.Name(), Vendor: f.Vendor, Err: err})
@@ -151,8 +175,9 @@ func (s *sayOnce) skipped(skipped []*Unreadable, vendor string) {
 	s.said = now
 }
 
-// readFunction reads the function at p (its bus/pci/devices link).
-func readFunction(p, addr, procRoot string) (PCIFunction, error) {
+// readFunction reads the identity of the function at p (its
+// bus/pci/devices link): IDs, class, driver, IOMMU group, NUMA node.
+func readFunction(p, addr string) (PCIFunction, error) {
 	f := PCIFunction{Address: addr, NUMANode: device.NoNUMA}
 	var err error
 	if f.Vendor, err = hexAttr(p, "vendor", 4); err != nil {
@@ -167,6 +192,11 @@ func readFunction(p, addr, procRoot string) (PCIFunction, error) {
 	f.Driver = linkBase(filepath.Join(p, "driver"))
 	f.IOMMUGroup = linkBase(filepath.Join(p, "iommu_group"))
 	f.NUMANode = numaAttr(filepath.Join(p, "numa_node"))
+	return f, nil
+}
+
+// readNodes finds the nodes of the function at p (see the package doc).
+func (f *PCIFunction) readNodes(p, procRoot string) error {
 	switch f.Driver {
 	case "vfio-pci":
 		if f.IOMMUGroup != "" {
@@ -175,21 +205,32 @@ func readFunction(p, addr, procRoot string) (PCIFunction, error) {
 			}
 		}
 	case "nvidia":
-		n, err := nvidiaNode(procRoot, addr)
+		n, err := nvidiaNode(procRoot, f.Address)
 		if err != nil {
-			return f, err
+			return err
 		}
 		if n != nil {
 			f.Nodes = append(f.Nodes, *n)
 		}
 	}
-	sub, err := registeredNodes(p)
+	root, err := filepath.EvalSymlinks(p)
 	if err != nil {
-		return f, err
+		return fmt.Errorf("sysfs: %w", err)
+	}
+	sub, err := ownNodes(root, func(_, bus string) bool { return pciParts[bus] })
+	if err != nil {
+		return err
 	}
 	f.Nodes = append(f.Nodes, sub...)
-	return f, nil
+	return nil
 }
+
+// pciParts are the buses on which the kernel puts parts of one PCI
+// function, not devices of their own: the auxiliary bus, on which a
+// driver splits its function among drivers (mlx5, ice, sof), and
+// serial-base, which holds the serial ports of a serial card (Linux 6.5
+// and later: <function>/<function>:0/<function>:0.0/tty/ttyS4).
+var pciParts = map[string]bool{"auxiliary": true, "serial-base": true}
 
 // hexAttr reads a 0x-prefixed hexadecimal attribute of n digits.
 func hexAttr(dir, name string, n int) (string, error) {
@@ -275,34 +316,29 @@ func nvidiaNode(procRoot, addr string) (*device.Node, error) {
 	return nil, fmt.Errorf("procfs: %s: no Device Minor line", p)
 }
 
-// registeredNodes are the device nodes the kernel registers below the
-// function directory p: every "dev" file of its subtree (no link
-// followed), named by the DEVNAME of the uevent beside it.
-func registeredNodes(p string) ([]device.Node, error) {
-	root, err := filepath.EvalSymlinks(p)
-	if err != nil {
-		return nil, fmt.Errorf("sysfs: %w", err)
-	}
-	return registeredNodesSkipping(root, func(string) bool { return false })
-}
-
-// registeredNodesSkipping is registeredNodes of the real directory root,
-// not descending into the directories skip picks.
-func registeredNodesSkipping(root string, skip func(dir string) bool) ([]device.Node, error) {
+// ownNodes are the device nodes the kernel registers for the device at
+// the real directory root: every "dev" file of its subtree (no link
+// followed), named by the DEVNAME of the uevent beside it, but none of a
+// child device of a bus (a directory whose subsystem link points to
+// <sys>/bus/<bus>) unless part(dir, bus) says it is part of the device:
+// another device's nodes are its own.
+func ownNodes(root string, part func(dir, bus string) bool) ([]device.Node, error) {
 	var out []device.Node
 	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return nil // a file that went away meanwhile
 		}
-		if d.IsDir() && path != root && skip(path) {
-			return filepath.SkipDir
+		if d.IsDir() && path != root {
+			if bus := busOf(path); bus != "" && !part(path, bus) {
+				return filepath.SkipDir
+			}
 		}
 		if d.Type()&fs.ModeSymlink != 0 || d.Name() != "dev" || d.IsDir() {
 			return nil
 		}
 		dir := filepath.Dir(path)
 		if dir == root {
-			return nil // the function's own dev, if any, is no node of it
+			return nil // the device's own dev, if any, is not walked for
 		}
 		n, ok := nodeOf(dir)
 		if ok {
@@ -312,6 +348,18 @@ func registeredNodesSkipping(root string, skip func(dir string) bool) ([]device.
 	})
 	sort.Slice(out, func(i, j int) bool { return out[i].HostPath < out[j].HostPath })
 	return out, err
+}
+
+// busOf is the bus of the device directory dir, the last element of its
+// subsystem link when that points into <sys>/bus ("../../../bus/pci":
+// pci); "" for a class device (subsystem <sys>/class/<class>) or a
+// directory that is no device.
+func busOf(dir string) string {
+	t, err := os.Readlink(filepath.Join(dir, "subsystem"))
+	if err != nil || filepath.Base(filepath.Dir(t)) != "bus" {
+		return ""
+	}
+	return filepath.Base(t)
 }
 
 // nodeOf reads the node a sysfs device directory registers: major:minor
@@ -370,20 +418,21 @@ func NUMAOfNode(sysRoot string, t device.NodeType, major, minor uint32) int {
 // Discover returns the discovery of a resource whose devices are the PCI
 // functions sel picks (device.Options.Discover): each function is a
 // device keyed by its address, its first node its own, the others extra.
-// A function with no node is skipped (nothing to give a container).
-// A function that cannot be read is skipped with a warning on log (nil:
+// A function with no node is skipped (nothing to give a container); one
+// sel does not pick is read no further than its identity (its nodes are
+// not looked for). A function that cannot be read is skipped with a warning on log (nil:
 // none) that names it, said once while it stays so.
 func Discover(sysRoot, procRoot string, sel PCISelector, log *logrus.Entry) func() ([]device.Found, error) {
 	say := newSayOnce(log, "pci")
 	return func() ([]device.Found, error) {
-		fns, skipped, err := PCIFunctions(sysRoot, procRoot)
+		fns, skipped, err := pciFunctions(sysRoot, procRoot, sel.Match)
 		if err != nil {
 			return nil, err
 		}
 		say.skipped(skipped, sel.Vendor)
 		var out []device.Found
 		for _, f := range fns {
-			if !sel.Match(f) || len(f.Nodes) == 0 {
+			if len(f.Nodes) == 0 {
 				continue
 			}
 			out = append(out, device.Found{

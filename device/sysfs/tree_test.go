@@ -182,7 +182,7 @@ func (tr *tree) unplug(dir string) {
 type server struct {
 	*tree
 	rootPort, upstream, down0, down1, gpu, nvme, rootPort2, xhci string
-	roothub, hub, adapter1, adapter2, hid                         string
+	roothub, hub, adapter1, adapter2, hid                        string
 }
 
 // newServer makes an Intel server's sysfs: every bridge and the USB

@@ -40,10 +40,17 @@ func (s USBSelector) Match(d USBDevice) bool {
 	return d.Vendor == s.Vendor && (s.Product == "" || d.Product == s.Product) && (s.Serial == "" || d.Serial == s.Serial)
 }
 
-// USBDevices reads every USB device (not interface) of sysRoot, by name;
-// a device that cannot be read is skipped and returned in skipped (one
-// that went away meanwhile is not). err: the bus cannot be listed.
+// USBDevices reads every USB device (not interface) of sysRoot with its
+// nodes, by name; a device that cannot be read is skipped and returned in
+// skipped (one that went away meanwhile is not). err: the bus cannot be
+// listed.
 func USBDevices(sysRoot string) (devs []USBDevice, skipped []*Unreadable, err error) {
+	return usbDevices(sysRoot, func(USBDevice) bool { return true })
+}
+
+// usbDevices is USBDevices of the devices want picks by their identity:
+// the nodes of the others are not looked for.
+func usbDevices(sysRoot string, want func(USBDevice) bool) (devs []USBDevice, skipped []*Unreadable, err error) {
 	dir := filepath.Join(sysRoot, "bus", "usb", "devices")
 	entries, err := os.ReadDir(dir)
 	if errors.Is(err, fs.ErrNotExist) {
@@ -58,7 +65,13 @@ func USBDevices(sysRoot string) (devs []USBDevice, skipped []*Unreadable, err er
 			continue // an interface (1-1:1.0)
 		}
 		p := filepath.Join(dir, name)
-		d, ok, err := readUSB(sysRoot, p, name)
+		d, ok, err := readUSB(p, name)
+		if err == nil && ok {
+			if !want(d) {
+				continue
+			}
+			err = d.readNodes(sysRoot, p)
+		}
 		if err != nil {
 			if !gone(p) {
 				skipped = append(skipped, &Unreadable{Name: name, Vendor: d.Vendor, Err: err})
@@ -73,9 +86,9 @@ func USBDevices(sysRoot string) (devs []USBDevice, skipped []*Unreadable, err er
 	return devs, skipped, nil
 }
 
-// readUSB reads the device at p; false for an entry that is no device
-// (no busnum, as a device that went away meanwhile).
-func readUSB(sysRoot, p, name string) (USBDevice, bool, error) {
+// readUSB reads the identity of the device at p; false for an entry that
+// is no device (no busnum, as a device that went away meanwhile).
+func readUSB(p, name string) (USBDevice, bool, error) {
 	d := USBDevice{Name: name, NUMANode: device.NoNUMA}
 	bus, err := intAttr(p, "busnum")
 	if errors.Is(err, fs.ErrNotExist) {
@@ -97,16 +110,22 @@ func readUSB(sysRoot, p, name string) (USBDevice, bool, error) {
 	if b, err := os.ReadFile(filepath.Join(p, "serial")); err == nil {
 		d.Serial = strings.TrimSpace(string(b))
 	}
+	return d, true, nil
+}
+
+// readNodes finds the NUMA node and the nodes of the device at p: those
+// registered below it, its interfaces and what the kernel hangs below
+// them (a usb-serial port's tty, a HID device's hidraw, a disk), but not
+// those of the USB devices behind it (a hub's), then its own.
+func (d *USBDevice) readNodes(sysRoot, p string) error {
 	dir, err := filepath.EvalSymlinks(p)
 	if err != nil {
-		return d, false, fmt.Errorf("sysfs: %w", err)
+		return fmt.Errorf("sysfs: %w", err)
 	}
 	d.NUMANode = numaUp(sysRoot, dir)
-	// The nodes of its interfaces, not of the devices behind it (a hub's
-	// children are directories named <name>.<port>).
-	sub, err := registeredNodesSkipping(dir, func(child string) bool { return strings.HasPrefix(filepath.Base(child), name+".") })
+	sub, err := ownNodes(dir, func(child, bus string) bool { return bus != "usb" || usbInterface(child) })
 	if err != nil {
-		return d, false, err
+		return err
 	}
 	d.Nodes = sub
 	if n, ok := nodeOf(dir); ok {
@@ -114,7 +133,18 @@ func readUSB(sysRoot, p, name string) (USBDevice, bool, error) {
 	} else if d.Bus > 0 && d.Dev > 0 {
 		d.Nodes = append(d.Nodes, device.Node{HostPath: fmt.Sprintf("bus/usb/%03d/%03d", d.Bus, d.Dev), Type: device.Char})
 	}
-	return d, true, nil
+	return nil
+}
+
+// usbInterface reports whether the device at dir, of bus usb, is an
+// interface (DEVTYPE usb_interface; without a DEVTYPE, a name with a
+// colon, 1-1.2:1.0, as the kernel names interfaces and no device), not a
+// USB device.
+func usbInterface(dir string) bool {
+	if t := ueventValue(filepath.Join(dir, "uevent"), "DEVTYPE"); t != "" {
+		return t == "usb_interface"
+	}
+	return strings.Contains(filepath.Base(dir), ":")
 }
 
 // intAttr reads a decimal attribute.
@@ -161,14 +191,14 @@ func usbKey(d USBDevice) string {
 func DiscoverUSB(sysRoot string, sel USBSelector, log *logrus.Entry) func() ([]device.Found, error) {
 	say := newSayOnce(log, "usb")
 	return func() ([]device.Found, error) {
-		devs, skipped, err := USBDevices(sysRoot)
+		devs, skipped, err := usbDevices(sysRoot, sel.Match)
 		if err != nil {
 			return nil, err
 		}
 		say.skipped(skipped, sel.Vendor)
 		var out []device.Found
 		for _, d := range devs {
-			if !sel.Match(d) || len(d.Nodes) == 0 {
+			if len(d.Nodes) == 0 {
 				continue
 			}
 			out = append(out, device.Found{
