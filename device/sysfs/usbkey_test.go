@@ -37,9 +37,9 @@ func newUSBSource(t *testing.T, s *server, registry, dev string) *usbSource {
 // adapterAt is what a device must be to be the adapter of tty ttyUSB<tty>
 // at port: its own node, its USB node and device number.
 type adapterAt struct {
-	port           string
-	tty, devnum    int
-	missing        bool // unplugged: still listed, Unhealthy (missing)
+	port        string
+	tty, devnum int
+	missing     bool // unplugged: still listed, Unhealthy (missing)
 }
 
 // check says whether snap's devices, by index, are want (name: the ID
