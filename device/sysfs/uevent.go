@@ -9,6 +9,8 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
+	"syscall"
 
 	"golang.org/x/sys/unix"
 )
@@ -65,7 +67,10 @@ type Listener struct {
 // multicast group and calls handle, from its one reader goroutine, with
 // the events of subsystems (all when none). It needs no privilege, and no
 // particular network namespace: the kernel (4.18 and later) sends them to
-// every one owned by the initial user namespace.
+// every one owned by the initial user namespace. Only the kernel's
+// messages are events: a datagram a process sent to the group (which
+// CAP_NET_ADMIN in the socket's network namespace allows) has a sender
+// port other than 0 and is dropped, as udev drops it.
 func Listen(ctx context.Context, handle func(Uevent), subsystems ...string) (*Listener, error) {
 	fd, err := unix.Socket(unix.AF_NETLINK, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC|unix.SOCK_NONBLOCK, unix.NETLINK_KOBJECT_UEVENT)
 	if err != nil {
@@ -76,12 +81,77 @@ func Listen(ctx context.Context, handle func(Uevent), subsystems ...string) (*Li
 		return nil, fmt.Errorf("uevent socket bind: %w", err)
 	}
 	// Through the runtime poller, so Close unblocks a pending read.
-	return NewListener(ctx, os.NewFile(uintptr(fd), "uevent"), handle, subsystems...), nil
+	f := os.NewFile(uintptr(fd), "uevent")
+	rc, err := f.SyscallConn()
+	if err != nil {
+		_ = f.Close()
+		return nil, fmt.Errorf("uevent socket: %w", err)
+	}
+	return NewListener(ctx, &kernelSocket{recv: recvFrom(rc), close: f.Close}, handle, subsystems...), nil
+}
+
+// kernelSocket reads the datagrams of a uevent socket that the kernel
+// sent (sender port 0), dropping those of processes.
+type kernelSocket struct {
+	// recv receives one datagram into p, with its sender's address.
+	recv   func(p []byte) (int, unix.Sockaddr, error)
+	close  func() error
+	closed atomic.Bool
+}
+
+func (k *kernelSocket) Read(p []byte) (int, error) {
+	for {
+		n, from, err := k.recv(p)
+		if err != nil {
+			if k.closed.Load() {
+				return 0, os.ErrClosed
+			}
+			return 0, err
+		}
+		if fromKernel(from) {
+			return n, nil
+		}
+	}
+}
+
+func (k *kernelSocket) Close() error {
+	k.closed.Store(true)
+	return k.close()
+}
+
+// fromKernel reports whether a datagram from sender is the kernel's: a
+// netlink address of port 0, which no process can bind.
+func fromKernel(sender unix.Sockaddr) bool {
+	nl, ok := sender.(*unix.SockaddrNetlink)
+	return ok && nl.Pid == 0
+}
+
+// recvFrom receives one datagram at a time from the socket of rc, with its
+// sender's address, waiting in the runtime poller.
+func recvFrom(rc syscall.RawConn) func(p []byte) (int, unix.Sockaddr, error) {
+	return func(p []byte) (n int, from unix.Sockaddr, err error) {
+		rerr := rc.Read(func(fd uintptr) bool {
+			for {
+				n, from, err = unix.Recvfrom(int(fd), p, 0)
+				if !errors.Is(err, unix.EINTR) {
+					return !errors.Is(err, unix.EAGAIN)
+				}
+			}
+		})
+		if rerr != nil {
+			return 0, nil, rerr
+		}
+		if err != nil {
+			return 0, nil, os.NewSyscallError("recvfrom", err)
+		}
+		return n, from, nil
+	}
 }
 
 // NewListener reads messages (one per Read, as a datagram socket gives
 // them) from r and hands the events of subsystems to handle; Close closes
-// r. Tests feed it through a socket pair.
+// r. Tests feed it through a socket pair: every message r gives is taken
+// for the kernel's (Listen's reader gives no other).
 func NewListener(ctx context.Context, r io.ReadCloser, handle func(Uevent), subsystems ...string) *Listener {
 	l := &Listener{done: make(chan struct{}), closer: r}
 	l.stop = context.AfterFunc(ctx, l.closeReader)

@@ -2,6 +2,8 @@ package sysfs
 
 import (
 	"context"
+	"crypto/rand"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -205,5 +207,123 @@ func TestListenerLost(t *testing.T) {
 	l.Close()
 	if err := l.Err(); err != nil {
 		t.Fatalf("Err after Close: %v (the listener must go on after ENOBUFS)", err)
+	}
+}
+
+// TestListenKernelOnly (issue 27, item 12): a process that may send to the
+// uevent group (CAP_NET_ADMIN in its network namespace) sends a
+// kernel-shaped message from a netlink socket of its own: its sender port
+// is not 0, the kernel's, so the listener drops it, as udev does; the
+// kernel's own event sent after it is handled. Real sockets: skipped where
+// the sandbox allows no uevent socket, no send to its group, or no uevent
+// to be written.
+func TestListenKernelOnly(t *testing.T) {
+	// Of a subsystem no one else listens to: other listeners on this
+	// machine drop it.
+	const spoofSubsystem = "cdi-device-plugin-test"
+	files, _ := filepath.Glob("/sys/bus/pci/devices/*/uevent")
+	if len(files) == 0 {
+		t.Skip("no PCI device here to send a uevent")
+	}
+	got := make(chan Uevent, 1024)
+	l, err := Listen(context.Background(), func(ev Uevent) {
+		select {
+		case got <- ev:
+		default:
+		}
+	}, "pci", spoofSubsystem)
+	if err != nil {
+		t.Skipf("no uevent socket here: %v", err)
+	}
+	defer l.Close()
+	fd, err := unix.Socket(unix.AF_NETLINK, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, unix.NETLINK_KOBJECT_UEVENT)
+	if err != nil {
+		t.Skipf("no uevent socket to send from: %v", err)
+	}
+	defer unix.Close(fd)
+	var nonce [8]byte
+	if _, err := rand.Read(nonce[:]); err != nil {
+		t.Fatal(err)
+	}
+	spoofed := fmt.Sprintf("/devices/virtual/%s/%x", spoofSubsystem, nonce)
+	msg := "add@" + spoofed + "\x00ACTION=add\x00DEVPATH=" + spoofed + "\x00SUBSYSTEM=" + spoofSubsystem + "\x00SEQNUM=1\x00"
+	if err := unix.Sendto(fd, []byte(msg), 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK, Groups: 1}); err != nil {
+		t.Skipf("cannot send to the uevent group: %v", err)
+	}
+	// The kernel's event, tagged with a UUID of ours (a synthetic uevent's
+	// SYNTH_UUID), queued after the process's message.
+	uuid := fmt.Sprintf("%x-%x-%x-%x-%x", nonce[:4], nonce[4:6], nonce[6:8], nonce[:2], nonce[2:8])
+	if err := os.WriteFile(files[0], []byte("change "+uuid), 0); err != nil {
+		t.Skipf("no uevent sent: %v", err)
+	}
+	deadline := time.After(5 * time.Second)
+	for {
+		select {
+		case ev := <-got:
+			if ev.DevPath == spoofed {
+				t.Fatalf("handled a process's message as the kernel's: %+v", ev)
+			}
+			if ev.Env["SYNTH_UUID"] == uuid {
+				return
+			}
+		case <-deadline:
+			t.Fatalf("the kernel's change event (SYNTH_UUID %s) not handled within 5s", uuid)
+		}
+	}
+}
+
+// scripted is a uevent socket's receive that gives datagrams with their
+// senders in order, then blocks until closed.
+type scripted struct {
+	msgs   []string
+	from   []unix.Sockaddr
+	closed chan struct{}
+}
+
+func (s *scripted) recv(p []byte) (int, unix.Sockaddr, error) {
+	if len(s.msgs) == 0 {
+		<-s.closed
+		return 0, nil, errors.New("use of closed file")
+	}
+	n := copy(p, s.msgs[0])
+	from := s.from[0]
+	s.msgs, s.from = s.msgs[1:], s.from[1:]
+	return n, from, nil
+}
+
+// TestKernelSocketSender (issue 27, item 12): through the seam that
+// carries each datagram's sender, only those of port 0 (the kernel) reach
+// the handler; a process's (port 4242) and one of no netlink address are
+// dropped, and the listener ends cleanly on Close.
+func TestKernelSocketSender(t *testing.T) {
+	s := &scripted{closed: make(chan struct{})}
+	for _, m := range []struct {
+		path string
+		from unix.Sockaddr
+	}{
+		{"/devices/from-a-process", &unix.SockaddrNetlink{Family: unix.AF_NETLINK, Pid: 4242, Groups: 1}},
+		{"/devices/no-sender", nil},
+		{"/devices/pci0000:00/0000:00:06.0", &unix.SockaddrNetlink{Family: unix.AF_NETLINK, Groups: 1}},
+	} {
+		s.msgs = append(s.msgs, "change@"+m.path+"\x00ACTION=change\x00SUBSYSTEM=pci\x00")
+		s.from = append(s.from, m.from)
+	}
+	got := make(chan Uevent, 4)
+	l := NewListener(context.Background(), &kernelSocket{recv: s.recv, close: func() error { close(s.closed); return nil }},
+		func(ev Uevent) { got <- ev }, "pci")
+	select {
+	case ev := <-got:
+		if ev.DevPath != "/devices/pci0000:00/0000:00:06.0" {
+			t.Fatalf("handled %+v first, want the kernel's event alone", ev)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the kernel's event not handled within 5s")
+	}
+	l.Close()
+	if err := l.Err(); err != nil {
+		t.Fatalf("Err after Close: %v", err)
+	}
+	if len(got) != 0 {
+		t.Fatalf("handled %+v too", <-got)
 	}
 }
