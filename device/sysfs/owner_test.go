@@ -47,6 +47,12 @@ func TestFunctionOwnsItsNodes(t *testing.T) {
 		// below it (its namespace, with its partition).
 		{"the NVMe behind the switch", PCISelector{Vendor: "144d"},
 			[]string{"0000:04:00.0: nvme0(c 240:0) nvme0n1(b 259:0) nvme0n1p1(b 259:1)"}},
+		// The disk of a virtio-pci function is its virtio device's (bus
+		// virtio), as on a real VM: not the function's.
+		{"virtio-blk", PCISelector{Vendor: "1af4"}, nil},
+		// A part of the function on the auxiliary bus is the function's.
+		{"the ConnectX's RDMA part", PCISelector{Vendor: "15b3"},
+			[]string{"0000:3b:00.0: infiniband/uverbs0(c 231:192)"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			found, err := Discover(s.sys, s.proc, c.sel, nil)()
@@ -60,8 +66,8 @@ func TestFunctionOwnsItsNodes(t *testing.T) {
 	}
 	// PCIFunctions gives every function its own nodes alone.
 	fns, skipped, err := PCIFunctions(s.sys, s.proc)
-	if err != nil || len(skipped) != 0 || len(fns) != 9 {
-		t.Fatalf("functions %+v, skipped %v, %v: want the server's 9", fns, skipped, err)
+	if err != nil || len(skipped) != 0 || len(fns) != 12 {
+		t.Fatalf("functions %+v, skipped %v, %v: want the server's 12", fns, skipped, err)
 	}
 	for _, f := range fns {
 		if f.Vendor == "8086" && len(f.Nodes) != 0 {

@@ -123,9 +123,9 @@ func (tr *tree) classDevice(dir, class, devname, kind string, major, minor int) 
 // device at dir, in the class's directory there (drm/card1).
 func (tr *tree) registered(dir, class, name, devname, majmin string) {
 	tr.t.Helper()
-	maj, min, _ := strings.Cut(majmin, ":")
-	major, _ := strconv.Atoi(maj)
-	minor, _ := strconv.Atoi(min)
+	majs, mins, _ := strings.Cut(majmin, ":")
+	major, _ := strconv.Atoi(majs)
+	minor, _ := strconv.Atoi(mins)
 	tr.classDevice(filepath.Join(dir, class, name), class, devname, "char", major, minor)
 }
 
@@ -197,6 +197,9 @@ type server struct {
 //	      0000:02:01.0 downstream port
 //	        0000:04:00.0 NVMe (nvme): nvme/nvme0, nvme0/nvme0n1, nvme0n1/nvme0n1p1
 //	  0000:00:1c.0 root port, nothing behind
+//	  0000:00:02.0 virtio-blk (virtio-pci): virtio1 (virtio)/block/vda, as on a real VM
+//	  0000:00:1d.0 root port
+//	    0000:3b:00.0 ConnectX (mlx5_core): mlx5_core.rdma.0 (auxiliary)/infiniband_verbs/uverbs0
 //	  0000:00:14.0 xHCI (xhci_hcd)
 //	    usb1 root hub (1d6b:0002), interface 1-0:1.0
 //	      1-1 hub (05e3:0610), interface 1-1:1.0
@@ -230,6 +233,15 @@ func newServer(t *testing.T) *server {
 	s.classDevice(filepath.Join(disk, "nvme0n1p1"), "block", "nvme0n1p1", "block", 259, 1)
 
 	s.rootPort2 = s.pciBelow(root, "0000:00:1c.0", bridge)
+
+	virtio := s.pciBelow(root, "0000:00:02.0", pciID{"1af4", "1001", "010000", "virtio-pci", 0})
+	blk := s.busDevice(filepath.Join(virtio, "virtio1"), "virtio")
+	s.classDevice(filepath.Join(blk, "block", "vda"), "block", "vda", "block", 253, 0)
+
+	port := s.pciBelow(root, "0000:00:1d.0", bridge)
+	nic := s.pciBelow(port, "0000:3b:00.0", pciID{"15b3", "101b", "020700", "mlx5_core", 0})
+	rdma := s.busDevice(filepath.Join(nic, "mlx5_core.rdma.0"), "auxiliary")
+	s.registered(rdma, "infiniband_verbs", "uverbs0", "infiniband/uverbs0", "231:192")
 
 	s.xhci = s.pciBelow(root, "0000:00:14.0", pciID{"8086", "a0ed", "0c0330", "xhci_hcd", 0})
 	s.roothub = s.usbDevice(s.xhci, "usb1", 1, 1, "1d6b", "0002", "0000:00:14.0")
