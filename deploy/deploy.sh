@@ -414,6 +414,21 @@ write_overlay() {
 		"  - ${REPLY}/dra-admission" \
 		'transformers:' \
 		'  - cluster-wide-names.yaml' >"${dir}/kustomization.yaml"
+	# The admission policy knows the driver by the name its DaemonSet gets
+	# (DRIVER_NAME above): its variable driver is a CEL string of it. The
+	# name is a DNS subdomain (checked above): nothing to escape.
+	printf '%s\n' \
+		'patches:' \
+		'  - target:' \
+		'      group: admissionregistration.k8s.io' \
+		'      kind: ValidatingAdmissionPolicy' \
+		'    patch: |-' \
+		'      - op: test' \
+		'        path: /spec/variables/3/name' \
+		'        value: driver' \
+		'      - op: replace' \
+		'        path: /spec/variables/3/expression' \
+		"        value: '\"${DRIVER}\"'" >>"${dir}/kustomization.yaml"
 }
 
 # render DIR: print the built manifests of the overlay in DIR.

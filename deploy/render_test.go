@@ -20,6 +20,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -790,22 +791,29 @@ func TestDeviceClasses(t *testing.T) {
 }
 
 // The admission policy's expressions; deploy/README.md explains them.
-var (
-	policyVariables = []admissionv1.Variable{
+// driver is the DRA driver's name, as its DaemonSet's DRIVER_NAME.
+func policyVariables(driver string) []admissionv1.Variable {
+	return []admissionv1.Variable{
 		{Name: "podNode", Expression: `request.userInfo.?extra[?"authentication.kubernetes.io/node-name"][?0].orValue("")`},
 		{Name: "newNode", Expression: `request.operation == "DELETE" ? "" : object.spec.?nodeName.orValue("")`},
 		{Name: "oldNode", Expression: `request.operation == "CREATE" ? "" : oldObject.spec.?nodeName.orValue("")`},
+		{Name: "driver", Expression: strconv.Quote(driver)},
+		{Name: "newDriver", Expression: `request.operation == "DELETE" ? "" : object.spec.?driver.orValue("")`},
+		{Name: "oldDriver", Expression: `request.operation == "CREATE" ? "" : oldObject.spec.?driver.orValue("")`},
 	}
-	policyValidations = []string{
-		`variables.podNode != ""`,
-		`request.operation == "DELETE" || variables.newNode == variables.podNode`,
-		`request.operation == "CREATE" || variables.oldNode == variables.podNode`,
-	}
-)
+}
+
+var policyValidations = []string{
+	`variables.podNode != ""`,
+	`request.operation == "DELETE" || variables.newNode == variables.podNode`,
+	`request.operation == "CREATE" || variables.oldNode == variables.podNode`,
+	`request.operation == "DELETE" || variables.newDriver == variables.driver`,
+	`request.operation == "CREATE" || variables.oldDriver == variables.driver`,
+}
 
 // TestAdmissionPolicy: the driver's account may create, update and delete
-// only ResourceSlices whose spec.nodeName is the node its token names, before
-// and after the write. The kustomize directories match the account by name
+// only ResourceSlices whose spec.nodeName is the node its token names and
+// whose spec.driver is its driver's name, before and after the write. The kustomize directories match the account by name
 // in any namespace (a namespace overlay cannot rewrite a CEL string), the
 // chart by its exact username.
 func TestAdmissionPolicy(t *testing.T) {
@@ -839,7 +847,7 @@ func TestAdmissionPolicy(t *testing.T) {
 			if !strings.Contains(user, ":"+o.daemonSet(t, driverContainer).Spec.Template.Spec.ServiceAccountName+`"`) {
 				t.Errorf("the policy does not match the driver's account %s", o.daemonSet(t, driverContainer).Spec.Template.Spec.ServiceAccountName)
 			}
-			if !equality.Semantic.DeepEqual(p.Variables, policyVariables) {
+			if !equality.Semantic.DeepEqual(p.Variables, policyVariables(defaultDriver)) {
 				t.Errorf("variables %s", asJSON(p.Variables))
 			}
 			var got []string
@@ -847,6 +855,60 @@ func TestAdmissionPolicy(t *testing.T) {
 				got = append(got, v.Expression)
 				if v.Message == "" && v.MessageExpression == "" {
 					t.Errorf("validation %q says nothing when it refuses", v.Expression)
+				}
+			}
+			if !slices.Equal(got, policyValidations) {
+				t.Errorf("validations %q\nwant %q", got, policyValidations)
+			}
+		})
+	}
+}
+
+// TestAdmissionPolicyDriver (issue 27 item 13): the policy binds the
+// driver's account to its driver's name, the one its DaemonSet gets
+// (DRIVER_NAME): the kustomize directories', and the name deploy.sh and
+// the chart are given or derive, in every mode with a driver.
+func TestAdmissionPolicyDriver(t *testing.T) {
+	deploySh, helm := renderers()[1], renderers()[2]
+	for _, c := range []struct {
+		name   string
+		render func(t *testing.T) *objects
+		want   string
+	}{
+		{"kustomize dra", func(t *testing.T) *objects { return kustomizeRender(t, filepath.Join("modes", "dra")) }, defaultDriver},
+		{"kustomize per-node", func(t *testing.T) *objects { return kustomizeRender(t, filepath.Join("modes", "per-node")) }, defaultDriver},
+		{"deploy.sh dra", func(t *testing.T) *objects { return deploySh.render(t, "dra") }, defaultDriver},
+		{"deploy.sh dra, DRIVER_NAME", func(t *testing.T) *objects { return deploySh.render(t, "dra", "DRIVER_NAME=gpu.example.com") }, "gpu.example.com"},
+		{"deploy.sh per-node, DRIVER_NAME", func(t *testing.T) *objects { return deploySh.render(t, "per-node", "DRIVER_NAME=gpu.example.com") }, "gpu.example.com"},
+		{"deploy.sh dra, RESOURCE_NAME", func(t *testing.T) *objects { return deploySh.render(t, "dra", "RESOURCE_NAME=e2e.cdi.dev/sim") }, "sim.e2e.cdi.dev"},
+		{"helm dra", func(t *testing.T) *objects { return helm.render(t, "dra") }, defaultDriver},
+		{"helm per-node, dra.driverName", func(t *testing.T) *objects {
+			return helm.render(t, "per-node", "--set", "dra.driverName=gpu.example.com")
+		}, "gpu.example.com"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			o := c.render(t)
+			var env string
+			for _, e := range o.daemonSet(t, driverContainer).Spec.Template.Spec.Containers[0].Env {
+				if e.Name == "DRIVER_NAME" {
+					env = e.Value
+				}
+			}
+			if env != c.want {
+				t.Fatalf("the driver's DRIVER_NAME %q, want %q", env, c.want)
+			}
+			if len(o.Policies) != 1 {
+				t.Fatalf("%d policies", len(o.Policies))
+			}
+			p := o.Policies[0].Spec
+			if !equality.Semantic.DeepEqual(p.Variables, policyVariables(c.want)) {
+				t.Errorf("variables %s\nwant %s", asJSON(p.Variables), asJSON(policyVariables(c.want)))
+			}
+			var got []string
+			for _, v := range p.Validations {
+				got = append(got, v.Expression)
+				if strings.Contains(v.Expression, "variables.driver") && !strings.Contains(v.MessageExpression, "variables.driver") {
+					t.Errorf("validation %q does not name the driver when it refuses: %q", v.Expression, v.MessageExpression)
 				}
 			}
 			if !slices.Equal(got, policyValidations) {

@@ -281,14 +281,15 @@ func (c *cluster) scenarioDRASlice(t *testing.T) string {
 }
 
 // checkSliceAdmission: the ValidatingAdmissionPolicy lets the driver's
-// service account write the ResourceSlices of its pod's node and no other.
+// service account write the ResourceSlices of its pod's node and no other,
+// and only under its own driver name.
 // Each write is a dry run as the account (a token from the TokenRequest
 // API, bound to the driver pod as its projected token is, or to nothing),
 // which admission judges as a real write but never stores.
 func (c *cluster) checkSliceAdmission(t *testing.T, pod *corev1.Pod) {
 	t.Helper()
 	ctx := context.Background()
-	const other = "cdi-e2e-other-node"
+	const other, otherDriver = "cdi-e2e-other-node", "other.e2e.cdi.dev"
 	as := func(boundToPod bool) *kubernetes.Clientset {
 		expiry := int64(600) // the API's minimum
 		req := &authv1.TokenRequest{Spec: authv1.TokenRequestSpec{ExpirationSeconds: &expiry}}
@@ -307,11 +308,11 @@ func (c *cluster) checkSliceAdmission(t *testing.T, pod *corev1.Pod) {
 		}
 		return cs
 	}
-	slice := func(node string) *resourceapi.ResourceSlice {
+	slice := func(node, driver string) *resourceapi.ResourceSlice {
 		return &resourceapi.ResourceSlice{
 			ObjectMeta: metav1.ObjectMeta{GenerateName: "cdi-e2e-admission-"},
 			Spec: resourceapi.ResourceSliceSpec{
-				Driver:   draDriver,
+				Driver:   driver,
 				Pool:     resourceapi.ResourcePool{Name: node, Generation: 1, ResourceSliceCount: 1},
 				NodeName: &node,
 			},
@@ -322,18 +323,21 @@ func (c *cluster) checkSliceAdmission(t *testing.T, pod *corev1.Pod) {
 		name   string
 		cs     *kubernetes.Clientset
 		node   string
+		driver string
 		refuse string // "" when the write is allowed
 	}{
-		{"own node", podToken, pod.Spec.NodeName, ""},
-		{"another node", podToken, other, "may write only the ResourceSlices of that node, not one of node " + other},
-		{"own node, token bound to no pod", podlessToken, pod.Spec.NodeName, "this token names no node"},
+		{"own node", podToken, pod.Spec.NodeName, draDriver, ""},
+		{"another node", podToken, other, draDriver, "may write only the ResourceSlices of that node, not one of node " + other},
+		{"own node, token bound to no pod", podlessToken, pod.Spec.NodeName, draDriver, "this token names no node"},
+		{"own node, another driver's name", podToken, pod.Spec.NodeName, otherDriver,
+			"the DRA driver " + draDriver + " may write only its own ResourceSlices, not one of driver " + otherDriver},
 	} {
-		_, err := tc.cs.ResourceV1().ResourceSlices().Create(ctx, slice(tc.node), metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		_, err := tc.cs.ResourceV1().ResourceSlices().Create(ctx, slice(tc.node, tc.driver), metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
 		switch {
 		case tc.refuse == "" && err != nil:
 			t.Errorf("slice admission, %s: the driver's account was refused: %v", tc.name, err)
 		case tc.refuse != "" && err == nil:
-			t.Errorf("slice admission, %s: the driver's account wrote a slice of node %s", tc.name, tc.node)
+			t.Errorf("slice admission, %s: the driver's account wrote a slice of node %s, driver %s", tc.name, tc.node, tc.driver)
 		case tc.refuse != "" && (!apierrors.IsInvalid(err) && !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), tc.refuse)):
 			t.Errorf("slice admission, %s: %v, want a refusal saying %q", tc.name, err, tc.refuse)
 		case tc.refuse != "":

@@ -9,10 +9,12 @@ import (
 	"time"
 
 	"github.com/sirupsen/logrus"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/cdi-device-plugin/cdi-device-plugin/cdi"
 	"github.com/cdi-device-plugin/cdi-device-plugin/device"
 	"github.com/cdi-device-plugin/cdi-device-plugin/internal/dranames"
+	"github.com/cdi-device-plugin/cdi-device-plugin/internal/latest"
 	"github.com/cdi-device-plugin/cdi-device-plugin/internal/logs"
 	"github.com/cdi-device-plugin/cdi-device-plugin/metrics"
 )
@@ -23,14 +25,35 @@ import (
 // second pod. The guard asks the kubelet's PodResources which devices
 // DRA claims hold and reports those of its resource Unhealthy
 // (device.CauseHeldByDRA) until no claim holds them.
+//
+// It fails closed: until PodResources has answered once, no device of the
+// resource is advertised Healthy (each is Unhealthy for dra_claim, "not
+// known whether a DRA claim holds it"), and a List that fails is tried
+// again with a backoff (DefaultClaimRetryMin doubling up to
+// DefaultClaimRetryMax, back to the minimum once it answers) until it
+// answers. On a node the kubelet's PodResources always answers, DRA driver
+// or not (a List with no claims), so this costs one List at the start; a
+// plugin whose PodResources socket is wrong or not mounted advertises no
+// device, and says why.
 
 // DefaultClaimPoll is how often PodResources is asked while a DRA claim
 // holds a device of the resource.
 const DefaultClaimPoll = 5 * time.Second
 
+// Default bounds of the backoff between failed PodResources Lists.
+const (
+	DefaultClaimRetryMin = 100 * time.Millisecond
+	DefaultClaimRetryMax = 5 * time.Second
+)
+
 // claimListTimeout bounds one PodResources List of the guard: a kubelet
 // whose PodResources hangs delays the resource's start by at most this.
 const claimListTimeout = 2 * time.Second
+
+// claimsUnknown is the problem of every device that would be healthy
+// while PodResources has never answered.
+var claimsUnknown = device.Problem{Cause: device.CauseHeldByDRA,
+	Message: "not known whether a DRA claim holds it: PodResources has not answered yet"}
 
 // ClaimMatch recognises a resource's devices among those DRA claims hold.
 type ClaimMatch struct {
@@ -113,11 +136,13 @@ type ClaimSource interface {
 // Interval until none does; and once after every registration with the
 // kubelet (the first, and those after a kubelet restart: a claim the
 // driver prepared while it was going away, or one PodResources could not
-// tell of, is seen then). While nothing is held nothing runs. Without
-// PodResources (no socket, a failed List) it says so once per outage and
-// goes on: the plugin starts as it would without the guard, and devices
-// already held stay so until PodResources answers. Set the fields, then
-// Start and Run.
+// tell of, is seen then). While nothing is held and PodResources answers
+// nothing runs. A failed List (no socket, an error, no answer in time) is
+// said once per outage and tried again with a backoff (RetryMin doubling
+// up to RetryMax) until PodResources answers. Until its first answer the
+// guard fails closed: the resource (Resource.Claims) advertises none of
+// its devices Healthy. After it, devices already held stay so until
+// PodResources answers again. Set the fields, then Start and Run.
 type ClaimGuard struct {
 	Source ClaimSource
 	Match  ClaimMatch
@@ -126,23 +151,41 @@ type ClaimGuard struct {
 	// Interval (default DefaultClaimPoll) is how often PodResources is
 	// asked while a claim holds a device.
 	Interval time.Duration
-	Log      *logrus.Entry
+	// RetryMin and RetryMax (defaults DefaultClaimRetryMin,
+	// DefaultClaimRetryMax) bound the backoff between failed Lists.
+	RetryMin, RetryMax time.Duration
+	Log                *logrus.Entry
 
 	once       sync.Once
 	registered chan struct{}
+	// changed signals the gate that answered or shown changed.
+	changed chan struct{}
+
+	// What the gate applies to the published snapshots: whether
+	// PodResources ever answered, and the holds it told of.
+	mu       sync.Mutex
+	answered bool
+	shown    map[string]device.Problem
 
 	// Owned by Start, then by Run's goroutine.
 	holds map[string]device.Problem
-	// unavailable: a failed List was said; started: Start has asked (and
-	// said what it found).
+	// unavailable: the last List failed (and that was said); started:
+	// Start has asked (and said what it found).
 	unavailable, started bool
 }
 
 func (g *ClaimGuard) init() {
 	g.once.Do(func() {
 		g.registered = make(chan struct{}, 1)
+		g.changed = make(chan struct{}, 1)
 		if g.Interval <= 0 {
 			g.Interval = DefaultClaimPoll
+		}
+		if g.RetryMin <= 0 {
+			g.RetryMin = DefaultClaimRetryMin
+		}
+		if g.RetryMax < g.RetryMin {
+			g.RetryMax = max(DefaultClaimRetryMax, g.RetryMin)
 		}
 		if g.Log == nil {
 			g.Log = logs.Discard()
@@ -182,34 +225,40 @@ func (g *ClaimGuard) Start(ctx context.Context) {
 		Warn("devices held by DRA claims at start: reported unhealthy until no claim holds them")
 }
 
-// Run asks PodResources again while a claim holds a device, and after
-// every registration, until ctx is done.
+// Run asks PodResources again while a claim holds a device, after every
+// registration, and, with a backoff, after a failed List, until ctx is
+// done.
 func (g *ClaimGuard) Run(ctx context.Context) error {
 	g.init()
-	poll := time.NewTimer(g.Interval)
-	defer poll.Stop()
-	if len(g.holds) == 0 {
-		poll.Stop()
-	}
+	next := time.NewTimer(time.Hour)
+	defer next.Stop()
+	backoff := g.RetryMin
 	for {
+		switch {
+		case g.unavailable:
+			next.Reset(backoff)
+			backoff = min(2*backoff, g.RetryMax)
+		case len(g.holds) > 0:
+			backoff = g.RetryMin
+			next.Reset(g.Interval)
+		default:
+			backoff = g.RetryMin
+			next.Stop()
+		}
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-g.registered:
 			g.check(ctx)
-		case <-poll.C:
+		case <-next.C:
 			g.check(ctx)
-		}
-		if len(g.holds) > 0 {
-			poll.Reset(g.Interval)
-		} else {
-			poll.Stop()
 		}
 	}
 }
 
 // check asks PodResources and sets the holds it finds. A failed List
-// keeps the holds as they are.
+// keeps the holds as they are (none are known before the first answer:
+// the gate holds every device back then).
 func (g *ClaimGuard) check(ctx context.Context) {
 	claims, err := g.list(ctx)
 	if err != nil {
@@ -218,8 +267,14 @@ func (g *ClaimGuard) check(ctx context.Context) {
 		}
 		if !g.unavailable {
 			g.unavailable = true
-			g.Log.WithError(err).Warn("cannot tell which devices DRA claims hold (PodResources); devices a claim of the DRA driver still holds are not recognised " +
-				"(asked again at the next registration with the kubelet)")
+			log := g.Log.WithError(err).WithField("socket", g.Socket)
+			if g.known() {
+				log.Warn("cannot tell which devices DRA claims hold (PodResources); devices found held stay unhealthy, a claim made since is not recognised " +
+					"until it answers (asked again with a backoff)")
+			} else {
+				log.Warn("cannot tell which devices DRA claims hold (PodResources): no device is advertised healthy until it answers " +
+					"(asked again with a backoff; check --pod-resources-socket and that its directory is mounted)")
+			}
 		}
 		return
 	}
@@ -238,6 +293,104 @@ func (g *ClaimGuard) check(ctx context.Context) {
 	}
 	g.holds = holds
 	g.Source.SetHolds(holds)
+	g.show(holds)
+}
+
+// known reports whether PodResources ever answered.
+func (g *ClaimGuard) known() bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.answered
+}
+
+// show hands the gate an answer's holds.
+func (g *ClaimGuard) show(holds map[string]device.Problem) {
+	g.mu.Lock()
+	changed := !g.answered || !maps.Equal(g.shown, holds)
+	g.answered, g.shown = true, holds
+	g.mu.Unlock()
+	if changed {
+		select {
+		case g.changed <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// apply returns snap as the gate publishes it: every healthy device
+// Unhealthy while PodResources never answered (claimsUnknown), else
+// those its last answer found held. The source reports the holds too
+// (SetHolds); applying them here as well makes the first answer's holds
+// and the end of the fail-closed rule one change, with no snapshot
+// between them.
+func (g *ClaimGuard) apply(snap *device.Snapshot) *device.Snapshot {
+	if snap == nil {
+		return nil
+	}
+	g.mu.Lock()
+	answered, shown := g.answered, g.shown
+	g.mu.Unlock()
+	var out *device.Snapshot
+	for i, d := range snap.Devices {
+		if !d.Healthy {
+			continue
+		}
+		p := claimsUnknown
+		if answered {
+			if p = shown[d.Name]; p.None() {
+				continue
+			}
+		}
+		if out == nil {
+			out = &device.Snapshot{Replicas: snap.Replicas, Devices: slices.Clone(snap.Devices)}
+		}
+		out.Devices[i].SetProblem(p)
+	}
+	if out == nil {
+		return snap
+	}
+	return out
+}
+
+// gate returns src as the resource publishes it under the guard (apply):
+// the follower gets it in place of the source.
+func (g *ClaimGuard) gate(src DeviceSource) DeviceSource {
+	g.init()
+	return &claimGate{src: src, g: g}
+}
+
+// claimGate is a device source seen through its claim guard.
+type claimGate struct {
+	src DeviceSource
+	g   *ClaimGuard
+}
+
+func (c *claimGate) Snapshot() *device.Snapshot { return c.g.apply(c.src.Snapshot()) }
+
+// Run runs the source and publishes its snapshots through the guard, and
+// the latest again whenever what the guard knows changes.
+func (c *claimGate) Run(ctx context.Context, out chan *device.Snapshot) error {
+	in := make(chan *device.Snapshot, 1)
+	eg, ctx := errgroup.WithContext(ctx)
+	eg.Go(func() error { return c.src.Run(ctx, in) })
+	eg.Go(func() error {
+		var last *device.Snapshot
+		for {
+			select {
+			case <-ctx.Done():
+				return nil
+			case last = <-in:
+			case <-c.g.changed:
+				if last == nil {
+					last = c.src.Snapshot()
+				}
+			}
+			if snap := c.g.apply(last); snap != nil {
+				latest.Send(out, snap)
+			}
+		}
+	})
+	return eg.Wait()
 }
 
 // list asks PodResources which devices DRA claims hold.

@@ -107,7 +107,11 @@ func TestClaimMatch(t *testing.T) {
 // guarded is a resource of 3 simulated devices (sim-node1-0 ..
 // sim-node1-2) run with a claim guard against the PodResources stand-in.
 type guarded struct {
-	pr      *testutil.PodResources
+	pr *testutil.PodResources
+	// sock is the PodResources socket the guard asks (served unless
+	// noSocket).
+	sock    string
+	started time.Time
 	src     *device.Source
 	k       *kubeletsim.Kubelet
 	dir     string
@@ -123,9 +127,8 @@ func runGuarded(t *testing.T, interval time.Duration, noSocket bool, pods ...*po
 	g := &guarded{dir: testutil.ShortDir(t)}
 	// Not in the plugin directory, which a kubelet restart empties.
 	sock := filepath.Join(testutil.ShortDir(t), "pod-resources.sock")
-	if noSocket {
-		sock += ".absent"
-	} else {
+	g.sock = sock
+	if !noSocket {
 		g.pr = testutil.ServePodResources(t, sock, pods...)
 	}
 	g.src = simSource(t)
@@ -137,6 +140,7 @@ func runGuarded(t *testing.T, interval time.Duration, noSocket bool, pods ...*po
 	p := newPlugin(t, g.dir, nil, func(o *Options) { o.Registered = guard.Registered })
 	r := &Resource{Source: g.src, Spec: &flakySpec{changed: make(chan struct{})}, Plugin: p, Claims: guard, Log: log}
 	g.k = startKubelet(t, g.dir)
+	g.started = time.Now()
 	testutil.Go(t, r.Run)
 	reg, err := g.k.WaitRegistration(5 * time.Second)
 	if err != nil {
@@ -171,6 +175,17 @@ func (g *guarded) first(t *testing.T) kubeletsim.Update {
 		t.Fatal("no first ListAndWatch answer")
 	}
 	return kubeletsim.Update{}
+}
+
+// said counts the log entries that contain msg.
+func (g *guarded) said(msg string) int {
+	n := 0
+	for _, e := range g.log.AllEntries() {
+		if strings.Contains(e.Message, msg) {
+			n++
+		}
+	}
+	return n
 }
 
 func (g *guarded) wait(t *testing.T, what string, cond func(kubeletsim.Update) bool) {
@@ -308,15 +323,15 @@ func TestClaimGuardKubeletRestart(t *testing.T) {
 	}
 }
 
-// TestClaimGuardWithoutPodResources (issue 21): without the PodResources
-// socket the resource starts and advertises its devices as it would
-// without the guard; the guard says once that held devices are not
+// TestClaimGuardWithoutPodResources (issue 21; issue 27 item 5): without
+// the PodResources socket the resource starts and fails closed: no device
+// is advertised Healthy; the guard says once that held devices are not
 // recognised, however often it asks, and once that PodResources answers
 // again, when it does; what it found held stays so while it does not
 // answer.
 func TestClaimGuardWithoutPodResources(t *testing.T) {
 	g := runGuarded(t, 10*time.Millisecond, true)
-	if u := g.first(t); u.Healthy() != 3 {
+	if u := g.first(t); u.Healthy() != 0 || len(u.Devices) != 3 {
 		t.Fatalf("first answer: %s", health(u))
 	}
 
@@ -335,6 +350,10 @@ func TestClaimGuardWithoutPodResources(t *testing.T) {
 	}
 	ctx := context.Background()
 	guard.Start(ctx)
+	gated := guard.gate(src)
+	if p := gated.Snapshot().Devices[0].Problem.String(); p != "dra_claim: not known whether a DRA claim holds it: PodResources has not answered yet" {
+		t.Fatalf("before PodResources answered: %q", p)
+	}
 	guard.check(ctx)
 	guard.check(ctx)
 	if n := said("cannot tell which devices DRA claims hold"); n != 1 {
@@ -349,6 +368,9 @@ func TestClaimGuardWithoutPodResources(t *testing.T) {
 	if p := src.Refresh().Devices[0].Problem; p.Cause != device.CauseHeldByDRA {
 		t.Fatalf("held once PodResources answers: %+v", p)
 	}
+	if snap := gated.Snapshot(); snap.Devices[0].Problem.Message != "held by DRA claim ns/c1" || !snap.Devices[1].Healthy {
+		t.Fatalf("published once PodResources answers: %+v", snap.Devices)
+	}
 	// Gone again: what was held stays held, and the outage is said.
 	if err := os.Remove(sock); err != nil {
 		t.Fatal(err)
@@ -359,5 +381,61 @@ func TestClaimGuardWithoutPodResources(t *testing.T) {
 	}
 	if n := said("cannot tell which devices DRA claims hold"); n != 2 {
 		t.Fatalf("said %d times that PodResources cannot tell, want once per outage", n)
+	}
+}
+
+// TestClaimGuardPodResourcesLate (issue 27 item 5): PodResources comes up
+// 100 ms after the resource started, with a DRA claim on sim-node1-0. The
+// guard fails closed until its first answer: no device is advertised
+// Healthy before it (each is Unhealthy for dra_claim), and it asks again,
+// with a backoff, until PodResources answers: soon after, sim-node1-0 is
+// Unhealthy and the others Healthy. sim-node1-0 is never advertised
+// Healthy on the way, so the kubelet cannot give it to a second pod.
+func TestClaimGuardPodResourcesLate(t *testing.T) {
+	const late = 100 * time.Millisecond
+	g := runGuarded(t, time.Hour, true)
+	var seen []string // what ListAndWatch showed, in order
+	check := func(u kubeletsim.Update, servedAt time.Time) {
+		t.Helper()
+		seen = append(seen, health(u))
+		if h := u.Health("sim-node1-0"); h != pluginapi.Unhealthy {
+			t.Fatalf("sim-node1-0 advertised %s, which a DRA claim holds; ListAndWatch showed:\n%s", h, strings.Join(seen, "\n"))
+		}
+		if servedAt.IsZero() && u.Healthy() > 0 {
+			t.Fatalf("a device advertised Healthy before PodResources answered; ListAndWatch showed:\n%s", strings.Join(seen, "\n"))
+		}
+	}
+	check(g.first(t), time.Time{})
+	// PodResources comes up late: not before the first answer and not
+	// before 100 ms after the start.
+	time.Sleep(time.Until(g.started.Add(late)))
+	for len(g.updates) > 0 {
+		check(<-g.updates, time.Time{})
+	}
+	pr, err := kubeletsim.ServePodResources(g.sock, claimPod("c1", byCDI("sim-0", "k8s.example.com/sim=sim-node1-0")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pr.Stop)
+	served := time.Now()
+	deadline := time.After(5 * time.Second)
+	for {
+		select {
+		case u := <-g.updates:
+			check(u, served)
+			if u.Healthy() != 2 {
+				continue
+			}
+			if d := time.Since(served); d > 2*time.Second {
+				t.Fatalf("the claim seen %v after PodResources came up", d)
+			}
+			if said := g.said("cannot tell which devices DRA claims hold"); said != 1 {
+				t.Fatalf("said %d times that PodResources cannot tell, want once", said)
+			}
+			return
+		case <-deadline:
+			t.Fatalf("not sim-node1-0 alone held within 5s of PodResources coming up (%d List calls); ListAndWatch showed:\n%s",
+				pr.Calls(), strings.Join(seen, "\n"))
+		}
 	}
 }

@@ -43,7 +43,9 @@ type Resource struct {
 	// Recovery, optional, runs beside the others.
 	Recovery Background
 	// Claims, optional, reports Unhealthy the devices DRA claims hold: it
-	// asks before the first publication, then runs beside the others.
+	// asks before the first publication, then runs beside the others;
+	// until PodResources has answered once, no device is advertised
+	// Healthy (ClaimGuard).
 	Claims *ClaimGuard
 	Log    *logrus.Entry
 	// Metrics, when set, counts the spec writes.
@@ -64,7 +66,12 @@ type Resource struct {
 // the plugin (resource.Follower).
 func (r *Resource) init() {
 	r.once.Do(func() {
-		r.follower = &resource.Follower{Resource: r.Plugin.opts.ResourceName, Source: r.Source, Spec: r.Spec, Publish: r.Plugin,
+		src := r.Source
+		if r.Claims != nil {
+			// What the plugin advertises goes through the guard.
+			src = r.Claims.gate(src)
+		}
+		r.follower = &resource.Follower{Resource: r.Plugin.opts.ResourceName, Source: src, Spec: r.Spec, Publish: r.Plugin,
 			Log: r.Log, Metrics: r.Metrics, RetryMin: r.RetryMin, RetryMax: r.RetryMax, YieldRecheck: r.YieldRecheck}
 	})
 }

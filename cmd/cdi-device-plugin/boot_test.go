@@ -18,7 +18,9 @@ import (
 // no device plugin directory yet, no PodResources socket, a metrics
 // address. The plugin writes its nodes and spec and serves its socket
 // without the kubelet, keeps running while there is none, and registers
-// as soon as kubelet.sock appears, its devices healthy at once.
+// as soon as kubelet.sock appears; its devices are healthy as soon as the
+// kubelet's PodResources answers (asked at the registration), not before
+// (the claim guard fails closed).
 func TestBootBeforeTheKubelet(t *testing.T) {
 	d := newDirs(t)
 	testutil.NeedMknod(t)
@@ -79,6 +81,11 @@ func TestBootBeforeTheKubelet(t *testing.T) {
 	}
 
 	start := time.Now()
+	// The kubelet serves PodResources and kubelet.sock as it starts.
+	if err := os.MkdirAll(filepath.Dir(env["POD_RESOURCES_SOCKET"]), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	testutil.ServePodResources(t, env["POD_RESOURCES_SOCKET"])
 	k, err := kubeletsim.Start(d.plugins)
 	if err != nil {
 		t.Fatal(err)
@@ -95,8 +102,10 @@ func TestBootBeforeTheKubelet(t *testing.T) {
 		t.Errorf("registered %v after kubelet.sock appeared", took)
 	}
 	_, updates := testutil.Watch(ctx, t, d.plugins, reg.Request.Endpoint)
-	first, err := kubeletsim.WaitFor(updates, 5*time.Second, func(kubeletsim.Update) bool { return true })
-	if err != nil || first.Healthy() != 4 {
-		t.Fatalf("first list %+v %v", first, err)
+	if _, err := kubeletsim.WaitFor(updates, 5*time.Second, func(u kubeletsim.Update) bool { return u.Healthy() == 4 }); err != nil {
+		t.Fatalf("devices not healthy: %v; log:\n%s", err, stderr.String())
+	}
+	if took := time.Since(start); took > time.Second {
+		t.Errorf("devices healthy %v after the kubelet came up", took)
 	}
 }

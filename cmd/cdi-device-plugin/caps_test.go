@@ -37,7 +37,7 @@ func TestCapabilities(t *testing.T) {
 		t.Fatal(err)
 	}
 	run := func(ctx context.Context, bounding string) (*exec.Cmd, *syncBuffer) {
-		cmd := exec.CommandContext(ctx, setpriv, append([]string{"--bounding-set", bounding, "--inh-caps", "-all", "--", bin}, d.args()...)...)
+		cmd := exec.CommandContext(ctx, setpriv, append([]string{"--bounding-set", bounding, "--inh-caps", "-all", "--", bin}, d.args("--pod-resources-socket", podResources)...)...)
 		cmd.Env = []string{"PATH=/usr/bin:/bin", "RESOURCE_NAME=example.com/sim", "NUMBER_DEVICES=2",
 			"DEVICE_ID_PREFIX=sim", "DEVICE_FILE_PREFIX=sim", "NODE_NAME=n1"}
 		out := &syncBuffer{}

@@ -141,7 +141,7 @@ func TestCrashSafety(t *testing.T) {
 			<-k.Regs
 		}
 		started := time.Now()
-		cmd := exec.Command(bin, d.args("--config", cfg, "--node-name", "crash")...)
+		cmd := exec.Command(bin, d.args("--config", cfg, "--node-name", "crash", "--pod-resources-socket", podResources)...)
 		var stderr syncBuffer
 		cmd.Stderr = &stderr
 		if err := cmd.Start(); err != nil {

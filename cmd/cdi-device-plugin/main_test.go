@@ -47,14 +47,39 @@ func (d dirs) args(extra ...string) []string {
 	return append([]string{"--device-plugin-dir", d.plugins, "--cdi-dir", d.cdi, "--dev-root", d.dev, "--state-dir", d.state}, extra...)
 }
 
-// envOf is an environment of m alone, but for POD_RESOURCES_SOCKET: a
-// path where none is, unless m sets it, so that no test asks the
-// PodResources of a kubelet that runs on the machine.
+// podResources is the socket of a PodResources stand-in that lists no
+// pods, served for the whole test binary: the kubelet of a node, DRA
+// driver or not. The claim guard fails closed until PodResources answers
+// (no device is advertised healthy), so a plugin run here asks it, not
+// the PodResources of a kubelet that runs on the machine.
+var podResources string
+
+func TestMain(m *testing.M) {
+	os.Exit(func() int {
+		dir, err := os.MkdirTemp("", "dp-pr")
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		defer func() { _ = os.RemoveAll(dir) }()
+		podResources = filepath.Join(dir, "pod-resources.sock")
+		pr, err := kubeletsim.ServePodResources(podResources)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		defer pr.Stop()
+		return m.Run()
+	}())
+}
+
+// envOf is an environment of m alone, but for POD_RESOURCES_SOCKET:
+// podResources (listing no pods) unless m sets it.
 func envOf(m map[string]string) func(string) (string, bool) {
 	return func(k string) (string, bool) {
 		v, ok := m[k]
 		if !ok && k == "POD_RESOURCES_SOCKET" {
-			return "/nonexistent/cdi-device-plugin-test/pod-resources.sock", true
+			return podResources, true
 		}
 		return v, ok
 	}
@@ -295,7 +320,7 @@ func TestSIGTERM(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer k.Stop()
-	cmd := exec.Command(bin, d.args()...)
+	cmd := exec.Command(bin, d.args("--pod-resources-socket", podResources)...)
 	cmd.Env = []string{"NUMBER_DEVICES=2"}
 	var stderr syncBuffer
 	cmd.Stderr = &stderr

@@ -13,14 +13,15 @@
 //
 // PLUGIN, its arguments, -env and -remove-device are templates over the
 // run's directories: {{.SocketDir}} (kubelet.sock), {{.CDIDir}},
-// {{.DevDir}} (device files dp-bench creates) and {{.WorkDir}}.
+// {{.DevDir}} (device files dp-bench creates), {{.WorkDir}} and
+// {{.PodResources}} (the kubelet's PodResources, listing no pods).
 //
 // A targets file of DRA drivers (targets with "dra" set, dra.go) runs
 // them against a private etcd and kube-apiserver (-etcd,
 // -kube-apiserver), as the kubelet drives a DRA driver: registration,
 // ResourceSlices, NodePrepareResources and NodeUnprepareResources; their
 // templates also have {{.RegistrarDir}}, {{.PluginsDir}},
-// {{.PodResources}}, {{.Kubeconfig}} and {{.NodeName}}.
+// {{.Kubeconfig}} and {{.NodeName}}.
 package main
 
 import (

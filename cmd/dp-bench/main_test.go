@@ -63,7 +63,7 @@ func ourPlugin() Target {
 	return Target{
 		Name: "cdi-device-plugin",
 		Command: []string{bins.ours, "--device-plugin-dir", "{{.SocketDir}}", "--cdi-dir", "{{.CDIDir}}",
-			"--dev-root", "{{.DevDir}}", "--state-dir", "{{.WorkDir}}/state", "--log-level", "warn"},
+			"--dev-root", "{{.DevDir}}", "--state-dir", "{{.WorkDir}}/state", "--pod-resources-socket", "{{.PodResources}}", "--log-level", "warn"},
 		Env:          []string{"NUMBER_DEVICES=8", "RESOURCE_NAME=example.com/bench", "DEVICE_ID_PREFIX=bench", "NODE_NAME=node-1"},
 		RemoveDevice: "{{.DevDir}}/bench-3",
 		IDs:          8,

@@ -78,6 +78,11 @@ func runTarget(ctx context.Context, t Target, s Settings) (*RunResult, error) {
 		return nil, err
 	}
 	defer r.cleanup()
+	pr, err := kubeletsim.ServePodResources(r.host.PodResources)
+	if err != nil {
+		return nil, err
+	}
+	defer pr.Stop()
 	k, err := kubeletsim.StartWith(r.host.SocketDir, kubeletsim.Options{ConnectTimeout: s.Connect})
 	if err != nil {
 		return nil, err

@@ -103,10 +103,14 @@ type Dirs struct {
 	// SocketDir holds kubelet.sock; CDIDir the CDI specs; DevDir the
 	// device files dp-bench creates; WorkDir the Files and anything else.
 	SocketDir, CDIDir, DevDir, WorkDir string
+	// PodResources is the kubelet's PodResources socket, listing no pods
+	// (a device plugin's claim guard advertises no device healthy until
+	// it answers).
+	PodResources string
 	// For DRA drivers: the kubelet's plugin registration directory and
-	// plugins directory, its PodResources socket, the API server's
-	// kubeconfig and the name of the node (a fresh Node object per run).
-	RegistrarDir, PluginsDir, PodResources, Kubeconfig, NodeName string
+	// plugins directory, the API server's kubeconfig and the name of the
+	// node (a fresh Node object per run).
+	RegistrarDir, PluginsDir, Kubeconfig, NodeName string
 }
 
 // file is the targets file: several targets, run side by side.
@@ -217,6 +221,9 @@ func (t Target) prepare(tmpfsDir string, c *cluster) (*runDirs, error) {
 		}
 	}
 	r.host = Dirs{SocketDir: filepath.Join(root, "s"), CDIDir: filepath.Join(r.fastRoot, "cdi"), DevDir: filepath.Join(r.fastRoot, "dev"), WorkDir: filepath.Join(root, "work")}
+	// A device plugin's run: the kubelet's PodResources, served beside
+	// kubelet.sock (runTarget), outside the device plugin directory.
+	r.host.PodResources = filepath.Join(r.host.WorkDir, "pod-resources.sock")
 	mkdirs := []string{r.host.SocketDir, r.host.CDIDir, r.host.DevDir, r.host.WorkDir, r.scratch}
 	if t.DRA != nil {
 		if c == nil {
