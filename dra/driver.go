@@ -221,6 +221,11 @@ func (d *Driver) Run(ctx context.Context) error {
 	err = g.Wait()
 	helper.Stop() // its slice controller too: nothing publishes after this
 	d.taintOnStop()
+	if ctx.Err() != nil && errors.Is(err, context.Canceled) {
+		// Stopped while starting (the slice informer not yet synced,
+		// say): a shutdown, not a failure.
+		return nil
+	}
 	return err
 }
 

@@ -23,7 +23,6 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
-	"k8s.io/klog/v2"
 
 	"github.com/cdi-device-plugin/cdi-device-plugin/cdi"
 	"github.com/cdi-device-plugin/cdi-device-plugin/config"
@@ -230,7 +229,7 @@ func (d *driver) serve(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	klog.SetLogger(dra.Logger(d.log))
+	dra.SetKlogLog(d.log)
 	g, ctx := errgroup.WithContext(ctx)
 	if d.metrics != nil {
 		server := metrics.NewServer(d.metrics)
