@@ -7,7 +7,9 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
+	"strings"
 	"sync"
 
 	"k8s.io/apimachinery/pkg/types"
@@ -15,18 +17,33 @@ import (
 	"github.com/cdi-device-plugin/cdi-device-plugin/internal/atomicfile"
 )
 
-// CheckpointVersion is the version of the checkpoint file format.
-const CheckpointVersion = 1
+// CheckpointVersion is the version of the checkpoint file format the
+// driver writes. Version 2 adds the driver name and the state of an
+// Unprepare under way; version-1 files are read as they are (no driver
+// name: the driver that starts takes them over).
+const CheckpointVersion = 2
+
+// checkpointVersionsRead are the versions Load reads.
+var checkpointVersionsRead = []int{1, CheckpointVersion}
 
 // ErrCheckpoint is returned for a checkpoint file that cannot be read (of
 // another version, or not JSON): the driver does not start rather than
 // forget which claims it prepared.
 var ErrCheckpoint = errors.New("unreadable claim checkpoint")
 
+// ErrOtherDriver is returned by Adopt for a checkpoint whose prepared
+// claims were prepared under another driver name: the kubelet knows them
+// by that name and would unprepare them through it, never through this
+// one.
+var ErrOtherDriver = errors.New("the claim checkpoint holds claims prepared under another driver name")
+
 // checkpointFile is the checkpoint on disk.
 type checkpointFile struct {
-	Version int                         `json:"version"`
-	Claims  map[types.UID]PreparedClaim `json:"claims"`
+	Version int `json:"version"`
+	// DriverName is the driver the claims were prepared by ("" in
+	// version 1).
+	DriverName string                      `json:"driverName,omitempty"`
+	Claims     map[types.UID]PreparedClaim `json:"claims"`
 }
 
 // PreparedClaim is a claim the driver prepared, as the checkpoint keeps
@@ -43,8 +60,13 @@ type PreparedClaim struct {
 	// PrepareAgain: the driver found the claim's spec gone when it started
 	// (the CDI dir, a tmpfs, was emptied: a reboot, also one the boot ID
 	// does not tell); its devices are prepared again at the next Prepare.
-	PrepareAgain bool             `json:"prepareAgain,omitempty"`
-	Devices      []PreparedDevice `json:"devices"`
+	PrepareAgain bool `json:"prepareAgain,omitempty"`
+	// Unpreparing: an Unprepare of the claim began (recorded, durably,
+	// before it reset a device or removed the claim's spec). A driver that
+	// stopped during it finds the claim so at its next start: its spec
+	// missing is no reboot, and the retried Unprepare completes it.
+	Unpreparing bool             `json:"unpreparing,omitempty"`
+	Devices     []PreparedDevice `json:"devices"`
 }
 
 // PreparedDevice is one allocated device of a prepared claim.
@@ -62,6 +84,10 @@ type PreparedDevice struct {
 	// AdminAccess: the claim has admin access; the device is neither
 	// prepared nor reset for it, and others may hold it.
 	AdminAccess bool `json:"adminAccess,omitempty"`
+	// Reset: the device's reset ran, or began, in an Unprepare of the
+	// claim (recorded before it ran): a retried Unprepare does not run it
+	// again.
+	Reset bool `json:"reset,omitempty"`
 }
 
 // Checkpoint is the claims the driver prepared, kept in a file (atomicfile:
@@ -71,7 +97,9 @@ type PreparedDevice struct {
 type Checkpoint struct {
 	path string
 
-	mu     sync.Mutex
+	mu sync.Mutex
+	// driver is the driver name recorded (Load) or taken over (Adopt).
+	driver string
 	claims map[types.UID]PreparedClaim
 }
 
@@ -100,15 +128,51 @@ func (c *Checkpoint) Load() error {
 	if err := json.Unmarshal(data, &f); err != nil {
 		return fmt.Errorf("%w %s: %w", ErrCheckpoint, c.path, err)
 	}
-	if f.Version != CheckpointVersion {
-		return fmt.Errorf("%w %s: version %d, this driver reads %d", ErrCheckpoint, c.path, f.Version, CheckpointVersion)
+	if !slices.Contains(checkpointVersionsRead, f.Version) {
+		return fmt.Errorf("%w %s: version %d, this driver reads %v", ErrCheckpoint, c.path, f.Version, checkpointVersionsRead)
 	}
 	if f.Claims == nil {
 		f.Claims = map[types.UID]PreparedClaim{}
 	}
 	c.mu.Lock()
-	c.claims = f.Claims
+	c.driver, c.claims = f.DriverName, f.Claims
 	c.mu.Unlock()
+	return nil
+}
+
+// DriverName is the driver name the checkpoint records ("" for a version-1
+// file, or a new checkpoint, not adopted yet).
+func (c *Checkpoint) DriverName() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.driver
+}
+
+// Adopt makes driver the checkpoint's driver name, which the next Save
+// records, after Load: a checkpoint of no name (version 1, or none on
+// disk), of the same name, or of another name that holds no claim is
+// taken over. One that holds claims prepared under another name is
+// refused with ErrOtherDriver and a message saying what to do: the
+// kubelet unprepares a claim through the driver name that prepared it,
+// so under a new name those claims would hold their devices forever.
+// The default driver name (DefaultDriverName) changes when the
+// configuration's resources are reordered.
+func (c *Checkpoint) Adopt(driver string) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.driver != "" && c.driver != driver && len(c.claims) > 0 {
+		var names []string
+		for _, pc := range c.claims {
+			names = append(names, pc.Namespace+"/"+pc.Name)
+		}
+		sort.Strings(names)
+		return fmt.Errorf("%w: %s holds %d claims prepared by driver %q (%s), and this driver is named %q "+
+			"(the default name is that of the first resource published: were the resources reordered?): "+
+			"start it with --driver-name %s (DRIVER_NAME) until those claims are unprepared (their pods gone), "+
+			"or drain the node, then start it under the new name",
+			ErrOtherDriver, c.path, len(names), c.driver, strings.Join(names, ", "), driver, c.driver)
+	}
+	c.driver = driver
 	return nil
 }
 
@@ -126,7 +190,10 @@ func (c *Checkpoint) Claims() map[types.UID]PreparedClaim {
 // Save replaces the prepared claims with claims, on disk first: when Save
 // fails, nothing changed.
 func (c *Checkpoint) Save(claims map[types.UID]PreparedClaim) error {
-	data, err := json.MarshalIndent(checkpointFile{Version: CheckpointVersion, Claims: claims}, "", "  ")
+	c.mu.Lock()
+	driver := c.driver
+	c.mu.Unlock()
+	data, err := json.MarshalIndent(checkpointFile{Version: CheckpointVersion, DriverName: driver, Claims: claims}, "", "  ")
 	if err != nil {
 		return fmt.Errorf("claim checkpoint: %w", err)
 	}

@@ -20,6 +20,7 @@ import (
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/dynamic-resource-allocation/resourceslice"
 	"k8s.io/klog/v2"
+	"k8s.io/utils/clock"
 
 	"github.com/cdi-device-plugin/cdi-device-plugin/cdi"
 	"github.com/cdi-device-plugin/cdi-device-plugin/device"
@@ -37,6 +38,12 @@ const (
 	// kubelet when nothing changed: within the kubelet's 30 s, after which
 	// it takes the health for unknown.
 	DefaultHealthResend = 10 * time.Second
+	// DefaultCleanupInterval is how often the checkpointed claims are
+	// looked up in the API (see Options.CleanupGrace).
+	DefaultCleanupInterval = time.Minute
+	// DefaultCleanupGrace is how long a checkpointed claim must be gone
+	// from the API before it is dropped and its devices released.
+	DefaultCleanupGrace = 5 * time.Minute
 )
 
 // Runner prepares and resets devices (prestart.Runner), and recovers
@@ -92,6 +99,13 @@ type Options struct {
 	// PollInterval (default DefaultPollInterval), HealthResend (default
 	// DefaultHealthResend).
 	PollInterval, HealthResend time.Duration
+	// CleanupInterval (default DefaultCleanupInterval) is how often the
+	// checkpointed claims are looked up in the API; a claim gone (not
+	// found, or its name taken by another UID) for CleanupGrace (default
+	// DefaultCleanupGrace) is dropped and its devices released, as
+	// Unprepare would. Clock (default the real one) times both.
+	CleanupInterval, CleanupGrace time.Duration
+	Clock                         clock.WithTicker
 }
 
 // Driver is the DRA kubelet plugin of the configured resources.
@@ -142,13 +156,19 @@ func (r *running) Update(s *device.Snapshot) error {
 // ErrOptions is returned by New for options it cannot run with.
 var ErrOptions = errors.New("DRA driver options")
 
-// New checks the options and returns the driver; it touches nothing.
+// New checks the options and returns the driver; it touches nothing on
+// disk. The checkpoint, loaded already, is taken over by the driver's name
+// (Checkpoint.Adopt): one holding claims prepared under another name is
+// refused with ErrOtherDriver.
 func New(o Options) (*Driver, error) {
 	if err := CheckDriverName("driver-name", o.DriverName); err != nil {
 		return nil, err
 	}
 	if o.NodeName == "" || o.Client == nil || o.Writer == nil || o.Checkpoint == nil {
 		return nil, fmt.Errorf("%w: a node name, a client, a CDI writer and a checkpoint are needed", ErrOptions)
+	}
+	if err := o.Checkpoint.Adopt(o.DriverName); err != nil {
+		return nil, err
 	}
 	k, err := cdi.ClaimKind(o.DriverName)
 	if err != nil {
@@ -162,6 +182,15 @@ func New(o Options) (*Driver, error) {
 	}
 	if o.HealthResend <= 0 {
 		o.HealthResend = DefaultHealthResend
+	}
+	if o.CleanupInterval <= 0 {
+		o.CleanupInterval = DefaultCleanupInterval
+	}
+	if o.CleanupGrace <= 0 {
+		o.CleanupGrace = DefaultCleanupGrace
+	}
+	if o.Clock == nil {
+		o.Clock = clock.RealClock{}
 	}
 	d := &Driver{opts: o, log: o.Log.WithField("driver", o.DriverName), claimKind: k,
 		changed: make(chan struct{}, 1), nodes: make(chan nodeReport, 1), polled: make(chan pollResult, 1),
@@ -183,8 +212,9 @@ func New(o Options) (*Driver, error) {
 
 // Run writes the resources' specs, registers with the kubelet and serves
 // it, publishes the devices in ResourceSlices and keeps them and their
-// health in step until ctx is done; every goroutine it started has ended
-// when it returns. Specs, claim specs and the checkpoint are kept.
+// health in step until ctx is done, and drops the checkpointed claims gone
+// from the API (cleanup); every goroutine it started has ended when it
+// returns. Specs, claim specs and the checkpoint are kept.
 func (d *Driver) Run(ctx context.Context) error {
 	ctx = klog.NewContext(ctx, Logger(d.log))
 	// Spec first, then the devices are published.
@@ -217,6 +247,7 @@ func (d *Driver) Run(ctx context.Context) error {
 		g.Go(func() error { return r.Runner.Run(gctx) })
 	}
 	g.Go(func() error { return d.watchNode(gctx) })
+	g.Go(func() error { return d.cleanup(gctx) })
 	g.Go(func() error { return d.loop(gctx, helper) })
 	err = g.Wait()
 	helper.Stop() // its slice controller too: nothing publishes after this
@@ -440,7 +471,9 @@ func (d *Driver) byName(name string) *running {
 // container of such a claim before it prepares the claim again, and its
 // CDI IDs must resolve meanwhile). It removes the specs of claims not
 // prepared (a driver killed between writing a claim's spec and its
-// checkpoint).
+// checkpoint). A claim whose Unprepare was under way when the driver
+// stopped is left as it is: its spec is gone because Unprepare removed
+// it, not because of a reboot; the retried Unprepare completes it.
 func (d *Driver) restoreClaimSpecs() {
 	claims := d.opts.Checkpoint.Claims()
 	removed, err := d.opts.Writer.RemoveStaleClaimSpecs(d.claimKind, func(uid string) bool {
@@ -455,6 +488,12 @@ func (d *Driver) restoreClaimSpecs() {
 	}
 	lost := false
 	for uid, pc := range claims {
+		if pc.Unpreparing {
+			// Its spec may be gone: Unprepare removed it. No reboot.
+			d.log.WithField("claim", pc.Namespace+"/"+pc.Name).Info("an Unprepare of the claim was under way when the driver stopped; " +
+				"it completes when the kubelet asks again (its devices reset already are not reset again)")
+			continue
+		}
 		if pc.ClaimSpec == "" {
 			continue
 		}

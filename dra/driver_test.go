@@ -1,13 +1,16 @@
 package dra
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -53,6 +56,12 @@ type harness struct {
 	client                      *fake.Clientset
 	boot                        string
 	extraEnv                    map[string]string
+	// wrap, when set, wraps each resource's runner (a stop point in
+	// Unprepare); options, when set, edits the driver's options.
+	wrap    func(Runner) Runner
+	options func(*Options)
+	// logs is everything the driver logged, across restarts.
+	logs syncBuffer
 
 	driver *Driver
 	cancel context.CancelFunc
@@ -104,7 +113,7 @@ func (h *harness) start() {
 	drv := filepath.Join(h.plugins, testDriver)
 	opts := Options{DriverName: testDriver, NodeName: node, Client: h.client, RegistrarDir: h.registrar, PluginDir: drv,
 		Writer: w, Checkpoint: cp, PodResources: h.podSock, BootID: h.boot, Log: logrus.NewEntry(logrus.New()), PollInterval: 20 * time.Millisecond}
-	opts.Log.Logger.SetOutput(testWriter{h.t})
+	opts.Log.Logger.SetOutput(io.MultiWriter(testWriter{h.t}, &h.logs))
 	for i := range cfg.Resources {
 		rc := &cfg.Resources[i]
 		p, err := resource.Build(cfg, i, resource.Options{Writer: w, Socket: filepath.Join(drv, "dra.sock"), Log: opts.Log,
@@ -115,8 +124,15 @@ func (h *harness) start() {
 		if _, err := p.Prepare(); err != nil {
 			h.t.Fatal(err)
 		}
+		var runner Runner = p.Runner
+		if h.wrap != nil {
+			runner = h.wrap(runner)
+		}
 		opts.Resources = append(opts.Resources, Resource{Name: rc.Name, Kind: p.Kind, IDPrefix: rc.IDPrefix, EnvPrefix: rc.EnvPrefix,
-			Source: p.Source, Spec: p.Spec, Runner: p.Runner})
+			Source: p.Source, Spec: p.Spec, Runner: runner})
+	}
+	if h.options != nil {
+		h.options(&opts)
 	}
 	d, err := New(opts)
 	if err != nil {
@@ -156,6 +172,24 @@ func (h *harness) stop() {
 }
 
 type testWriter struct{ t *testing.T }
+
+// syncBuffer is a goroutine-safe log sink.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
 
 func (w testWriter) Write(p []byte) (int, error) {
 	w.t.Log(strings.TrimRight(string(p), "\n"))

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sirupsen/logrus"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
@@ -35,12 +36,16 @@ var (
 	// ErrCallFailed: another claim of the same call failed; none of the
 	// call's claims is prepared.
 	ErrCallFailed = errors.New("another claim of the same call failed")
+	// ErrAllocationChanged: the checkpoint knows the claim's UID, prepared
+	// with other devices than its allocation names now.
+	ErrAllocationChanged = errors.New("the claim's allocation differs from the one prepared")
 )
 
 // PrepareResourceClaims prepares the devices of the claims of one kubelet
 // call: all claims, or none. A claim already prepared (in this boot, and
 // its spec not lost since) gets what it got then, and its steps do not run
-// again. For the others,
+// again, once its allocation now is found the one it was prepared with
+// (ErrAllocationChanged otherwise). For the others,
 // each allocated device of this driver must be healthy and held by no
 // other prepared claim and no device-plugin container; then the
 // resource's prestart steps run on them (same state directories and
@@ -125,9 +130,15 @@ func (d *Driver) prepare(ctx context.Context, claims []*resourceapi.ResourceClai
 	errs := map[types.UID]error{}
 	var plans []*planned
 	for _, c := range claims {
-		if pc, ok := cp[c.UID]; ok && pc.BootID == d.opts.BootID && !pc.PrepareAgain {
-			plans = append(plans, &planned{claim: c, entry: pc, again: true})
-			continue
+		if pc, ok := cp[c.UID]; ok && !pc.Unpreparing {
+			if err := d.sameAllocation(c, pc); err != nil {
+				errs[c.UID] = fmt.Errorf("claim %s/%s: %w", c.Namespace, c.Name, err)
+				continue
+			}
+			if pc.BootID == d.opts.BootID && !pc.PrepareAgain {
+				plans = append(plans, &planned{claim: c, entry: pc, again: true})
+				continue
+			}
 		}
 		p, err := d.plan(c, cp, holders)
 		if err != nil {
@@ -215,6 +226,32 @@ func (d *Driver) prepare(ctx context.Context, claims []*resourceapi.ResourceClai
 		return nil, errs
 	}
 	return answer(plans), nil
+}
+
+// sameAllocation checks that claim c's allocation now names the devices
+// that pc was prepared with: for each result of this driver its pool,
+// device and request.
+func (d *Driver) sameAllocation(c *resourceapi.ResourceClaim, pc PreparedClaim) error {
+	var now, was []string
+	if c.Status.Allocation != nil {
+		for _, res := range c.Status.Allocation.Devices.Results {
+			if res.Driver == d.opts.DriverName {
+				now = append(now, res.Pool+"/"+res.Device+" (request "+res.Request+")")
+			}
+		}
+	}
+	for _, dv := range pc.Devices {
+		for _, r := range dv.Requests {
+			was = append(was, dv.Pool+"/"+dv.Device+" (request "+r+")")
+		}
+	}
+	slices.Sort(now)
+	slices.Sort(was)
+	if slices.Equal(now, was) {
+		return nil
+	}
+	return fmt.Errorf("%w: allocated now [%s], prepared [%s] (the claim checkpoint); the kubelet must unprepare it first",
+		ErrAllocationChanged, strings.Join(now, ", "), strings.Join(was, ", "))
 }
 
 // answer is the kubelet's answer for prepared claims: their devices.
@@ -410,50 +447,78 @@ func (d *Driver) ensureClaimSpec(p *planned) {
 	}
 }
 
-// UnprepareResourceClaims undoes Prepare for each claim: the reset step,
-// when the resource has one, on its devices that no other prepared claim
-// holds; its spec removed; its checkpoint entry dropped (durably). A claim
-// not prepared (unknown UID) is done already. A reset that fails makes the
-// device unhealthy (as a failed preparation does) but does not keep the
-// claim: the kubelet could never release it.
+// UnprepareResourceClaims undoes Prepare for each claim (unprepare): a
+// claim not prepared (unknown UID) is done already.
 func (d *Driver) UnprepareResourceClaims(ctx context.Context, claims []kubeletplugin.NamespacedObject) (map[types.UID]error, error) {
 	d.prepMu.Lock()
 	defer d.prepMu.Unlock()
-	cp := d.opts.Checkpoint.Claims()
 	out := make(map[types.UID]error, len(claims))
-	var dropped []types.UID
 	for _, c := range claims {
-		pc, ok := cp[c.UID]
-		if !ok {
-			out[c.UID] = nil
-			continue
-		}
-		delete(cp, c.UID)
-		d.reset(ctx, pc, cp)
-		if pc.ClaimSpec != "" {
-			if err := d.opts.Writer.RemoveClaimSpec(d.claimKind, string(c.UID)); err != nil {
-				out[c.UID] = fmt.Errorf("claim %s/%s: %w", pc.Namespace, pc.Name, err)
-				cp[c.UID] = pc
-				continue
-			}
-		}
-		out[c.UID] = nil
-		dropped = append(dropped, c.UID)
-		d.log.WithField("claim", pc.Namespace+"/"+pc.Name).Info("claim unprepared")
-	}
-	if len(dropped) > 0 {
-		if err := d.opts.Checkpoint.Save(cp); err != nil {
-			for _, uid := range dropped {
-				out[uid] = err
-			}
-		}
+		out[c.UID] = d.unprepare(ctx, c.UID)
 	}
 	return out, nil
 }
 
-// reset runs the reset step on the devices of pc that the claims in
-// others do not hold.
-func (d *Driver) reset(ctx context.Context, pc PreparedClaim, others map[types.UID]PreparedClaim) {
+// unprepare undoes Prepare for the claim uid, with prepMu held: the reset
+// step, when the resource has one, on its devices that no other prepared
+// claim holds, no device-plugin container holds (PodResources: none when
+// it cannot tell), and that an earlier, interrupted Unprepare did not
+// reset already; its spec removed; its checkpoint entry dropped. Before a
+// device is reset or the spec removed, the entry records, durably, that
+// the claim is being unprepared and which devices are reset: a driver that
+// stops in between neither takes the missing spec for a reboot at its
+// next start nor resets a device twice. A reset that fails makes the
+// device unhealthy (as a failed preparation does) but does not keep the
+// claim: the kubelet could never release it.
+func (d *Driver) unprepare(ctx context.Context, uid types.UID) error {
+	cp := d.opts.Checkpoint.Claims()
+	pc, ok := cp[uid]
+	if !ok {
+		return nil
+	}
+	name := pc.Namespace + "/" + pc.Name
+	log := d.log.WithField("claim", name)
+	delete(cp, uid)
+	byRes := d.toReset(log, pc, cp)
+	byRes = d.spareDevicePluginHeld(ctx, log, byRes)
+	if len(byRes) > 0 || (pc.ClaimSpec != "" && !pc.Unpreparing) {
+		mark := pc
+		mark.Unpreparing = true
+		mark.Devices = slices.Clone(pc.Devices)
+		for i := range mark.Devices {
+			dv := &mark.Devices[i]
+			if r := d.byName(dv.Resource); r != nil && slices.ContainsFunc(byRes[r], func(x device.Device) bool { return x.Name == dv.ID }) {
+				dv.Reset = true
+			}
+		}
+		cp[uid] = mark
+		if err := d.opts.Checkpoint.Save(cp); err != nil {
+			return fmt.Errorf("claim %s: recording its unprepare: %w", name, err)
+		}
+		pc = mark
+	}
+	for r, devs := range byRes {
+		if err := r.Runner.Reset(ctx, devs); err != nil {
+			log.WithError(err).WithField("resource", r.Name).Warn("resetting the devices of an unprepared claim failed")
+		}
+	}
+	if pc.ClaimSpec != "" {
+		if err := d.opts.Writer.RemoveClaimSpec(d.claimKind, string(uid)); err != nil {
+			return fmt.Errorf("claim %s: %w", name, err)
+		}
+	}
+	delete(cp, uid)
+	if err := d.opts.Checkpoint.Save(cp); err != nil {
+		return fmt.Errorf("claim %s: %w", name, err)
+	}
+	log.Info("claim unprepared")
+	return nil
+}
+
+// toReset is the devices of pc to reset, by resource: those of a resource
+// with a reset step, without admin access, that the claims in others do
+// not hold and that an interrupted Unprepare of pc did not reset already.
+func (d *Driver) toReset(log *logrus.Entry, pc PreparedClaim, others map[types.UID]PreparedClaim) map[*running][]device.Device {
 	held := map[string]bool{}
 	for _, o := range others {
 		for _, dv := range o.Devices {
@@ -468,6 +533,10 @@ func (d *Driver) reset(ctx context.Context, pc PreparedClaim, others map[types.U
 		if dv.AdminAccess || r == nil || !r.Runner.HasReset() || held[dv.Resource+"\x00"+dv.ID] {
 			continue
 		}
+		if dv.Reset {
+			log.WithField("device", dv.ID).Info("the device was reset by an Unprepare of the claim that the driver's stop interrupted: not reset again")
+			continue
+		}
 		s := r.snap.Load()
 		if s == nil {
 			continue
@@ -477,10 +546,46 @@ func (d *Driver) reset(ctx context.Context, pc PreparedClaim, others map[types.U
 			byRes[r] = append(byRes[r], s.Devices[i])
 		}
 	}
+	return byRes
+}
+
+// spareDevicePluginHeld is byRes without the devices that a container
+// holds through the device plugin (the kubelet's PodResources): during a
+// switch of the node between the APIs, such a container may hold a
+// device that a claim held until now. When PodResources cannot tell, no
+// device of the resource is left (fail closed). Each device spared is
+// logged, with its holders.
+func (d *Driver) spareDevicePluginHeld(ctx context.Context, log *logrus.Entry, byRes map[*running][]device.Device) map[*running][]device.Device {
+	out := map[*running][]device.Device{}
 	for r, devs := range byRes {
-		if err := r.Runner.Reset(ctx, devs); err != nil {
-			d.log.WithError(err).WithField("claim", pc.Namespace+"/"+pc.Name).WithField("resource", r.Name).
-				Warn("resetting the devices of an unprepared claim failed")
+		held, ok, err := metrics.DeviceHolders(ctx, d.opts.PodResources, r.Name)
+		if err == nil && !ok {
+			err = fmt.Errorf("no PodResources socket at %s", d.opts.PodResources)
+		}
+		if err != nil {
+			var ids []string
+			for _, dv := range devs {
+				ids = append(ids, dv.Name)
+			}
+			log.WithError(err).WithField("resource", r.Name).WithField("devices", strings.Join(ids, ",")).
+				Warn("PodResources cannot tell whether device-plugin containers hold the devices: not reset (the claim is unprepared all the same)")
+			continue
+		}
+		for _, dv := range devs {
+			var holders []string
+			for id, hs := range held {
+				if device.HeldBy(dv.Name, []string{id}) {
+					holders = append(holders, hs...)
+				}
+			}
+			if len(holders) > 0 {
+				slices.Sort(holders)
+				log.WithField("resource", r.Name).WithField("device", dv.Name).WithField("holder", strings.Join(holders, ",")).
+					Warn("a device-plugin container holds the device: not reset")
+				continue
+			}
+			out[r] = append(out[r], dv)
 		}
 	}
+	return out
 }

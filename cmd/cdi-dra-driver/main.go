@@ -55,7 +55,7 @@ func main() {
 
 // flags are the driver's own flags, beside config's.
 type flags struct {
-	kubeconfig, driverName, registrarDir, pluginsDir string
+	kubeconfig, driverName, registrarDir, pluginsDir, staleClaimGrace string
 }
 
 func (f *flags) extra() []config.Extra {
@@ -66,6 +66,8 @@ func (f *flags) extra() []config.Extra {
 			Default: DefaultRegistrarDir, Value: &f.registrarDir},
 		{Name: "kubelet-plugins-dir", Env: "KUBELET_PLUGINS_DIR", Usage: "the kubelet's plugins directory; the driver's socket is <dir>/<driver>/dra.sock (default " + DefaultPluginsDir + ")",
 			Default: DefaultPluginsDir, Value: &f.pluginsDir},
+		{Name: "stale-claim-grace", Env: "STALE_CLAIM_GRACE", Usage: "how long a prepared claim must be gone from the API before the driver drops it and releases its devices (default " + dra.DefaultCleanupGrace.String() + ")",
+			Default: dra.DefaultCleanupGrace.String(), Value: &f.staleClaimGrace},
 	}
 }
 
@@ -161,6 +163,10 @@ func build(cfg *config.Config, f flags, client func(string) (kubernetes.Interfac
 	if err := dra.CheckDeviceNames(cfg); err != nil {
 		return nil, err
 	}
+	grace, err := time.ParseDuration(f.staleClaimGrace)
+	if err != nil || grace <= 0 {
+		return nil, &config.FieldError{Field: "stale-claim-grace", Value: f.staleClaimGrace, Reason: "must be a positive duration (such as 5m)"}
+	}
 	if fi, err := os.Stat(cfg.DevRoot); err != nil || !fi.IsDir() {
 		return nil, &config.FieldError{Field: "dev-root", Value: cfg.DevRoot, Reason: "must be an existing directory"}
 	}
@@ -176,7 +182,7 @@ func build(cfg *config.Config, f flags, client func(string) (kubernetes.Interfac
 	writer := cdi.NewWriter(cfg.CDIDir, cfg.Owner(), start)
 	d.opts = dra.Options{DriverName: f.driverName, NodeName: cfg.NodeName, Client: kc,
 		RegistrarDir: f.registrarDir, PluginDir: pluginDir, Writer: writer, Checkpoint: d.checkpoint,
-		PodResources: cfg.PodResourcesSocket, Log: log, Metrics: d.metrics}
+		PodResources: cfg.PodResourcesSocket, Log: log, Metrics: d.metrics, CleanupGrace: grace}
 	for i := range cfg.Resources {
 		rc := &cfg.Resources[i]
 		name := rc.Name

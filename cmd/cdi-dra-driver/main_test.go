@@ -83,6 +83,8 @@ func TestBadConfigExits2AndWritesNothing(t *testing.T) {
 		{"relative registrar dir", []string{"--kubelet-registrar-dir", "reg"}, map[string]string{"NODE_NAME": "n1"}, nil, `kubelet-registrar-dir="reg"`},
 		{"socket path too long", []string{"--kubelet-plugins-dir", "/" + strings.Repeat("p", 100)}, map[string]string{"NODE_NAME": "n1"}, nil, "kubelet-plugins-dir="},
 		{"no API client", nil, map[string]string{"NODE_NAME": "n1"}, noClient, `kubeconfig="": no API client`},
+		{"stale claim grace", []string{"--stale-claim-grace", "soon"}, map[string]string{"NODE_NAME": "n1"}, nil, `stale-claim-grace="soon"`},
+		{"stale claim grace from env", nil, map[string]string{"NODE_NAME": "n1", "STALE_CLAIM_GRACE": "-1m"}, nil, `stale-claim-grace="-1m"`},
 		{"shared config checks", []string{"--log-level", "loud"}, map[string]string{"NODE_NAME": "n1"}, nil, `log-level="loud"`},
 	} {
 		t.Run(c.name, func(t *testing.T) {

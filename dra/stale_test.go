@@ -1,0 +1,144 @@
+package dra
+
+import (
+	"context"
+	"errors"
+	"os"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	podresourcesapi "k8s.io/kubelet/pkg/apis/podresources/v1"
+	testingclock "k8s.io/utils/clock/testing"
+)
+
+// TestPrepareChecksAllocation (issue 27, item 7): a Prepare of a claim
+// the checkpoint knows compares the claim's allocation now (pool, device
+// and request of each result for this driver) with the checkpoint's: when
+// they differ, the claim gets an error naming it, not the old answer, and
+// nothing is prepared or checkpointed.
+func TestPrepareChecksAllocation(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		edit func(a *resourceapi.AllocationResult)
+	}{
+		{"another device", func(a *resourceapi.AllocationResult) { a.Devices.Results[0].Device = "sim-2" }},
+		{"another request", func(a *resourceapi.AllocationResult) { a.Devices.Results[0].Request = "other-req" }},
+		{"one more device", func(a *resourceapi.AllocationResult) {
+			a.Devices.Results = append(a.Devices.Results, resourceapi.DeviceRequestAllocationResult{Request: "req", Driver: testDriver, Pool: node, Device: "sim-3"})
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			h := newHarness(t, nil)
+			h.start()
+			cl := h.claim("c", "sim-1")
+			if r := h.prepare(cl)[cl.Uid]; r.Error != "" {
+				t.Fatal(r.Error)
+			}
+			was := h.checkpointed()[types.UID(cl.Uid)]
+			claims := h.client.ResourceV1().ResourceClaims(claimNS)
+			obj, err := claims.Get(context.Background(), "c", metav1.GetOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			c.edit(obj.Status.Allocation)
+			if _, err := claims.UpdateStatus(context.Background(), obj, metav1.UpdateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			r := h.prepare(cl)[cl.Uid]
+			if !strings.Contains(r.Error, "default/c") || !strings.Contains(r.Error, ErrAllocationChanged.Error()) || len(r.Devices) != 0 {
+				t.Fatalf("prepare of a changed allocation: error %q, devices %v; want %q naming default/c", r.Error, r.Devices, ErrAllocationChanged)
+			}
+			for _, id := range []string{"sim-n1-2", "sim-n1-3"} {
+				if g := h.deviceState(id).Generation; g != 0 {
+					t.Errorf("%s prepared (generation %d)", id, g)
+				}
+			}
+			if now := h.checkpointed()[types.UID(cl.Uid)]; len(now.Devices) != 1 || now.Devices[0].Device != was.Devices[0].Device {
+				t.Errorf("checkpoint changed: %+v", now)
+			}
+		})
+	}
+}
+
+// TestStaleClaimsDropped (issue 27, item 7): a checkpointed claim whose
+// ResourceClaim is gone from the API (deleted, or replaced by one of
+// another UID) is dropped after the grace period, its spec removed and its
+// devices reset as Unprepare would: not one a device-plugin container
+// holds. Within the grace nothing is dropped; a claim back in the API
+// (same UID) is kept, and so is one that never left. The clock is a fake
+// one: each step is one pass of the clean-up.
+func TestStaleClaimsDropped(t *testing.T) {
+	const interval, grace = time.Minute, 5 * time.Minute
+	fc := testingclock.NewFakeClock(time.Now())
+	h := newHarness(t, map[string]string{"NUMBER_DEVICES": "5"})
+	h.options = func(o *Options) { o.Clock, o.CleanupInterval, o.CleanupGrace = fc, interval, grace }
+	h.start()
+	c, d := h.claim("c", "sim-2"), h.claim("d", "sim-4")
+	for uid, r := range h.prepare(h.claim("a", "sim-0"), h.claim("b", "sim-1"), c, d, h.claim("e", "sim-3")) {
+		if r.Error != "" {
+			t.Fatalf("%s: %s", uid, r.Error)
+		}
+	}
+	specs := map[string]string{}
+	resets := map[string]int64{}
+	for _, pc := range h.checkpointed() {
+		specs[pc.Name] = pc.ClaimSpec
+		resets[pc.Devices[0].ID] = h.deviceState(pc.Devices[0].ID).ResetCount
+	}
+	claims := h.client.ResourceV1().ResourceClaims(claimNS)
+	for _, name := range []string{"a", "b", "d", "e"} {
+		if err := claims.Delete(context.Background(), name, metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := claims.Create(context.Background(), &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: "b", Namespace: claimNS, UID: "uid-b2"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	// e's device is held by a device-plugin container now.
+	h.podres.Set(&podresourcesapi.PodResources{Name: "dp-pod", Namespace: "default", Containers: []*podresourcesapi.ContainerResources{{
+		Name: "ctr", Devices: []*podresourcesapi.ContainerDevices{{ResourceName: resName, DeviceIds: []string{"sim-n1-3"}}}}}})
+
+	h.waitFor("the clean-up's ticker", fc.HasWaiters)
+	fc.Step(interval)
+	h.waitFor("a, b, d and e seen gone", func() bool {
+		lines := strings.Split(h.logs.String(), "\n")
+		for _, n := range []string{"a", "b", "d", "e"} {
+			if !slices.ContainsFunc(lines, func(l string) bool {
+				return strings.Contains(l, "claim="+claimNS+"/"+n+" ") && strings.Contains(l, staleNotice)
+			}) {
+				return false
+			}
+		}
+		return true
+	})
+	if n := len(h.checkpointed()); n != 5 {
+		t.Fatalf("%d claims checkpointed within the grace, want 5", n)
+	}
+	// d is back (its UID unchanged): kept.
+	if _, err := claims.Create(context.Background(), &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: "d", Namespace: claimNS, UID: types.UID(d.Uid)}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	fc.Step(grace)
+	h.waitFor("a, b and e dropped", func() bool { return len(h.checkpointed()) == 2 })
+	cp := h.checkpointed()
+	for _, kept := range []string{c.Uid, d.Uid} {
+		if _, ok := cp[types.UID(kept)]; !ok {
+			t.Errorf("%s dropped", kept)
+		}
+	}
+	for _, gone := range []string{"a", "b", "e"} {
+		if _, err := os.Stat(specs[gone]); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("%s's claim spec left: %v", gone, err)
+		}
+	}
+	for id, want := range map[string]int64{"sim-n1-0": 1, "sim-n1-1": 1, "sim-n1-2": 0, "sim-n1-3": 0, "sim-n1-4": 0} {
+		if got := h.deviceState(id).ResetCount - resets[id]; got != want {
+			t.Errorf("%s reset %d times, want %d", id, got, want)
+		}
+	}
+}
