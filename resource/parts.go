@@ -40,6 +40,11 @@ type Options struct {
 	// identity (pci, usb) in place of the NETLINK_KOBJECT_UEVENT socket:
 	// a reader of kernel-shaped messages (tests).
 	Uevents func() (io.ReadCloser, error)
+	// Owners is the registry of host node owners of the process, the same
+	// for every resource it builds (device.Options.Owners): a node claimed
+	// by devices of two resources makes both Unhealthy (shared_node). Nil:
+	// the resource's devices are checked against each other only.
+	Owners *device.Owners
 }
 
 // Parts are one configured resource, built.
@@ -87,6 +92,7 @@ func Build(cfg *config.Config, i int, o Options) (*Parts, error) {
 		DevRoot:  cfg.DevRoot,
 		IDPrefix: rc.IDPrefix, NodeName: cfg.NodeName,
 		Replicas: rc.ReplicaCount(),
+		Owners:   o.Owners,
 		Log:      log,
 	}
 	if rc.Simulated() {
