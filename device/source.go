@@ -80,6 +80,11 @@ type Options struct {
 	// remembered (ID, index, node), so that IDs and indexes stay stable
 	// and vanished devices stay known across restarts.
 	Registry string
+	// Described, when set, reads the devices the resource's CDI spec on
+	// disk describes (an earlier run's), to rebuild a registry file that
+	// does not parse; its error says why the spec cannot be trusted (none,
+	// not ours), and Prepare then refuses with ErrRegistry.
+	Described func() ([]Described, error)
 	// Owners, when set, is the registry of node owners shared by every
 	// source of the process: a host node claimed by devices of two
 	// resources makes both Unhealthy (CauseSharedNode). Unset, the source
@@ -111,6 +116,9 @@ type Source struct {
 	known map[string]Device
 	// nextIndex is the index the next new host device gets.
 	nextIndex int
+	// recovered: known may hold devices rebuilt from the spec that wait for
+	// their hardware (adopt).
+	recovered bool
 	// goneSince is when a known host device was first seen gone, by key.
 	goneSince map[string]time.Time
 	// noHolders is set while Holders cannot tell (logged once).
