@@ -84,7 +84,7 @@ func TestSharedNodeOneResource(t *testing.T) {
 	if d := got["gpu-n1-2"]; !d.Healthy {
 		t.Errorf("gpu-n1-2 shares only ctl (sharedNodes) and the VFIO container: %q", d.Problem)
 	}
-	if !logged(hook, "gpu-n1-0", "gpu-n1-1", filepath.Join(root, "dri/card1")) {
+	if !logged(hook, "gpu-n1-0", "gpu-n1-1", filepath.Join(root, "dri", "card1")) {
 		t.Errorf("no log line names both devices and the node:\n%s", entries(hook))
 	}
 

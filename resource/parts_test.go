@@ -1,6 +1,7 @@
 package resource
 
 import (
+	"bytes"
 	"errors"
 	"os"
 	"path/filepath"
@@ -96,7 +97,7 @@ func TestCorruptRegistryRebuiltFromSpec(t *testing.T) {
 		if !errors.Is(err, device.ErrRegistry) || !strings.Contains(err.Error(), registry) || !strings.Contains(err.Error(), "no pod holds") {
 			t.Fatalf("got %v, want %v naming %s and the way out", err, device.ErrRegistry, registry)
 		}
-		if got, _ := os.ReadFile(registry); string(got) != string(corrupt) {
+		if got, _ := os.ReadFile(registry); !bytes.Equal(got, corrupt) {
 			t.Fatalf("the refused registry was changed: %q", got)
 		}
 	})
