@@ -34,6 +34,10 @@ const (
 	// driver, or of another vendor or device ID; a USB device of another
 	// vendor, product or serial on its port): it keeps its old nodes.
 	CauseIdentityChanged
+	// CauseSharedNode means one of its host nodes, not a sharedNodes
+	// entry, is also a node of another device, of this resource or of
+	// another one of the process (Owners): neither is handed out.
+	CauseSharedNode
 )
 
 var causeNames = [...]string{
@@ -47,11 +51,12 @@ var causeNames = [...]string{
 	CauseHeldByDRA:     "dra_claim",
 
 	CauseIdentityChanged: "identity_changed",
+	CauseSharedNode:      "shared_node",
 }
 
 // Causes are the causes of an unhealthy device, in order.
 func Causes() []Cause {
-	return []Cause{CauseMissing, CauseWrongNode, CauseNodeError, CausePrepareFailed, CauseNotInSpec, CauseYielded, CauseHeldByDRA, CauseIdentityChanged}
+	return []Cause{CauseMissing, CauseWrongNode, CauseNodeError, CausePrepareFailed, CauseNotInSpec, CauseYielded, CauseHeldByDRA, CauseIdentityChanged, CauseSharedNode}
 }
 
 // String is the cause's label value ("" for CauseNone).

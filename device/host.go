@@ -126,6 +126,11 @@ func (s *Source) scanHost(snap *Snapshot) *Snapshot {
 				continue
 			}
 		}
+		adopted := false
+		if !ok {
+			d, adopted = s.adopt(k, c)
+			ok = adopted
+		}
 		if !ok {
 			suffix := c.suffix
 			if suffix == "" {
@@ -143,7 +148,7 @@ func (s *Source) scanHost(snap *Snapshot) *Snapshot {
 		next.HostPath, next.ContainerPath = filepath.Join(s.root, c.node.HostPath), s.containerPath(d.Index, c.node.HostPath)
 		next.Type, next.Major, next.Minor = c.node.Type, c.node.Major, c.node.Minor
 		next.Extra, next.NUMANode, next.Identity = s.absNodes(c.extra), c.numa, c.identity
-		if !ok || !SameDevice(d, next) {
+		if !ok || adopted || !SameDevice(d, next) {
 			s.known[k] = next
 			changed = true
 		}

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/cdi-device-plugin/cdi-device-plugin/internal/atomicfile"
@@ -19,6 +20,32 @@ const RegistryVersion = 1
 // ErrRegistryVersion is returned for a registry written by another version
 // of the format (a newer plugin, before a downgrade).
 var ErrRegistryVersion = errors.New("unknown registry version")
+
+// ErrRegistry is returned by Prepare for a registry file that does not
+// parse and cannot be rebuilt from the resource's CDI spec (Options.
+// Described): handing its IDs and indexes out again in discovery order
+// could give an ID a container holds to other hardware, so the source
+// refuses to start, and leaves the file as it is.
+var ErrRegistry = errors.New("unusable device registry")
+
+// Described is a device as the resource's CDI spec on disk describes it,
+// written by an earlier run (Options.Described).
+type Described struct {
+	// Name is its ID.
+	Name string
+	// Index is its index when the spec says it (its <envPrefix>_<index>
+	// variable), else -1. A device found by identity has it in its name.
+	Index int
+	// Node is its own node (absolute host path, type, numbers).
+	Node Node
+	// Identity is what its annotations say (devices found by identity).
+	Identity Identity
+}
+
+// recoveredKey is the registry key of a device rebuilt from the spec whose
+// discovery key is not known yet: it is adopted by the first device found
+// that is the same hardware (sameHardware). No discovery key starts so.
+const recoveredKey = "recovered:"
 
 // registryFile is what Options.Registry holds: every host device a
 // resource has seen, with the ID and index it was given.
@@ -42,11 +69,15 @@ type registryEntry struct {
 	// recordedIdentity); absent in registries of earlier versions, and
 	// then taken from the first found.
 	Identity *recordedIdentity `json:"identity,omitempty"`
+	// Described is the whole identity of a device rebuilt from the spec
+	// that waits for its hardware (a key starting recoveredKey), which
+	// sameHardware compares.
+	Described *Identity `json:"described,omitempty"`
 }
 
 // loadRegistry restores the host devices seen by earlier runs. A missing
-// file is an empty registry; an unreadable one is logged, kept aside as
-// <file>.corrupt, and replaced. Entries that the configuration no longer
+// file is an empty registry; one that does not parse is rebuilt from the
+// resource's CDI spec (rebuildRegistry), or refused (ErrRegistry). Entries that the configuration no longer
 // gives (another ID prefix or node name, a path no glob matches) are
 // dropped, but their indexes are not given to anyone else.
 func (s *Source) loadRegistry() error {
@@ -62,12 +93,7 @@ func (s *Source) loadRegistry() error {
 	}
 	var f registryFile
 	if err := json.Unmarshal(data, &f); err != nil {
-		aside := s.opts.Registry + ".corrupt"
-		s.log.WithError(err).WithField("kept", aside).Warn("unreadable device registry; starting afresh")
-		if err := os.Rename(s.opts.Registry, aside); err != nil {
-			return fmt.Errorf("device registry: %w", err)
-		}
-		return nil
+		return s.rebuildRegistry(err)
 	}
 	if f.Version != RegistryVersion {
 		return fmt.Errorf("device registry %s: version %d: %w (this plugin reads version %d)", s.opts.Registry, f.Version, ErrRegistryVersion, RegistryVersion)
@@ -90,6 +116,9 @@ func (s *Source) loadRegistry() error {
 		}
 		if e.Identity != nil {
 			e.Identity.set(&d.Identity)
+		}
+		if e.Described != nil && strings.HasPrefix(e.Path, s.opts.DiscoverKind+"/"+recoveredKey) {
+			d.Identity, s.recovered = *e.Described, true
 		}
 		s.known[e.Path] = d
 	}
@@ -123,6 +152,10 @@ func (s *Source) saveRegistry() {
 		if id := d.Identity.recorded(); id != (recordedIdentity{}) {
 			e.Identity = &id
 		}
+		if strings.HasPrefix(rel, s.opts.DiscoverKind+"/"+recoveredKey) {
+			id := d.Identity
+			e.Described = &id
+		}
 		f.Devices = append(f.Devices, e)
 	}
 	slices.SortFunc(f.Devices, func(a, b registryEntry) int { return a.Index - b.Index })
@@ -136,4 +169,122 @@ func (s *Source) saveRegistry() {
 	if err != nil {
 		s.log.WithError(err).Warn("saving the device registry failed; indexes may change after a restart")
 	}
+}
+
+// rebuildRegistry rebuilds a registry that does not parse (bad: why) from
+// the devices the resource's CDI spec on disk describes (Options.
+// Described), which name every device an earlier run advertised, and so
+// every ID a container can hold: each keeps its ID and index, and new
+// devices get indexes above theirs. A glob device is keyed by its node; a
+// device found by identity waits, as a vanished one, for the first device
+// found that is the same hardware (sameHardware), which takes its ID and
+// index. The unreadable file is kept aside as <file>.corrupt. Without a
+// spec that can be trusted (none, not ours, an index it does not say), it
+// refuses with ErrRegistry and touches nothing.
+func (s *Source) rebuildRegistry(bad error) error {
+	refuse := func(why string) error {
+		return fmt.Errorf("device registry %s does not parse (%v), and cannot be rebuilt: %s: %w; "+
+			"it keeps the IDs and indexes that containers hold: only if no pod holds a device of this resource, "+
+			"remove %s and the resource's CDI spec, then start again", s.opts.Registry, bad, why, ErrRegistry, s.opts.Registry)
+	}
+	if s.opts.Described == nil {
+		return refuse("no CDI spec to rebuild it from")
+	}
+	descs, err := s.opts.Described()
+	if err != nil {
+		return refuse(err.Error())
+	}
+	known := map[string]Device{}
+	indexes := map[int]string{}
+	next := 0
+	for _, ds := range descs {
+		rel, err := filepath.Rel(s.root, ds.Node.HostPath)
+		if err != nil || rel == "." || filepath.IsAbs(rel) || rel == ".." || strings.HasPrefix(rel, "../") {
+			return refuse(fmt.Sprintf("the spec's device %s has its node %s outside the dev root", ds.Name, ds.Node.HostPath))
+		}
+		key, index := "", ds.Index
+		if s.opts.Discover != nil {
+			n, err := strconv.Atoi(strings.TrimPrefix(ds.Name, s.deviceName("")))
+			if err != nil || n < 0 || s.deviceName(strconv.Itoa(n)) != ds.Name {
+				continue // not one of ours (another ID prefix or node name)
+			}
+			key, index = s.opts.DiscoverKind+"/"+recoveredKey+ds.Name, n
+		} else {
+			if ds.Name != s.deviceName(HostSuffix(rel)) {
+				continue // an earlier version's ID kept resolvable, or not ours
+			}
+			if index < 0 {
+				return refuse(fmt.Sprintf("the spec does not say the index of %s (a resource without envPrefix)", ds.Name))
+			}
+			key = rel
+		}
+		if other, dup := indexes[index]; dup {
+			return refuse(fmt.Sprintf("the spec gives index %d to %s and %s", index, other, ds.Name))
+		}
+		indexes[index] = ds.Name
+		next = max(next, index+1)
+		known[key] = Device{
+			Name: ds.Name, Index: index, HostPath: ds.Node.HostPath, ContainerPath: s.containerPath(index, rel),
+			Type: ds.Node.Type, Major: ds.Node.Major, Minor: ds.Node.Minor, NUMANode: NoNUMA, Identity: ds.Identity,
+		}
+	}
+	aside := s.opts.Registry + ".corrupt"
+	if err := os.Rename(s.opts.Registry, aside); err != nil {
+		return fmt.Errorf("device registry: %w", err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.known, s.nextIndex, s.recovered = known, next, true
+	s.saveRegistry()
+	s.log.WithError(bad).WithField("kept", aside).WithField("devices", len(known)).
+		Warn("the device registry did not parse; rebuilt from the CDI spec, every device keeps its ID and index")
+	return nil
+}
+
+// adopt gives a device found under key k, unknown, the ID and index of the
+// device rebuilt from the spec that is the same hardware, if exactly one
+// is; s.mu is held.
+func (s *Source) adopt(k string, c candidate) (Device, bool) {
+	if !s.recovered {
+		return Device{}, false
+	}
+	var match string
+	waiting := false
+	for key, d := range s.known {
+		if !strings.HasPrefix(key, s.opts.DiscoverKind+"/"+recoveredKey) {
+			continue
+		}
+		waiting = true
+		if !s.sameHardware(d, c) {
+			continue
+		}
+		if match != "" {
+			return Device{}, false // two could be it: neither is
+		}
+		match = key
+	}
+	s.recovered = waiting
+	if match == "" {
+		return Device{}, false
+	}
+	d := s.known[match]
+	delete(s.known, match)
+	delete(s.goneSince, match)
+	s.log.WithField("device", d.Name).WithField("key", k).Info("a device of the rebuilt registry found again")
+	return d, true
+}
+
+// sameHardware reports whether found device c is d, a device the spec
+// described: the same PCI address; the same USB vendor, product, serial
+// and bus and device numbers; or else the same own node and identity.
+func (s *Source) sameHardware(d Device, c candidate) bool {
+	was, now := d.Identity, c.identity
+	switch {
+	case was.PCIAddress != "":
+		return was.PCIAddress == now.PCIAddress
+	case was.USBBus > 0:
+		return was.USBVendor == now.USBVendor && was.USBProduct == now.USBProduct && was.USBSerial == now.USBSerial &&
+			was.USBBus == now.USBBus && was.USBDevice == now.USBDevice
+	}
+	return d.HostPath == filepath.Join(s.root, c.node.HostPath) && was.recorded() == now.recorded()
 }

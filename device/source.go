@@ -80,6 +80,17 @@ type Options struct {
 	// remembered (ID, index, node), so that IDs and indexes stay stable
 	// and vanished devices stay known across restarts.
 	Registry string
+	// Described, when set, reads the devices the resource's CDI spec on
+	// disk describes (an earlier run's), to rebuild a registry file that
+	// does not parse; its error says why the spec cannot be trusted (none,
+	// not ours), and Prepare then refuses with ErrRegistry.
+	Described func() ([]Described, error)
+	// Owners, when set, is the registry of node owners shared by every
+	// source of the process: a host node claimed by devices of two
+	// resources makes both Unhealthy (CauseSharedNode). Unset, the source
+	// has one of its own, so the devices of one resource are checked
+	// against each other all the same.
+	Owners *Owners
 
 	Log *logrus.Entry
 }
@@ -105,6 +116,9 @@ type Source struct {
 	known map[string]Device
 	// nextIndex is the index the next new host device gets.
 	nextIndex int
+	// recovered: known may hold devices rebuilt from the spec that wait for
+	// their hardware (adopt).
+	recovered bool
 	// goneSince is when a known host device was first seen gone, by key.
 	goneSince map[string]time.Time
 	// noHolders is set while Holders cannot tell (logged once).
@@ -121,6 +135,14 @@ type Source struct {
 	matchedNone atomic.Bool
 	// fullScans counts the rescans of every device Run made (tests).
 	fullScans atomic.Int64
+	// owners knows the nodes every source of the process claims;
+	// sharedPaths are the nodes this source's devices may share (absolute).
+	owners      *Owners
+	sharedPaths map[string]bool
+	// running is set once Run publishes (s.mu); before, a change of the
+	// conflicts updates current at once and sets resend, so that Run's
+	// first publish sends what it finds even if current says it already.
+	running, resend bool
 }
 
 // NewSource checks the options; it touches nothing on disk but resolving
@@ -149,7 +171,12 @@ func NewSource(o Options) (*Source, error) {
 		return nil, fmt.Errorf("device IDs like %q: %w: %w", longest, ErrDeviceName, err)
 	}
 	kind, disc := newDiscoverer(o)
-	return &Source{opts: o, root: root, log: o.Log, kind: kind, disc: disc, known: map[string]Device{}, goneSince: map[string]time.Time{}, faults: map[string]Problem{}, poke: make(chan struct{}, 1), rescan: make(chan struct{}, 1)}, nil
+	owners := o.Owners
+	if owners == nil {
+		owners = NewOwners(o.Log)
+	}
+	return &Source{opts: o, root: root, log: o.Log, kind: kind, disc: disc, known: map[string]Device{}, goneSince: map[string]time.Time{}, faults: map[string]Problem{},
+		poke: make(chan struct{}, 1), rescan: make(chan struct{}, 1), owners: owners, sharedPaths: sharedPaths(root, o)}, nil
 }
 
 // Prepare readies the devices (the discoverer creates the simulated nodes,
@@ -230,6 +257,7 @@ func (s *Source) SetHolds(holds map[string]Problem) {
 func (s *Source) Refresh() *Snapshot {
 	snap := s.scan()
 	s.mu.Lock()
+	snap = s.withConflicts(snap)
 	s.current = snap
 	s.mu.Unlock()
 	return snap
@@ -255,9 +283,14 @@ func (s *Source) deviceName(suffix string) string {
 	return ID(s.opts.IDPrefix, s.opts.NodeName, suffix)
 }
 
-// scan builds a snapshot from the disk as it is now, and the faults.
+// scan builds a snapshot from the disk as it is now, and the faults; the
+// nodes of its host devices are claimed (Owners), whose conflicts the
+// caller adds (withConflicts) when it makes the snapshot current.
 func (s *Source) scan() *Snapshot {
 	snap := s.scanNodes()
+	if s.disc != nil {
+		s.owners.claim(s, s.nodeClaims(snap), false)
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for i := range snap.Devices {
@@ -371,6 +404,8 @@ func (s *Source) Run(ctx context.Context, out chan *Snapshot) error {
 		}
 	}
 	addWatches()
+	// Its claims on host nodes go when it stops.
+	defer s.Close()
 	if s.Snapshot() == nil {
 		if _, err := s.Prepare(); err != nil {
 			return err
@@ -391,8 +426,13 @@ func (s *Source) Run(ctx context.Context, out chan *Snapshot) error {
 		}
 	}
 	// A change between Prepare and the watches being in place is caught
-	// here.
-	s.publish(out)
+	// here; so is a change of conflicts made to the current snapshot after
+	// whoever started before Run read it (resend).
+	s.mu.Lock()
+	s.running = true
+	force := s.resend
+	s.mu.Unlock()
+	s.publishAll(out, force)
 	var forget <-chan time.Time
 	if s.opts.ForgetAfter > 0 && s.opts.Holders != nil {
 		t := time.NewTicker(min(max(s.opts.ForgetAfter/4, 10*time.Millisecond), time.Minute))
@@ -527,12 +567,17 @@ func (s *Source) logHealth(prev, snap *Snapshot, i int) {
 
 // publish rescans every device and sends the snapshot if it differs from
 // the last one.
-func (s *Source) publish(out chan *Snapshot) {
+func (s *Source) publish(out chan *Snapshot) { s.publishAll(out, false) }
+
+// publishAll rescans every device and sends the snapshot if it differs
+// from the last one, or if force.
+func (s *Source) publishAll(out chan *Snapshot, force bool) {
 	s.fullScans.Add(1)
 	snap := s.scan()
 	s.mu.Lock()
+	snap = s.withConflicts(snap)
 	prev := s.current
-	if Equal(prev, snap) {
+	if !force && Equal(prev, snap) {
 		s.mu.Unlock()
 		return
 	}

@@ -67,7 +67,7 @@ func New(version string) *Metrics {
 		healthTransitions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: Namespace, Name: "device_health_transitions_total",
 			Help: "Devices that became healthy or unhealthy, by resource, new health and reason " +
-				"(missing, wrong_node, node_error, prestart, no_cdi_spec, yielded, dra_claim, identity_changed).",
+				"(missing, wrong_node, node_error, prestart, no_cdi_spec, yielded, dra_claim, identity_changed, shared_node).",
 		}, []string{"resource", "health", "reason"}),
 		reloads: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: Namespace, Name: "config_reloads_total",
@@ -172,7 +172,7 @@ func (m *Metrics) Devices(resource string, healthy, unhealthy int) {
 
 // HealthTransition records a device that became healthy or unhealthy for
 // cause (device.Cause's label value: missing, wrong_node, node_error,
-// prestart, no_cdi_spec, yielded, dra_claim, identity_changed).
+// prestart, no_cdi_spec, yielded, dra_claim, identity_changed, shared_node).
 func (m *Metrics) HealthTransition(resource string, healthy bool, cause string) {
 	if m == nil {
 		return

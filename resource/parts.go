@@ -8,9 +8,11 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 
 	"github.com/sirupsen/logrus"
+	cdiapi "tags.cncf.io/container-device-interface/pkg/cdi"
 
 	"github.com/cdi-device-plugin/cdi-device-plugin/cdi"
 	"github.com/cdi-device-plugin/cdi-device-plugin/config"
@@ -40,6 +42,11 @@ type Options struct {
 	// identity (pci, usb) in place of the NETLINK_KOBJECT_UEVENT socket:
 	// a reader of kernel-shaped messages (tests).
 	Uevents func() (io.ReadCloser, error)
+	// Owners is the registry of host node owners of the process, the same
+	// for every resource it builds (device.Options.Owners): a node claimed
+	// by devices of two resources makes both Unhealthy (shared_node). Nil:
+	// the resource's devices are checked against each other only.
+	Owners *device.Owners
 }
 
 // Parts are one configured resource, built.
@@ -87,6 +94,7 @@ func Build(cfg *config.Config, i int, o Options) (*Parts, error) {
 		DevRoot:  cfg.DevRoot,
 		IDPrefix: rc.IDPrefix, NodeName: cfg.NodeName,
 		Replicas: rc.ReplicaCount(),
+		Owners:   o.Owners,
 		Log:      log,
 	}
 	if rc.Simulated() {
@@ -96,8 +104,12 @@ func Build(cfg *config.Config, i int, o Options) (*Parts, error) {
 		opts.Major, opts.Minor = *rc.DeviceNode.Major, *rc.DeviceNode.Minor
 		opts.NUMANodes = rc.NUMANodes
 	} else {
-		// Host devices keep their IDs and indexes across restarts.
+		// Host devices keep their IDs and indexes across restarts; a
+		// registry that does not parse is rebuilt from the spec an earlier
+		// run wrote, when it is ours.
 		opts.Registry = filepath.Join(cfg.StateDir, "resources", kind.SpecName()+".json")
+		specPath, owner, envPrefix := o.Writer.Path(kind), cfg.Owner(), rc.EnvPrefix
+		opts.Described = func() ([]device.Described, error) { return describedBy(specPath, owner, kind, envPrefix) }
 		opts.SharedNodes = rc.SharedRel
 		opts.ForgetAfter = rc.ForgetAfterOrDefault()
 		opts.Holders = holders
@@ -143,6 +155,59 @@ func Build(cfg *config.Config, i int, o Options) (*Parts, error) {
 		Spec:     StateSpec{Spec: o.Writer.Spec(specRes), runner: runner},
 		registry: opts.Registry, podResources: cfg.PodResourcesSocket,
 	}, nil
+}
+
+// describedBy reads the devices the CDI spec at path describes, for a
+// registry rebuilt from it (device.Options.Described). The spec must be
+// there, valid, of kind and written by owner (cdi.OwnerAnnotation); a
+// device's index is its <envPrefix>_<index> variable (-1 without one), its
+// identity its annotations.
+func describedBy(path, owner string, kind cdi.Kind, envPrefix string) ([]device.Described, error) {
+	spec, err := cdiapi.ReadSpec(path, 0)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("no CDI spec %s (a reboot empties its directory)", path)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("CDI spec %s: %w", path, err)
+	}
+	if got := spec.Annotations[cdi.OwnerAnnotation]; got != owner || spec.Kind != kind.String() {
+		return nil, fmt.Errorf("CDI spec %s is not ours (kind %s, owner %q; ours: %s, %q)", path, spec.Kind, got, kind, owner)
+	}
+	out := make([]device.Described, 0, len(spec.Devices))
+	for _, d := range spec.Devices {
+		nodes := d.ContainerEdits.DeviceNodes
+		if len(nodes) == 0 {
+			return nil, fmt.Errorf("CDI spec %s: device %s has no node", path, d.Name)
+		}
+		n := nodes[0]
+		hostPath := n.HostPath
+		if hostPath == "" {
+			hostPath = n.Path
+		}
+		ds := device.Described{Name: d.Name, Index: -1, Identity: identityOf(d.Annotations),
+			Node: device.Node{HostPath: hostPath, ContainerPath: n.Path, Type: device.NodeType(n.Type), Major: uint32(n.Major), Minor: uint32(n.Minor)}}
+		for _, e := range d.ContainerEdits.Env {
+			k, _, _ := strings.Cut(e, "=")
+			if i, ok := strings.CutPrefix(k, envPrefix+"_"); ok && envPrefix != "" {
+				if v, err := strconv.Atoi(i); err == nil && v >= 0 && strconv.Itoa(v) == i {
+					ds.Index = v
+				}
+			}
+		}
+		out = append(out, ds)
+	}
+	return out, nil
+}
+
+// identityOf reads a device's identity from its CDI annotations (the
+// inverse of device.Identity.Annotations).
+func identityOf(a map[string]string) device.Identity {
+	get := func(k string) string { return a[cdi.IdentityAnnotationPrefix+k] }
+	id := device.Identity{PCIAddress: get("pci-address"), PCIVendor: get("pci-vendor"), PCIDevice: get("pci-device"), PCIClass: get("pci-class"),
+		PCIDriver: get("pci-driver"), IOMMUGroup: get("iommu-group"), USBVendor: get("usb-vendor"), USBProduct: get("usb-product"), USBSerial: get("usb-serial")}
+	id.USBBus, _ = strconv.Atoi(get("usb-bus"))
+	id.USBDevice, _ = strconv.Atoi(get("usb-device"))
+	return id
 }
 
 // kernelEvents are the kernel events of subsystem: from open when set,

@@ -219,7 +219,9 @@ type part struct {
 // Errors of the constructors are errors of the configuration, named by the
 // field the user wrote. driverName is the DRA driver's name (--driver-name;
 // empty: its default), whose claims the claim guard recognises.
-func build(cfg *config.Config, i int, writer *cdi.Writer, start int64, log *logrus.Entry, m *metrics.Metrics, driverName string, registered func()) (*part, error) {
+// owners is the process's registry of host node owners, shared by every
+// resource (resource.Options.Owners).
+func build(cfg *config.Config, i int, writer *cdi.Writer, owners *device.Owners, start int64, log *logrus.Entry, m *metrics.Metrics, driverName string, registered func()) (*part, error) {
 	rc := &cfg.Resources[i]
 	field := func(name string) string { return cfg.ResourceField(i, name) }
 	if rc.Simulated() {
@@ -243,7 +245,7 @@ func build(cfg *config.Config, i int, writer *cdi.Writer, start int64, log *logr
 		// A device a DRA claim holds (a node switched back from the DRA
 		// driver) is in use: no background re-preparation resets it, and
 		// a vanished one is not forgotten.
-		Holders: guard.Held, Uevents: openUevents})
+		Holders: guard.Held, Uevents: openUevents, Owners: owners})
 	if err != nil {
 		return nil, err
 	}

@@ -18,6 +18,7 @@ import (
 
 	"github.com/cdi-device-plugin/cdi-device-plugin/cdi"
 	"github.com/cdi-device-plugin/cdi-device-plugin/config"
+	"github.com/cdi-device-plugin/cdi-device-plugin/device"
 	"github.com/cdi-device-plugin/cdi-device-plugin/internal/inotify"
 	"github.com/cdi-device-plugin/cdi-device-plugin/internal/logs"
 	"github.com/cdi-device-plugin/cdi-device-plugin/metrics"
@@ -34,7 +35,9 @@ type supervisor struct {
 	metrics *metrics.Metrics
 	server  *metrics.Server // nil: no metrics address
 	writer  *cdi.Writer
-	start   int64
+	// owners is the registry of host node owners every resource shares.
+	owners *device.Owners
+	start  int64
 	// driverName is the DRA driver's name (--driver-name; empty: its
 	// default), for the claim guards.
 	driverName string
@@ -58,7 +61,7 @@ type instance struct {
 }
 
 func newSupervisor(logger *logrus.Logger, log *logrus.Entry, m *metrics.Metrics, server *metrics.Server, writer *cdi.Writer, start int64) *supervisor {
-	s := &supervisor{logger: logger, log: log, metrics: m, server: server, writer: writer, start: start,
+	s := &supervisor{logger: logger, log: log, metrics: m, server: server, writer: writer, owners: device.NewOwners(log), start: start,
 		running: map[string]*instance{}, failed: make(chan error, 1)}
 	s.served.Store(&[]string{})
 	return s
@@ -100,8 +103,7 @@ func (c change) empty() bool { return len(c.added)+len(c.removed)+len(c.restarte
 // refused and the old parts stopped for it are started again. Then the
 // removed resources are stopped, the new and changed ones started, and the
 // specs of removed resources removed. Unchanged resources keep running.
-func (s *supervisor) apply(ctx context.Context, next *config.Config) (change, error) {
-	var ch change
+func (s *supervisor) apply(ctx context.Context, next *config.Config) (ch change, err error) {
 	if s.cfg != nil {
 		if err := restartOnly(s.cfg, next); err != nil {
 			return ch, err
@@ -110,6 +112,15 @@ func (s *supervisor) apply(ctx context.Context, next *config.Config) (change, er
 	strategiesChanged := s.cfg != nil && !slices.Equal(s.cfg.DeviceListStrategy, next.DeviceListStrategy)
 	wanted := map[string]bool{}
 	var parts []*part
+	// Parts prepared but not run (a refused reload) let go of the host
+	// nodes their first scan claimed.
+	defer func() {
+		if err != nil {
+			for _, p := range parts {
+				p.Source.Close()
+			}
+		}
+	}()
 	var kinds []cdi.Kind
 	for i := range next.Resources {
 		rc := &next.Resources[i]
@@ -119,7 +130,7 @@ func (s *supervisor) apply(ctx context.Context, next *config.Config) (change, er
 			kinds = append(kinds, old.part.kind)
 			continue
 		}
-		p, err := build(next, i, s.writer, time.Now().UnixNano(), s.log, s.metrics, s.driverName, s.registered)
+		p, err := build(next, i, s.writer, s.owners, time.Now().UnixNano(), s.log, s.metrics, s.driverName, s.registered)
 		if err != nil {
 			return ch, err
 		}
@@ -230,9 +241,11 @@ func (s *supervisor) restore(ctx context.Context, name string) {
 	if i < 0 {
 		return
 	}
-	p, err := build(s.cfg, i, s.writer, time.Now().UnixNano(), s.log, s.metrics, s.driverName, s.registered)
+	p, err := build(s.cfg, i, s.writer, s.owners, time.Now().UnixNano(), s.log, s.metrics, s.driverName, s.registered)
 	if err == nil {
-		err = p.prepare()
+		if err = p.prepare(); err != nil {
+			p.Source.Close()
+		}
 	}
 	if err != nil {
 		s.log.WithError(err).WithField("resource", name).Error("restarting a resource with its running configuration failed")

@@ -26,6 +26,7 @@ import (
 
 	"github.com/cdi-device-plugin/cdi-device-plugin/cdi"
 	"github.com/cdi-device-plugin/cdi-device-plugin/config"
+	"github.com/cdi-device-plugin/cdi-device-plugin/device"
 	"github.com/cdi-device-plugin/cdi-device-plugin/dra"
 	"github.com/cdi-device-plugin/cdi-device-plugin/internal/atomicfile"
 	"github.com/cdi-device-plugin/cdi-device-plugin/internal/dranames"
@@ -183,10 +184,13 @@ func build(cfg *config.Config, f flags, client func(string) (kubernetes.Interfac
 	d.opts = dra.Options{DriverName: f.driverName, NodeName: cfg.NodeName, Client: kc,
 		RegistrarDir: f.registrarDir, PluginDir: pluginDir, Writer: writer, Checkpoint: d.checkpoint,
 		PodResources: cfg.PodResourcesSocket, Log: log, Metrics: d.metrics, CleanupGrace: grace}
+	// One registry of node owners for every resource: a host node in
+	// devices of two resources publishes neither.
+	owners := device.NewOwners(log)
 	for i := range cfg.Resources {
 		rc := &cfg.Resources[i]
 		name := rc.Name
-		p, err := resource.Build(cfg, i, resource.Options{Writer: writer, Socket: filepath.Join(pluginDir, "dra.sock"), Log: log, Metrics: d.metrics,
+		p, err := resource.Build(cfg, i, resource.Options{Writer: writer, Socket: filepath.Join(pluginDir, "dra.sock"), Log: log, Metrics: d.metrics, Owners: owners,
 			// Prepared claims hold their devices: no background
 			// re-preparation resets them, and a vanished one is not
 			// forgotten.

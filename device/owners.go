@@ -1,0 +1,264 @@
+package device
+
+import (
+	"maps"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+
+	"github.com/sirupsen/logrus"
+
+	"github.com/cdi-device-plugin/cdi-device-plugin/internal/logs"
+)
+
+// Owners knows which device claims which host node, for every source of a
+// process (Options.Owners): a host node that two devices claim, in one
+// resource or in two, makes both Unhealthy (CauseSharedNode), so that
+// neither is handed out while discovery, or the configuration, gives one
+// node to two devices. Make one with NewOwners per process and give it to
+// every source; it is safe for concurrent use.
+//
+// A source claims the nodes of its host devices at every scan (simulated
+// devices own the nodes they make and claim none). A device claims its own
+// and its other nodes when it is there (not missing, not of another
+// identity), except the resource's sharedNodes and the VFIO container,
+// which are made to be shared. When the claims of one source change, every
+// other source whose conflicts changed is woken (it publishes again), so a
+// device is Healthy again as soon as the other device lets its node go. A
+// source's claims go when its Run returns, or with Close.
+type Owners struct {
+	log *logrus.Entry
+
+	mu sync.Mutex
+	// claims are the nodes each source's devices claim, in its scan's
+	// order.
+	claims map[*Source][]nodeClaim
+	// conflicts are the shared_node problems of each source's devices,
+	// by device name, as the claims give them now.
+	conflicts map[*Source]map[string]Problem
+	// shared are the nodes claimed by more than one device now, with those
+	// devices (for the log).
+	shared map[string]string
+}
+
+// nodeClaim is a device's claim on a host node (an absolute path).
+type nodeClaim struct{ node, device string }
+
+// NewOwners returns an empty registry of node owners; log gets a line
+// when a node comes to belong to two devices, and when it belongs to one
+// again (nil: nothing is logged).
+func NewOwners(log *logrus.Entry) *Owners {
+	if log == nil {
+		log = logs.Discard()
+	}
+	return &Owners{log: log, claims: map[*Source][]nodeClaim{}, conflicts: map[*Source]map[string]Problem{}, shared: map[string]string{}}
+}
+
+// vfioContainer is the VFIO container, relative to the dev root: every
+// vfio-pci function has it, and it is made to be opened by them all.
+const vfioContainer = "vfio/vfio"
+
+// nodeClaims are the claims of snap's devices (their node health, before
+// faults): a device that is there claims its own and other nodes but the
+// shared ones.
+func (s *Source) nodeClaims(snap *Snapshot) []nodeClaim {
+	var out []nodeClaim
+	for i := range snap.Devices {
+		d := &snap.Devices[i]
+		if c := d.Problem.Cause; c == CauseMissing || c == CauseIdentityChanged {
+			continue
+		}
+		if !s.sharedPaths[d.HostPath] {
+			out = append(out, nodeClaim{node: d.HostPath, device: d.Name})
+		}
+		for _, n := range d.Extra {
+			if !s.sharedPaths[n.HostPath] {
+				out = append(out, nodeClaim{node: n.HostPath, device: d.Name})
+			}
+		}
+	}
+	return out
+}
+
+// sharedPaths are the absolute paths of the nodes the devices of a source
+// with options o and dev root root may share: its sharedNodes and the VFIO
+// container.
+func sharedPaths(root string, o Options) map[string]bool {
+	out := map[string]bool{filepath.Join(root, vfioContainer): true}
+	for _, rel := range o.SharedNodes {
+		out[filepath.Join(root, rel)] = true
+	}
+	return out
+}
+
+// claim makes claims the claims of s (nil with gone: s has none any more)
+// and wakes every other source whose conflicts this changed. It takes no
+// lock of a source while holding its own.
+func (o *Owners) claim(s *Source, claims []nodeClaim, gone bool) {
+	o.mu.Lock()
+	prev, had := o.claims[s]
+	if gone {
+		if !had {
+			o.mu.Unlock()
+			return
+		}
+		delete(o.claims, s)
+	} else {
+		if had && slices.Equal(prev, claims) {
+			o.mu.Unlock()
+			return
+		}
+		o.claims[s] = claims
+	}
+	next := o.compute()
+	var wake []*Source
+	for src := range o.claims {
+		if src != s && !maps.Equal(o.conflicts[src], next[src]) {
+			wake = append(wake, src)
+		}
+	}
+	o.conflicts = next
+	o.mu.Unlock()
+	for _, src := range wake {
+		src.conflictsChanged()
+	}
+}
+
+// compute finds the nodes claimed by more than one device and gives each
+// of those devices its problem: the first such node (by path) and the
+// other devices claiming it. It logs the nodes that became shared, and
+// those that are no more. o.mu is held.
+func (o *Owners) compute() map[*Source]map[string]Problem {
+	type owner struct {
+		src    *Source
+		device string
+	}
+	byNode := map[string][]owner{}
+	for src, cs := range o.claims {
+		for _, c := range cs {
+			ow := owner{src, c.device}
+			if !slices.Contains(byNode[c.node], ow) {
+				byNode[c.node] = append(byNode[c.node], ow)
+			}
+		}
+	}
+	nodes := make([]string, 0, len(byNode))
+	for n, ows := range byNode {
+		if len(ows) > 1 {
+			nodes = append(nodes, n)
+		}
+	}
+	sort.Strings(nodes)
+	out := map[*Source]map[string]Problem{}
+	shared := map[string]string{}
+	for _, n := range nodes {
+		ows := byNode[n]
+		names := make([]string, len(ows))
+		for i, ow := range ows {
+			names[i] = ow.device
+		}
+		sort.Strings(names)
+		shared[n] = strings.Join(names, ", ")
+		for _, ow := range ows {
+			m := out[ow.src]
+			if m == nil {
+				m = map[string]Problem{}
+				out[ow.src] = m
+			}
+			if _, first := m[ow.device]; first {
+				continue // an earlier node already says it
+			}
+			others := slices.Clone(names)
+			others = slices.Delete(others, slices.Index(others, ow.device), slices.Index(others, ow.device)+1)
+			m[ow.device] = Problemf(CauseSharedNode, "%s is also a node of %s", n, strings.Join(others, ", "))
+		}
+	}
+	for _, n := range nodes {
+		if o.shared[n] != shared[n] {
+			o.log.WithField("node", n).WithField("devices", shared[n]).
+				Warn("a host node belongs to more than one device; none of them is handed out (shared_node) until it belongs to one")
+		}
+	}
+	for n, was := range o.shared {
+		if _, still := shared[n]; !still {
+			o.log.WithField("node", n).WithField("devices", was).Info("the host node belongs to one device again")
+		}
+	}
+	o.shared = shared
+	return out
+}
+
+// conflictsOf are the shared_node problems of the devices of s now, by
+// device name.
+func (o *Owners) conflictsOf(s *Source) map[string]Problem {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.conflicts[s]
+}
+
+// withConflicts returns snap with the shared_node problems the owners give
+// now: a conflicted device that is otherwise healthy gets its problem, one
+// that has it and is no longer conflicted is healthy again (shared_node is
+// only ever given to a device otherwise healthy). snap itself is not
+// changed; it is returned when nothing changes. s.mu is held.
+func (s *Source) withConflicts(snap *Snapshot) *Snapshot {
+	if s.disc == nil || snap == nil {
+		return snap
+	}
+	c := s.owners.conflictsOf(s)
+	var out *Snapshot
+	for i, d := range snap.Devices {
+		p, conflicted := c[d.Name]
+		switch {
+		case conflicted && (d.Healthy || d.Problem.Cause == CauseSharedNode) && d.Problem != p:
+		case !conflicted && d.Problem.Cause == CauseSharedNode:
+			p = Problem{}
+		default:
+			continue
+		}
+		if out == nil {
+			out = &Snapshot{Replicas: snap.Replicas, Devices: slices.Clone(snap.Devices)}
+		}
+		out.Devices[i].SetProblem(p)
+	}
+	if out == nil {
+		return snap
+	}
+	return out
+}
+
+// conflictsChanged is called by the owners when the conflicts of s
+// changed through another source's claims: before Run, the current
+// snapshot is brought up to date at once (what is published first says
+// it); Run publishes again.
+func (s *Source) conflictsChanged() {
+	s.mu.Lock()
+	var prev, next *Snapshot
+	if !s.running && s.current != nil {
+		if next = s.withConflicts(s.current); next != s.current {
+			prev, s.current, s.resend = s.current, next, true
+		}
+	}
+	s.mu.Unlock()
+	if prev != nil {
+		for i := range next.Devices {
+			s.logHealth(prev, next, i)
+		}
+	}
+	select {
+	case s.poke <- struct{}{}:
+	default:
+	}
+}
+
+// Close drops the source's claims on host nodes (Options.Owners), so that
+// the devices of other sources sharing its nodes may be Healthy again. Run
+// does it when it returns; call it for a prepared source that will not
+// run. Idempotent.
+func (s *Source) Close() {
+	if s.disc != nil {
+		s.owners.claim(s, nil, true)
+	}
+}

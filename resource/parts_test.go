@@ -1,0 +1,138 @@
+package resource
+
+import (
+	"bytes"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cdi-device-plugin/cdi-device-plugin/cdi"
+	"github.com/cdi-device-plugin/cdi-device-plugin/config"
+	"github.com/cdi-device-plugin/cdi-device-plugin/device"
+	"github.com/cdi-device-plugin/cdi-device-plugin/internal/testutil"
+)
+
+// TestCorruptRegistryRebuiltFromSpec (issue 27, item 9): a device registry
+// that does not parse is rebuilt from the resource's CDI spec that an
+// earlier run wrote: rediscovered in another order, every device keeps its
+// ID and index, and a new one gets the next index. With no spec, or a spec
+// that is not ours, the start is refused (device.ErrRegistry), with a
+// message naming the file and the way out, and the file is left as it is.
+func TestCorruptRegistryRebuiltFromSpec(t *testing.T) {
+	testutil.NeedMknod(t)
+	base := t.TempDir()
+	dev, cdiDir, state := filepath.Join(base, "dev"), filepath.Join(base, "cdi"), filepath.Join(base, "state")
+	cfgFile := filepath.Join(base, "config.yaml")
+	if err := os.WriteFile(cfgFile, []byte("resources:\n- name: example.com/serial\n  idPrefix: ser\n  envPrefix: SER\n  hostDevices: [\"ttyR*\"]\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	load := func(owner string) *config.Config {
+		t.Helper()
+		env := map[string]string{"PLUGIN_NAME": owner}
+		cfg, err := config.Load([]string{"--config", cfgFile, "--dev-root", dev, "--cdi-dir", cdiDir, "--state-dir", state, "--node-name", "n1"},
+			func(k string) (string, bool) { v, ok := env[k]; return v, ok }, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return cfg
+	}
+	// start builds and prepares the resource as a command does, and writes
+	// its spec as the follower does.
+	start := func(owner string) (*Parts, error) {
+		t.Helper()
+		cfg := load(owner)
+		p, err := Build(cfg, 0, Options{Writer: cdi.NewWriter(cdiDir, cfg.Owner(), time.Now().UnixNano())})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := p.Prepare(); err != nil {
+			return nil, err
+		}
+		if err := p.Spec.Write(p.Source.Snapshot()); err != nil {
+			t.Fatal(err)
+		}
+		return p, nil
+	}
+	indexes := func(p *Parts) map[string]int {
+		out := map[string]int{}
+		for _, d := range p.Source.Snapshot().Devices {
+			out[d.Name] = d.Index
+		}
+		return out
+	}
+	// ttyR3 first, then ttyR1: glob order would number them the other way.
+	testutil.Mknod(t, filepath.Join(dev, "ttyR3"), 4, 67)
+	if _, err := start("dp"); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Mknod(t, filepath.Join(dev, "ttyR1"), 4, 65)
+	p, err := start("dp")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]int{"ser-n1-ttyR3": 0, "ser-n1-ttyR1": 1}
+	if got := indexes(p); len(got) != 2 || got["ser-n1-ttyR3"] != 0 || got["ser-n1-ttyR1"] != 1 {
+		t.Fatalf("before: %v, want %v", got, want)
+	}
+	registry := filepath.Join(state, "resources", p.Kind.SpecName()+".json")
+	corrupt := []byte(`{"version": 1, "devices": [{"path": "ttyR3", "id": "ser-n1-ttyR3", "ind`)
+	specPath := p.Spec.Path()
+	spec, err := os.ReadFile(specPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	t.Run("refused without a spec", func(t *testing.T) {
+		if err := os.WriteFile(registry, corrupt, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Remove(specPath); err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = os.WriteFile(specPath, spec, 0o644) }()
+		_, err := start("dp")
+		if !errors.Is(err, device.ErrRegistry) || !strings.Contains(err.Error(), registry) || !strings.Contains(err.Error(), "no pod holds") {
+			t.Fatalf("got %v, want %v naming %s and the way out", err, device.ErrRegistry, registry)
+		}
+		if got, _ := os.ReadFile(registry); !bytes.Equal(got, corrupt) {
+			t.Fatalf("the refused registry was changed: %q", got)
+		}
+	})
+	t.Run("refused with a spec of another owner", func(t *testing.T) {
+		if err := os.WriteFile(registry, corrupt, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		_, err := start("another")
+		if !errors.Is(err, device.ErrRegistry) || !strings.Contains(err.Error(), "not ours") {
+			t.Fatalf("got %v, want %v: the spec is not ours", err, device.ErrRegistry)
+		}
+	})
+	t.Run("rebuilt from the spec", func(t *testing.T) {
+		if err := os.WriteFile(registry, corrupt, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		testutil.Mknod(t, filepath.Join(dev, "ttyR0"), 4, 64)
+		p, err := start("dp")
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := indexes(p)
+		if got["ser-n1-ttyR3"] != 0 || got["ser-n1-ttyR1"] != 1 || got["ser-n1-ttyR0"] != 2 || len(got) != 3 {
+			t.Fatalf("after the rebuild: %v; want ttyR3 0, ttyR1 1, the new ttyR0 2", got)
+		}
+		if _, err := os.Stat(registry + ".corrupt"); err != nil {
+			t.Errorf("the unreadable registry is not kept aside: %v", err)
+		}
+		// The rebuilt registry is read at the next start.
+		p, err = start("dp")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if again := indexes(p); len(again) != 3 || again["ser-n1-ttyR0"] != 2 || again["ser-n1-ttyR3"] != 0 {
+			t.Fatalf("after a restart: %v", again)
+		}
+	})
+}
