@@ -69,6 +69,17 @@ func fakeClient(objs ...any) func(string) (kubernetes.Interface, error) {
 // or field and the value, before anything is written.
 func TestBadConfigExits2AndWritesNothing(t *testing.T) {
 	noClient := func(string) (kubernetes.Interface, error) { return nil, errors.New("not in a cluster") }
+	// Two resources whose long ID prefixes differ only at the end: before
+	// the idPrefix bound, both published aaaa…a-0 (issue 27, item 8).
+	long := strings.Repeat("a", 70)
+	twoLong := filepath.Join(t.TempDir(), "config.yaml")
+	if err := os.WriteFile(twoLong, []byte("resources:\n- name: example.com/x\n  idPrefix: "+long+"x\n- name: example.com/y\n  idPrefix: "+long+"y\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	sameName := filepath.Join(t.TempDir(), "config.yaml")
+	if err := os.WriteFile(sameName, []byte("resources:\n- name: example.com/x\n  idPrefix: GPU.x\n- name: example.com/y\n  idPrefix: gpu_x\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	for _, c := range []struct {
 		name   string
 		args   []string
@@ -84,6 +95,12 @@ func TestBadConfigExits2AndWritesNothing(t *testing.T) {
 		{"socket path too long", []string{"--kubelet-plugins-dir", "/" + strings.Repeat("p", 100)}, map[string]string{"NODE_NAME": "n1"}, nil, "kubelet-plugins-dir="},
 		{"no API client", nil, map[string]string{"NODE_NAME": "n1"}, noClient, `kubeconfig="": no API client`},
 		{"shared config checks", []string{"--log-level", "loud"}, map[string]string{"NODE_NAME": "n1"}, nil, `log-level="loud"`},
+		{"id prefix over the bound", nil, map[string]string{"NODE_NAME": "n1", "DEVICE_ID_PREFIX": strings.Repeat("a", 44)}, nil,
+			`DEVICE_ID_PREFIX="` + strings.Repeat("a", 44) + `": must be at most 43 characters`},
+		{"long ID prefixes alike but at the end", nil, map[string]string{"NODE_NAME": "n1", "CONFIG_FILE": twoLong}, nil,
+			`resources[0].idPrefix="` + long + `x": must be at most 43 characters`},
+		{"two resources, one device name", nil, map[string]string{"NODE_NAME": "n1", "CONFIG_FILE": sameName}, nil,
+			`resources[1].idPrefix="gpu_x": resources[0] (example.com/x, idPrefix "GPU.x") and resources[1] (example.com/y) would both publish the device name "gpu-x-0"`},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			d := newDirs(t)
