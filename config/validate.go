@@ -30,8 +30,8 @@ var (
 // characters. An index is an int, whose largest value
 // (9223372036854775807) has 19 digits: 63 - len("-") - 19 = 43 leaves
 // room for every index, so that no name is ever cut and two resources'
-// names differ whenever their prefixes do (internal/dranames checks the
-// arithmetic against Kubernetes' limit).
+// names differ whenever their prefixes do (dra's TestIDPrefixBound checks
+// the arithmetic against the names DeviceName makes).
 const MaxIDPrefix = dnsLabelMax - len("-9223372036854775807")
 
 // dnsLabelMax is the longest DNS label.

@@ -256,6 +256,9 @@ func (d *Driver) plan(c *resourceapi.ResourceClaim, cp map[types.UID]PreparedCla
 	if c.Status.Allocation == nil {
 		return nil, errors.New("not allocated")
 	}
+	if err := d.checkOpaqueConfig(c); err != nil {
+		return nil, err
+	}
 	p := &planned{claim: c, devs: map[*running][]device.Device{},
 		entry: PreparedClaim{Namespace: c.Namespace, Name: c.Name, BootID: d.opts.BootID}}
 	for _, res := range c.Status.Allocation.Devices.Results {
