@@ -8,8 +8,8 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 )
 
-// ErrOpaqueConfig: a claim's allocation carries opaque configuration
-// addressed to this driver, which takes none.
+// ErrOpaqueConfig is why a claim is not prepared whose allocation carries
+// opaque configuration addressed to this driver, which takes none.
 var ErrOpaqueConfig = errors.New("the driver takes no opaque configuration")
 
 // checkOpaqueConfig refuses a claim whose allocation carries opaque
