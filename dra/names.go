@@ -1,6 +1,6 @@
 // Package dra is the DRA (Dynamic Resource Allocation) kubelet plugin of
 // the configured resources: it publishes their devices in ResourceSlices
-// (pool = node name), prepares the devices of allocated claims with the
+// (a pool per resource, <node>/<idPrefix>), prepares the devices of allocated claims with the
 // same prestart steps and device state as the device plugin, hands out CDI
 // IDs from the same spec file (plus a per-claim spec for claim-level
 // variables), checkpoints prepared claims, streams device health to the
@@ -72,18 +72,38 @@ func CheckDriverName(field, name string) error {
 // the device plugin recognises the driver's claims by it too).
 func DeviceName(idPrefix string, index int) string { return dranames.DeviceName(idPrefix, index) }
 
+// PoolName is the pool of a resource's devices on node: <node>/<the ID
+// prefix as a DNS label> (n1/sim; dranames.PoolName: the device plugin
+// recognises the driver's claims by it too).
+func PoolName(node, idPrefix string) string { return dranames.PoolName(node, idPrefix) }
+
+// checkPoolName checks that a pool name fits resource.k8s.io's limit.
+func checkPoolName(pool string) error {
+	if len(pool) > resourceapi.PoolNameMaxLength {
+		return fmt.Errorf("the pool name %s is longer than %d characters", pool, resourceapi.PoolNameMaxLength)
+	}
+	return nil
+}
+
 // CheckDeviceNames checks that no two resources the driver publishes
 // (dranames.Published) give a device one name, comparing the names as the
 // slices publish them (DeviceName: the ID prefix made a DNS label, cut to
 // fit with the index), at every length of index: ID prefixes that differ
 // only in case or punctuation, or only beyond the characters a name
 // keeps. The error is a FieldError naming the idPrefix field of the later
-// resource, and says both resources and the first name they share.
+// resource, and says both resources and the first name they share. It
+// also checks that the node name leaves room for the resources' pool
+// names (PoolName; a FieldError naming node-name).
 func CheckDeviceNames(cfg *config.Config) error {
 	for i := range cfg.Resources {
 		ri := &cfg.Resources[i]
 		if !dranames.Published(ri) {
 			continue
+		}
+		if cfg.NodeName != "" {
+			if err := checkPoolName(PoolName(cfg.NodeName, ri.IDPrefix)); err != nil {
+				return &config.FieldError{Field: "node-name", Value: cfg.NodeName, Reason: fmt.Sprintf("too long for the pool of %s: %v", ri.Name, err)}
+			}
 		}
 		for j := range i {
 			rj := &cfg.Resources[j]

@@ -265,12 +265,9 @@ func (d *Driver) plan(c *resourceapi.ResourceClaim, cp map[types.UID]PreparedCla
 		if res.Driver != d.opts.DriverName {
 			continue
 		}
-		if res.Pool != d.opts.NodeName {
-			return nil, fmt.Errorf("device %s/%s: %w (pool %q is not node %q)", res.Pool, res.Device, ErrUnknownDevice, res.Pool, d.opts.NodeName)
-		}
-		r, dv, ok := d.lookup(res.Device)
+		r, dv, ok := d.lookup(res.Pool, res.Device)
 		if !ok {
-			return nil, fmt.Errorf("device %s: %w", res.Device, ErrUnknownDevice)
+			return nil, fmt.Errorf("device %s/%s: %w", res.Pool, res.Device, ErrUnknownDevice)
 		}
 		admin := res.AdminAccess != nil && *res.AdminAccess
 		if !admin {
