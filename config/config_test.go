@@ -150,6 +150,8 @@ func TestValidationErrors(t *testing.T) {
 		{name: "file prefix escapes", env: map[string]string{"DEVICE_FILE_PREFIX": "../etc/x"}, field: "DEVICE_FILE_PREFIX", value: "../etc/x"},
 		{name: "file prefix absolute", env: map[string]string{"DEVICE_FILE_PREFIX": "/etc/x"}, field: "DEVICE_FILE_PREFIX", value: "/etc/x"},
 		{name: "id prefix slash", env: map[string]string{"DEVICE_ID_PREFIX": "a/b"}, field: "DEVICE_ID_PREFIX", value: "a/b"},
+		{name: "id prefix too long", env: map[string]string{"DEVICE_ID_PREFIX": strings.Repeat("a", 44)}, field: "DEVICE_ID_PREFIX", value: strings.Repeat("a", 44)},
+		{name: "id prefix too long in file", file: "resources:\n- name: example.com/a\n  idPrefix: " + strings.Repeat("a", 44) + "\n", field: "resources[0].idPrefix", value: strings.Repeat("a", 44)},
 		{name: "bad annotation prefix", env: map[string]string{"ANNOTATION_PREFIX": "Bad_Domain/x"}, field: "ANNOTATION_PREFIX", value: "Bad_Domain/x"},
 		{name: "plugin name", env: map[string]string{"PLUGIN_NAME": "a b"}, field: "PLUGIN_NAME", value: "a b"},
 		{name: "relative dir", args: []string{"--cdi-dir", "run/cdi"}, field: "cdi-dir", value: "run/cdi"},
@@ -374,5 +376,22 @@ func TestLoadWithExtraFlags(t *testing.T) {
 	}
 	if _, err := Load([]string{"--driver-name", "x"}, envOf(nil), io.Discard); err == nil {
 		t.Fatal("the device plugin accepted the DRA driver's flag")
+	}
+}
+
+// TestIDPrefixBound (issue 27, item 8): idPrefix is at most MaxIDPrefix
+// characters, the message says the bound and why; one at the bound is
+// taken.
+func TestIDPrefixBound(t *testing.T) {
+	if MaxIDPrefix != 43 {
+		t.Fatalf("MaxIDPrefix %d: 63 (a DNS label) - 1 ('-') - 19 (the digits of the largest index) is 43", MaxIDPrefix)
+	}
+	at := strings.Repeat("a", MaxIDPrefix)
+	if _, err := Load(nil, envOf(map[string]string{"DEVICE_ID_PREFIX": at}), io.Discard); err != nil {
+		t.Fatalf("a prefix of %d characters: %v", MaxIDPrefix, err)
+	}
+	_, err := Load(nil, envOf(map[string]string{"DEVICE_ID_PREFIX": at + "a"}), io.Discard)
+	if err == nil || !strings.Contains(err.Error(), "at most 43 characters") {
+		t.Fatalf("a prefix of %d characters: %v, want a message with the bound", MaxIDPrefix+1, err)
 	}
 }

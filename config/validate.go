@@ -24,6 +24,19 @@ var (
 	indexRe     = regexp.MustCompile(`\[\d+\]`)
 )
 
+// MaxIDPrefix bounds idPrefix. The DRA driver names a device
+// <idPrefix>-<index> in its ResourceSlice (the prefix made a DNS label,
+// never longer), and a device name is a DNS label of at most 63
+// characters. An index is an int, whose largest value
+// (9223372036854775807) has 19 digits: 63 - len("-") - 19 = 43 leaves
+// room for every index, so that no name is ever cut and two resources'
+// names differ whenever their prefixes do (dra's TestIDPrefixBound checks
+// the arithmetic against the names DeviceName makes).
+const MaxIDPrefix = dnsLabelMax - len("-9223372036854775807")
+
+// dnsLabelMax is the longest DNS label.
+const dnsLabelMax = 63
+
 // ResourceField names field name (e.g. "prestart.steps[0].command") of
 // resource i as the user wrote it: resources[i].<name> in a config file,
 // the environment variable in the simple mode.
@@ -167,6 +180,9 @@ func (c *Config) validateResource(i int, r *Resource) error {
 	def(&r.IDPrefix, DefaultIDPrefix)
 	if !nameRe.MatchString(r.IDPrefix) {
 		return fieldErr(f("idPrefix"), r.IDPrefix, "must be letters, digits, '-', '_' or '.', starting and ending with a letter or digit")
+	}
+	if len(r.IDPrefix) > MaxIDPrefix {
+		return fieldErr(f("idPrefix"), r.IDPrefix, "must be at most %d characters: the DRA driver names a device <idPrefix>-<index>, a DNS label of at most %d characters, and an index has up to 19 digits", MaxIDPrefix, dnsLabelMax)
 	}
 	if r.EnvPrefix != "" && !envNameRe.MatchString(r.EnvPrefix) {
 		return fieldErr(f("envPrefix"), r.EnvPrefix, "must be a valid shell variable name ([A-Za-z_][A-Za-z0-9_]*)")

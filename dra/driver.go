@@ -78,7 +78,7 @@ type Resource struct {
 // Options configure the driver.
 type Options struct {
 	// DriverName names the driver (CheckDriverName); NodeName the node,
-	// which is the pool's name.
+	// which starts the name of every resource's pool (PoolName).
 	DriverName, NodeName string
 	Client               kubernetes.Interface
 	// RegistrarDir is the kubelet's plugin registry directory, PluginDir
@@ -138,6 +138,8 @@ type running struct {
 	Resource
 	d        *Driver
 	follower *resource.Follower
+	// pool is the pool of its devices (PoolName).
+	pool string
 	// snap is what the spec describes now (resource.Gate).
 	snap     atomic.Pointer[device.Snapshot]
 	firmware string
@@ -197,7 +199,10 @@ func New(o Options) (*Driver, error) {
 		fatal: make(chan error, 1), pings: make(chan chan struct{})}
 	d.health.Store(&healthView{changed: make(chan struct{})})
 	for _, rc := range o.Resources {
-		r := &running{Resource: rc, d: d}
+		r := &running{Resource: rc, d: d, pool: PoolName(o.NodeName, rc.IDPrefix)}
+		if err := checkPoolName(r.pool); err != nil {
+			return nil, fmt.Errorf("%w: %s: %w", ErrOptions, rc.Name, err)
+		}
 		log := d.log.WithField("resource", rc.Name)
 		r.follower = &resource.Follower{Resource: rc.Name, Source: rc.Source, Spec: rc.Spec, Publish: r, Log: log, Metrics: o.Metrics}
 		if sha, err := rc.Runner.FirmwareSHA256(); err != nil {
@@ -369,21 +374,23 @@ func (d *Driver) loop(ctx context.Context, helper *kubeletplugin.Helper) error {
 	armed, polling := true, false
 	var wg sync.WaitGroup
 	defer wg.Wait()
-	var last []resourceslice.Slice
+	var last map[string]resourceslice.Pool
 	publish := func() error {
 		cur := d.current(g)
-		slices := Slices(d.opts.DriverName, cur)
-		if last == nil || !reflect.DeepEqual(slices, last) {
-			pool := resourceslice.Pool{Slices: slices}
-			if err := helper.PublishResources(ctx, resourceslice.DriverResources{Pools: map[string]resourceslice.Pool{d.opts.NodeName: pool}}); err != nil {
+		pools := Pools(d.opts.DriverName, d.opts.NodeName, cur)
+		if last == nil || !reflect.DeepEqual(pools, last) {
+			if err := helper.PublishResources(ctx, resourceslice.DriverResources{Pools: pools}); err != nil {
 				return fmt.Errorf("publish the ResourceSlices: %w", err)
 			}
-			n := 0
-			for _, s := range slices {
-				n += len(s.Devices)
+			n, ns := 0, 0
+			for _, p := range pools {
+				ns += len(p.Slices)
+				for _, s := range p.Slices {
+					n += len(s.Devices)
+				}
 			}
-			d.log.WithField("devices", n).WithField("slices", len(slices)).Debug("ResourceSlices published")
-			last = slices
+			d.log.WithField("devices", n).WithField("slices", ns).WithField("pools", len(pools)).Debug("ResourceSlices published")
+			last = pools
 			d.published.Store(true)
 		}
 		d.setHealth(cur)
@@ -439,9 +446,16 @@ func (d *Driver) current(g *guards) []Published {
 	return out
 }
 
-// lookup finds the device named name in the slice.
-func (d *Driver) lookup(name string) (*running, device.Device, bool) {
+// lookup finds the device an allocation names: its pool and its name.
+// The pool is its resource's (PoolName); the node's name is taken too,
+// the one pool of the driver's versions before a pool per resource, so
+// that a claim allocated before an upgrade is still prepared (the device
+// names are unique across the resources either way).
+func (d *Driver) lookup(pool, name string) (*running, device.Device, bool) {
 	for _, r := range d.res {
+		if pool != r.pool && pool != d.opts.NodeName {
+			continue
+		}
 		s := r.snap.Load()
 		if s == nil {
 			continue

@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -20,8 +21,10 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	apiresource "k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
+	clienttesting "k8s.io/client-go/testing"
 	drahealthv1 "k8s.io/kubelet/pkg/apis/dra-health/v1"
 	drav1 "k8s.io/kubelet/pkg/apis/dra/v1"
 	podresourcesapi "k8s.io/kubelet/pkg/apis/podresources/v1"
@@ -41,6 +44,8 @@ const (
 	claimNS  = "default"
 	bootOne  = "boot-1"
 	deadline = 10 * time.Second
+	// simPool is the pool of the devices of resName on node.
+	simPool = node + "/sim"
 )
 
 // harness runs the driver on real files and sockets: simulated device
@@ -82,6 +87,7 @@ func newHarness(t *testing.T, env map[string]string) *harness {
 	}
 	h.podres = testutil.ServePodResources(t, h.podSock)
 	h.client = fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node, UID: "node-uid"}})
+	nameGenerated(h.client)
 	t.Cleanup(h.stop)
 	return h
 }
@@ -171,6 +177,20 @@ func (h *harness) stop() {
 	h.cancel = nil
 }
 
+// nameGenerated makes client's creates name the objects that ask for a
+// generated name (metadata.generateName), as the API server does and the
+// fake clientset does not: the ResourceSlice controller names its slices
+// so, and matches them by the index at the start of the name.
+func nameGenerated(client *fake.Clientset) {
+	var n atomic.Int64
+	client.PrependReactor("create", "*", func(a clienttesting.Action) (bool, runtime.Object, error) {
+		if o, ok := a.(clienttesting.CreateAction).GetObject().(metav1.Object); ok && o.GetName() == "" && o.GetGenerateName() != "" {
+			o.SetName(fmt.Sprintf("%s%05d", o.GetGenerateName(), n.Add(1)))
+		}
+		return false, nil, nil
+	})
+}
+
 type testWriter struct{ t *testing.T }
 
 // syncBuffer is a goroutine-safe log sink.
@@ -207,13 +227,14 @@ func (h *harness) waitFor(what string, cond func() bool) {
 	}
 }
 
-// claim makes an allocated claim of the devices (DRA names) in the API.
+// claim makes an allocated claim of the devices (DRA names, of the pool
+// simPool) in the API.
 func (h *harness) claim(name string, devices ...string) *drav1.Claim {
 	h.t.Helper()
 	c := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: claimNS, UID: types.UID("uid-" + name)}}
 	alloc := &resourceapi.AllocationResult{}
 	for _, d := range devices {
-		alloc.Devices.Results = append(alloc.Devices.Results, resourceapi.DeviceRequestAllocationResult{Request: "req", Driver: testDriver, Pool: node, Device: d})
+		alloc.Devices.Results = append(alloc.Devices.Results, resourceapi.DeviceRequestAllocationResult{Request: "req", Driver: testDriver, Pool: simPool, Device: d})
 	}
 	// A device of another driver is not ours to prepare.
 	alloc.Devices.Results = append(alloc.Devices.Results, resourceapi.DeviceRequestAllocationResult{Request: "other", Driver: "gpu.other.com", Pool: node, Device: "gpu-0"})
@@ -308,7 +329,7 @@ func TestPrepareUnprepareAcrossRestart(t *testing.T) {
 		t.Fatalf("devices %v", got.Devices)
 	}
 	for i, d := range got.Devices {
-		if !slices.Equal(d.CdiDeviceIds, want[i]) || d.PoolName != node || d.DeviceName != []string{"sim-1", "sim-3"}[i] || !slices.Equal(d.RequestNames, []string{"req"}) {
+		if !slices.Equal(d.CdiDeviceIds, want[i]) || d.PoolName != simPool || d.DeviceName != []string{"sim-1", "sim-3"}[i] || !slices.Equal(d.RequestNames, []string{"req"}) {
 			t.Errorf("device %d: %v, want CDI IDs %v", i, d, want[i])
 		}
 	}
@@ -519,7 +540,7 @@ func (h *harness) published() map[string]resourceapi.Device {
 	}
 	out := map[string]resourceapi.Device{}
 	for _, s := range list.Items {
-		if s.Spec.Driver != testDriver || s.Spec.Pool.Name != node || s.Spec.NodeName == nil || *s.Spec.NodeName != node {
+		if s.Spec.Driver != testDriver || !strings.HasPrefix(s.Spec.Pool.Name, node+"/") || s.Spec.NodeName == nil || *s.Spec.NodeName != node {
 			h.t.Fatalf("slice %s: driver %q pool %q node %v", s.Name, s.Spec.Driver, s.Spec.Pool.Name, s.Spec.NodeName)
 		}
 		for _, d := range s.Spec.Devices {
@@ -574,7 +595,7 @@ func TestSlicesHealthAndTaints(t *testing.T) {
 			}
 			got := map[string]drahealthv1.HealthStatus{}
 			for _, d := range r.Devices {
-				if d.Device.PoolName == node {
+				if d.Device.PoolName == PoolName(node, "sim") {
 					got[d.Device.DeviceName] = d.Health
 				}
 			}

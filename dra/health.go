@@ -29,7 +29,7 @@ func (d *Driver) setHealth(cur []Published) {
 			if dv.Problem.Cause == device.CauseNotInSpec {
 				continue // not in the slice
 			}
-			h := kubeletplugin.DeviceHealth{PoolName: d.opts.NodeName, DeviceName: DeviceName(p.IDPrefix, dv.Index), Health: kubeletplugin.HealthStatusHealthy}
+			h := kubeletplugin.DeviceHealth{PoolName: PoolName(d.opts.NodeName, p.IDPrefix), DeviceName: DeviceName(p.IDPrefix, dv.Index), Health: kubeletplugin.HealthStatusHealthy}
 			if !dv.Healthy {
 				h.Health, h.Message = kubeletplugin.HealthStatusUnhealthy, dv.Problem.String()
 			}

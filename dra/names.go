@@ -1,6 +1,6 @@
 // Package dra is the DRA (Dynamic Resource Allocation) kubelet plugin of
 // the configured resources: it publishes their devices in ResourceSlices
-// (pool = node name), prepares the devices of allocated claims with the
+// (a pool per resource, <node>/<idPrefix>), prepares the devices of allocated claims with the
 // same prestart steps and device state as the device plugin, hands out CDI
 // IDs from the same spec file (plus a per-claim spec for claim-level
 // variables), checkpoints prepared claims, streams device health to the
@@ -11,6 +11,7 @@ package dra
 
 import (
 	"fmt"
+	"math"
 	"strings"
 
 	resourceapi "k8s.io/api/resource/v1"
@@ -71,18 +72,76 @@ func CheckDriverName(field, name string) error {
 // the device plugin recognises the driver's claims by it too).
 func DeviceName(idPrefix string, index int) string { return dranames.DeviceName(idPrefix, index) }
 
-// CheckDeviceNames checks that no two resources' devices get one name in
-// the pool (ID prefixes that differ only in case or punctuation): the
-// error names the idPrefix field of the second resource.
-func CheckDeviceNames(cfg *config.Config) error {
-	seen := map[string]int{}
-	for i := range cfg.Resources {
-		p := dranames.NamePrefix(cfg.Resources[i].IDPrefix)
-		if j, dup := seen[p]; dup {
-			return &config.FieldError{Field: cfg.ResourceField(i, "idPrefix"), Value: cfg.Resources[i].IDPrefix,
-				Reason: fmt.Sprintf("gives the same ResourceSlice device names (%s-<index>) as resources[%d] (idPrefix %q)", p, j, cfg.Resources[j].IDPrefix)}
-		}
-		seen[p] = i
+// PoolName is the pool of a resource's devices on node: <node>/<the ID
+// prefix as a DNS label> (n1/sim; dranames.PoolName: the device plugin
+// recognises the driver's claims by it too).
+func PoolName(node, idPrefix string) string { return dranames.PoolName(node, idPrefix) }
+
+// checkPoolName checks that a pool name fits resource.k8s.io's limit.
+func checkPoolName(pool string) error {
+	if len(pool) > resourceapi.PoolNameMaxLength {
+		return fmt.Errorf("the pool name %s is longer than %d characters", pool, resourceapi.PoolNameMaxLength)
 	}
 	return nil
+}
+
+// CheckDeviceNames checks that no two resources the driver publishes
+// (dranames.Published) give a device one name, comparing the names as the
+// slices publish them (DeviceName: the ID prefix made a DNS label, cut to
+// fit with the index), at every length of index: ID prefixes that differ
+// only in case or punctuation, or only beyond the characters a name
+// keeps. The error is a FieldError naming the idPrefix field of the later
+// resource, and says both resources and the first name they share. It
+// also checks that the node name leaves room for the resources' pool
+// names (PoolName; a FieldError naming node-name).
+func CheckDeviceNames(cfg *config.Config) error {
+	for i := range cfg.Resources {
+		ri := &cfg.Resources[i]
+		if !dranames.Published(ri) {
+			continue
+		}
+		if cfg.NodeName != "" {
+			if err := checkPoolName(PoolName(cfg.NodeName, ri.IDPrefix)); err != nil {
+				return &config.FieldError{Field: "node-name", Value: cfg.NodeName, Reason: fmt.Sprintf("too long for the pool of %s: %v", ri.Name, err)}
+			}
+		}
+		for j := range i {
+			rj := &cfg.Resources[j]
+			if !dranames.Published(rj) {
+				continue
+			}
+			if name, clash := sameName(rj.IDPrefix, ri.IDPrefix); clash {
+				return &config.FieldError{Field: cfg.ResourceField(i, "idPrefix"), Value: ri.IDPrefix,
+					Reason: fmt.Sprintf("resources[%d] (%s, idPrefix %q) and resources[%d] (%s) would both publish the device name %q in the ResourceSlice",
+						j, rj.Name, rj.IDPrefix, i, ri.Name, name)}
+			}
+		}
+	}
+	return nil
+}
+
+// firstIndexes holds the smallest index of every length (0, 10, 100, ...
+// up to the 19 digits of the largest int64): where a name is cut depends
+// on the index's length only.
+var firstIndexes = func() []int {
+	out := []int{0}
+	for n := 10; ; n *= 10 {
+		out = append(out, n)
+		if n > math.MaxInt64/10 {
+			return out
+		}
+	}
+}()
+
+// sameName reports whether ID prefixes a and b give some device one name,
+// and the first such name. Names of one index length share a cut, and a
+// name ends in -<index>; so two prefixes share a name exactly when they
+// do at the smallest index of some length.
+func sameName(a, b string) (string, bool) {
+	for _, i := range firstIndexes {
+		if n := DeviceName(a, i); n == DeviceName(b, i) {
+			return n, true
+		}
+	}
+	return "", false
 }

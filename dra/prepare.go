@@ -293,18 +293,18 @@ func (d *Driver) plan(c *resourceapi.ResourceClaim, cp map[types.UID]PreparedCla
 	if c.Status.Allocation == nil {
 		return nil, errors.New("not allocated")
 	}
+	if err := d.checkOpaqueConfig(c); err != nil {
+		return nil, err
+	}
 	p := &planned{claim: c, devs: map[*running][]device.Device{},
 		entry: PreparedClaim{Namespace: c.Namespace, Name: c.Name, BootID: d.opts.BootID}}
 	for _, res := range c.Status.Allocation.Devices.Results {
 		if res.Driver != d.opts.DriverName {
 			continue
 		}
-		if res.Pool != d.opts.NodeName {
-			return nil, fmt.Errorf("device %s/%s: %w (pool %q is not node %q)", res.Pool, res.Device, ErrUnknownDevice, res.Pool, d.opts.NodeName)
-		}
-		r, dv, ok := d.lookup(res.Device)
+		r, dv, ok := d.lookup(res.Pool, res.Device)
 		if !ok {
-			return nil, fmt.Errorf("device %s: %w", res.Device, ErrUnknownDevice)
+			return nil, fmt.Errorf("device %s/%s: %w", res.Pool, res.Device, ErrUnknownDevice)
 		}
 		admin := res.AdminAccess != nil && *res.AdminAccess
 		if !admin {

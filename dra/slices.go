@@ -33,15 +33,27 @@ type Published struct {
 	FirmwareSHA256 string
 }
 
-// Slices are the ResourceSlices of the devices of res, in that order
-// (resources, then devices by index), at most MaxDevicesPerSlice each; at
-// least one, so that a node without devices still shows its pool.
-func Slices(driver string, res []Published) []resourceslice.Slice {
-	var devs []resourceapi.Device
+// Pools are the pools of the devices of res on node: one per resource,
+// named PoolName(node, its ID prefix), with its slices (Slices). A
+// resource's pool is the unit the ResourceSlice controller rewrites: all
+// slices of a pool share its generation and slice count, and a change
+// that touches more than one slice of a pool, or adds or removes one,
+// rewrites every slice of it. With a pool per resource, a change to one
+// resource's devices leaves every other resource's slices as they are.
+func Pools(driver, node string, res []Published) map[string]resourceslice.Pool {
+	out := make(map[string]resourceslice.Pool, len(res))
 	for _, p := range res {
-		if p.Snapshot == nil {
-			continue
-		}
+		out[PoolName(node, p.IDPrefix)] = resourceslice.Pool{Slices: Slices(driver, p)}
+	}
+	return out
+}
+
+// Slices are the ResourceSlices of the devices of resource p, by index,
+// at most MaxDevicesPerSlice each; at least one, so that a resource
+// without devices (or none published yet) still shows its pool.
+func Slices(driver string, p Published) []resourceslice.Slice {
+	var devs []resourceapi.Device
+	if p.Snapshot != nil {
 		for _, d := range p.Snapshot.Devices {
 			if d.Problem.Cause == device.CauseNotInSpec {
 				continue // its CDI name would not resolve

@@ -3,9 +3,12 @@ package dra
 import (
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"testing"
 
 	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/dynamic-resource-allocation/resourceslice"
 
 	"github.com/cdi-device-plugin/cdi-device-plugin/cdi"
 	"github.com/cdi-device-plugin/cdi-device-plugin/config"
@@ -62,7 +65,7 @@ func taints(d resourceapi.Device) []string {
 // named by index, their attributes (the id equal to the spec's CDI name),
 // the unhealthy and handover taints, at most 64 devices per slice, a
 // device the spec does not describe left out, and one empty slice for a
-// node without devices.
+// resource without devices; a pool per resource (issue 27, item 10).
 func TestSlices(t *testing.T) {
 	k := kindOf(t, "example.com", "sim")
 	unhealthy := simDevices(2, "n1")
@@ -104,14 +107,30 @@ func TestSlices(t *testing.T) {
 			map[string][]string{"tty-0": {q("pciAddress"), q("numaNode")}}, nil},
 		{"an id too long for an attribute is left out", []Published{{Resource: "example.com/sim", Kind: k, IDPrefix: "sim", Snapshot: long}}, []int{1},
 			map[string]map[string]string{"sim-0": {q("index"): "0"}}, map[string][]string{"sim-0": {q("id")}}, nil},
-		{"two resources, 130 devices: 64 per slice", []Published{
+		{"two resources, 130 devices: a pool each, 64 per slice", []Published{
 			{Resource: "example.com/sim", Kind: k, IDPrefix: "sim", Snapshot: simDevices(100, "")},
 			{Resource: "example.com/fpga", Kind: kindOf(t, "example.com", "fpga"), IDPrefix: "fpga", Snapshot: simDevices(30, "")},
-		}, []int{64, 64, 2}, map[string]map[string]string{"sim-99": {q("resource"): "example.com/sim"}, "fpga-29": {q("resource"): "example.com/fpga", q("id"): "k8s.example.com/fpga=sim-29"}}, nil, nil},
-		{"no devices: one empty slice", nil, []int{0}, nil, nil, nil},
+		}, []int{30, 64, 36}, map[string]map[string]string{"sim-99": {q("resource"): "example.com/sim"}, "fpga-29": {q("resource"): "example.com/fpga", q("id"): "k8s.example.com/fpga=sim-29"}}, nil, nil},
+		{"no devices: one empty slice", []Published{{Resource: "example.com/sim", Kind: k, IDPrefix: "sim", Snapshot: &device.Snapshot{Replicas: 1}}}, []int{0}, nil, nil, nil},
+		{"nothing published yet: one empty slice", []Published{{Resource: "example.com/sim", Kind: k, IDPrefix: "sim"}}, []int{0}, nil, nil, nil},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			got := Slices(testDriver, c.res)
+			pools := Pools(testDriver, "n1", c.res)
+			if len(pools) != len(c.res) {
+				t.Fatalf("%d pools for %d resources", len(pools), len(c.res))
+			}
+			// The slices of every pool, pools by name.
+			var got []resourceslice.Slice
+			for _, name := range slices.Sorted(maps.Keys(pools)) {
+				got = append(got, pools[name].Slices...)
+				for _, s := range pools[name].Slices {
+					for _, d := range s.Devices {
+						if want := PoolName("n1", resourcePrefix(c.res, d)); name != want {
+							t.Errorf("%s in pool %s, want %s", d.Name, name, want)
+						}
+					}
+				}
+			}
 			if len(got) != len(c.slices) {
 				t.Fatalf("%d slices, want %d", len(got), len(c.slices))
 			}
@@ -158,6 +177,17 @@ func TestSlices(t *testing.T) {
 			}
 		})
 	}
+}
+
+// resourcePrefix is the ID prefix of the resource of d among res.
+func resourcePrefix(res []Published, d resourceapi.Device) string {
+	a := d.Attributes[resourceapi.QualifiedName(testDriver+"/"+AttrResource)]
+	for _, p := range res {
+		if a.StringValue != nil && p.Resource == *a.StringValue {
+			return p.IDPrefix
+		}
+	}
+	return "?"
 }
 
 func TestDeviceName(t *testing.T) {

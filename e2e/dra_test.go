@@ -153,6 +153,10 @@ func (c *cluster) driverPod(ctx context.Context) (*corev1.Pod, error) {
 	return c.runningPod(ctx, draNS, "cdi-dra-driver")
 }
 
+// draPool is the driver's pool of the resource on node: one per
+// resource, <node>/<idPrefix>.
+func draPool(node string) string { return node + "/" + draIDPrefix }
+
 // draSlices returns the driver's ResourceSlices of node.
 func (c *cluster) draSlices(ctx context.Context, node string) ([]resourceapi.ResourceSlice, error) {
 	l, err := c.cs.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{FieldSelector: "spec.driver=" + draDriver + ",spec.nodeName=" + node})
@@ -248,8 +252,8 @@ func (c *cluster) scenarioDRASlice(t *testing.T) string {
 	})
 	t.Logf("devices untainted after %v", d.Round(time.Millisecond))
 	s := got[0].Spec
-	if s.Pool.Name != node || s.NodeName == nil || *s.NodeName != node {
-		t.Errorf("slice pool %q node %v, want the node %s", s.Pool.Name, s.NodeName, node)
+	if s.Pool.Name != draPool(node) || s.NodeName == nil || *s.NodeName != node {
+		t.Errorf("slice pool %q node %v, want pool %s of node %s", s.Pool.Name, s.NodeName, draPool(node), node)
 	}
 	var ids []string
 	for i := range s.Devices {

@@ -269,8 +269,8 @@ func (c *cluster) scenarioM2(t *testing.T) {
 		t.Fatalf("claim %s of %s not allocated", rc.Name, dr.Name)
 	}
 	for _, r := range rc.Status.Allocation.Devices.Results {
-		if r.Driver != draDriver || r.Pool != draNode {
-			t.Fatalf("claim %s: device %s of driver %s, pool %s; want %s, pool %s", rc.Name, r.Device, r.Driver, r.Pool, draDriver, draNode)
+		if r.Driver != draDriver || r.Pool != draPool(draNode) {
+			t.Fatalf("claim %s: device %s of driver %s, pool %s; want %s, pool %s", rc.Name, r.Device, r.Driver, r.Pool, draDriver, draPool(draNode))
 		}
 	}
 	reserved := false

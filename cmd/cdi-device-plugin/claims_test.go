@@ -35,8 +35,8 @@ func claimDevice(driver, pool, dev string, cdi ...string) *podresourcesapi.Claim
 // DRA driver, a device a claim of the driver still holds is Unhealthy in
 // the plugin's first ListAndWatch answer, counted under the reason
 // dra_claim and logged with its claim. The kubelet names it by its CDI
-// name, or (without CDI names) by the driver, the pool (the node name)
-// and its ResourceSlice name; the driver's name is the DRA driver's
+// name, or (without CDI names) by the driver, the pool (the node name and
+// the ID prefix, issue 27) and its ResourceSlice name; the driver's name is the DRA driver's
 // default, or --driver-name / DRIVER_NAME as the driver is given it.
 func TestDRAClaimHeldAtStart(t *testing.T) {
 	env := map[string]string{"NUMBER_DEVICES": "3", "RESOURCE_NAME": "example.com/sim", "DEVICE_ID_PREFIX": "sim",
@@ -55,12 +55,12 @@ func TestDRAClaimHeldAtStart(t *testing.T) {
 		env  map[string]string
 		held bool
 	}{
-		{"by CDI name", claimDevice("any.example.com", "node1", "sim-1", "k8s.example.com/sim=sim-node1-1"), nil, env, true},
-		{"by the default driver name", claimDevice("sim.example.com", "node1", "sim-1"), nil, env, true},
-		{"by --driver-name", claimDevice("renamed.example.com", "node1", "sim-1"), []string{"--driver-name", "renamed.example.com"}, env, true},
-		{"by DRIVER_NAME", claimDevice("renamed.example.com", "node1", "sim-1"), nil, with("DRIVER_NAME", "renamed.example.com"), true},
-		{"another driver's", claimDevice("renamed.example.com", "node1", "sim-1"), nil, env, false},
-		{"another node's", claimDevice("sim.example.com", "node2", "sim-1"), nil, env, false},
+		{"by CDI name", claimDevice("any.example.com", "node1/sim", "sim-1", "k8s.example.com/sim=sim-node1-1"), nil, env, true},
+		{"by the default driver name", claimDevice("sim.example.com", "node1/sim", "sim-1"), nil, env, true},
+		{"by --driver-name", claimDevice("renamed.example.com", "node1/sim", "sim-1"), []string{"--driver-name", "renamed.example.com"}, env, true},
+		{"by DRIVER_NAME", claimDevice("renamed.example.com", "node1/sim", "sim-1"), nil, with("DRIVER_NAME", "renamed.example.com"), true},
+		{"another driver's", claimDevice("renamed.example.com", "node1/sim", "sim-1"), nil, env, false},
+		{"another node's", claimDevice("sim.example.com", "node2/sim", "sim-1"), nil, env, false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			d := newDirs(t)
@@ -104,7 +104,7 @@ func TestDRAClaimDefaultNameSkipsReplicas(t *testing.T) {
 	d := newDirs(t)
 	testutil.NeedMknod(t)
 	sock := filepath.Join(d.plugins, "pod-resources.sock")
-	testutil.ServePodResources(t, sock, claimPod("c1", claimDevice("sim.example.com", "node1", "sim-1")))
+	testutil.ServePodResources(t, sock, claimPod("c1", claimDevice("sim.example.com", "node1/sim", "sim-1")))
 	cfg := writeConfig(t, `
 resources:
 - name: example.com/shared

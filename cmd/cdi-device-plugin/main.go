@@ -253,7 +253,11 @@ func build(cfg *config.Config, i int, writer *cdi.Writer, owners *device.Owners,
 		driverName = dranames.DefaultDriverName(cfg)
 	}
 	guard.Source, guard.Log = res.Source, res.Log
-	guard.Match = plugin.ClaimMatch{Kind: res.Kind, IDPrefix: rc.IDPrefix, Drivers: []string{driverName}, Pool: cfg.NodeName}
+	guard.Match = plugin.ClaimMatch{Kind: res.Kind, IDPrefix: rc.IDPrefix, Drivers: []string{driverName}}
+	if cfg.NodeName != "" {
+		// The DRA driver's pool of the resource on this node.
+		guard.Match.Pool = dranames.PoolName(cfg.NodeName, rc.IDPrefix)
+	}
 	var preparer plugin.Preparer // a nil interface, not a nil *Runner
 	if res.Runner.HasSteps() {
 		preparer = res.Runner

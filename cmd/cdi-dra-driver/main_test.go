@@ -69,6 +69,20 @@ func fakeClient(objs ...any) func(string) (kubernetes.Interface, error) {
 // or field and the value, before anything is written.
 func TestBadConfigExits2AndWritesNothing(t *testing.T) {
 	noClient := func(string) (kubernetes.Interface, error) { return nil, errors.New("not in a cluster") }
+	// Two resources whose long ID prefixes differ only at the end: before
+	// the idPrefix bound, both published aaaa…a-0 (issue 27, item 8).
+	long := strings.Repeat("a", 70)
+	twoLong := filepath.Join(t.TempDir(), "config.yaml")
+	if err := os.WriteFile(twoLong, []byte("resources:\n- name: example.com/x\n  idPrefix: "+long+"x\n- name: example.com/y\n  idPrefix: "+long+"y\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// A valid node name (a DNS subdomain of 251 characters) that leaves no
+	// room for /<idPrefix> in a pool name (253).
+	longNode := strings.Join([]string{strings.Repeat("n", 62), strings.Repeat("n", 62), strings.Repeat("n", 62), strings.Repeat("n", 62)}, ".")
+	sameName := filepath.Join(t.TempDir(), "config.yaml")
+	if err := os.WriteFile(sameName, []byte("resources:\n- name: example.com/x\n  idPrefix: GPU.x\n- name: example.com/y\n  idPrefix: gpu_x\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	for _, c := range []struct {
 		name   string
 		args   []string
@@ -86,6 +100,14 @@ func TestBadConfigExits2AndWritesNothing(t *testing.T) {
 		{"stale claim grace", []string{"--stale-claim-grace", "soon"}, map[string]string{"NODE_NAME": "n1"}, nil, `stale-claim-grace="soon"`},
 		{"stale claim grace from env", nil, map[string]string{"NODE_NAME": "n1", "STALE_CLAIM_GRACE": "-1m"}, nil, `stale-claim-grace="-1m"`},
 		{"shared config checks", []string{"--log-level", "loud"}, map[string]string{"NODE_NAME": "n1"}, nil, `log-level="loud"`},
+		{"node name too long for the pools", nil, map[string]string{"NODE_NAME": longNode, "DEVICE_ID_PREFIX": "sim"}, nil,
+			`node-name="` + longNode + `": too long for the pool of example.com/simple-device: the pool name ` + longNode + `/sim is longer than 253 characters`},
+		{"id prefix over the bound", nil, map[string]string{"NODE_NAME": "n1", "DEVICE_ID_PREFIX": strings.Repeat("a", 44)}, nil,
+			`DEVICE_ID_PREFIX="` + strings.Repeat("a", 44) + `": must be at most 43 characters`},
+		{"long ID prefixes alike but at the end", nil, map[string]string{"NODE_NAME": "n1", "CONFIG_FILE": twoLong}, nil,
+			`resources[0].idPrefix="` + long + `x": must be at most 43 characters`},
+		{"two resources, one device name", nil, map[string]string{"NODE_NAME": "n1", "CONFIG_FILE": sameName}, nil,
+			`resources[1].idPrefix="gpu_x": resources[0] (example.com/x, idPrefix "GPU.x") and resources[1] (example.com/y) would both publish the device name "gpu-x-0"`},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			d := newDirs(t)
@@ -151,7 +173,7 @@ func TestDriverEndToEnd(t *testing.T) {
 	testutil.ServePodResources(t, d.podres)
 	claim := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: "c", Namespace: "default", UID: "uid-c"},
 		Status: resourceapi.ResourceClaimStatus{Allocation: &resourceapi.AllocationResult{Devices: resourceapi.DeviceAllocationResult{
-			Results: []resourceapi.DeviceRequestAllocationResult{{Request: "r", Driver: "sim.example.com", Pool: "n1", Device: "sim-1"}}}}}}
+			Results: []resourceapi.DeviceRequestAllocationResult{{Request: "r", Driver: "sim.example.com", Pool: "n1/sim", Device: "sim-1"}}}}}}
 	addr := freePort(t)
 	env := map[string]string{"NODE_NAME": "n1", "RESOURCE_NAME": "example.com/sim", "NUMBER_DEVICES": "2", "DEVICE_ID_PREFIX": "sim", "ENV_PREFIX": "SIM"}
 	ctx, cancel := context.WithCancel(context.Background())

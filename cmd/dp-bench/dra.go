@@ -25,7 +25,7 @@ import (
 // A DRA driver is driven as the kubelet drives one: dp-bench watches the
 // plugin registration directory and registers the driver through its
 // socket (GetInfo, NotifyRegistrationStatus), waits for its devices in
-// ResourceSlices of the node's pool, then, as the scheduler and the
+// ResourceSlices of the node's pools, then, as the scheduler and the
 // kubelet would, writes the allocation of fresh ResourceClaims and calls
 // NodePrepareResources and NodeUnprepareResources on the driver's
 // endpoint (kubeletsim.RegisterDRA). The API server is a private one
@@ -35,7 +35,7 @@ import (
 // The DRA driver's contract, in the order the checks run.
 var draCheckDefs = []checkDef{
 	{"dra-register", "registers through the registration socket as a DRA plugin (GetInfo: type, v1 service, endpoint; the expected name)"},
-	{"dra-slices", "publishes its devices in ResourceSlices of the node's pool"},
+	{"dra-slices", "publishes its devices in ResourceSlices of the node's pools"},
 	{"dra-prepare", "NodePrepareResources answers every allocated device with its request and CDI IDs (1 and 8 devices)"},
 	{"dra-cdi-resolve", "returned CDI IDs resolve (fresh CDI cache + InjectDevices, as containerd)"},
 	{"dra-idempotent", "a second NodePrepareResources of a prepared claim gives the same answer"},
@@ -346,7 +346,8 @@ func sockets(dir string) []string {
 	return out
 }
 
-// pool is the driver's slices of the node's pool, as the watch shows them.
+// pool is the driver's slices of one pool of the node, as the watch shows
+// them.
 type pool map[string]*resourceSlice
 
 // complete returns the devices of the pool's newest generation, in slice
@@ -375,11 +376,52 @@ func (pl pool) complete() (devices []string, n int, ok bool) {
 	return devices, len(cur), true
 }
 
-// slices waits for the driver's ResourceSlices of the node's pool with
-// all its devices.
+// nodePools are the driver's pools of the node by name: the pool named
+// after the node (dra-example-driver's), or one per resource named
+// <node>/<resource> (cdi-dra-driver's).
+type nodePools map[string]pool
+
+// ofNode reports whether pool name is one of node's.
+func ofNode(name, node string) bool { return name == node || strings.HasPrefix(name, node+"/") }
+
+// complete returns the devices of every pool's newest generation, each
+// as <pool>/<device> (benchClaim's form), pools by name, and the number of
+// their slices; ok is false while some are missing.
+func (ps nodePools) complete() (devices []string, n int, ok bool) {
+	if len(ps) == 0 {
+		return nil, 0, false
+	}
+	names := make([]string, 0, len(ps))
+	for name := range ps {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	ok = true
+	for _, name := range names {
+		devs, k, done := ps[name].complete()
+		for _, d := range devs {
+			devices = append(devices, name+"/"+d)
+		}
+		n, ok = n+k, ok && done
+	}
+	return devices, n, ok
+}
+
+// names are the pools' names, sorted.
+func (ps nodePools) names() string {
+	names := make([]string, 0, len(ps))
+	for name := range ps {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	return strings.Join(names, ",")
+}
+
+// slices waits for the driver's ResourceSlices of the node's pools with
+// all their devices.
 func (x *draSession) slices(ctx context.Context) error {
-	pl := pool{}
-	var others []string // pools of the driver not named after the node
+	pl := nodePools{}
+	var others []string // pools of the driver not of the node
 	timeout := time.NewTimer(x.s.Register)
 	defer timeout.Stop()
 	for {
@@ -393,14 +435,17 @@ func (x *draSession) slices(ctx context.Context) error {
 			if ev.Type == watchError || json.Unmarshal(ev.Object, s) != nil || s.Spec.Driver != x.t.DRA.Driver {
 				continue
 			}
-			if s.Spec.Pool.Name != x.node {
+			if !ofNode(s.Spec.Pool.Name, x.node) {
 				others = append(others, s.Spec.Pool.Name)
 				continue
 			}
+			if pl[s.Spec.Pool.Name] == nil {
+				pl[s.Spec.Pool.Name] = pool{}
+			}
 			if ev.Type == watchDeleted {
-				delete(pl, s.Metadata.Name)
+				delete(pl[s.Spec.Pool.Name], s.Metadata.Name)
 			} else {
-				pl[s.Metadata.Name] = s
+				pl[s.Spec.Pool.Name][s.Metadata.Name] = s
 			}
 			devs, n, ok := pl.complete()
 			if !ok || (x.t.DRA.Devices > 0 && len(devs) < x.t.DRA.Devices) {
@@ -412,7 +457,7 @@ func (x *draSession) slices(ctx context.Context) error {
 			if x.t.DRA.Devices > 0 && len(devs) != x.t.DRA.Devices {
 				x.res.fail("dra-slices", "%d devices, want %d", len(devs), x.t.DRA.Devices)
 			} else {
-				x.res.pass("dra-slices", "%d devices in %d slice(s) of pool %s", len(devs), n, x.node)
+				x.res.pass("dra-slices", "%d devices in %d slice(s) of pool(s) %s", len(devs), n, pl.names())
 			}
 			if len(devs) == 0 {
 				return errors.New("no device published")
@@ -423,7 +468,7 @@ func (x *draSession) slices(ctx context.Context) error {
 			return fmt.Errorf("the driver exited: %w", x.p.err)
 		case <-timeout.C:
 			devs, n, _ := pl.complete()
-			x.res.fail("dra-slices", "within %s: %d devices in %d slices of pool %s (other pools: %v)", x.s.Register, len(devs), n, x.node, others)
+			x.res.fail("dra-slices", "within %s: %d devices in %d slices of pool(s) %s of node %s (other pools: %v)", x.s.Register, len(devs), n, pl.names(), x.node, others)
 			return errors.New("its devices were not published")
 		case <-ctx.Done():
 			return ctx.Err()

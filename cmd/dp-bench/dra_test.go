@@ -375,7 +375,7 @@ func TestDRANoAPIServer(t *testing.T) {
 	if code != 1 {
 		t.Errorf("exit %d, want 1 (targets must pass)", code)
 	}
-	for _, want := range []string{"| publishes its devices in ResourceSlices of the node's pool | not run | not run | not run |",
+	for _, want := range []string{"| publishes its devices in ResourceSlices of the node's pools | not run | not run | not run |",
 		"- cdi-dra-driver (8 devices, no steps): not run: no API server: -kube-apiserver: not given"} {
 		if !strings.Contains(stdout.String(), want) {
 			t.Errorf("missing %q in:\n%s\nstderr:\n%s", want, stdout.String(), stderr.String())
@@ -401,5 +401,46 @@ func TestLinksNoKubeClient(t *testing.T) {
 				t.Errorf("dp-bench links %s", dep)
 			}
 		}
+	}
+}
+
+// TestNodePools (issue 27, item 10): the driver's pools of the node are
+// the pool named after it and those named <node>/<resource>; they are
+// complete when every one of them is, devices by pool name as
+// <pool>/<device>, which a claim's allocation takes apart again.
+func TestNodePools(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		want bool
+	}{{"n", true}, {"n/sim", true}, {"n2/sim", false}, {"n2", false}, {"nn/sim", false}} {
+		if ofNode(c.name, "n") != c.want {
+			t.Errorf("ofNode(%q, n) = %v", c.name, !c.want)
+		}
+	}
+	sl := func(pool, name string, count int64, devs ...string) *resourceSlice {
+		s := &resourceSlice{Metadata: objectMeta{Name: name}, Spec: resourceSliceSpec{Pool: resourcePool{Name: pool, Generation: 1, ResourceSliceCount: count}}}
+		for _, d := range devs {
+			s.Spec.Devices = append(s.Spec.Devices, sliceDevice{Name: d})
+		}
+		return s
+	}
+	ps := nodePools{}
+	if _, _, ok := ps.complete(); ok {
+		t.Fatal("no pool is complete")
+	}
+	ps["n/sim"] = pool{"a": sl("n/sim", "a", 1, "sim-0", "sim-1")}
+	ps["n/fpga"] = pool{"b": sl("n/fpga", "b", 2, "fpga-0")}
+	if _, _, ok := ps.complete(); ok {
+		t.Fatal("complete with a slice of n/fpga missing")
+	}
+	ps["n/fpga"]["c"] = sl("n/fpga", "c", 2, "fpga-1")
+	devs, n, ok := ps.complete()
+	if !ok || n != 3 || !slices.Equal(devs, []string{"n/fpga/fpga-0", "n/fpga/fpga-1", "n/sim/sim-0", "n/sim/sim-1"}) || ps.names() != "n/fpga,n/sim" {
+		t.Fatalf("complete %v, %d slices, devices %v, pools %s", ok, n, devs, ps.names())
+	}
+	c := benchClaim("ns", "c1", "drv", "n", []string{"n/sim/sim-1", "d-0"})
+	r := c.Status.Allocation.Devices.Results
+	if len(r) != 2 || r[0].Pool != "n/sim" || r[0].Device != "sim-1" || r[1].Pool != "n" || r[1].Device != "d-0" {
+		t.Fatalf("results %+v", r)
 	}
 }

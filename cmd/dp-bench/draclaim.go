@@ -38,8 +38,14 @@ func benchClaim(namespace, name, driver, node string, devices []string) *resourc
 		MatchFields: []nodeSelectorRequirement{{Key: "metadata.name", Operator: "In", Values: []string{node}}},
 	}}}}
 	for _, d := range devices {
+		// <pool>/<device>, or a device of the pool named after the node
+		// (a device name has no '/').
+		pool, dev := node, d
+		if i := strings.LastIndex(d, "/"); i >= 0 {
+			pool, dev = d[:i], d[i+1:]
+		}
 		alloc.Devices.Results = append(alloc.Devices.Results, deviceRequestAllocationResult{
-			Request: benchRequest, Driver: driver, Pool: node, Device: d})
+			Request: benchRequest, Driver: driver, Pool: pool, Device: dev})
 	}
 	c.Status.Allocation = alloc
 	return c

@@ -1,7 +1,7 @@
 // Package dranames holds the names the DRA driver gives what it publishes
 // that the device plugin must recognise too (the devices of the driver's
-// claims, in the kubelet's PodResources): the default driver name and the
-// devices' names in the ResourceSlice. It imports no Kubernetes library,
+// claims, in the kubelet's PodResources): the default driver name, the
+// pools and the devices' names in the ResourceSlices. It imports no Kubernetes library,
 // so the device plugin's binary links none of the DRA driver's.
 package dranames
 
@@ -49,6 +49,13 @@ func DeviceName(idPrefix string, index int) string {
 	}
 	return prefix + suffix
 }
+
+// PoolName is the pool of a resource's devices on a node: the node name
+// and the resource's ID prefix as a DNS label (n1/sim). Each resource has
+// a pool of its own, so that a change to one resource's devices rewrites
+// only its own ResourceSlices; the device names are unique across the
+// pools all the same. A pool name is a path of DNS subdomains.
+func PoolName(node, idPrefix string) string { return node + "/" + NamePrefix(idPrefix) }
 
 // NamePrefix is idPrefix as the start of a DNS label.
 func NamePrefix(idPrefix string) string {

@@ -52,3 +52,16 @@ func TestDefaultDriverName(t *testing.T) {
 		t.Fatal("Published: a resource is published unless it has replicas above 1")
 	}
 }
+
+// TestPoolName (issue 27, item 10): a pool per resource, <node>/<the ID
+// prefix as a DNS label>.
+func TestPoolName(t *testing.T) {
+	for _, c := range []struct{ node, prefix, want string }{
+		{"n1", "sim", "n1/sim"},
+		{"node-1.example.com", "GPU_x.y", "node-1.example.com/gpu-x-y"},
+	} {
+		if got := PoolName(c.node, c.prefix); got != c.want {
+			t.Errorf("PoolName(%q, %q) = %q, want %q", c.node, c.prefix, got, c.want)
+		}
+	}
+}
