@@ -61,13 +61,15 @@ type ClaimMatch struct {
 	// CDI names include <kind>=<device name> is that device, whatever the
 	// driver's name.
 	Kind cdi.Kind
-	// IDPrefix, Drivers and Pool recognise a claim device that comes with
-	// no CDI names: its driver is one of Drivers (the DRA driver's name),
-	// its pool Pool (the node name; empty: never) and its name
+	// IDPrefix, Drivers and Pools recognise a claim device that comes
+	// with no CDI names: its driver is one of Drivers (the DRA driver's
+	// name), its pool one of Pools (the resource's pool on this node,
+	// dranames.PoolName, and the node name, the pool of earlier versions
+	// that the driver still prepares; none: never) and its name
 	// dranames.DeviceName(IDPrefix, index) of a device of the resource.
 	IDPrefix string
 	Drivers  []string
-	Pool     string
+	Pools    []string
 }
 
 // Held returns the devices of snap that claims hold, by device name, each
@@ -105,7 +107,7 @@ func (m ClaimMatch) Held(snap *device.Snapshot, claims []metrics.ClaimDevice) ma
 					hold(rest, c.Claim)
 				}
 			}
-		case m.Pool != "" && c.Pool == m.Pool && slices.Contains(m.Drivers, c.Driver) && snap.Replicas <= 1:
+		case c.Pool != "" && slices.Contains(m.Pools, c.Pool) && slices.Contains(m.Drivers, c.Driver) && snap.Replicas <= 1:
 			if byDRAName == nil {
 				byDRAName = make(map[string]string, len(snap.Devices))
 				for _, d := range snap.Devices {

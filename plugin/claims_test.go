@@ -48,7 +48,7 @@ func byName(driver, pool, dev string) *podresourcesapi.ClaimResource {
 }
 
 func testMatch(t *testing.T) ClaimMatch {
-	return ClaimMatch{Kind: testKind(t), IDPrefix: "sim", Drivers: []string{testDriver}, Pool: testNode}
+	return ClaimMatch{Kind: testKind(t), IDPrefix: "sim", Drivers: []string{testDriver}, Pools: []string{testNode}}
 }
 
 // TestClaimMatch (issue 21): the CDI names of a claim device decide when
@@ -100,7 +100,7 @@ func TestClaimMatch(t *testing.T) {
 	}
 	if got := (ClaimMatch{Kind: testKind(t), IDPrefix: "sim", Drivers: []string{testDriver}}).Held(snap,
 		[]metrics.ClaimDevice{{Claim: "ns/a", Driver: testDriver, Device: "sim-0"}}); got != nil {
-		t.Fatalf("no node name: matched %v by an empty pool", got)
+		t.Fatalf("no pools: matched %v by an empty pool", got)
 	}
 }
 
@@ -136,7 +136,7 @@ func runGuarded(t *testing.T, interval time.Duration, noSocket bool, pods ...*po
 	g.log = hook
 	log := logrus.NewEntry(logger)
 	guard := &ClaimGuard{Source: g.src, Socket: sock, Interval: interval, Log: log,
-		Match: ClaimMatch{Kind: testKind(t), IDPrefix: "sim", Drivers: []string{testDriver}, Pool: testNode}}
+		Match: ClaimMatch{Kind: testKind(t), IDPrefix: "sim", Drivers: []string{testDriver}, Pools: []string{testNode}}}
 	p := newPlugin(t, g.dir, nil, func(o *Options) { o.Registered = guard.Registered })
 	r := &Resource{Source: g.src, Spec: &flakySpec{changed: make(chan struct{})}, Plugin: p, Claims: guard, Log: log}
 	g.k = startKubelet(t, g.dir)

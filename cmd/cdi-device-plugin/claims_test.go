@@ -36,7 +36,8 @@ func claimDevice(driver, pool, dev string, cdi ...string) *podresourcesapi.Claim
 // the plugin's first ListAndWatch answer, counted under the reason
 // dra_claim and logged with its claim. The kubelet names it by its CDI
 // name, or (without CDI names) by the driver, the pool (the node name and
-// the ID prefix, issue 27) and its ResourceSlice name; the driver's name is the DRA driver's
+// the ID prefix, issue 27; or the node name alone, as earlier versions
+// named it) and its ResourceSlice name; the driver's name is the DRA driver's
 // default, or --driver-name / DRIVER_NAME as the driver is given it.
 func TestDRAClaimHeldAtStart(t *testing.T) {
 	env := map[string]string{"NUMBER_DEVICES": "3", "RESOURCE_NAME": "example.com/sim", "DEVICE_ID_PREFIX": "sim",
@@ -61,6 +62,10 @@ func TestDRAClaimHeldAtStart(t *testing.T) {
 		{"by DRIVER_NAME", claimDevice("renamed.example.com", "node1/sim", "sim-1"), nil, with("DRIVER_NAME", "renamed.example.com"), true},
 		{"another driver's", claimDevice("renamed.example.com", "node1/sim", "sim-1"), nil, env, false},
 		{"another node's", claimDevice("sim.example.com", "node2/sim", "sim-1"), nil, env, false},
+		// Allocated before the driver published a pool per resource: the
+		// pool named after the node, as the driver still prepares it.
+		{"by the node's pool of earlier versions", claimDevice("sim.example.com", "node1", "sim-1"), nil, env, true},
+		{"another node's pool of earlier versions", claimDevice("sim.example.com", "node2", "sim-1"), nil, env, false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			d := newDirs(t)

@@ -255,8 +255,10 @@ func build(cfg *config.Config, i int, writer *cdi.Writer, owners *device.Owners,
 	guard.Source, guard.Log = res.Source, res.Log
 	guard.Match = plugin.ClaimMatch{Kind: res.Kind, IDPrefix: rc.IDPrefix, Drivers: []string{driverName}}
 	if cfg.NodeName != "" {
-		// The DRA driver's pool of the resource on this node.
-		guard.Match.Pool = dranames.PoolName(cfg.NodeName, rc.IDPrefix)
+		// The DRA driver's pool of the resource on this node, and the
+		// node's one pool of earlier versions (claims allocated before
+		// an upgrade).
+		guard.Match.Pools = []string{dranames.PoolName(cfg.NodeName, rc.IDPrefix), cfg.NodeName}
 	}
 	var preparer plugin.Preparer // a nil interface, not a nil *Runner
 	if res.Runner.HasSteps() {
