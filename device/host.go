@@ -15,8 +15,11 @@ import (
 // Found is a host device as a discovery (Options.Discover) finds it.
 type Found struct {
 	// Key identifies the device across rescans and restarts, within its
-	// discovery: the PCI address, the USB port path. The registry keeps
-	// the ID and index given to it.
+	// discovery: the PCI address; for a USB device (Identity.USBPort set)
+	// USBSerialKey when its serial identifies it among the devices there
+	// now, else USBPortKey, and the source decides which device it
+	// remembers it is (matchUSB). The registry keeps the ID and index
+	// given to it.
 	Key string
 	// Node is its own node, Extra its other ones; paths relative to the
 	// dev root ("nvidia0", "vfio/42"), ContainerPath ignored; numbers 0:0
@@ -109,6 +112,9 @@ func (s *Source) scanHost(snap *Snapshot) *Snapshot {
 	shared := s.sharedNodes()
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if cands != nil {
+		cands, keys = s.matchUSB(cands, keys)
+	}
 	changed := false
 	// rebound: known devices found with another identity, by key, with
 	// how it differs. They keep their nodes and count as gone (the way
@@ -184,6 +190,159 @@ func (s *Source) scanHost(snap *Snapshot) *Snapshot {
 	}
 	sort.Slice(snap.Devices, func(i, j int) bool { return snap.Devices[i].Index < snap.Devices[j].Index })
 	return snap
+}
+
+// matchUSB gives the USB devices found now (those with a port, Identity.
+// USBPort) the registry keys of the known devices they are, and the others
+// keys of their own; s.mu is held. What the discovery keyed a device by
+// (Found.Key) says what the devices there now tell; only the source knows
+// the devices remembered, and so decides.
+//
+// A found device is a known one when both have the same vendor, product and
+// serial, and either it is at the port where the known one was last found,
+// or its serial identifies it: the discovery keyed it by its serial (no
+// other device there has it) and no other device remembered has it either.
+// So once two adapters with one serial were seen, the serial alone decides
+// nothing while both are remembered, after a restart too: each is its port's.
+// A known device of a registry of an earlier version, with no port
+// recorded, is taken by the one device with its identity left. Where two
+// found devices could be one known device, neither is: a new ID is safer
+// than another device's. (One found device at the port of several known
+// ones with its identity, which only a registry edited by hand has, is
+// the newest.)
+//
+// A found device that is no known one keeps its discovery key unless a
+// known device has it; or when the known one was last at its port with
+// another identity, which it then finds changed (identity_changed, as for
+// PCI). Else it is keyed by its port, made unique.
+func (s *Source) matchUSB(cands map[string]candidate, keys []string) (map[string]candidate, []string) {
+	prefix := s.opts.DiscoverKind + "/"
+	var usb []string
+	for _, k := range keys {
+		if cands[k].identity.USBPort != "" {
+			usb = append(usb, k)
+		}
+	}
+	if len(usb) == 0 {
+		return cands, keys
+	}
+	type entry struct {
+		key, port string
+		waiting   bool // rebuilt from the spec: adopt decides
+	}
+	// entryPort is where the known device under k was last found: its
+	// recorded port, or the one its key names (earlier versions).
+	entryPort := func(k string, d Device) string {
+		if d.Identity.USBPort != "" {
+			return d.Identity.USBPort
+		}
+		if p, ok := strings.CutPrefix(k, prefix+usbPortPrefix); ok {
+			return p
+		}
+		return ""
+	}
+	remembered := map[string][]entry{} // by vendor, product and serial
+	for k, d := range s.known {
+		if !strings.HasPrefix(k, prefix) || d.Identity.USBVendor == "" {
+			continue
+		}
+		id := USBSerialKey(d.Identity)
+		remembered[id] = append(remembered[id], entry{key: k, port: entryPort(k, d), waiting: strings.HasPrefix(k, prefix+recoveredKey)})
+	}
+	present := map[string]int{}
+	for _, k := range usb {
+		present[USBSerialKey(cands[k].identity)]++
+	}
+	could := map[string][]string{} // found device: the known ones it could be
+	claims := map[string]int{}     // known device: how many could be it
+	for _, k := range usb {
+		c := cands[k]
+		id := USBSerialKey(c.identity)
+		es := remembered[id]
+		bySerial := c.identity.USBSerial != "" && k == prefix+id && present[id] == 1 && len(es) == 1
+		for _, e := range es {
+			if !e.waiting && ((e.port != "" && e.port == c.identity.USBPort) || bySerial) {
+				could[k] = append(could[k], e.key)
+				claims[e.key]++
+			}
+		}
+	}
+	rekey := map[string]string{}
+	taken := map[string]bool{}
+	for _, k := range usb {
+		es := could[k]
+		if len(es) == 0 {
+			continue
+		}
+		// Several at its port (a registry edited by hand): the newest.
+		e := slices.MaxFunc(es, func(a, b string) int { return s.known[a].Index - s.known[b].Index })
+		if claims[e] == 1 {
+			rekey[k], taken[e] = e, true
+		}
+	}
+	for id, es := range remembered {
+		var legacy []string
+		for _, e := range es {
+			if e.port == "" && !e.waiting && !taken[e.key] {
+				legacy = append(legacy, e.key)
+			}
+		}
+		if len(legacy) != 1 {
+			continue
+		}
+		var left []string
+		for _, k := range usb {
+			if USBSerialKey(cands[k].identity) == id && len(could[k]) == 0 {
+				left = append(left, k)
+			}
+		}
+		if len(left) == 1 {
+			rekey[left[0]], taken[legacy[0]] = legacy[0], true
+		}
+	}
+	used := map[string]bool{}
+	for _, k := range keys {
+		if cands[k].identity.USBPort == "" {
+			used[k] = true
+		}
+	}
+	for _, nk := range rekey {
+		used[nk] = true
+	}
+	for _, k := range usb {
+		if _, ok := rekey[k]; ok {
+			continue
+		}
+		c := cands[k]
+		d, known := s.known[k]
+		keep := !used[k] && (!known || d.Identity.recorded() == (recordedIdentity{}) ||
+			(identityChange(d.Identity, c.identity) != "" && entryPort(k, d) == c.identity.USBPort))
+		if !keep {
+			base := prefix + USBPortKey(c.identity.USBPort)
+			k2 := base
+			for n := 2; ; n++ {
+				if _, known := s.known[k2]; !known && !used[k2] {
+					break
+				}
+				k2 = base + "~" + strconv.Itoa(n)
+			}
+			rekey[k] = k2
+		} else {
+			rekey[k] = k
+		}
+		used[rekey[k]] = true
+	}
+	out := make(map[string]candidate, len(cands))
+	order := make([]string, 0, len(keys))
+	for _, k := range keys {
+		c := cands[k]
+		if nk, ok := rekey[k]; ok {
+			k, c.key = nk, nk
+		}
+		out[k] = c
+		order = append(order, k)
+	}
+	return out, order
 }
 
 // nodesStatus checks a discovered device's own and other nodes on disk.

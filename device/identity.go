@@ -26,6 +26,11 @@ type Identity struct {
 	// USB: bus and device numbers, vendor and product IDs, serial.
 	USBBus, USBDevice                int
 	USBVendor, USBProduct, USBSerial string
+	// USBPort is the USB device's port, its topology path ("1-1.2"), what
+	// tells apart devices that share vendor, product and serial (the
+	// source matches USB devices with those it remembers by it). Not
+	// published: it is no attribute or annotation.
+	USBPort string
 }
 
 // Annotations are the identity as CDI device annotations (keys below
@@ -55,6 +60,17 @@ func (id Identity) Annotations(prefix string) map[string]string {
 	}
 	return a
 }
+
+// USBSerialKey is the key (Found.Key) of a USB device whose serial
+// identifies it among the devices there now: its vendor, product and
+// serial ("0403:6001:A10K").
+func USBSerialKey(id Identity) string { return id.USBVendor + ":" + id.USBProduct + ":" + id.USBSerial }
+
+// USBPortKey is the key (Found.Key) of a USB device known by its port
+// ("port:1-1.2").
+func USBPortKey(port string) string { return usbPortPrefix + port }
+
+const usbPortPrefix = "port:"
 
 // AllNodes are the device's own node, its other nodes and the shared
 // ones, in that order.

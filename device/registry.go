@@ -69,6 +69,10 @@ type registryEntry struct {
 	// recordedIdentity); absent in registries of earlier versions, and
 	// then taken from the first found.
 	Identity *recordedIdentity `json:"identity,omitempty"`
+	// Port is the port a USB device was last found at (Identity.USBPort),
+	// which tells it from others with its vendor, product and serial
+	// (matchUSB); absent in registries of earlier versions.
+	Port string `json:"port,omitempty"`
 	// Described is the whole identity of a device rebuilt from the spec
 	// that waits for its hardware (a key starting recoveredKey), which
 	// sameHardware compares.
@@ -117,6 +121,7 @@ func (s *Source) loadRegistry() error {
 		if e.Identity != nil {
 			e.Identity.set(&d.Identity)
 		}
+		d.Identity.USBPort = e.Port
 		if e.Described != nil && strings.HasPrefix(e.Path, s.opts.DiscoverKind+"/"+recoveredKey) {
 			d.Identity, s.recovered = *e.Described, true
 		}
@@ -148,7 +153,7 @@ func (s *Source) saveRegistry() {
 	}
 	f := registryFile{Version: RegistryVersion, Devices: make([]registryEntry, 0, len(s.known))}
 	for rel, d := range s.known {
-		e := registryEntry{Path: rel, ID: d.Name, Index: d.Index, Type: d.Type, Major: d.Major, Minor: d.Minor, Node: s.disc.node(s, d)}
+		e := registryEntry{Path: rel, ID: d.Name, Index: d.Index, Type: d.Type, Major: d.Major, Minor: d.Minor, Node: s.disc.node(s, d), Port: d.Identity.USBPort}
 		if id := d.Identity.recorded(); id != (recordedIdentity{}) {
 			e.Identity = &id
 		}

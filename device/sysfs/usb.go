@@ -9,7 +9,6 @@ import (
 	"sort"
 	"strconv"
 	"strings"
-	"sync"
 
 	"github.com/sirupsen/logrus"
 
@@ -176,87 +175,50 @@ func numaUp(sysRoot, dir string) int {
 	return device.NoNUMA
 }
 
-// usbKeys gives the USB devices a discovery finds their keys, which keep
-// a device's ID and index across rescans and restarts (device.Found.Key):
-// its vendor, product and serial ("0403:6001:A10K") when its serial
-// identifies it, that is when no other device the selector picks has the
-// same (cheap adapters share serials such as 0001), else its port
-// ("port:1-1.2"). A device keeps the key it was given for as long as it
-// stays at its port with its identity, so that another with its serial
-// plugged in or unplugged changes no device's key: the first keeps its
-// serial's, the second is known by its port, and keeps it when the first
-// goes.
-type usbKeys struct {
-	mu sync.Mutex
-	// given is the key of the device at each port, and the vendor,
-	// product and serial it was given to.
-	given map[string]usbKeyed
-}
-
-type usbKeyed struct{ key, id string }
-
-// usbID is the vendor, product and serial of d.
-func usbID(d USBDevice) string { return d.Vendor + ":" + d.Product + ":" + d.Serial }
-
-// assign returns the keys of devs, the devices the selector picks now, by
-// port; present names the ports of devices there but unreadable now, whose
-// keys are kept for them.
-func (k *usbKeys) assign(devs []USBDevice, present map[string]bool) map[string]string {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	next := map[string]usbKeyed{}
-	taken := map[string]bool{}
-	for port, g := range k.given {
-		if present[port] {
-			next[port] = g
-			taken[g.key] = true
-		}
-	}
+// usbKeys are the keys (device.Found.Key) of devs, the devices the
+// selector picks now (with nodes or not), by port: device.USBSerialKey, its vendor, product
+// and serial ("0403:6001:A10K"), when its serial identifies it among them,
+// that is when no other has the same (cheap adapters share serials such as
+// 0001) and no device that might have it could not be read (doubt), else
+// device.USBPortKey ("port:1-1.2"). They say what the devices there now
+// tell; the source, which knows the devices remembered, decides with the
+// port (device.Identity.USBPort) which known device each is.
+func usbKeys(devs []USBDevice, doubt bool) map[string]string {
 	serials := map[string]int{}
 	for _, d := range devs {
-		if d.Serial != "" {
-			serials[usbID(d)]++
-		}
-		// One that stays at its port with its identity keeps its key.
-		if g, ok := k.given[d.Name]; ok && g.id == usbID(d) {
-			next[d.Name] = g
-			taken[g.key] = true
-		}
+		serials[usbID(d)]++
 	}
 	out := make(map[string]string, len(devs))
 	for _, d := range devs {
-		if g, ok := next[d.Name]; ok && g.id == usbID(d) {
-			out[d.Name] = g.key
-			continue
+		out[d.Name] = device.USBPortKey(d.Name)
+		if d.Serial != "" && serials[usbID(d)] == 1 && !doubt {
+			out[d.Name] = usbID(d)
 		}
-		key := "port:" + d.Name
-		if id := usbID(d); d.Serial != "" && serials[id] == 1 && !taken[id] {
-			key = id
-		}
-		next[d.Name] = usbKeyed{key: key, id: usbID(d)}
-		taken[key] = true
-		out[d.Name] = key
 	}
-	k.given = next
 	return out
 }
 
+// usbID is the vendor, product and serial of d.
+func usbID(d USBDevice) string {
+	return device.USBSerialKey(device.Identity{USBVendor: d.Vendor, USBProduct: d.Product, USBSerial: d.Serial})
+}
+
 // DiscoverUSB returns the discovery of a resource whose devices are the
-// USB devices sel picks (device.Options.Discover), keyed as usbKeys says.
-// A device that cannot be read is skipped with a warning on log (nil:
+// USB devices sel picks (device.Options.Discover), keyed as usbKeys says,
+// with their port. A device that cannot be read is skipped with a warning on log (nil:
 // none) that names it, said once while it stays so.
 func DiscoverUSB(sysRoot string, sel USBSelector, log *logrus.Entry) func() ([]device.Found, error) {
 	say := newSayOnce(log, "usb")
-	keys := &usbKeys{}
 	return func() ([]device.Found, error) {
 		devs, skipped, err := usbDevices(sysRoot, sel.Match)
 		if err != nil {
 			return nil, err
 		}
 		say.skipped(skipped, sel.Vendor)
-		unreadable := make(map[string]bool, len(skipped))
+		// One that could not be read may share a serial.
+		doubt := false
 		for _, u := range skipped {
-			unreadable[u.Name] = true
+			doubt = doubt || u.Vendor == "" || u.Vendor == sel.Vendor
 		}
 		var picked []USBDevice
 		for _, d := range devs {
@@ -264,12 +226,13 @@ func DiscoverUSB(sysRoot string, sel USBSelector, log *logrus.Entry) func() ([]d
 				picked = append(picked, d)
 			}
 		}
-		key := keys.assign(picked, unreadable)
+		// Keyed among all it picks: one without nodes yet may share a serial.
+		key := usbKeys(devs, doubt)
 		out := make([]device.Found, 0, len(picked))
 		for _, d := range picked {
 			out = append(out, device.Found{
 				Key: key[d.Name], Node: d.Nodes[0], Extra: d.Nodes[1:], NUMANode: d.NUMANode,
-				Identity: device.Identity{USBBus: d.Bus, USBDevice: d.Dev, USBVendor: d.Vendor, USBProduct: d.Product, USBSerial: d.Serial},
+				Identity: device.Identity{USBBus: d.Bus, USBDevice: d.Dev, USBVendor: d.Vendor, USBProduct: d.Product, USBSerial: d.Serial, USBPort: d.Name},
 			})
 		}
 		return out, nil

@@ -3,6 +3,7 @@ package sysfs
 import (
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 
 	"github.com/cdi-device-plugin/cdi-device-plugin/device"
@@ -158,4 +159,121 @@ func TestUSBSerialKept(t *testing.T) {
 	}
 	s.unplug(s.adapter1)
 	u.check(t, u.Refresh(), []adapterAt{first, second}, names)
+}
+
+// byID is what snap says of each device: the tty of its own node and its
+// port, or "missing" when it is listed but was not found (missing with no
+// message: not a node that was looked at, as where nodes cannot be made).
+func byID(snap *device.Snapshot) map[string]string {
+	out := map[string]string{}
+	for _, d := range snap.Devices {
+		if d.Problem.Cause == device.CauseMissing && d.Problem.Message == "" {
+			out[d.Name] = "missing"
+			continue
+		}
+		out[d.Name] = filepath.Base(d.HostPath) + "@" + d.Identity.USBPort
+	}
+	return out
+}
+
+// TestUSBTwinsAcrossRestart (issue 27, item 3): adapter A (serial 0001,
+// unique when found: known by its serial) and adapter B, plugged in later
+// with the same serial (known by its port), keep their IDs across a
+// restart whatever is plugged in then, and an ID never names the other
+// adapter: once two adapters with one serial were seen, the serial alone
+// no longer decides while both are remembered; the port they were last
+// found at does. A lone adapter still keeps its ID on another port.
+func TestUSBTwinsAcrossRestart(t *testing.T) {
+	a, b := "ttyUSB0@1-1.1", "ttyUSB1@1-1.2"
+	for _, c := range []struct {
+		name string
+		// before: what changes while the first run still runs; after:
+		// while the plugin is down.
+		before, after func(s *server)
+		// want: what each of A's and B's IDs names after the restart;
+		// other: what the one device with another ID names, "" none.
+		wantA, wantB, other string
+	}{
+		{name: "(a) only B, A unplugged while down", after: func(s *server) { s.unplug(s.adapter1) },
+			wantA: "missing", wantB: b},
+		{name: "(b) both plugged", wantA: a, wantB: b},
+		{name: "(c) only B, A unplugged before the restart", before: func(s *server) { s.unplug(s.adapter1) },
+			wantA: "missing", wantB: b},
+		{name: "only A", after: func(s *server) { s.unplug(s.adapter2) }, wantA: a, wantB: "missing"},
+		{name: "A on another port: not known by its serial while B is remembered", after: func(s *server) {
+			s.unplug(s.adapter1)
+			s.unplug(s.adapter2)
+			s.adapter1 = s.adapter("1-1.3", 7, 0)
+		}, wantA: "missing", wantB: "missing", other: "ttyUSB0@1-1.3"},
+		{name: "swapped ports: each ID stays on its port", after: func(s *server) {
+			s.unplug(s.adapter1)
+			s.unplug(s.adapter2)
+			s.adapter2 = s.adapter("1-1.1", 8, 1)
+			s.adapter1 = s.adapter("1-1.2", 9, 0)
+		}, wantA: "ttyUSB1@1-1.1", wantB: "ttyUSB0@1-1.2"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			s := newServer(t)
+			s.unplug(s.adapter2)
+			registry, dev := filepath.Join(t.TempDir(), "registry.json"), t.TempDir()
+			u := newUSBSource(t, s, registry, dev)
+			snap := u.Refresh()
+			if len(snap.Devices) != 1 {
+				t.Fatalf("A alone: %+v", snap.Devices)
+			}
+			idA := snap.Devices[0].Name
+			s.adapter2 = s.adapter("1-1.2", 4, 1)
+			got := byID(u.Refresh())
+			idB := ""
+			for id := range got {
+				if id != idA {
+					idB = id
+				}
+			}
+			if got[idA] != a || got[idB] != b || len(got) != 2 {
+				t.Fatalf("B plugged in: %v, want %s on %s and another on %s", got, idA, a, b)
+			}
+			if c.before != nil {
+				c.before(s)
+				u.Refresh()
+			}
+			if c.after != nil {
+				c.after(s)
+			}
+			r := newUSBSource(t, s, registry, dev)
+			got = byID(r.Refresh())
+			if got[idA] != c.wantA || got[idB] != c.wantB {
+				t.Errorf("after the restart: A's ID %s names %q, want %q; B's ID %s names %q, want %q (all: %v)",
+					idA, got[idA], c.wantA, idB, got[idB], c.wantB, got)
+			}
+			delete(got, idA)
+			delete(got, idB)
+			var others []string
+			for _, w := range got {
+				others = append(others, w)
+			}
+			if want := []string{c.other}; (c.other == "" && len(others) != 0) || (c.other != "" && !slices.Equal(others, want)) {
+				t.Errorf("after the restart: other devices %v, want %q", others, c.other)
+			}
+		})
+	}
+}
+
+// TestUSBSerialMovesAcrossRestart: an adapter whose serial is the only one
+// seen keeps its ID when it is found on another port after a restart.
+func TestUSBSerialMovesAcrossRestart(t *testing.T) {
+	s := newServer(t)
+	s.unplug(s.adapter2)
+	registry, dev := filepath.Join(t.TempDir(), "registry.json"), t.TempDir()
+	snap := newUSBSource(t, s, registry, dev).Refresh()
+	if len(snap.Devices) != 1 {
+		t.Fatalf("A alone: %+v", snap.Devices)
+	}
+	id := snap.Devices[0].Name
+	s.unplug(s.adapter1)
+	s.adapter1 = s.adapter("1-1.3", 7, 0)
+	got := byID(newUSBSource(t, s, registry, dev).Refresh())
+	if len(got) != 1 || got[id] != "ttyUSB0@1-1.3" {
+		t.Fatalf("moved to 1-1.3: %v, want %s on ttyUSB0@1-1.3", got, id)
+	}
 }
