@@ -18,6 +18,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"sort"
 	"strconv"
@@ -1293,5 +1294,39 @@ func TestPluginKnowsTheDriver(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// rollingUpdateDoc finds what README.md says the DaemonSets' rolling update
+// is: "rolling update(s) `maxX: N`, `maxY: M`" (the tried surge it explains
+// is not introduced so).
+var rollingUpdateDoc = regexp.MustCompile("(?i)rolling updates?\\s+`max(Surge|Unavailable): (\\d+)`,\\s+`max(Surge|Unavailable): (\\d+)`")
+
+// TestREADMERollingUpdate: every rolling update README.md states is the
+// one the plugin's and the driver's DaemonSets have (kustomize's; the
+// chart's are the same: TestHelmMatchesKustomize).
+func TestREADMERollingUpdate(t *testing.T) {
+	doc, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	said := rollingUpdateDoc.FindAllStringSubmatch(string(doc), -1)
+	if len(said) == 0 {
+		t.Fatal("README.md states no rolling update")
+	}
+	objs := kustomizeRender(t, filepath.Join("modes", "per-node"))
+	for _, c := range []string{pluginContainer, driverContainer} {
+		ds := objs.daemonSet(t, c)
+		u := ds.Spec.UpdateStrategy.RollingUpdate
+		if ds.Spec.UpdateStrategy.Type != appsv1.RollingUpdateDaemonSetStrategyType || u == nil || u.MaxSurge == nil || u.MaxUnavailable == nil {
+			t.Fatalf("%s: update strategy %s, want a rolling update with both settings", c, asJSON(ds.Spec.UpdateStrategy))
+		}
+		set := map[string]string{"Surge": u.MaxSurge.String(), "Unavailable": u.MaxUnavailable.String()}
+		for _, m := range said {
+			if m[1] == m[3] || set[m[1]] != m[2] || set[m[3]] != m[4] {
+				t.Errorf("README.md says %q; the %s DaemonSet has maxSurge: %s, maxUnavailable: %s",
+					strings.Join(strings.Fields(m[0]), " "), c, set["Surge"], set["Unavailable"])
+			}
+		}
 	}
 }
