@@ -32,7 +32,9 @@
 # them). Everything lives under E2E_WORK (default /var/lib/cdi-device-plugin-e2e)
 # except what the kubelet and CNI insist on: /var/lib/kubelet, /var/log/pods,
 # /var/log/containers, /etc/cni/net.d/10-e2e.conflist, /var/lib/cni/networks/e2e,
-# the e2e0 bridge and the cgroup ${CGROUP_ROOT}; "down" removes all of them.
+# the e2e0 bridge and the cgroup ${CGROUP_ROOT}; "down" removes all of them,
+# and the plugins' leftovers: their CDI specs, simulated device nodes and
+# state, and the DRA driver's claim checkpoint if written since "up".
 # "up" first writes a marker (${E2E_WORK}/made-by-cluster-sh): "down" touches
 # nothing without it, nor while a kubelet it did not start runs, and "up"
 # refuses a /var/lib/kubelet that it did not make, so neither can wipe a
@@ -166,11 +168,20 @@ other_kubelet() {
 
 preflight() {
 	[[ $(id -u) == 0 ]] || die "must run as root (kubelet, containerd and mknod need it)"
+	# What to do next, for both refusals: a kubelet of an earlier demo or
+	# e2e node made with another E2E_WORK is torn down there; a real node's
+	# is not ours to touch.
+	local earlier="If an earlier make demo or make e2e-up with another E2E_WORK made it, tear that one down: E2E_WORK=<that dir> make demo-down."
 	if other_kubelet; then
-		die "another kubelet is running on this machine; refusing to touch ${KUBELET_ROOT}"
+		die "another kubelet is running on this machine; refusing to touch ${KUBELET_ROOT}.
+  This machine is a Kubernetes node: run the local node on a clean machine or VM.
+  ${earlier}"
 	fi
 	if [[ -e ${KUBELET_ROOT} && ! -f ${MARKER} ]]; then
-		die "${KUBELET_ROOT} exists and was not made by cluster.sh up (no ${MARKER}); refusing to use or remove it"
+		die "${KUBELET_ROOT} exists and was not made by cluster.sh up (no ${MARKER}); refusing to use or remove it.
+  This machine has or had a kubelet of its own (kubeadm, k3s, a distribution's package): run the local node on a clean machine or VM.
+  ${earlier}
+  Only if no kubelet will use ${KUBELET_ROOT} again (its service stopped and removed, nothing needs its pods' state), remove it yourself and run this again."
 	fi
 	local missing=() c
 	for c in openssl ip curl setsid mount umount; do
@@ -632,7 +643,15 @@ sweep_plugin_leftovers() {
 		done
 		rm -f -- "${spec}"
 	done
-	rmdir /var/lib/cdi-device-plugin/devices /var/lib/cdi-device-plugin 2>/dev/null || true
+	# The DRA driver's claim checkpoint (<state-dir>/dra, the state dir the
+	# suite and the demo deploy with): its claims were prepared for this
+	# node's kubelet, whose state down removes. Only one written since up
+	# (newer than its marker); an older one is left alone.
+	local dra=/var/lib/cdi-device-plugin/dra
+	if [[ -f ${dra}/checkpoint.json && ! -L ${dra}/checkpoint.json && ${dra}/checkpoint.json -nt ${MARKER} ]]; then
+		rm -f -- "${dra}/checkpoint.json" "${dra}"/.checkpoint.json.tmp-*
+	fi
+	rmdir "${dra}" /var/lib/cdi-device-plugin/devices /var/lib/cdi-device-plugin 2>/dev/null || true
 }
 
 down() {

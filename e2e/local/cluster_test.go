@@ -16,7 +16,8 @@ import (
 // TestClusterScriptGuards (issue 8 item 12): cluster.sh never stops or
 // removes what "up" did not make: "down" refuses without up's marker, and
 // "up" refuses a kubelet root it did not make ("check" runs up's checks
-// alone, so a broken guard cannot start a node here). Both refusals happen
+// alone, so a broken guard cannot start a node here), and says what to do
+// next (issue 28, item 10). Both refusals happen
 // before anything is touched, so the test is safe on a machine where a
 // real cluster (or another test's) runs.
 func TestClusterScriptGuards(t *testing.T) {
@@ -41,6 +42,14 @@ func TestClusterScriptGuards(t *testing.T) {
 			}
 			if !strings.Contains(string(out), "refusing") {
 				t.Fatalf("%s failed without saying it refuses:\n%s", cmd, out)
+			}
+			// up's refusal says what to do next (make demo shows it).
+			if cmd == "check" {
+				for _, next := range []string{"clean machine or VM", "E2E_WORK=<that dir> make demo-down"} {
+					if !strings.Contains(string(out), next) {
+						t.Errorf("%s refuses without saying what to do (%q):\n%s", cmd, next, out)
+					}
+				}
 			}
 			if _, err := os.Stat(keep); err != nil {
 				t.Fatalf("%s removed the kubelet root: %v\n%s", cmd, err, out)
@@ -224,6 +233,9 @@ func TestOtherKubelet(t *testing.T) {
 			out, _ := sh.CombinedOutput()
 			if got := strings.Contains(string(out), "another kubelet is running"); got != c.refused {
 				t.Fatalf("refused beside the kubelet: %v, want %v:\n%s", got, c.refused, out)
+			}
+			if c.refused && !strings.Contains(string(out), "clean machine or VM") {
+				t.Errorf("refused beside the kubelet without saying what to do:\n%s", out)
 			}
 		})
 	}
