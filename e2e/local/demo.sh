@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # make demo: bring the local node up, deploy the plugin with 4 simulated
 # devices, run a pod that asks for 2 and print what it sees. The node stays
-# up; "make demo-down" (e2e/local/cluster.sh down) removes it.
+# up; "make demo-down" (e2e/local/cluster.sh down) removes it, with the
+# plugin's spec, device nodes and state and the DRA driver's claim
+# checkpoint. On a machine that has a kubelet of its own, cluster.sh up
+# refuses and says what to do (README.md, "Quick start").
 set -euo pipefail
 LOG_TAG=demo
 # shellcheck source=e2e/lib.sh
@@ -65,5 +68,6 @@ cat <<EOT
 The node stays up. Try:
   source ${E2E_WORK}/env
   kubectl -n demo get pods; kubectl -n demo logs ds/cdi-device-plugin
-Tear it down with:  make demo-down   (e2e/local/cluster.sh down)
+Tear it down with:  make demo-down   (e2e/local/cluster.sh down: the node, the plugin's
+  spec, device nodes and state, the DRA driver's claim checkpoint)
 EOT
