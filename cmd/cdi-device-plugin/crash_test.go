@@ -272,7 +272,7 @@ func waitConverged(t *testing.T, d dirs, endpoint <-chan string, started time.Ti
 	for _, p := range checkDisk(t, d) {
 		// A write in flight right now is not a leftover.
 		if fi, err := os.Lstat(p); err == nil && fi.ModTime().Before(started) {
-			t.Fatalf("temp file of a killed run left after the plugin converged: %s", p)
+			t.Fatalf("temp file of a killed run left after the plugin converged: %s; log:\n%s", p, stderr.String())
 		}
 	}
 }
