@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -157,23 +158,38 @@ func TestCrashSafety(t *testing.T) {
 		}
 		t.Cleanup(kill)
 		runCtx, stopCalls := context.WithCancel(ctx)
-		simEndpoint := make(chan string, 1)
+		// This run's registrations: the sim endpoint, and serial's once it
+		// registered (it serves, and has removed the sockets of killed
+		// runs, by then). A Register call of a killed run that the
+		// stand-in answered after the drain above arrived before started:
+		// its endpoint is dead.
+		simEndpoint, serialRegistered := make(chan string, 1), make(chan struct{})
+		regsDone := make(chan struct{})
 		go func() {
-			for {
+			defer close(regsDone)
+			sim, serial := false, false
+			for !sim || !serial {
 				select {
 				case r := <-k.Regs:
-					if r.Request.ResourceName == "example.com/sim" {
+					switch {
+					case r.At.Before(started):
+					case r.Request.ResourceName == "example.com/sim" && !sim:
+						sim = true
 						simEndpoint <- r.Request.Endpoint
-						return
+					case r.Request.ResourceName == "example.com/serial" && !serial:
+						serial = true
+						close(serialRegistered)
 					}
 				case <-runCtx.Done():
 					return
 				}
 			}
 		}()
+		// No later run's registration goes to this run's reader.
+		endRun := func() { stopCalls(); <-regsDone }
 		if run%20 == 0 {
-			waitConverged(t, d, simEndpoint, started, &stderr)
-			stopCalls()
+			waitConverged(t, d, simEndpoint, serialRegistered, cmd.Process.Pid, &stderr)
+			endRun()
 			kill()
 			// A kill after convergence leaves at most what one write in
 			// flight leaves; the next start removes it.
@@ -216,7 +232,7 @@ func TestCrashSafety(t *testing.T) {
 		}
 		time.Sleep(time.Duration(rng.IntN(window)) * time.Millisecond)
 		kill()
-		stopCalls()
+		endRun()
 		if n := <-calls; n > 0 {
 			killedPrestart++
 		}
@@ -232,10 +248,11 @@ func TestCrashSafety(t *testing.T) {
 	}
 }
 
-// waitConverged waits until the running binary lists all 500 simulated
-// devices healthy and hands out names that resolve; by then no temp file
-// older than this run may be left.
-func waitConverged(t *testing.T, d dirs, endpoint <-chan string, started time.Time, stderr *syncBuffer) {
+// waitConverged waits until the running binary (pid) lists all 500
+// simulated devices healthy and hands out names that resolve, and its
+// serial resource registered; by then no temp file of another process
+// may be left.
+func waitConverged(t *testing.T, d dirs, endpoint <-chan string, serialRegistered <-chan struct{}, pid int, stderr *syncBuffer) {
 	t.Helper()
 	var sim string
 	select {
@@ -260,6 +277,11 @@ func waitConverged(t *testing.T, d dirs, endpoint <-chan string, started time.Ti
 	if err != nil {
 		t.Fatalf("not converged: %v; log:\n%s", err, stderr.String())
 	}
+	select {
+	case <-serialRegistered:
+	case <-ctx.Done():
+		t.Fatalf("example.com/serial not registered within 20s; log:\n%s", stderr.String())
+	}
 	// Sockets of killed runs are gone: the kubelet's directory holds
 	// kubelet.sock and this run's two sockets.
 	if ents, _ := os.ReadDir(d.plugins); len(ents) != 3 {
@@ -269,9 +291,13 @@ func waitConverged(t *testing.T, d dirs, endpoint <-chan string, started time.Ti
 		}
 		t.Fatalf("plugin dir after convergence: %d entries %v", len(ents), names)
 	}
+	// A write in flight right now is not a leftover: its temp names carry
+	// this process's tag (atomicfile.Tag: pid, then its start time). Time
+	// stamps cannot tell (the kernel's file clock lags, a renamed-away
+	// scratch directory keeps the time of its last change).
+	ours := []string{fmt.Sprintf(".tmp-%d.", pid), fmt.Sprintf(".old-%d.", pid)}
 	for _, p := range checkDisk(t, d) {
-		// A write in flight right now is not a leftover.
-		if fi, err := os.Lstat(p); err == nil && fi.ModTime().Before(started) {
+		if !slices.ContainsFunc(ours, func(s string) bool { return strings.Contains(filepath.Base(p), s) }) {
 			t.Fatalf("temp file of a killed run left after the plugin converged: %s; log:\n%s", p, stderr.String())
 		}
 	}
