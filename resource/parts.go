@@ -18,6 +18,7 @@ import (
 	"github.com/cdi-device-plugin/cdi-device-plugin/config"
 	"github.com/cdi-device-plugin/cdi-device-plugin/device"
 	"github.com/cdi-device-plugin/cdi-device-plugin/device/sysfs"
+	"github.com/cdi-device-plugin/cdi-device-plugin/internal/atomicfile"
 	"github.com/cdi-device-plugin/cdi-device-plugin/internal/logs"
 	"github.com/cdi-device-plugin/cdi-device-plugin/metrics"
 	"github.com/cdi-device-plugin/cdi-device-plugin/prestart"
@@ -263,11 +264,15 @@ func (r *Parts) Prepare() (map[string]string, error) {
 }
 
 // TempPatterns are the globs of the temp files that writes of this
-// resource killed mid-way may have left (spec, registry).
+// resource killed mid-way may have left: the spec, the simulated nodes,
+// the host devices' registry.
 func (r *Parts) TempPatterns() []string {
 	out := []string{r.Spec.TempPattern()}
 	if p := r.Source.TempPattern(); p != "" {
 		out = append(out, p)
+	}
+	if r.registry != "" {
+		out = append(out, atomicfile.TempPattern(r.registry))
 	}
 	return out
 }

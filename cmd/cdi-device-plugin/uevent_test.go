@@ -170,10 +170,17 @@ func TestReboundToVFIO(t *testing.T) {
 		t.Fatal(err)
 	}
 	g.s.link(filepath.Join(g.fn, "iommu_group"), "../../../kernel/iommu_groups/42")
-	// Both changes before the events, so that no rescan sees it unbound
-	// (missing) in between.
-	g.unbind(t)
-	g.s.bind(g.fn, "vfio-pci")
+	// Rebound before the events, in one step (a new driver link renamed
+	// over the old one), so that no rescan sees it unbound (missing) in
+	// between: the nodes made above change the dev root, whose rescan
+	// may come at any time; one that saw the function unbound made it
+	// Unhealthy as missing, which the wait below took for the rebinding
+	// (12 runs of 150 under load).
+	next := t.TempDir()
+	g.s.bind(next, "vfio-pci")
+	if err := os.Rename(filepath.Join(next, "driver"), g.driver); err != nil {
+		t.Fatal(err)
+	}
 	g.ev.send(t, "unbind", g.devpath)
 	g.ev.send(t, "bind", g.devpath)
 	if _, err := g.r.wait(5*time.Second, func(u kubeletsim.Update) bool { return u.Health("gpu-n1-0") == pluginapi.Unhealthy }); err != nil {
