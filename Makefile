@@ -101,7 +101,7 @@ helm: ## Build the pinned helm (HELM_VERSION) into $(TOOLS_CACHE) when missing
 unit: helm ## Unit and integration tests with the race detector (needs root for mknod)
 	$(GO) test -race -count=1 ./...
 
-test: vet unit ## What CI runs: vet, gofmt, race-enabled tests
+test: vet unit ## What CI runs first: make vet (golangci-lint, the tree check, go vet, gofmt), then make unit (helm build, race-enabled tests)
 
 # make bench: Go benchmarks (cmd/cdi-device-plugin's: UeventToListAndWatch,
 # the whole plugin against the kubelet stand-in), then dp-bench runs our plugin and two peers
