@@ -117,16 +117,20 @@ func (w *Writer) RemoveClaimSpec(k Kind, uid string) error {
 
 // RemoveStaleClaimSpecs removes the per-claim specs of kind k whose claim
 // UID keep does not want (claims no longer prepared: a driver stopped
-// between writing a claim's spec and its checkpoint), and returns their
-// paths.
+// between writing a claim's spec and its checkpoint), and the temp files
+// of claim spec writes a killed process left (atomicfile.RemoveStaleTemps:
+// not this process's), and returns their paths.
 func (w *Writer) RemoveStaleClaimSpecs(k Kind, keep func(uid string) bool) ([]string, error) {
 	prefix := cdi.GenerateTransientSpecName(k.Vendor, k.Class, "")
+	removed, err := atomicfile.RemoveStaleTemps(atomicfile.TempPattern(filepath.Join(w.dir, prefix+"*.json")))
+	var errs []error
+	if err != nil {
+		errs = append(errs, err)
+	}
 	matches, err := filepath.Glob(filepath.Join(w.dir, prefix+"*.json"))
 	if err != nil {
-		return nil, err
+		return removed, errors.Join(append(errs, err)...)
 	}
-	var removed []string
-	var errs []error
 	for _, p := range matches {
 		uid := strings.TrimSuffix(strings.TrimPrefix(filepath.Base(p), prefix), ".json")
 		if keep(uid) {

@@ -5,11 +5,13 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 
 	oci "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/cdi-device-plugin/cdi-device-plugin/device"
+	"github.com/cdi-device-plugin/cdi-device-plugin/internal/atomicfile"
 	"github.com/cdi-device-plugin/cdi-device-plugin/internal/testutil"
 )
 
@@ -115,5 +117,46 @@ func TestClaimSpecBadInput(t *testing.T) {
 	}
 	if _, err := ClaimKind("Not_A_Domain!"); err == nil {
 		t.Fatal("a claim kind from a bad driver name")
+	}
+}
+
+// TestStaleClaimSpecTemps: a driver killed while it wrote a claim's spec
+// leaves the write's temp file in the CDI dir; RemoveStaleClaimSpecs,
+// which the driver runs at every start, removes it with the specs of
+// claims not prepared (no other start-up sweep globs claim specs). The
+// temps of another kind's claim specs are left alone (this process's own
+// are atomicfile.RemoveStaleTemps's to spare, tested there).
+func TestStaleClaimSpecTemps(t *testing.T) {
+	dir := t.TempDir()
+	w := NewWriter(dir, "ns/plugin", 1)
+	k, err := ClaimKind("fpga.example.com")
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := ClaimKind("other.example.com")
+	if err != nil {
+		t.Fatal(err)
+	}
+	uid := "0b9f3c6e-8a57-4c1e-9d6a-2f4e1b7c9a01"
+	// Named as atomicfile names the temps of another process.
+	killed := strings.TrimSuffix(atomicfile.TempPattern(w.ClaimSpecPath(k, uid)), "*") + "1.killed-42"
+	othersTemp := strings.TrimSuffix(atomicfile.TempPattern(w.ClaimSpecPath(other, uid)), "*") + "1.killed-42"
+	for _, p := range []string{killed, othersTemp} {
+		if err := os.WriteFile(p, []byte("{"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	removed, err := w.RemoveStaleClaimSpecs(k, func(string) bool { return true })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Lstat(killed); err == nil {
+		t.Errorf("the temp of a killed claim spec write is left: %s (removed %v)", killed, removed)
+	}
+	if !slices.Contains(removed, killed) {
+		t.Errorf("removed %v, want it to name %s", removed, killed)
+	}
+	if _, err := os.Lstat(othersTemp); err != nil {
+		t.Errorf("another kind's temp removed: %v", err)
 	}
 }
