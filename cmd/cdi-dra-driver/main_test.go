@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -13,14 +14,17 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/fake"
+	clienttesting "k8s.io/client-go/testing"
 	drav1 "k8s.io/kubelet/pkg/apis/dra/v1"
 
 	"github.com/cdi-device-plugin/cdi-device-plugin/internal/kubeletsim"
@@ -53,6 +57,16 @@ func envOf(m map[string]string) func(string) (string, bool) {
 func fakeClient(objs ...any) func(string) (kubernetes.Interface, error) {
 	return func(string) (kubernetes.Interface, error) {
 		c := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}})
+		// Creates name the objects that ask for a generated name, as the
+		// API server does and the fake does not: with a pool per resource,
+		// the slice controller creates several slices by generateName.
+		var n atomic.Int64
+		c.PrependReactor("create", "*", func(a clienttesting.Action) (bool, runtime.Object, error) {
+			if o, ok := a.(clienttesting.CreateAction).GetObject().(metav1.Object); ok && o.GetName() == "" && o.GetGenerateName() != "" {
+				o.SetName(fmt.Sprintf("%s%05d", o.GetGenerateName(), n.Add(1)))
+			}
+			return false, nil, nil
+		})
 		for _, o := range objs {
 			if cl, ok := o.(*resourceapi.ResourceClaim); ok {
 				if _, err := c.ResourceV1().ResourceClaims(cl.Namespace).Create(context.Background(), cl, metav1.CreateOptions{}); err != nil {
