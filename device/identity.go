@@ -33,6 +33,22 @@ type Identity struct {
 	USBPort string
 }
 
+// annotated are the string fields of the identity with their annotation
+// keys (below a prefix), for Annotations and its inverse.
+func (id *Identity) annotated() []struct {
+	key   string
+	field *string
+} {
+	return []struct {
+		key   string
+		field *string
+	}{
+		{"pci-address", &id.PCIAddress}, {"pci-vendor", &id.PCIVendor}, {"pci-device", &id.PCIDevice},
+		{"pci-class", &id.PCIClass}, {"pci-driver", &id.PCIDriver}, {"iommu-group", &id.IOMMUGroup},
+		{"usb-vendor", &id.USBVendor}, {"usb-product", &id.USBProduct}, {"usb-serial", &id.USBSerial},
+	}
+}
+
 // Annotations are the identity as CDI device annotations (keys below
 // prefix, only those known).
 func (id Identity) Annotations(prefix string) map[string]string {
@@ -42,23 +58,29 @@ func (id Identity) Annotations(prefix string) map[string]string {
 			a[prefix+k] = v
 		}
 	}
-	set("pci-address", id.PCIAddress)
-	set("pci-vendor", id.PCIVendor)
-	set("pci-device", id.PCIDevice)
-	set("pci-class", id.PCIClass)
-	set("pci-driver", id.PCIDriver)
-	set("iommu-group", id.IOMMUGroup)
+	for _, f := range id.annotated() {
+		set(f.key, *f.field)
+	}
 	if id.USBBus > 0 {
 		set("usb-bus", strconv.Itoa(id.USBBus))
 		set("usb-device", strconv.Itoa(id.USBDevice))
 	}
-	set("usb-vendor", id.USBVendor)
-	set("usb-product", id.USBProduct)
-	set("usb-serial", id.USBSerial)
 	if len(a) == 0 {
 		return nil
 	}
 	return a
+}
+
+// IdentityFromAnnotations is the identity whose Annotations(prefix) are a
+// (a spec an earlier run wrote, read back); the port is not among them.
+func IdentityFromAnnotations(prefix string, a map[string]string) Identity {
+	var id Identity
+	for _, f := range id.annotated() {
+		*f.field = a[prefix+f.key]
+	}
+	id.USBBus, _ = strconv.Atoi(a[prefix+"usb-bus"])
+	id.USBDevice, _ = strconv.Atoi(a[prefix+"usb-device"])
+	return id
 }
 
 // USBSerialKey is the key (Found.Key) of a USB device whose serial

@@ -185,7 +185,7 @@ func describedBy(path, owner string, kind cdi.Kind, envPrefix string) ([]device.
 		if hostPath == "" {
 			hostPath = n.Path
 		}
-		ds := device.Described{Name: d.Name, Index: -1, Identity: identityOf(d.Annotations),
+		ds := device.Described{Name: d.Name, Index: -1, Identity: device.IdentityFromAnnotations(cdi.IdentityAnnotationPrefix, d.Annotations),
 			Node: device.Node{HostPath: hostPath, ContainerPath: n.Path, Type: device.NodeType(n.Type), Major: uint32(n.Major), Minor: uint32(n.Minor)}}
 		for _, e := range d.ContainerEdits.Env {
 			k, _, _ := strings.Cut(e, "=")
@@ -198,17 +198,6 @@ func describedBy(path, owner string, kind cdi.Kind, envPrefix string) ([]device.
 		out = append(out, ds)
 	}
 	return out, nil
-}
-
-// identityOf reads a device's identity from its CDI annotations (the
-// inverse of device.Identity.Annotations).
-func identityOf(a map[string]string) device.Identity {
-	get := func(k string) string { return a[cdi.IdentityAnnotationPrefix+k] }
-	id := device.Identity{PCIAddress: get("pci-address"), PCIVendor: get("pci-vendor"), PCIDevice: get("pci-device"), PCIClass: get("pci-class"),
-		PCIDriver: get("pci-driver"), IOMMUGroup: get("iommu-group"), USBVendor: get("usb-vendor"), USBProduct: get("usb-product"), USBSerial: get("usb-serial")}
-	id.USBBus, _ = strconv.Atoi(get("usb-bus"))
-	id.USBDevice, _ = strconv.Atoi(get("usb-device"))
-	return id
 }
 
 // kernelEvents are the kernel events of subsystem: from open when set,
