@@ -5,7 +5,7 @@
 # pinned versions of e2e/versions.env (a variable already set in the
 # environment wins), FEATURE_GATES (the versions.env line of K8S_VERSION's
 # minor, unless set in the environment), and defines log, die,
-# feature_gates_yaml, k8s_wrapper, k8s_build and run_suite.
+# feature_gates_yaml, kcm_controllers, k8s_wrapper, k8s_build and run_suite.
 
 REPO=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd -P)
 E2E_CACHE=${E2E_CACHE:-${XDG_CACHE_HOME:-${HOME}/.cache}/cdi-device-plugin-e2e}
@@ -48,6 +48,21 @@ feature_gates_yaml() {
 		[[ ${gate} =~ ^[A-Za-z][A-Za-z0-9]*=(true|false)$ ]] || die "FEATURE_GATES: '${gate}' is not Name=true or Name=false"
 		printf '%s%s: %s\n' "${indent}" "${gate%%=*}" "${gate#*=}"
 	done
+}
+
+# kcm_controllers KCM: the --controllers value of the local node's
+# kube-controller-manager KCM: every default controller but those a cloud or
+# node IPAM needs, each named only when KCM lists it in its --help (1.37
+# dropped cloud-node-lifecycle, node-route and service-lb, and refuses to
+# disable a controller it does not know).
+kcm_controllers() {
+	local known c list='*'
+	known=$("$1" --help 2>&1 | sed -n 's/^[[:space:]]*All controllers: //p')
+	[[ -n ${known} ]] || die "$1 --help lists no controllers (All controllers: ...)"
+	for c in node-ipam-controller cloud-node-lifecycle-controller node-route-controller service-lb-controller; do
+		[[ ", ${known}," != *", ${c},"* ]] || list+=",-${c}"
+	done
+	printf '%s' "${list}"
 }
 
 # log MSG...: a progress line on stderr, tagged with LOG_TAG and the time.

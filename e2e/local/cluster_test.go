@@ -3,6 +3,7 @@
 package local
 
 import (
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -342,3 +343,56 @@ func TestOtherKubelet(t *testing.T) {
 		})
 	}
 }
+
+// TestKCMControllers: the local node's kube-controller-manager runs every
+// default controller but those a cloud or node IPAM needs, named only when
+// the binary knows them: 1.37 dropped cloud-node-lifecycle, node-route and
+// service-lb, and refuses to start when told to disable an unknown one
+// ('"cloud-node-lifecycle" is not in the list of known controllers'). Fake
+// binaries print the two help texts; the cached real ones, when built, too.
+func TestKCMControllers(t *testing.T) {
+	const help = `      --controllers strings     A list of controllers to enable. '*' enables all on-by-default controllers.
+                                All controllers: bootstrap-signer-controller, %s, daemonset-controller, node-ipam-controller, node-lifecycle-controller, %s
+                                Disabled-by-default controllers: bootstrap-signer-controller (default [*])
+`
+	v136 := "*,-node-ipam-controller,-cloud-node-lifecycle-controller,-node-route-controller,-service-lb-controller"
+	v137 := "*,-node-ipam-controller"
+	dir := t.TempDir()
+	fake := func(name, text string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte("#!/bin/sh\ncat >&2 <<'EOF'\n"+text+"EOF\n"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	cases := []struct{ name, bin, want string }{
+		{"1.36", fake("kcm-1.36", fmt.Sprintf(help, "cloud-node-lifecycle-controller", "node-route-controller, service-lb-controller, ttl-controller")), v136},
+		{"1.37", fake("kcm-1.37", fmt.Sprintf(help, "clusterrole-aggregation-controller", "ttl-controller")), v137},
+		{"no list", fake("kcm-none", "usage\n"), ""},
+	}
+	cache := filepath.Join(os.Getenv("HOME"), ".cache", "cdi-device-plugin-e2e", "bin")
+	for _, c := range []struct{ version, want string }{{"v1.36.3", v136}, {"v1.37.2", v137}} {
+		if p := filepath.Join(cache, "kube-controller-manager-"+c.version); fileExists(p) {
+			cases = append(cases, struct{ name, bin, want string }{"built " + c.version, p, c.want})
+		}
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			out, err := exec.Command("bash", "-c", `source ../lib.sh && kcm_controllers "$1"`, "bash", c.bin).CombinedOutput()
+			if c.want == "" {
+				if err == nil || !strings.Contains(string(out), "lists no controllers") {
+					t.Fatalf("err %v, output %q; want a failure saying it lists no controllers", err, out)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("%v: %s", err, out)
+			}
+			if string(out) != c.want {
+				t.Errorf("controllers %q, want %q", out, c.want)
+			}
+		})
+	}
+}
+
+func fileExists(p string) bool { _, err := os.Stat(p); return err == nil }
