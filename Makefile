@@ -10,8 +10,12 @@ LDFLAGS   := -s -w -X main.version=$(VERSION)
 # the plugin never serves /debug/requests.
 GO_TAGS   := grpcnotrace
 # Every pinned version (Kubernetes, containerd, kind, helm, the linter, ...),
-# shared with the e2e and bench scripts; override on the command line.
+# shared with the e2e and bench scripts; override on the command line
+# (make e2e K8S_VERSION=v1.37.2; the scripts get it through the
+# environment). FEATURE_GATES: the line of K8S_VERSION's minor, as e2e/lib.sh
+# takes it.
 include e2e/versions.env
+FEATURE_GATES ?= $(FEATURE_GATES_$(subst .,_,$(basename $(patsubst v%,%,$(K8S_VERSION)))))
 # The linter, built with go install at GOLANGCI_LINT_VERSION into GOBIN
 # (outside the clone, so CI's cache keeps it) when missing or at another
 # version.
@@ -36,7 +40,7 @@ ENV_SRC    := deploy/systemd/cdi-device-plugin.env
 
 export IMAGE
 
-.PHONY: all help tree-check build install uninstall image-host-installer run test unit vet lint helm bench image deploy undeploy render clean bench-dra e2e e2e-kind e2e-up e2e-down demo demo-down
+.PHONY: all help tree-check build install uninstall image-host-installer run test unit vet lint helm bench image deploy undeploy render clean bench-dra e2e e2e-next e2e-versions e2e-kind e2e-up e2e-down demo demo-down
 
 all: build
 
@@ -162,8 +166,23 @@ deploy: ## Deploy the DaemonSet (NAMESPACE, IMAGE, RESOURCE_NAME, NUMBER_DEVICES
 undeploy: ## Remove the DaemonSet and its namespace
 	deploy/deploy.sh delete
 
-e2e: helm ## End-to-end suite on a local node of real components (root; builds and caches them under ~/.cache)
+e2e: helm ## End-to-end suite on a local node of real components (root; builds and caches them under ~/.cache; K8S_VERSION=, E2E_RUN=)
 	e2e/local/run.sh
+
+# make e2e-next: the local node on K8S_NEXT_VERSION (e2e/versions.env) with
+# the DRA scenarios and the core device-plugin ones (TestE2E 1-6: each
+# builds on the one before, so the pattern keeps the chain from 1); a
+# failure's artifacts in _artifacts/local-<version>.
+E2E_NEXT_RUN ?= ^TestDRA$$|^TestE2E$$/^(1-daemonset-capacity|2-pod-sees-its-devices|3-prestart-state|4-kubelet-restart|5-plugin-restart|6-device-failure)$$
+e2e-next: helm ## make e2e on K8S_NEXT_VERSION (e2e/versions.env): TestDRA and TestE2E 1-6, as CI runs it
+	K8S_VERSION=$(K8S_NEXT_VERSION) E2E_RUN='$(E2E_NEXT_RUN)' \
+	  E2E_ARTIFACTS="$${E2E_ARTIFACTS:-$(CURDIR)/_artifacts/local-$(K8S_NEXT_VERSION)}" e2e/local/run.sh
+
+e2e-versions: ## Print the component versions and feature gates make e2e uses (K8S_VERSION=...)
+	@e2e/local/build-binaries.sh --versions
+	@LOG_TAG=e2e-versions bash -c 'source e2e/lib.sh && feature_gates_yaml "" >/dev/null && \
+	  [ "$${FEATURE_GATES}" = "$(FEATURE_GATES)" ] || { echo "FEATURE_GATES: e2e/lib.sh says $${FEATURE_GATES}, the Makefile $(FEATURE_GATES)" >&2; exit 1; }; \
+	  echo "FEATURE_GATES=$${FEATURE_GATES}"'
 
 e2e-kind: helm ## End-to-end suite on a kind cluster (docker or podman; offline: builds the node image, cached under ~/.cache)
 	e2e/kind/run.sh

@@ -20,9 +20,12 @@ import (
 // extended resource (status.allocatable or status.capacity above zero), or
 // a container holds a device of it through the device plugin (PodResources),
 // the kubelet may take the resource's name for a device-plugin resource and
-// fail the start of a container that DRA serves (kubelet 1.36.3, for 5
-// minutes after the device plugin left). Every device of the resource then
-// carries the handover taint, so that pods wait Pending instead.
+// fail the start of a container that DRA serves (kubelets 1.36.3 and 1.37.2,
+// for 5 minutes after the device plugin left: the device manager's
+// GetDeviceRunContainerOptions asks PreStartContainer of it with no check
+// for DRA; docs/operations.md, "Kubernetes versions"). Every device of the
+// resource then carries the handover taint, so that pods wait Pending
+// instead.
 
 // nodeReport is, by resource name, whether the node reports it.
 type nodeReport map[string]bool

@@ -14,15 +14,25 @@ import (
 	"k8s.io/client-go/kubernetes"
 )
 
-// draFeatureGates are the gates the DRA scenarios need (e2e/versions.env's
-// FEATURE_GATES pins them): extendedResourceName, the driver's taints,
-// device health in the pod's status.
+// draFeatureGates are the gates the DRA scenarios need: extendedResourceName,
+// the driver's taints, device health in the pod's status. e2e/versions.env
+// pins those not GA in the cluster's Kubernetes (FEATURE_GATES_1_36: all
+// three; FEATURE_GATES_1_37: ResourceHealthStatus, as 1.37 made the others
+// GA); the check wants them all on either way.
 var draFeatureGates = []string{"DRAExtendedResource", "DRADeviceTaints", "ResourceHealthStatus"}
 
 // featureGate is one kubernetes_feature_enabled sample of a component.
 type featureGate struct {
 	stage   string // ALPHA, BETA, "" for GA, DEPRECATED
 	enabled bool
+}
+
+// stageName is the stage as the check logs it: alpha, beta, ga, deprecated.
+func (g featureGate) stageName() string {
+	if g.stage == "" {
+		return "ga"
+	}
+	return strings.ToLower(g.stage)
 }
 
 var (
@@ -96,20 +106,21 @@ func featureGatesEnabled(ctx context.Context, cs kubernetes.Interface, names ...
 			case !g.enabled:
 				wrong = append(wrong, fmt.Sprintf("%s runs with %s disabled (kubernetes_feature_enabled{name=%q,stage=%q} 0)", c.name, name, name, g.stage))
 			default:
-				line = append(line, fmt.Sprintf("%s=%s", name, strings.ToLower(g.stage)))
+				line = append(line, fmt.Sprintf("%s=%s", name, g.stageName()))
 			}
 		}
 		seen = append(seen, c.name+": "+strings.Join(line, " "))
 	}
 	if len(wrong) > 0 {
-		return "", fmt.Errorf("feature gates (e2e/versions.env FEATURE_GATES): %s", strings.Join(wrong, "; "))
+		return "", fmt.Errorf("feature gates (e2e/versions.env FEATURE_GATES_<major>_<minor>): %s", strings.Join(wrong, "; "))
 	}
 	return strings.Join(seen, "\n"), nil
 }
 
 // requireFeatureGates fails the test at once unless the API server and
 // every kubelet run with the DRA feature gates on (kubernetes_feature_enabled
-// {name="DRAExtendedResource",stage="BETA"} 1 and the others): a cluster
+// {name="DRAExtendedResource",stage="BETA"} 1 and the others; stage="" for a
+// GA gate, as 1.37 reports DRAExtendedResource): a cluster
 // without them fails the DRA scenarios for reasons far from their cause.
 // The DRA scenarios call it first.
 func (c *cluster) requireFeatureGates(t *testing.T, names ...string) {

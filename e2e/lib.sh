@@ -3,8 +3,9 @@
 # Source it after setting LOG_TAG (the tag of log lines). It sets REPO (the
 # repository root), E2E_CACHE (where built components are cached), the
 # pinned versions of e2e/versions.env (a variable already set in the
-# environment wins), and defines log, die, feature_gates_yaml, k8s_wrapper,
-# k8s_build and run_suite.
+# environment wins), FEATURE_GATES (the versions.env line of K8S_VERSION's
+# minor, unless set in the environment), and defines log, die,
+# feature_gates_yaml, kcm_controllers, k8s_wrapper, k8s_build and run_suite.
 
 REPO=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd -P)
 E2E_CACHE=${E2E_CACHE:-${XDG_CACHE_HOME:-${HOME}/.cache}/cdi-device-plugin-e2e}
@@ -19,17 +20,49 @@ while IFS='=' read -r _name _value; do
 done <"${REPO}/e2e/versions.env"
 unset _name _value
 
+# FEATURE_GATES: FEATURE_GATES_<major>_<minor> of K8S_VERSION (e2e/versions.env
+# has a line per minor), unless the environment sets it. When there is none,
+# FEATURE_GATES_MISSING says why and feature_gates_yaml dies with it.
+FEATURE_GATES_MISSING=
+if [[ -z ${FEATURE_GATES:-} ]]; then
+	FEATURE_GATES=
+	if [[ ${K8S_VERSION} =~ ^v([0-9]+)\.([0-9]+)\.[0-9]+ ]]; then
+		_gates=FEATURE_GATES_${BASH_REMATCH[1]}_${BASH_REMATCH[2]}
+		FEATURE_GATES=${!_gates:-}
+		[[ -n ${FEATURE_GATES} ]] || FEATURE_GATES_MISSING="e2e/versions.env has no ${_gates} for K8S_VERSION=${K8S_VERSION} (add one with the gates that version needs set, or set FEATURE_GATES)"
+		unset _gates
+	else
+		FEATURE_GATES_MISSING="K8S_VERSION=${K8S_VERSION} is not vMAJOR.MINOR.PATCH: no feature gates for it (set FEATURE_GATES)"
+	fi
+fi
+
 # feature_gates_yaml INDENT: FEATURE_GATES (Name=true,Other=false) as the
 # lines of a YAML map, each indented by INDENT (KubeletConfiguration's and
 # kind's featureGates); a malformed entry dies.
 feature_gates_yaml() {
 	local indent=$1 gate gates
+	[[ -z ${FEATURE_GATES_MISSING} ]] || die "${FEATURE_GATES_MISSING}"
 	IFS=, read -r -a gates <<<"${FEATURE_GATES}"
 	((${#gates[@]} > 0)) || die "FEATURE_GATES is empty"
 	for gate in "${gates[@]}"; do
 		[[ ${gate} =~ ^[A-Za-z][A-Za-z0-9]*=(true|false)$ ]] || die "FEATURE_GATES: '${gate}' is not Name=true or Name=false"
 		printf '%s%s: %s\n' "${indent}" "${gate%%=*}" "${gate#*=}"
 	done
+}
+
+# kcm_controllers KCM: the --controllers value of the local node's
+# kube-controller-manager KCM: every default controller but those a cloud or
+# node IPAM needs, each named only when KCM lists it in its --help (1.37
+# dropped cloud-node-lifecycle, node-route and service-lb, and refuses to
+# disable a controller it does not know).
+kcm_controllers() {
+	local known c list='*'
+	known=$("$1" --help 2>&1 | sed -n 's/^[[:space:]]*All controllers: //p')
+	[[ -n ${known} ]] || die "$1 --help lists no controllers (All controllers: ...)"
+	for c in node-ipam-controller cloud-node-lifecycle-controller node-route-controller service-lb-controller; do
+		[[ ", ${known}," != *", ${c},"* ]] || list+=",-${c}"
+	done
+	printf '%s' "${list}"
 }
 
 # log MSG...: a progress line on stderr, tagged with LOG_TAG and the time.
@@ -89,13 +122,15 @@ k8s_version_ldflags() {
 
 # run_suite LOG [GO TEST ARGS...]: run the e2e suite against the cluster
 # the environment describes, its output also in LOG (when not empty);
-# returns its status and says how long it took.
+# returns its status and says how long it took. E2E_RUN, when set, is go
+# test's -run pattern: a subset of the suite (make e2e E2E_RUN=...).
 run_suite() {
-	local logfile=$1 rc=0 t0=${SECONDS}
+	local logfile=$1 rc=0 t0=${SECONDS} run=()
 	shift
-	log "running the suite${E2E_ARTIFACTS:+ (artifacts: ${E2E_ARTIFACTS})}"
+	[[ -z ${E2E_RUN:-} ]] || run=(-run "${E2E_RUN}")
+	log "running the suite${E2E_RUN:+ (-run ${E2E_RUN})}${E2E_ARTIFACTS:+ (artifacts: ${E2E_ARTIFACTS})}"
 	set +e
-	(cd -- "${REPO}" && go test -tags e2e -count=1 -timeout "${E2E_TIMEOUT:-30m}" -v ./e2e/ "$@") 2>&1 | tee "${logfile:-/dev/null}"
+	(cd -- "${REPO}" && go test -tags e2e -count=1 -timeout "${E2E_TIMEOUT:-30m}" -v ./e2e/ "${run[@]}" "$@") 2>&1 | tee "${logfile:-/dev/null}"
 	rc=${PIPESTATUS[0]}
 	set -e
 	if ((rc == 0)); then

@@ -306,7 +306,7 @@ kind_config() {
 			next
 		}
 		{ print }' "${script_dir}/kind-config.yaml" >"${out}"
-	grep -q '^featureGates:' "${out}" && die "kind-config.yaml has featureGates: set FEATURE_GATES in e2e/versions.env instead"
+	grep -q '^featureGates:' "${out}" && die "kind-config.yaml has featureGates: set FEATURE_GATES_<major>_<minor> in e2e/versions.env instead"
 	gates=$(feature_gates_yaml "  ") || exit 1
 	cat >>"${out}" <<EOF
 # Added by run.sh: FEATURE_GATES of e2e/versions.env, which kind hands to the

@@ -319,7 +319,8 @@ images() {
 }
 
 control_plane() {
-	local ip=$1
+	local ip=$1 controllers
+	controllers=$(kcm_controllers "${BIN}/kube-controller-manager") || exit 1
 	start etcd "${BIN}/etcd" --name e2e --data-dir "${E2E_WORK}/etcd" \
 		--listen-client-urls "http://127.0.0.1:${ETCD_PORT}" --advertise-client-urls "http://127.0.0.1:${ETCD_PORT}" \
 		--listen-peer-urls "http://127.0.0.1:${ETCD_PEER_PORT}" --initial-advertise-peer-urls "http://127.0.0.1:${ETCD_PEER_PORT}" \
@@ -341,7 +342,7 @@ control_plane() {
 		--kubeconfig "${E2E_WORK}/admin.kubeconfig" --bind-address 127.0.0.1 \
 		--service-account-private-key-file "${PKI}/sa.key" --root-ca-file "${PKI}/ca.crt" \
 		--cluster-signing-cert-file "${PKI}/ca.crt" --cluster-signing-key-file "${PKI}/ca.key" \
-		--leader-elect=false --controllers '*,-nodeipam,-cloud-node-lifecycle,-route,-service' \
+		--leader-elect=false --controllers "${controllers}" \
 		--feature-gates "${FEATURE_GATES}"
 	start kube-scheduler "${BIN}/kube-scheduler" --kubeconfig "${E2E_WORK}/admin.kubeconfig" \
 		--bind-address 127.0.0.1 --leader-elect=false --feature-gates "${FEATURE_GATES}"

@@ -3,9 +3,11 @@
 package local
 
 import (
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -127,29 +129,39 @@ NODE_NAME=node-x
 // TestFeatureGatesYAML: FEATURE_GATES, as cluster.sh passes it to the
 // control plane, becomes the featureGates map of the kubelet's
 // configuration (cluster.sh) and of kind's cluster config (kind/run.sh);
-// the pinned value turns on the gates the DRA scenarios need, and a
-// malformed value stops the scripts.
+// without FEATURE_GATES in the environment, lib.sh takes the line of
+// K8S_VERSION's minor (FEATURE_GATES_1_36, FEATURE_GATES_1_37) from
+// e2e/versions.env: the pinned gates turn on what the DRA scenarios need
+// and do not set the gates 1.37 made GA. A minor without a line and a
+// malformed value stop the scripts.
 func TestFeatureGatesYAML(t *testing.T) {
 	for _, c := range []struct {
-		name, gates string // gates "": the pinned value of e2e/versions.env
-		want        map[string]bool
-		wantErr     string
+		name    string
+		version string // K8S_VERSION; "": the pinned one
+		gates   string // FEATURE_GATES; "": the line of the version's minor
+		want    map[string]bool
+		wantErr string
 	}{
-		{"pinned", "", map[string]bool{"DRAExtendedResource": true, "DRADeviceTaints": true, "ResourceHealthStatus": true}, ""},
-		{"given", "A=true,B=false", map[string]bool{"A": true, "B": false}, ""},
-		{"not a boolean", "A=true,B=yes", nil, "'B=yes' is not Name=true or Name=false"},
-		{"no value", "A", nil, "'A' is not Name=true or Name=false"},
-		{"empty entry", "A=true,,B=true", nil, "'' is not Name=true or Name=false"},
+		{"pinned", "", "", map[string]bool{"DRAExtendedResource": true, "DRADeviceTaints": true, "ResourceHealthStatus": true}, ""},
+		{"1.36", "v1.36.3", "", map[string]bool{"DRAExtendedResource": true, "DRADeviceTaints": true, "ResourceHealthStatus": true}, ""},
+		// DRAExtendedResource is GA and locked in 1.37, DRADeviceTaints GA:
+		// setting either only earns a warning; the beta gate stays pinned.
+		{"1.37", "v1.37.2", "", map[string]bool{"ResourceHealthStatus": true}, ""},
+		{"no line for the minor", "v1.99.0", "", nil, "e2e/versions.env has no FEATURE_GATES_1_99 for K8S_VERSION=v1.99.0"},
+		{"not a version", "latest", "", nil, "K8S_VERSION=latest is not vMAJOR.MINOR.PATCH"},
+		{"given", "", "A=true,B=false", map[string]bool{"A": true, "B": false}, ""},
+		{"given wins over the version's line", "v1.37.2", "A=true", map[string]bool{"A": true}, ""},
+		{"not a boolean", "", "A=true,B=yes", nil, "'B=yes' is not Name=true or Name=false"},
+		{"no value", "", "A", nil, "'A' is not Name=true or Name=false"},
+		{"empty entry", "", "A=true,,B=true", nil, "'' is not Name=true or Name=false"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			var env []string
-			for _, e := range os.Environ() {
-				if !strings.HasPrefix(e, "FEATURE_GATES=") {
-					env = append(env, e)
-				}
-			}
+			env := envWithout("FEATURE_GATES", "K8S_VERSION")
 			if c.gates != "" {
 				env = append(env, "FEATURE_GATES="+c.gates)
+			}
+			if c.version != "" {
+				env = append(env, "K8S_VERSION="+c.version)
 			}
 			cmd := exec.Command("bash", "-c", `source ../lib.sh && feature_gates_yaml "  "`)
 			cmd.Env = env
@@ -174,8 +186,99 @@ func TestFeatureGatesYAML(t *testing.T) {
 					t.Errorf("%s: %v (set: %v), want %v; all: %v", k, g, ok, v, got)
 				}
 			}
-			if c.gates != "" && len(got) != len(c.want) {
+			if len(got) != len(c.want) {
 				t.Errorf("gates %v, want %v", got, c.want)
+			}
+		})
+	}
+}
+
+// envWithout is the test's environment without the variables named.
+func envWithout(names ...string) []string {
+	var env []string
+	for _, e := range os.Environ() {
+		name, _, _ := strings.Cut(e, "=")
+		if !slices.Contains(names, name) {
+			env = append(env, e)
+		}
+	}
+	return env
+}
+
+// TestRunSuiteSubset: run_suite hands E2E_RUN to go test -run (make e2e
+// E2E_RUN=... runs a subset of the suite on the local node; CI's stage on
+// the next Kubernetes version does), and no -run without it. A fake go on
+// PATH prints the arguments it was given, one a line.
+func TestRunSuiteSubset(t *testing.T) {
+	bin := t.TempDir()
+	if err := os.WriteFile(filepath.Join(bin, "go"), []byte("#!/bin/sh\nprintf 'arg %s\\n' \"$@\"\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	const pattern = `^TestDRA$|^TestE2E$/^(1-daemonset-capacity|2-pod-sees-its-devices)$`
+	for _, c := range []struct {
+		name, run string
+		want      []string // the arguments after ./e2e/
+	}{
+		{"all", "", []string{"-x"}},
+		{"subset", pattern, []string{"-run", pattern, "-x"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			env := append(envWithout("E2E_RUN", "PATH"), "PATH="+bin+":"+os.Getenv("PATH"))
+			if c.run != "" {
+				env = append(env, "E2E_RUN="+c.run)
+			}
+			cmd := exec.Command("bash", "-c", `source ../lib.sh && run_suite "" -x`)
+			cmd.Env = env
+			out, err := cmd.CombinedOutput()
+			if err != nil {
+				t.Fatalf("%v: %s", err, out)
+			}
+			var args []string
+			for _, l := range strings.Split(string(out), "\n") {
+				if a, ok := strings.CutPrefix(l, "arg "); ok {
+					args = append(args, a)
+				}
+			}
+			i := slices.Index(args, "./e2e/")
+			if i < 0 || args[0] != "test" {
+				t.Fatalf("go %q, want go test ... ./e2e/ ...:\n%s", args, out)
+			}
+			if got := args[i+1:]; !slices.Equal(got, c.want) {
+				t.Errorf("go test arguments after ./e2e/: %q, want %q", got, c.want)
+			}
+		})
+	}
+}
+
+// TestMakeVersions: a version given on make's command line reaches the
+// scripts (e2e/lib.sh, where the environment wins over e2e/versions.env),
+// with the feature gates of its minor: make e2e K8S_VERSION=v1.37.2 builds
+// and runs that version. make e2e-versions prints what make e2e would use.
+func TestMakeVersions(t *testing.T) {
+	if _, err := exec.LookPath("make"); err != nil {
+		t.Skip("no make")
+	}
+	for _, c := range []struct {
+		name string
+		args []string
+		want []string
+	}{
+		{"pinned", nil, []string{"K8S_VERSION=v1.36.3", "FEATURE_GATES=DRAExtendedResource=true,DRADeviceTaints=true,ResourceHealthStatus=true"}},
+		{"command line", []string{"K8S_VERSION=v1.37.2"}, []string{"K8S_VERSION=v1.37.2", "FEATURE_GATES=ResourceHealthStatus=true"}},
+		{"gates on the command line", []string{"K8S_VERSION=v1.37.2", "FEATURE_GATES=A=true"}, []string{"K8S_VERSION=v1.37.2", "FEATURE_GATES=A=true"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			cmd := exec.Command("make", append([]string{"-s", "--no-print-directory", "-C", "../..", "e2e-versions"}, c.args...)...)
+			cmd.Env = envWithout("FEATURE_GATES", "K8S_VERSION", "MAKEFLAGS", "MFLAGS")
+			out, err := cmd.CombinedOutput()
+			if err != nil {
+				t.Fatalf("%v: %s", err, out)
+			}
+			lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+			for _, w := range c.want {
+				if !slices.Contains(lines, w) {
+					t.Errorf("make e2e-versions %s: no line %q:\n%s", strings.Join(c.args, " "), w, out)
+				}
 			}
 		})
 	}
@@ -240,3 +343,56 @@ func TestOtherKubelet(t *testing.T) {
 		})
 	}
 }
+
+// TestKCMControllers: the local node's kube-controller-manager runs every
+// default controller but those a cloud or node IPAM needs, named only when
+// the binary knows them: 1.37 dropped cloud-node-lifecycle, node-route and
+// service-lb, and refuses to start when told to disable an unknown one
+// ('"cloud-node-lifecycle" is not in the list of known controllers'). Fake
+// binaries print the two help texts; the cached real ones, when built, too.
+func TestKCMControllers(t *testing.T) {
+	const help = `      --controllers strings     A list of controllers to enable. '*' enables all on-by-default controllers.
+                                All controllers: bootstrap-signer-controller, %s, daemonset-controller, node-ipam-controller, node-lifecycle-controller, %s
+                                Disabled-by-default controllers: bootstrap-signer-controller (default [*])
+`
+	v136 := "*,-node-ipam-controller,-cloud-node-lifecycle-controller,-node-route-controller,-service-lb-controller"
+	v137 := "*,-node-ipam-controller"
+	dir := t.TempDir()
+	fake := func(name, text string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte("#!/bin/sh\ncat >&2 <<'EOF'\n"+text+"EOF\n"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	cases := []struct{ name, bin, want string }{
+		{"1.36", fake("kcm-1.36", fmt.Sprintf(help, "cloud-node-lifecycle-controller", "node-route-controller, service-lb-controller, ttl-controller")), v136},
+		{"1.37", fake("kcm-1.37", fmt.Sprintf(help, "clusterrole-aggregation-controller", "ttl-controller")), v137},
+		{"no list", fake("kcm-none", "usage\n"), ""},
+	}
+	cache := filepath.Join(os.Getenv("HOME"), ".cache", "cdi-device-plugin-e2e", "bin")
+	for _, c := range []struct{ version, want string }{{"v1.36.3", v136}, {"v1.37.2", v137}} {
+		if p := filepath.Join(cache, "kube-controller-manager-"+c.version); fileExists(p) {
+			cases = append(cases, struct{ name, bin, want string }{"built " + c.version, p, c.want})
+		}
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			out, err := exec.Command("bash", "-c", `source ../lib.sh && kcm_controllers "$1"`, "bash", c.bin).CombinedOutput()
+			if c.want == "" {
+				if err == nil || !strings.Contains(string(out), "lists no controllers") {
+					t.Fatalf("err %v, output %q; want a failure saying it lists no controllers", err, out)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("%v: %s", err, out)
+			}
+			if string(out) != c.want {
+				t.Errorf("controllers %q, want %q", out, c.want)
+			}
+		})
+	}
+}
+
+func fileExists(p string) bool { _, err := os.Stat(p); return err == nil }
