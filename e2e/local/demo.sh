@@ -29,14 +29,40 @@ device-plugin | dra) ;;
 *) die "unknown MODE '${MODE}': make demo runs MODE=device-plugin (the default) or MODE=dra (docs/dra.md)" ;;
 esac
 
-# demo_dra: the demo's resources through the DRA driver (deploy.sh
-# MODE=per-node, the node labelled dra), as the e2e DRA scenarios deploy it.
+# demo_deploy ACTION: deploy/deploy.sh ACTION (render, apply) with the
+# demo's settings for MODE. MODE=dra: both DaemonSets (deploy.sh
+# MODE=per-node, each on the nodes labelled for it) with the resources of
+# e2e/local/demo-dra.yaml, each with a DeviceClass, as the e2e DRA
+# scenarios deploy the driver.
+demo_deploy() {
+	if [[ ${MODE} == dra ]]; then
+		MODE=per-node NAMESPACE=demo PLUGIN_CONFIG=e2e/local/demo-dra.yaml \
+			DRA_RESOURCES=example.com/sim,example.com/shared IMAGE="${E2E_PLUGIN_IMAGE:-}" \
+			API_SERVER_HOST="${E2E_API_SERVER_HOST:-}" API_SERVER_PORT="${E2E_API_SERVER_PORT:-}" \
+			deploy/deploy.sh "$1"
+	else
+		NAMESPACE=demo PLUGIN_NAME=demo RESOURCE_NAME=example.com/sim NUMBER_DEVICES=4 \
+			DEVICE_ID_PREFIX=sim DEVICE_FILE_PREFIX=sim ENV_PREFIX=SIM IMAGE="${E2E_PLUGIN_IMAGE:-}" \
+			deploy/deploy.sh "$1"
+	fi
+}
+
+# e2e/local/demo.sh render: print what the demo of MODE deploys, and
+# start nothing (deploy/dra_doc_test.go checks docs/dra.md against it).
+case ${1:-} in
+"") ;;
+render)
+	demo_deploy render
+	exit 0
+	;;
+*) die "usage: [MODE=device-plugin|dra] e2e/local/demo.sh [render]" ;;
+esac
+
+# demo_dra: the node labelled dra, the DRA driver serving the demo's
+# resources; the device plugin waits for nodes labelled device-plugin.
 demo_dra() {
 	k label node --all cdi-device-plugin/mode=dra --overwrite
-	MODE=per-node NAMESPACE=demo PLUGIN_CONFIG=e2e/local/demo-dra.yaml \
-		DRA_RESOURCES=example.com/sim,example.com/shared IMAGE="${E2E_PLUGIN_IMAGE}" \
-		API_SERVER_HOST="${E2E_API_SERVER_HOST}" API_SERVER_PORT="${E2E_API_SERVER_PORT}" \
-		deploy/deploy.sh apply
+	demo_deploy apply
 	k -n demo rollout status ds/cdi-dra-driver --timeout=180s
 	echo "waiting for the driver to publish the 4 devices of example.com/sim ..."
 	local n=0
@@ -74,9 +100,7 @@ if [[ ${MODE} == dra ]]; then
 	exit 0
 fi
 
-NAMESPACE=demo PLUGIN_NAME=demo RESOURCE_NAME=example.com/sim NUMBER_DEVICES=4 \
-	DEVICE_ID_PREFIX=sim DEVICE_FILE_PREFIX=sim ENV_PREFIX=SIM IMAGE="${E2E_PLUGIN_IMAGE}" \
-	deploy/deploy.sh apply
+demo_deploy apply
 echo "waiting for the node to advertise example.com/sim ..."
 for _ in $(seq 120); do
 	n=$(k get node -o 'jsonpath={.items[0].status.allocatable.example\.com/sim}' 2>/dev/null || true)
