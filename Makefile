@@ -193,10 +193,12 @@ e2e-up: ## Start the local node only (then: source $E2E_WORK/env, default /var/l
 e2e-down: ## Stop the local node and clean up after it
 	e2e/local/cluster.sh down
 
-demo: ## Local node, plugin with 4 devices, a pod using 2: prints what the pod sees
-	e2e/local/demo.sh
+# make demo MODE=dra: the same node, the demo's devices served by the DRA
+# driver (docs/dra.md walks through it); MODE=device-plugin is the default.
+demo: ## Local node, plugin with 4 devices, a pod using 2: prints what the pod sees; MODE=dra: the DRA driver instead (docs/dra.md)
+	MODE="$(MODE)" e2e/local/demo.sh
 
-demo-down: e2e-down ## Tear the demo down: the node, the plugin's specs, device nodes and state, the DRA claim checkpoint
+demo-down: e2e-down ## Tear the demo down: the node, the plugin's specs, device nodes and state, the DRA claim checkpoint and claim specs
 
 clean: ## Remove build outputs (bin/, _artifacts/)
 	rm -rf $(BIN) _artifacts

@@ -34,7 +34,8 @@
 # /var/log/containers, /etc/cni/net.d/10-e2e.conflist, /var/lib/cni/networks/e2e,
 # the e2e0 bridge and the cgroup ${CGROUP_ROOT}; "down" removes all of them,
 # and the plugins' leftovers: their CDI specs, simulated device nodes and
-# state, and the DRA driver's claim checkpoint if written since "up".
+# state, and the DRA driver's claim checkpoint and per-claim CDI specs if
+# written since "up".
 # "up" first writes a marker (${E2E_WORK}/made-by-cluster-sh): "down" touches
 # nothing without it, nor while a kubelet it did not start runs, and "up"
 # refuses a /var/lib/kubelet that it did not make, so neither can wipe a
@@ -643,6 +644,14 @@ sweep_plugin_leftovers() {
 			esac
 		done
 		rm -f -- "${spec}"
+	done
+	# The DRA driver's per-claim specs (<vendor>-claim_<uid>.json, with the
+	# cdi-device-plugin/claim annotation) of claims still prepared when the
+	# node goes down (make demo MODE=dra, docs/dra.md): written since up,
+	# as the checkpoint below.
+	for spec in /var/run/cdi/*-claim_*.json; do
+		[[ -f ${spec} && ! -L ${spec} && ${spec} -nt ${MARKER} ]] || continue
+		if grep -q '"cdi-device-plugin/claim"' "${spec}"; then rm -f -- "${spec}"; fi
 	done
 	# The DRA driver's claim checkpoint (<state-dir>/dra, the state dir the
 	# suite and the demo deploy with): its claims were prepared for this

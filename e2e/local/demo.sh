@@ -1,10 +1,19 @@
 #!/usr/bin/env bash
 # make demo: bring the local node up, deploy the plugin with 4 simulated
-# devices, run a pod that asks for 2 and print what it sees. The node stays
-# up; "make demo-down" (e2e/local/cluster.sh down) removes it, with the
-# plugin's spec, device nodes and state and the DRA driver's claim
-# checkpoint. On a machine that has a kubelet of its own, cluster.sh up
-# refuses and says what to do (README.md, "Quick start").
+# devices, run a pod that asks for 2 and print what it sees.
+#
+# make demo MODE=dra: bring the local node up and deploy the demo's
+# resources (e2e/local/demo-dra.yaml: example.com/sim, 4 devices, and
+# example.com/shared, 1 device with replicas: 2) with deploy.sh
+# MODE=per-node, the node labelled cdi-device-plugin/mode=dra: the DRA
+# driver serves them, its DeviceClasses sim.example.com and
+# shared.example.com; relabelled device-plugin, the device plugin does.
+# docs/dra.md walks through it.
+#
+# The node stays up; "make demo-down" (e2e/local/cluster.sh down) removes
+# it, with the plugin's spec, device nodes and state and the DRA driver's
+# claim checkpoint. On a machine that has a kubelet of its own, cluster.sh
+# up refuses and says what to do (README.md, "Quick start").
 set -euo pipefail
 LOG_TAG=demo
 # shellcheck source=e2e/lib.sh
@@ -12,6 +21,70 @@ source "$(dirname -- "${BASH_SOURCE[0]}")/../lib.sh"
 cd "${REPO}"
 E2E_WORK=${E2E_WORK:-/var/lib/cdi-device-plugin-e2e}
 export E2E_WORK
+
+# MODE is checked before anything is installed or started.
+MODE=${MODE:-device-plugin}
+case ${MODE} in
+device-plugin | dra) ;;
+*) die "unknown MODE '${MODE}': make demo runs MODE=device-plugin (the default) or MODE=dra (docs/dra.md)" ;;
+esac
+
+# demo_deploy ACTION: deploy/deploy.sh ACTION (render, apply) with the
+# demo's settings for MODE. MODE=dra: both DaemonSets (deploy.sh
+# MODE=per-node, each on the nodes labelled for it) with the resources of
+# e2e/local/demo-dra.yaml, each with a DeviceClass, as the e2e DRA
+# scenarios deploy the driver.
+demo_deploy() {
+	if [[ ${MODE} == dra ]]; then
+		MODE=per-node NAMESPACE=demo PLUGIN_CONFIG=e2e/local/demo-dra.yaml \
+			DRA_RESOURCES=example.com/sim,example.com/shared IMAGE="${E2E_PLUGIN_IMAGE:-}" \
+			API_SERVER_HOST="${E2E_API_SERVER_HOST:-}" API_SERVER_PORT="${E2E_API_SERVER_PORT:-}" \
+			deploy/deploy.sh "$1"
+	else
+		NAMESPACE=demo PLUGIN_NAME=demo RESOURCE_NAME=example.com/sim NUMBER_DEVICES=4 \
+			DEVICE_ID_PREFIX=sim DEVICE_FILE_PREFIX=sim ENV_PREFIX=SIM IMAGE="${E2E_PLUGIN_IMAGE:-}" \
+			deploy/deploy.sh "$1"
+	fi
+}
+
+# e2e/local/demo.sh render: print what the demo of MODE deploys, and
+# start nothing (deploy/dra_doc_test.go checks docs/dra.md against it).
+case ${1:-} in
+"") ;;
+render)
+	demo_deploy render
+	exit 0
+	;;
+*) die "usage: [MODE=device-plugin|dra] e2e/local/demo.sh [render]" ;;
+esac
+
+# demo_dra: the node labelled dra, the DRA driver serving the demo's
+# resources; the device plugin waits for nodes labelled device-plugin.
+demo_dra() {
+	k label node --all cdi-device-plugin/mode=dra --overwrite
+	demo_deploy apply
+	k -n demo rollout status ds/cdi-dra-driver --timeout=180s
+	echo "waiting for the driver to publish the 4 devices of example.com/sim ..."
+	local n=0
+	for _ in $(seq 60); do
+		n=$(k get resourceslices -o json | grep -c '"string": "example.com/sim"' || true)
+		[[ ${n} -ge 4 ]] && break
+		sleep 1
+	done
+	[[ ${n} -ge 4 ]] || die "the driver published ${n} devices of example.com/sim, want 4: kubectl -n demo logs ds/cdi-dra-driver"
+	k get deviceclasses
+	k get resourceslices
+	cat <<EOT
+
+The node stays up, its devices served through DRA. Walk through it:
+docs/dra.md (claims, limits-only pods, a shared device, moving the node
+to the device plugin and back). Start with:
+  source ${E2E_WORK}/env
+  kubectl get resourceslices -o yaml
+Tear it down with:  make demo-down   (e2e/local/cluster.sh down: the node, the
+  specs, device nodes and state, the DRA driver's claim checkpoint)
+EOT
+}
 
 # Go from the official tarball, where .ci/run expects it.
 command -v go >/dev/null || export PATH=/usr/local/go/bin:${HOME}/go/bin:${PATH}
@@ -22,9 +95,12 @@ e2e/local/cluster.sh up
 source "${E2E_WORK}/env"
 k() { "${KUBECTL}" "$@"; }
 
-NAMESPACE=demo PLUGIN_NAME=demo RESOURCE_NAME=example.com/sim NUMBER_DEVICES=4 \
-	DEVICE_ID_PREFIX=sim DEVICE_FILE_PREFIX=sim ENV_PREFIX=SIM IMAGE="${E2E_PLUGIN_IMAGE}" \
-	deploy/deploy.sh apply
+if [[ ${MODE} == dra ]]; then
+	demo_dra
+	exit 0
+fi
+
+demo_deploy apply
 echo "waiting for the node to advertise example.com/sim ..."
 for _ in $(seq 120); do
 	n=$(k get node -o 'jsonpath={.items[0].status.allocatable.example\.com/sim}' 2>/dev/null || true)
