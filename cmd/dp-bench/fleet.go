@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -121,6 +122,14 @@ type FleetTarget struct {
 func runFleet(ctx context.Context, o *options, fo *fleetOptions, args []string, stdout, stderr io.Writer) int {
 	rep := &FleetReport{Command: "dp-bench " + strings.Join(args, " "), Machine: describeMachine(), N: fo.N,
 		Steady: fo.Steady.String(), Storm: fmt.Sprintf("%s at %d/s", fo.Storm, fo.StormRate)}
+	// Every driver process of ours holds 2 inotify instances; the kernel
+	// allows fs.inotify.max_user_instances per user (128 by default), for
+	// the whole machine: a larger fleet's drivers fail to start.
+	if b, err := os.ReadFile("/proc/sys/fs/inotify/max_user_instances"); err == nil {
+		if limit, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil && 2*fo.N > limit {
+			fmt.Fprintf(stderr, "dp-bench: fleet: warning: -fleet=%d needs about %d inotify instances, fs.inotify.max_user_instances is %d: drivers will fail to start\n", fo.N, 2*fo.N, limit)
+		}
+	}
 	ok := true
 	for _, t := range o.targets {
 		if t.DRA == nil {
@@ -224,10 +233,9 @@ func (f *fleet) run(ctx context.Context) error {
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	want := f.t.DRA.Devices
-	if f.st, err = trackSlices(wctx, api, f.t.DRA.Driver, want); err != nil {
+	if f.st, err = trackSlices(wctx, api, f.t.DRA.Driver, want, f.logf); err != nil {
 		return err
 	}
-	defer func() { cancel(); <-f.st.done }()
 
 	// Start: every driver at once.
 	start := time.Now()
@@ -258,7 +266,7 @@ func (f *fleet) run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	f.k = newKubelet(api, f.nodes)
+	f.k = newKubelet(api, f.nodes, f.logf)
 	if err := f.k.run(wctx); err != nil {
 		return err
 	}

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -286,3 +287,56 @@ func parallel(n, width int, f func(i int) error) error {
 
 // fleetNodeName is node i's name.
 func fleetNodeName(i int) string { return "fleet-node-" + strconv.Itoa(i) }
+
+// watchAlways watches path until ctx is done, watching again (from now:
+// the API server sends every object as ADDED first) whenever a watch
+// ends; each event goes to handle, each end to logf with its cause.
+func watchAlways(ctx context.Context, api *apiClient, path string, q url.Values, handle func(watchEvent), logf func(string, ...any)) error {
+	open := func() (*http.Response, error) {
+		q.Set("watch", "true")
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, api.base+path+"?"+q.Encode(), http.NoBody)
+		if err != nil {
+			return nil, err
+		}
+		req.Header.Set("Accept", "application/json")
+		resp, err := api.http.Do(req)
+		if err != nil {
+			return nil, err
+		}
+		if resp.StatusCode != http.StatusOK {
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			return nil, &apiError{Code: resp.StatusCode, Message: strings.TrimSpace(string(b))}
+		}
+		return resp, nil
+	}
+	resp, err := open()
+	if err != nil {
+		return err
+	}
+	go func() {
+		for {
+			dec := json.NewDecoder(resp.Body)
+			for {
+				var ev watchEvent
+				if err = dec.Decode(&ev); err != nil {
+					break
+				}
+				ev.At = time.Now()
+				handle(ev)
+			}
+			resp.Body.Close()
+			for ctx.Err() == nil {
+				logf("the watch of %s ended (%v): watching again", path, err)
+				if resp, err = open(); err == nil {
+					break
+				}
+				_ = sleep(ctx, 100*time.Millisecond)
+			}
+			if ctx.Err() != nil {
+				return
+			}
+		}
+	}()
+	return nil
+}

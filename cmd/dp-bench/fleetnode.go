@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
 	"sync"
@@ -100,7 +101,7 @@ func (n *fleetNode) register(ctx context.Context, timeout time.Duration) error {
 		case p.Exited():
 			return fmt.Errorf("node %s: the driver exited: %w: %s", n.name, p.err, tail(p.Log(), 600))
 		case time.Now().After(deadline):
-			return fmt.Errorf("node %s: not registered within %s (last: %v): %s", n.name, timeout, last, tail(p.Log(), 600))
+			return fmt.Errorf("node %s: not registered within %s (last: %w): %s", n.name, timeout, last, tail(p.Log(), 600))
 		}
 		if err := sleep(ctx, 50*time.Millisecond); err != nil {
 			return err
@@ -256,6 +257,7 @@ type podTimes struct {
 // pod's sync.
 type kubelet struct {
 	api   *apiClient
+	logf  func(string, ...any)
 	nodes map[string]*fleetNode
 
 	mu      sync.Mutex
@@ -273,8 +275,8 @@ type prepareWork struct {
 	claim string
 }
 
-func newKubelet(api *apiClient, nodes []*fleetNode) *kubelet {
-	k := &kubelet{api: api, nodes: map[string]*fleetNode{}, pods: map[string]*podTimes{}, queued: map[string]bool{},
+func newKubelet(api *apiClient, nodes []*fleetNode, logf func(string, ...any)) *kubelet {
+	k := &kubelet{api: api, logf: logf, nodes: map[string]*fleetNode{}, pods: map[string]*podTimes{}, queued: map[string]bool{},
 		changed: make(chan struct{}, 1), work: map[string]chan prepareWork{}}
 	for _, n := range nodes {
 		k.nodes[n.name] = n
@@ -285,8 +287,7 @@ func newKubelet(api *apiClient, nodes []*fleetNode) *kubelet {
 
 // run watches the pods and prepares them until ctx is done.
 func (k *kubelet) run(ctx context.Context) error {
-	events, err := k.api.watch(ctx, pathNamespaces+"/"+fleetNamespace+"/pods", map[string][]string{})
-	if err != nil {
+	if err := watchAlways(ctx, k.api, pathNamespaces+"/"+fleetNamespace+"/pods", url.Values{}, k.event, k.logf); err != nil {
 		return fmt.Errorf("watching pods: %w", err)
 	}
 	for name, ch := range k.work {
@@ -297,13 +298,6 @@ func (k *kubelet) run(ctx context.Context) error {
 			k.worker(ctx, n, ch)
 		}()
 	}
-	k.wg.Add(1)
-	go func() {
-		defer k.wg.Done()
-		for ev := range events {
-			k.event(ev)
-		}
-	}()
 	return nil
 }
 

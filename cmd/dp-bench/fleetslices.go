@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net/url"
 	"sync"
 	"time"
 )
@@ -41,22 +42,15 @@ type sliceTracker struct {
 	nodes   map[string]*sliceState
 	events  int
 	changed chan struct{}
-	done    chan struct{}
+	done    <-chan struct{}
 }
 
-func trackSlices(ctx context.Context, api *apiClient, driver string, want int) (*sliceTracker, error) {
-	events, err := api.watch(ctx, pathResourceSlices, map[string][]string{})
-	if err != nil {
+func trackSlices(ctx context.Context, api *apiClient, driver string, want int, logf func(string, ...any)) (*sliceTracker, error) {
+	st := &sliceTracker{driver: driver, want: want, slices: map[string]fleetSlice{}, nodes: map[string]*sliceState{},
+		changed: make(chan struct{}, 1), done: ctx.Done()}
+	if err := watchAlways(ctx, api, pathResourceSlices, url.Values{}, st.event, logf); err != nil {
 		return nil, fmt.Errorf("watching ResourceSlices: %w", err)
 	}
-	st := &sliceTracker{driver: driver, want: want, slices: map[string]fleetSlice{}, nodes: map[string]*sliceState{},
-		changed: make(chan struct{}, 1), done: make(chan struct{})}
-	go func() {
-		defer close(st.done)
-		for ev := range events {
-			st.event(ev)
-		}
-	}()
 	return st, nil
 }
 
