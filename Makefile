@@ -40,7 +40,7 @@ ENV_SRC    := deploy/systemd/cdi-device-plugin.env
 
 export IMAGE
 
-.PHONY: all help tree-check build install uninstall image-host-installer run test unit vet lint helm bench image deploy undeploy render clean bench-dra e2e e2e-next e2e-versions e2e-kind e2e-up e2e-down demo demo-down
+.PHONY: all help tree-check build install uninstall image-host-installer run test unit vet lint helm bench image deploy undeploy render clean bench-dra bench-fleet e2e e2e-next e2e-versions e2e-kind e2e-up e2e-down demo demo-down
 
 all: build
 
@@ -150,6 +150,28 @@ bench-dra: build ## dp-bench: our DRA driver beside dra-example-driver, with a p
 	  $(BIN)/dp-bench -targets cmd/dp-bench/bench-dra.yaml -runs $(BENCH_RUNS) -dra-calls $(BENCH_DRA_CALLS) \
 	    -kube-apiserver $(BENCH_KUBE_APISERVER) -etcd $(BENCH_ETCD) -feature-gates $(FEATURE_GATES) \
 	    -must-pass cdi-dra-driver -compare cdi-dra-driver -json $(BIN)/benchmarks-dra.json -md docs/benchmarks.md
+
+# make bench-fleet: dp-bench -fleet runs our DRA driver, then
+# dra-example-driver's kubelet plugin, each on a fleet of FLEET_NODES nodes
+# (a driver and a kubelet stand-in per node) with a private etcd,
+# kube-apiserver, kube-scheduler and kube-controller-manager, under nice
+# (the machine is shared) -> docs/fleet.md. Not part of CI; about
+# 2 x (FLEET_STEADY + FLEET_STORM + 2 min) at FLEET_NODES=100.
+FLEET_NODES          ?= 100
+FLEET_STEADY         ?= 5m
+FLEET_STORM          ?= 30s
+BENCH_KUBE_SCHEDULER ?= $(E2E_CACHE)/bin/kube-scheduler-$(K8S_VERSION)
+BENCH_KUBE_CM        ?= $(E2E_CACHE)/bin/kube-controller-manager-$(K8S_VERSION)
+
+bench-fleet: build ## dp-bench -fleet: our DRA driver and dra-example-driver on FLEET_NODES nodes each -> docs/fleet.md
+	@set -e; for b in $(BENCH_KUBE_APISERVER) $(BENCH_ETCD) $(BENCH_KUBE_SCHEDULER) $(BENCH_KUBE_CM); do [ -x "$$b" ] || { 	    echo "dp-bench fleet: not run: no $$b (e2e/local/build-binaries.sh builds it)"; exit 1; }; done; \
+	  peers="$$(BENCH_CACHE=$(BENCH_CACHE) cmd/dp-bench/peers.sh dra-example-kubeletplugin)"; \
+	  export DRA_BIN=$(BIN)/cdi-dra-driver; \
+	  export DRA_EXAMPLE_BIN="$${DRA_EXAMPLE_BIN:-$$(printf '%s\n' "$$peers" | sed -n 's/^dra-example-kubeletplugin=//p')}"; \
+	  nice $(BIN)/dp-bench -targets cmd/dp-bench/fleet.yaml -fleet $(FLEET_NODES) -fleet-steady $(FLEET_STEADY) -fleet-storm $(FLEET_STORM) \
+	    -kube-apiserver $(BENCH_KUBE_APISERVER) -etcd $(BENCH_ETCD) -kube-scheduler $(BENCH_KUBE_SCHEDULER) \
+	    -kube-controller-manager $(BENCH_KUBE_CM) -feature-gates $(FEATURE_GATES) \
+	    -fleet-json $(BIN)/fleet.json -fleet-md docs/fleet.md
 
 image: ## Build the container image with the Dockerfile
 	$(CONTAINER) build -t $(IMAGE) --build-arg VERSION=$(VERSION) .

@@ -99,6 +99,9 @@ type Options struct {
 	// PollInterval (default DefaultPollInterval), HealthResend (default
 	// DefaultHealthResend).
 	PollInterval, HealthResend time.Duration
+	// PublishInterval (default DefaultPublishInterval) is the least time
+	// between two ResourceSlice publishes after the first (coalescer).
+	PublishInterval time.Duration
 	// CleanupInterval (default DefaultCleanupInterval) is how often the
 	// checkpointed claims are looked up in the API; a claim gone (not
 	// found, or its name taken by another UID) for CleanupGrace (default
@@ -193,6 +196,9 @@ func New(o Options) (*Driver, error) {
 	}
 	if o.Clock == nil {
 		o.Clock = clock.RealClock{}
+	}
+	if o.PublishInterval <= 0 {
+		o.PublishInterval = DefaultPublishInterval
 	}
 	d := &Driver{opts: o, log: o.Log.WithField("driver", o.DriverName), claimKind: k,
 		changed: make(chan struct{}, 1), nodes: make(chan nodeReport, 1), polled: make(chan pollResult, 1),
@@ -375,10 +381,12 @@ func (d *Driver) loop(ctx context.Context, helper *kubeletplugin.Helper) error {
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	var last map[string]resourceslice.Pool
+	co := newCoalescer(d.opts.Clock, d.opts.PublishInterval)
 	publish := func() error {
 		cur := d.current(g)
 		pools := Pools(d.opts.DriverName, d.opts.NodeName, cur)
-		if last == nil || !reflect.DeepEqual(pools, last) {
+		if (last == nil || !reflect.DeepEqual(pools, last)) && co.ready() {
+			co.published()
 			if err := helper.PublishResources(ctx, resourceslice.DriverResources{Pools: pools}); err != nil {
 				return fmt.Errorf("publish the ResourceSlices: %w", err)
 			}
@@ -409,6 +417,8 @@ func (d *Driver) loop(ctx context.Context, helper *kubeletplugin.Helper) error {
 			close(reply)
 			continue
 		case <-d.changed:
+		case <-co.C(): // the trailing publish of a coalesced change
+			co.fired()
 		case n := <-d.nodes:
 			g.node(n)
 		case <-poll.C:

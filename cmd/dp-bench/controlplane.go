@@ -43,6 +43,8 @@ type ControlPlaneOptions struct {
 	FeatureGates string
 	// Ready bounds the wait for /readyz.
 	Ready time.Duration
+	// Args are more kube-apiserver flags (the fleet's audit log).
+	Args []string
 }
 
 // StartControlPlane starts etcd and kube-apiserver and waits until the API
@@ -92,6 +94,7 @@ func StartControlPlane(ctx context.Context, o ControlPlaneOptions) (*ControlPlan
 	if o.FeatureGates != "" {
 		args = append(args, "--feature-gates", o.FeatureGates)
 	}
+	args = append(args, o.Args...)
 	cp.apiserver, err = startCP(o.APIServer, args...)
 	if err != nil {
 		return fail(fmt.Errorf("kube-apiserver: %w", err))

@@ -61,6 +61,7 @@ type options struct {
 	compare  string
 	render   string
 	mustPass map[string]bool // target names whose checks must pass; nil: all
+	fleet    *fleetOptions   // -fleet (fleet.go); N 0: no fleet
 }
 
 type stringList []string
@@ -115,8 +116,14 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.compare, "compare", "", "a target name: add its per-round ratios to every other target of the same group (a target's group, else its scenario)")
 	fs.StringVar(&o.goBench, "gobench", "", "add the medians of this `go test -bench` output to the report")
 	fs.StringVar(&o.mdOut, "md", "", "write the tables into this Markdown file, between dp-bench's markers (the rest of the file is kept)")
+	o.fleet = addFleetFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		return nil, err
+	}
+	if o.fleet.N != 0 {
+		if err := o.fleet.check(); err != nil {
+			return nil, err
+		}
 	}
 	if o.runs < 1 {
 		return nil, fmt.Errorf("-runs=%d: must be at least 1", o.runs)
@@ -211,6 +218,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	if o.render != "" {
 		return render(o, stdout, stderr)
+	}
+	if o.fleet.N > 0 {
+		return runFleet(ctx, o, o.fleet, args, stdout, stderr)
 	}
 	rep := &Report{Command: "dp-bench " + strings.Join(args, " "), Machine: describeMachine(), Runs: o.runs, Settings: o.settings, Compare: o.compare,
 		DRA: isDRA(o.targets)}

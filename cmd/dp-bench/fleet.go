@@ -1,0 +1,641 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// dp-bench -fleet N runs every DRA target of -targets on a fleet of N
+// nodes, one target after the other, each with a fresh private control
+// plane (fleetCluster): etcd, kube-apiserver, kube-scheduler and
+// kube-controller-manager. One driver process per node, with a kubelet
+// stand-in per node (fleetNode, kubelet): the scheduler allocates the
+// claims of real pods from the drivers' ResourceSlices, and the stand-in
+// prepares them. The targets run apart, not side by side: at N=100 two
+// fleets at once would share two cores and one API server, and each
+// figure (the API server's memory above all) would be the sum of both.
+
+// fleetOptions are the -fleet flags.
+type fleetOptions struct {
+	N                            int
+	Fill                         float64
+	Steady, Storm, Settle        time.Duration
+	StormRate                    int
+	Scheduler, ControllerManager string
+	MD, JSON                     string
+}
+
+func addFleetFlags(fs *flag.FlagSet) *fleetOptions {
+	fo := &fleetOptions{}
+	fs.IntVar(&fo.N, "fleet", 0, "run the DRA targets on a fleet of this many nodes (fleet.go; 0: no fleet)")
+	fs.Float64Var(&fo.Fill, "fleet-fill", 0.8, "fleet: the share of the fleet's devices claimed by pods created at once")
+	fs.DurationVar(&fo.Steady, "fleet-steady", 5*time.Minute, "fleet: the steady-state window (nothing changes; the drivers' writes are counted)")
+	fs.DurationVar(&fo.Storm, "fleet-storm", 30*time.Second, "fleet: the health storm's length (0: none)")
+	fs.IntVar(&fo.StormRate, "fleet-storm-rate", 10, "fleet: health storm cycles (Unhealthy and back) per second")
+	fs.DurationVar(&fo.Settle, "fleet-settle", 10*time.Second, "fleet: quiet time after a step before the next is counted")
+	fs.StringVar(&fo.Scheduler, "kube-scheduler", "", "fleet: the kube-scheduler binary")
+	fs.StringVar(&fo.ControllerManager, "kube-controller-manager", "", "fleet: the kube-controller-manager binary")
+	fs.StringVar(&fo.MD, "fleet-md", "", "fleet: write the tables into this Markdown file between the fleet markers")
+	fs.StringVar(&fo.JSON, "fleet-json", "", "fleet: write the report as JSON to this file")
+	return fo
+}
+
+// check validates the fleet flags; errors name the flag and the value.
+func (fo *fleetOptions) check() error {
+	switch {
+	case fo.N < 1:
+		return fmt.Errorf("-fleet=%d: must be at least 1", fo.N)
+	case fo.Fill <= 0 || fo.Fill > 1:
+		return fmt.Errorf("-fleet-fill=%g: must be in (0, 1]", fo.Fill)
+	case fo.Steady <= 0:
+		return fmt.Errorf("-fleet-steady=%s: must be above 0", fo.Steady)
+	case fo.Storm < 0:
+		return fmt.Errorf("-fleet-storm=%s: must not be negative", fo.Storm)
+	case fo.StormRate < 1 || fo.StormRate > 100:
+		return fmt.Errorf("-fleet-storm-rate=%d: must be in 1..100", fo.StormRate)
+	case fo.Settle <= 0:
+		return fmt.Errorf("-fleet-settle=%s: must be above 0", fo.Settle)
+	}
+	return nil
+}
+
+// FleetReport is what -fleet measured.
+type FleetReport struct {
+	Command   string        `json:"command"`
+	Machine   Machine       `json:"machine"`
+	N         int           `json:"nodes"`
+	APIServer string        `json:"apiServer"`
+	Steady    string        `json:"steady"`
+	Storm     string        `json:"storm"`
+	Targets   []FleetTarget `json:"targets"`
+}
+
+// FleetTarget is one driver's figures on the fleet.
+type FleetTarget struct {
+	Name   string `json:"name"`
+	Driver string `json:"driver"`
+	Agent  string `json:"agent"`
+	Err    string `json:"error,omitempty"`
+
+	Devices          int        `json:"devices"`
+	StartSlicesS     float64    `json:"startSlicesS"`
+	Pods             int        `json:"pods"`
+	BoundPerS        float64    `json:"boundPerS"`
+	PreparedPerS     float64    `json:"preparedPerS"`
+	PrepareErrors    int64      `json:"prepareErrors"`
+	SteadyPerNodeMin float64    `json:"steadyWritesPerNodeMin"`
+	Steady           writeTally `json:"steadyWrites"`
+	// SteadyAll is apiserver_request_total's writes in the steady window,
+	// all clients (the control plane's own included).
+	SteadyAll map[string]float64 `json:"steadyAllClients,omitempty"`
+
+	StormNA         string     `json:"stormNA,omitempty"`
+	StormFlips      int        `json:"stormFlips"`
+	StormPerNodeS   float64    `json:"stormSliceWritesPerNodeS"`
+	Storm           writeTally `json:"stormSliceWrites"`
+	StormLastS      float64    `json:"stormLastPublishedS"`
+	RolloutPerNode  float64    `json:"rolloutSliceWritesPerNode"`
+	Rollout         writeTally `json:"rolloutSliceWrites"`
+	RolloutS        float64    `json:"rolloutS"`
+	RolloutPods     int        `json:"rolloutPods"`
+	RolloutFailed   []string   `json:"rolloutFailed,omitempty"`
+	DriverRSSMiB    float64    `json:"driverRSSMiB"`
+	DriverRSSMaxMiB float64    `json:"driverRSSMaxMiB"`
+	APIServerRSSMiB float64    `json:"apiServerRSSMiB"`
+}
+
+// runFleet runs every DRA target on a fleet and writes the report.
+func runFleet(ctx context.Context, o *options, fo *fleetOptions, args []string, stdout, stderr io.Writer) int {
+	rep := &FleetReport{Command: "dp-bench " + strings.Join(args, " "), Machine: describeMachine(), N: fo.N,
+		Steady: fo.Steady.String(), Storm: fmt.Sprintf("%s at %d/s", fo.Storm, fo.StormRate)}
+	// Every driver process of ours holds 2 inotify instances; the kernel
+	// allows fs.inotify.max_user_instances per user (128 by default), for
+	// the whole machine: a larger fleet's drivers fail to start.
+	if b, err := os.ReadFile("/proc/sys/fs/inotify/max_user_instances"); err == nil {
+		if limit, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil && 2*fo.N > limit {
+			fmt.Fprintf(stderr, "dp-bench: fleet: warning: -fleet=%d needs about %d inotify instances, fs.inotify.max_user_instances is %d: drivers will fail to start\n", fo.N, 2*fo.N, limit)
+		}
+	}
+	ok := true
+	for _, t := range o.targets {
+		if t.DRA == nil {
+			continue
+		}
+		fmt.Fprintf(stderr, "dp-bench: fleet of %d: %s\n", fo.N, t.Label())
+		ft, version := runFleetTarget(ctx, t, o, fo, stderr)
+		if version != "" {
+			rep.APIServer = version
+		}
+		if ft.Err != "" {
+			fmt.Fprintf(stderr, "dp-bench: fleet: %s: %s\n", t.Label(), ft.Err)
+			if o.mustPass == nil || o.mustPass[t.Name] {
+				ok = false
+			}
+		}
+		rep.Targets = append(rep.Targets, ft)
+		if ctx.Err() != nil {
+			fmt.Fprintln(stderr, "dp-bench: interrupted")
+			return 1
+		}
+	}
+	rep.Machine.LoadAfter = loadavg()
+	writeFleetMarkdown(stdout, rep)
+	if fo.JSON != "" {
+		b, err := json.MarshalIndent(rep, "", "  ")
+		if err == nil {
+			err = os.WriteFile(fo.JSON, append(b, '\n'), 0o644)
+		}
+		if err != nil {
+			fmt.Fprintln(stderr, "dp-bench: -fleet-json:", err)
+			return 1
+		}
+	}
+	if fo.MD != "" {
+		var gen bytes.Buffer
+		writeFleetMarkdown(&gen, rep)
+		if err := replaceBetween(fo.MD, mdBeginFleet, mdEndFleet, gen.Bytes()); err != nil {
+			fmt.Fprintln(stderr, "dp-bench: -fleet-md:", err)
+			return 1
+		}
+	}
+	if !ok {
+		return 1
+	}
+	return 0
+}
+
+// runFleetTarget runs one driver on the fleet.
+func runFleetTarget(ctx context.Context, t Target, o *options, fo *fleetOptions, stderr io.Writer) (FleetTarget, string) {
+	ft := FleetTarget{Name: t.Label(), Driver: t.DRA.Driver}
+	fc, err := startFleetCluster(ctx, o.cp, fo)
+	if err != nil {
+		ft.Err = err.Error()
+		return ft, ""
+	}
+	defer fc.stop()
+	f := &fleet{t: t, o: o, fo: fo, fc: fc, ft: &ft, log: stderr}
+	if err := f.run(ctx); err != nil {
+		ft.Err = err.Error()
+	}
+	return ft, fc.version
+}
+
+// fleet is one driver's fleet in progress.
+type fleet struct {
+	t     Target
+	o     *options
+	fo    *fleetOptions
+	fc    *fleetCluster
+	ft    *FleetTarget
+	log   io.Writer
+	nodes []*fleetNode
+	names []string
+	k     *kubelet
+	st    *sliceTracker
+	tpl   string
+	pods  int
+}
+
+func (f *fleet) logf(format string, a ...any) {
+	fmt.Fprintf(f.log, "dp-bench: fleet: %s: "+format+"\n", append([]any{f.t.Name}, a...)...)
+}
+
+func (f *fleet) run(ctx context.Context) error {
+	api := f.fc.cp.Client
+	var err error
+	if f.tpl, err = f.fc.driverObjects(ctx, f.t.DRA.Driver); err != nil {
+		return err
+	}
+	f.ft.Agent = baseName(f.t.Command[0])
+	if a, err := t0Expand(f.t); err == nil {
+		f.ft.Agent = a
+	}
+	for i := range f.fo.N {
+		f.names = append(f.names, fleetNodeName(i))
+	}
+	if err := parallel(f.fo.N, 16, func(i int) error { return f.fc.makeNode(ctx, f.names[i]) }); err != nil {
+		return err
+	}
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	want := f.t.DRA.Devices
+	if f.st, err = trackSlices(wctx, api, f.t.DRA.Driver, want, f.logf); err != nil {
+		return err
+	}
+
+	// Start: every driver at once.
+	start := time.Now()
+	f.nodes = make([]*fleetNode, f.fo.N)
+	var mu sync.Mutex
+	err = parallel(f.fo.N, 16, func(i int) error {
+		kc, err := f.fc.nodeKubeconfig(f.names[i])
+		if err != nil {
+			return err
+		}
+		n, err := startFleetNode(f.t, f.o.settings, kc, f.names[i])
+		if err != nil {
+			return err
+		}
+		mu.Lock()
+		f.nodes[i] = n
+		mu.Unlock()
+		return nil
+	})
+	defer func() {
+		_ = parallel(len(f.nodes), 16, func(i int) error {
+			if f.nodes[i] != nil {
+				f.nodes[i].stop()
+			}
+			return nil
+		})
+	}()
+	if err != nil {
+		return err
+	}
+	f.k = newKubelet(api, f.nodes, f.logf)
+	if err := f.k.run(wctx); err != nil {
+		return err
+	}
+	defer func() { cancel(); f.k.wait() }()
+	if err := parallel(f.fo.N, f.fo.N, func(i int) error { return f.nodes[i].register(ctx, 2*time.Minute) }); err != nil {
+		return err
+	}
+	last, err := f.st.waitClean(ctx, f.names, 2*time.Minute)
+	if err != nil {
+		return err
+	}
+	f.ft.StartSlicesS = last.Sub(start).Seconds()
+	f.ft.Devices = f.fo.N * want
+	f.logf("%d nodes registered, %d devices published %.1f s after the start", f.fo.N, f.ft.Devices, f.ft.StartSlicesS)
+
+	if err := f.schedule(ctx); err != nil {
+		return err
+	}
+	f.memory()
+	if err := f.steady(ctx); err != nil {
+		return err
+	}
+	if err := f.storm(ctx); err != nil {
+		return err
+	}
+	return f.rollout(ctx)
+}
+
+// t0Expand is the user agent's product of the target: client-go's
+// default is the binary's base name.
+func t0Expand(t Target) (string, error) {
+	if len(t.Command) == 0 {
+		return "", errors.New("no command")
+	}
+	v := t.Command[0]
+	if strings.Contains(v, "{{") {
+		r, err := t.prepare("", &cluster{})
+		if err != nil {
+			return "", err
+		}
+		defer r.cleanup()
+		v = r.argv[0]
+	}
+	return baseName(v), nil
+}
+
+// createPods creates count pods named prefix-<i> at once (32 at a time)
+// and returns their names.
+func (f *fleet) createPods(ctx context.Context, prefix string, count int) ([]string, error) {
+	names := make([]string, count)
+	for i := range names {
+		names[i] = fmt.Sprintf("%s-%d", prefix, i)
+	}
+	err := parallel(count, 32, func(i int) error {
+		f.k.created(names[i], time.Now())
+		return f.fc.cp.Client.do(ctx, http.MethodPost, pathNamespaces+"/"+fleetNamespace+"/pods", claimPod(names[i], f.tpl), nil)
+	})
+	return names, err
+}
+
+// schedule: Fill of the devices claimed by pods created at once.
+func (f *fleet) schedule(ctx context.Context) error {
+	count := int(f.fo.Fill * float64(f.ft.Devices))
+	names, err := f.createPods(ctx, "sched", count)
+	if err != nil {
+		return fmt.Errorf("creating pods: %w", err)
+	}
+	f.pods = count
+	if err := f.k.waitPods(ctx, names, time.Minute+time.Duration(count)*200*time.Millisecond); err != nil {
+		if e := f.fc.alive(); e != nil {
+			return e
+		}
+		return fmt.Errorf("scheduling: %w; kube-scheduler: %s; kube-controller-manager: %s", err, tail(f.fc.others[0].Log(), 1500), tail(f.fc.others[1].Log(), 1500))
+	}
+	f.ft.Pods = count
+	f.ft.BoundPerS, f.ft.PreparedPerS = f.k.rates(names)
+	f.ft.PrepareErrors = f.k.errors.Load()
+	f.logf("%d pods: %.1f/s bound, %.1f/s prepared", count, f.ft.BoundPerS, f.ft.PreparedPerS)
+	return nil
+}
+
+// memory: the drivers' resident memory and the API server's.
+func (f *fleet) memory() {
+	var rss []float64
+	for _, n := range f.nodes {
+		rss = append(rss, mib(n.rss()))
+	}
+	sort.Float64s(rss)
+	f.ft.DriverRSSMiB = rss[len(rss)/2]
+	f.ft.DriverRSSMaxMiB = rss[len(rss)-1]
+	f.ft.APIServerRSSMiB = mib(f.fc.apiserverRSS())
+}
+
+// window waits d and returns the driver's writes in it (of resource,
+// when not "") and the window's bounds.
+func (f *fleet) window(ctx context.Context, d time.Duration, resource string, during func(context.Context) error) (writeTally, time.Time, time.Time, error) {
+	from := time.Now()
+	if during != nil {
+		if err := during(ctx); err != nil {
+			return writeTally{}, from, from, err
+		}
+	}
+	if err := sleep(ctx, time.Until(from.Add(d))); err != nil {
+		return writeTally{}, from, from, err
+	}
+	to := time.Now()
+	// The audit log is written in batches of at most 200 ms.
+	if err := sleep(ctx, time.Second); err != nil {
+		return writeTally{}, from, to, err
+	}
+	ws, err := f.fc.audit()
+	if err != nil {
+		return writeTally{}, from, to, err
+	}
+	return tallyWrites(ws, f.ft.Agent, resource, from, to), from, to, nil
+}
+
+// steady: nothing changes for Steady; every write of the drivers counts.
+func (f *fleet) steady(ctx context.Context) error {
+	if err := sleep(ctx, f.fo.Settle); err != nil {
+		return err
+	}
+	before, err := f.fc.metrics(ctx)
+	if err != nil {
+		return err
+	}
+	tally, from, to, err := f.window(ctx, f.fo.Steady, "", nil)
+	if err != nil {
+		return err
+	}
+	if after, err := f.fc.metrics(ctx); err == nil {
+		f.ft.SteadyAll = requestWrites(before, after)
+	}
+	f.ft.Steady = tally
+	f.ft.SteadyPerNodeMin = float64(tally.Total) / float64(f.fo.N) / to.Sub(from).Minutes()
+	f.logf("steady %s: %d driver writes (%.2f per node per minute) %v", to.Sub(from).Round(time.Second), tally.Total, f.ft.SteadyPerNodeMin, tally.ByKind)
+	return nil
+}
+
+// storm: every device node of every node removed and made again,
+// StormRate times a second, for Storm; the slice writes in the storm and
+// the second after it, and when the last state (all healthy) was
+// published.
+func (f *fleet) storm(ctx context.Context) error {
+	if f.fo.Storm == 0 {
+		f.ft.StormNA = "not run (-fleet-storm=0)"
+		return nil
+	}
+	type devNode struct {
+		path string
+		mode uint32
+		dev  uint64
+	}
+	var devs []devNode
+	for _, n := range f.nodes {
+		paths, err := n.deviceNodes()
+		if err != nil {
+			return err
+		}
+		for _, p := range paths {
+			var st unix.Stat_t
+			if err := unix.Stat(p, &st); err != nil {
+				return err
+			}
+			devs = append(devs, devNode{p, st.Mode, st.Rdev})
+		}
+	}
+	if len(devs) == 0 {
+		f.ft.StormNA = "n/a: the driver makes no device node whose health dp-bench can flip"
+		return nil
+	}
+	events0 := f.st.eventCount()
+	flip := func(up bool) {
+		for _, d := range devs {
+			if up {
+				_ = unix.Mknod(d.path, d.mode, int(d.dev))
+			} else {
+				_ = os.Remove(d.path)
+			}
+		}
+	}
+	var end time.Time
+	during := func(ctx context.Context) error {
+		tick := time.NewTicker(time.Second / time.Duration(2*f.fo.StormRate))
+		defer tick.Stop()
+		stop := time.Now().Add(f.fo.Storm)
+		up := true
+		for time.Now().Before(stop) {
+			select {
+			case <-ctx.Done():
+				flip(true)
+				return ctx.Err()
+			case <-tick.C:
+			}
+			up = !up
+			flip(up)
+			if up {
+				f.ft.StormFlips++
+			}
+		}
+		flip(true)
+		end = time.Now()
+		return nil
+	}
+	tally, from, _, err := f.window(ctx, f.fo.Storm+time.Second, "resourceslices", during)
+	if err != nil {
+		return err
+	}
+	last, err := f.st.waitClean(ctx, f.names, time.Minute)
+	if err != nil {
+		return fmt.Errorf("after the storm: %w", err)
+	}
+	f.ft.StormLastS = max(0, last.Sub(end).Seconds())
+	f.ft.Storm = tally
+	f.ft.StormPerNodeS = float64(tally.Total) / float64(f.fo.N) / end.Sub(from).Seconds()
+	f.logf("storm %s: %d flips per device, %d slice events seen, %d slice writes (%.2f per node per second, at most %d in a second), last state published %.2f s after its end",
+		end.Sub(from).Round(time.Millisecond), f.ft.StormFlips, f.st.eventCount()-events0, tally.Total, f.ft.StormPerNodeS, tally.MaxNodeSecond, f.ft.StormLastS)
+	return nil
+}
+
+// rollout: every driver restarted at once while its pods' claims are
+// prepared; pods created during the rollout on the remaining devices
+// must be scheduled and prepared, and no pod may fail.
+func (f *fleet) rollout(ctx context.Context) error {
+	if err := sleep(ctx, f.fo.Settle); err != nil {
+		return err
+	}
+	extra := max(1, (f.ft.Devices-f.pods)/2)
+	var names []string
+	var rolled time.Time
+	during := func(ctx context.Context) error {
+		errc := make(chan error, 1)
+		go func() {
+			errc <- parallel(len(f.nodes), len(f.nodes), func(i int) error {
+				return f.nodes[i].restart(ctx, f.o.settings.Term, 2*time.Minute)
+			})
+		}()
+		var err error
+		names, err = f.createPods(ctx, "rollout", extra)
+		if rerr := <-errc; rerr != nil {
+			return rerr
+		}
+		if err != nil {
+			return err
+		}
+		if _, err := f.st.waitClean(ctx, f.names, 2*time.Minute); err != nil {
+			return err
+		}
+		if err := f.k.waitPods(ctx, names, 5*time.Minute); err != nil {
+			return fmt.Errorf("pods created during the rollout: %w", err)
+		}
+		rolled = time.Now()
+		return sleep(ctx, f.fo.Settle)
+	}
+	tally, from, _, err := f.window(ctx, 0, "resourceslices", during)
+	if err != nil {
+		return fmt.Errorf("rollout: %w", err)
+	}
+	f.ft.Rollout = tally
+	f.ft.RolloutS = rolled.Sub(from).Seconds()
+	f.ft.RolloutPerNode = float64(tally.Total) / float64(f.fo.N)
+	f.ft.RolloutPods = extra
+	f.ft.RolloutFailed = f.k.failures()
+	f.logf("rollout: done in %.1f s; %d slice writes (%.2f per node, at most %d), %d pods created during it, %d pods failed %v",
+		f.ft.RolloutS, tally.Total, f.ft.RolloutPerNode, tally.MaxNode, extra, len(f.ft.RolloutFailed), tally.ByKind)
+	if len(f.ft.RolloutFailed) > 0 {
+		return fmt.Errorf("rollout: pods failed: %s", strings.Join(f.ft.RolloutFailed, "; "))
+	}
+	return nil
+}
+
+// Markers of the fleet's tables in -fleet-md.
+const (
+	mdBeginFleet = "<!-- dp-bench-fleet:begin (generated by dp-bench -fleet; edit outside these markers) -->"
+	mdEndFleet   = "<!-- dp-bench-fleet:end -->"
+)
+
+// replaceBetween writes gen between begin and end in path, keeping the
+// rest; a file without the markers gets them at its end.
+func replaceBetween(path, begin, end string, gen []byte) error {
+	old, err := os.ReadFile(path)
+	if err != nil && !os.IsNotExist(err) {
+		return err
+	}
+	block := begin + "\n" + string(gen) + end + "\n"
+	s := string(old)
+	i, j := strings.Index(s, begin), strings.Index(s, end)
+	switch {
+	case i >= 0 && j > i:
+		s = s[:i] + block + strings.TrimPrefix(s[j+len(end):], "\n")
+	case i >= 0 || j >= 0:
+		return fmt.Errorf("%s: one fleet marker without the other", path)
+	default:
+		s += "\n" + block
+	}
+	return os.WriteFile(path, []byte(s), 0o644)
+}
+
+// writeFleetMarkdown writes the fleet's tables, the targets side by side.
+func writeFleetMarkdown(w io.Writer, rep *FleetReport) {
+	fmt.Fprintf(w, "Generated by `%s` on %s (%s, %d CPUs, %d GiB; load %s before, %s after), kube-apiserver %s, %d nodes of 8 simulated devices per driver, each driver on a fresh control plane.\n\n",
+		rep.Command, rep.Machine.Date, rep.Machine.CPU, rep.Machine.CPUs, rep.Machine.MemoryGiB, rep.Machine.LoadBefore, rep.Machine.LoadAfter, rep.APIServer, rep.N)
+	fmt.Fprintf(w, "| figure | goal |")
+	for _, t := range rep.Targets {
+		fmt.Fprintf(w, " %s |", t.Name)
+	}
+	fmt.Fprintf(w, "\n| --- | --- |%s\n", strings.Repeat(" ---: |", len(rep.Targets)))
+	row := func(name, goal string, cell func(t FleetTarget) string) {
+		fmt.Fprintf(w, "| %s | %s |", name, goal)
+		for _, t := range rep.Targets {
+			if t.Err != "" && t.Pods == 0 {
+				fmt.Fprintf(w, " not run: %s |", mdEscape(tail(t.Err, 120)))
+				continue
+			}
+			fmt.Fprintf(w, " %s |", cell(t))
+		}
+		fmt.Fprintln(w)
+	}
+	row("start: every driver at once → all devices in ResourceSlices", "", func(t FleetTarget) string { return fmt.Sprintf("%.1f s", t.StartSlicesS) })
+	row("claim pods (1 device each), created at once", "", func(t FleetTarget) string { return fmt.Sprintf("%d of %d devices", t.Pods, t.Devices) })
+	row("scheduling: pods/s, creation → bound", "≥ the peer's", func(t FleetTarget) string { return fmt.Sprintf("%.1f", t.BoundPerS) })
+	row("scheduling: pods/s, creation → prepared", "≥ the peer's", func(t FleetTarget) string { return fmt.Sprintf("%.1f", t.PreparedPerS) })
+	row(fmt.Sprintf("steady state (%s): driver API writes per node per minute", rep.Steady), "0", func(t FleetTarget) string {
+		return fmt.Sprintf("%.2f (%d)%s", t.SteadyPerNodeMin, t.Steady.Total, kinds(t.Steady.ByKind))
+	})
+	row(fmt.Sprintf("health storm (%s): slice writes per node per second", rep.Storm), "≤ 1", func(t FleetTarget) string {
+		if t.StormNA != "" {
+			return t.StormNA
+		}
+		return fmt.Sprintf("%.2f (at most %d of a node in any 1 s)", t.StormPerNodeS, t.Storm.MaxNodeSecond)
+	})
+	row("health storm: last state published after its end", "≤ 1 s", func(t FleetTarget) string {
+		if t.StormNA != "" {
+			return "n/a"
+		}
+		return fmt.Sprintf("%.2f s", t.StormLastS)
+	})
+	row("rollout (every driver restarted at once): slice writes per node", "≤ 2", func(t FleetTarget) string {
+		return fmt.Sprintf("%.2f (at most %d)%s", t.RolloutPerNode, t.Rollout.MaxNode, kinds(t.Rollout.ByKind))
+	})
+	row("rollout: pods failed (of those prepared, and those created during it)", "0", func(t FleetTarget) string {
+		return fmt.Sprintf("%d (%d created during it; all prepared %.1f s after the restart)", len(t.RolloutFailed), t.RolloutPods, t.RolloutS)
+	})
+	row("driver resident memory per node, median (max)", "reported", func(t FleetTarget) string {
+		return fmt.Sprintf("%.1f MiB (%.1f)", t.DriverRSSMiB, t.DriverRSSMaxMiB)
+	})
+	row("kube-apiserver resident memory after scheduling", "reported", func(t FleetTarget) string { return fmt.Sprintf("%.0f MiB", t.APIServerRSSMiB) })
+	for _, t := range rep.Targets {
+		if t.Err != "" {
+			fmt.Fprintf(w, "\n%s stopped: %s\n", t.Name, mdEscape(t.Err))
+		}
+	}
+}
+
+// kinds is " — verb resource n, ..." for a tally's kinds.
+func kinds(m map[string]int) string {
+	if len(m) == 0 {
+		return ""
+	}
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	var parts []string
+	for _, k := range keys {
+		parts = append(parts, fmt.Sprintf("%s %d", k, m[k]))
+	}
+	return ": " + strings.Join(parts, ", ")
+}
+
+func mdEscape(s string) string { return strings.NewReplacer("|", `\|`, "\n", " ").Replace(s) }

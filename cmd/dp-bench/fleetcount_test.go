@@ -1,0 +1,154 @@
+package main
+
+import (
+	"os"
+	"strings"
+	"testing"
+	"time"
+)
+
+// Two audit events as kube-apiserver v1.36 writes them (--audit-log-format
+// json, level Metadata): a driver's slice update, impersonating its node,
+// and the scheduler's binding; a RequestReceived stage is skipped.
+const auditText = `{"kind":"Event","apiVersion":"audit.k8s.io/v1","level":"Metadata","auditID":"5b0d7c1e-6a0f-4a65-9d1f-0c6f2d1b7a11","stage":"ResponseComplete","requestURI":"/apis/resource.k8s.io/v1/resourceslices/fleet-node-3-bench.example.com-x7k2p","verb":"update","user":{"username":"dp-bench","groups":["system:masters","system:authenticated"]},"impersonatedUser":{"username":"fleet:fleet-node-3","groups":["system:masters"]},"sourceIPs":["127.0.0.1"],"userAgent":"cdi-dra-driver/v0.0.0 (linux/amd64) kubernetes/$Format","objectRef":{"resource":"resourceslices","name":"fleet-node-3-bench.example.com-x7k2p","apiGroup":"resource.k8s.io","apiVersion":"v1"},"responseStatus":{"metadata":{},"code":200},"requestReceivedTimestamp":"2026-11-27T08:00:01.100000Z","stageTimestamp":"2026-11-27T08:00:01.104512Z","annotations":{"authorization.k8s.io/decision":"allow","authorization.k8s.io/reason":""}}
+{"kind":"Event","apiVersion":"audit.k8s.io/v1","level":"Metadata","auditID":"0f7e","stage":"RequestReceived","requestURI":"/apis/resource.k8s.io/v1/resourceslices","verb":"create","user":{"username":"dp-bench"},"userAgent":"cdi-dra-driver/v0.0.0 (linux/amd64) kubernetes/$Format","objectRef":{"resource":"resourceslices","apiGroup":"resource.k8s.io","apiVersion":"v1"},"requestReceivedTimestamp":"2026-11-27T08:00:01.200000Z","stageTimestamp":"2026-11-27T08:00:01.200000Z"}
+{"kind":"Event","apiVersion":"audit.k8s.io/v1","level":"Metadata","auditID":"9a1c","stage":"ResponseComplete","requestURI":"/api/v1/namespaces/fleet/pods/sched-0/binding","verb":"create","user":{"username":"dp-bench","groups":["system:masters","system:authenticated"]},"sourceIPs":["127.0.0.1"],"userAgent":"kube-scheduler/v1.36.3 (linux/amd64) kubernetes/8a4e3c1/scheduler","objectRef":{"resource":"pods","namespace":"fleet","name":"sched-0","apiVersion":"v1","subresource":"binding"},"responseStatus":{"metadata":{},"code":201},"requestReceivedTimestamp":"2026-11-27T08:00:01.300000Z","stageTimestamp":"2026-11-27T08:00:01.310000Z"}
+`
+
+func TestParseAudit(t *testing.T) {
+	ws, err := parseAudit(strings.NewReader(auditText))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ws) != 2 {
+		t.Fatalf("%d writes, want 2 (the RequestReceived stage skipped): %+v", len(ws), ws)
+	}
+	want := []auditWrite{
+		{Agent: "cdi-dra-driver", Node: "fleet-node-3", Verb: "update", Resource: "resourceslices", Code: 200},
+		{Agent: "kube-scheduler", Node: "", Verb: "create", Resource: "pods/binding", Code: 201},
+	}
+	for i, w := range want {
+		got := ws[i]
+		got.At = time.Time{}
+		if got != w {
+			t.Errorf("write %d: %+v, want %+v", i, got, w)
+		}
+	}
+	if _, err := parseAudit(strings.NewReader("{\"kind\":\"Event\"}\nnot json\n")); err == nil || !strings.Contains(err.Error(), "line 2") {
+		t.Errorf("bad line: error %v, want one naming line 2", err)
+	}
+}
+
+func TestTallyWrites(t *testing.T) {
+	t0 := time.Date(2026, 11, 27, 8, 0, 0, 0, time.UTC)
+	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+	ws := []auditWrite{
+		{At: at(0), Agent: "cdi-dra-driver", Node: "n1", Verb: "update", Resource: "resourceslices"},
+		{At: at(400), Agent: "cdi-dra-driver", Node: "n1", Verb: "update", Resource: "resourceslices"},
+		{At: at(1400), Agent: "cdi-dra-driver", Node: "n1", Verb: "update", Resource: "resourceslices"},
+		{At: at(500), Agent: "cdi-dra-driver", Node: "n2", Verb: "create", Resource: "resourceslices"},
+		{At: at(600), Agent: "kube-scheduler", Verb: "create", Resource: "pods/binding"},
+		{At: at(700), Agent: "cdi-dra-driver", Node: "n2", Verb: "patch", Resource: "resourceclaims/status"},
+		{At: at(5000), Agent: "cdi-dra-driver", Node: "n2", Verb: "update", Resource: "resourceslices"}, // after the window
+	}
+	for _, tc := range []struct {
+		name, resource string
+		total, maxNode int
+		maxSecond      int
+		kinds          map[string]int
+	}{
+		{"every resource", "", 5, 3, 2, map[string]int{"update resourceslices": 3, "create resourceslices": 1, "patch resourceclaims/status": 1}},
+		{"slices", "resourceslices", 4, 3, 2, map[string]int{"update resourceslices": 3, "create resourceslices": 1}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := tallyWrites(ws, "cdi-dra-driver", tc.resource, t0, at(5000))
+			if got.Total != tc.total || got.MaxNode != tc.maxNode || got.MaxNodeSecond != tc.maxSecond {
+				t.Errorf("total %d, max of a node %d, max in a second %d; want %d, %d, %d", got.Total, got.MaxNode, got.MaxNodeSecond, tc.total, tc.maxNode, tc.maxSecond)
+			}
+			for k, n := range tc.kinds {
+				if got.ByKind[k] != n {
+					t.Errorf("%s: %d, want %d (%v)", k, got.ByKind[k], n, got.ByKind)
+				}
+			}
+		})
+	}
+}
+
+// metricsText is a part of kube-apiserver v1.36's /metrics.
+const metricsText = `# HELP apiserver_request_total [STABLE] Counter of apiserver requests broken out for each verb, dry run value, group, version, resource, scope, component, and HTTP response code.
+# TYPE apiserver_request_total counter
+apiserver_request_total{code="200",component="apiserver",dry_run="",group="resource.k8s.io",resource="resourceslices",scope="cluster",subresource="",verb="PUT",version="v1"} 12
+apiserver_request_total{code="201",component="apiserver",dry_run="",group="",resource="pods",scope="resource",subresource="binding",verb="POST",version="v1"} 640
+apiserver_request_total{code="200",component="apiserver",dry_run="",group="resource.k8s.io",resource="resourceslices",scope="cluster",subresource="",verb="WATCH",version="v1"} 3
+apiserver_request_total{code="409",component="apiserver",dry_run="",group="coordination.k8s.io",resource="leases",scope="resource",subresource="",verb="PUT",version="v1"} 1
+# HELP apiserver_request_duration_seconds [STABLE] Response latency distribution in seconds for each verb, dry run value, group, version, resource, subresource, scope and component.
+apiserver_request_duration_seconds_bucket{component="apiserver",dry_run="",group="",resource="pods",scope="resource",subresource="binding",verb="POST",version="v1",le="0.005"} 600
+`
+
+func TestRequestTotals(t *testing.T) {
+	after, err := parseRequestTotals(strings.NewReader(metricsText))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(after) != 4 {
+		t.Fatalf("%d series, want 4: %+v", len(after), after)
+	}
+	before := []requestCount{{Verb: "PUT", Resource: "resourceslices.resource.k8s.io", Code: "200", Value: 10}}
+	got := requestWrites(before, after)
+	want := map[string]float64{"PUT resourceslices.resource.k8s.io": 2, "POST pods/binding": 640, "PUT leases.coordination.k8s.io": 1}
+	if len(got) != len(want) {
+		t.Errorf("writes %v, want %v", got, want)
+	}
+	for k, v := range want {
+		if got[k] != v {
+			t.Errorf("%s: %g, want %g (%v)", k, got[k], v, got)
+		}
+	}
+	for _, bad := range []string{
+		`apiserver_request_total{code="200",verb="PUT" 1`,
+		`apiserver_request_total{code="200",verb="PUT"} x`,
+		`apiserver_request_total{code=200} 1`,
+	} {
+		if _, err := parseRequestTotals(strings.NewReader(bad)); err == nil || !strings.Contains(err.Error(), "line 1") {
+			t.Errorf("%q: error %v, want one naming line 1", bad, err)
+		}
+	}
+}
+
+func TestFleetFlags(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"-fleet", "-1"}, "-fleet=-1"},
+		{[]string{"-fleet", "2", "-fleet-fill", "1.5"}, "-fleet-fill=1.5"},
+		{[]string{"-fleet", "2", "-fleet-steady", "0s"}, "-fleet-steady=0s"},
+		{[]string{"-fleet", "2", "-fleet-storm-rate", "0"}, "-fleet-storm-rate=0"},
+	} {
+		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
+			_, err := parseFlags(append(tc.args, "-targets", "fleet.yaml"), &strings.Builder{})
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("error %v, want one naming %s", err, tc.want)
+			}
+		})
+	}
+}
+
+func TestReplaceBetween(t *testing.T) {
+	path := t.TempDir() + "/fleet.md"
+	if err := replaceBetween(path, mdBeginFleet, mdEndFleet, []byte("one\n")); err != nil {
+		t.Fatal(err)
+	}
+	if err := replaceBetween(path, mdBeginFleet, mdEndFleet, []byte("two\n")); err != nil {
+		t.Fatal(err)
+	}
+	b, _ := readFileString(path)
+	if strings.Contains(b, "one") || strings.Count(b, "two") != 1 || strings.Count(b, mdBeginFleet) != 1 {
+		t.Errorf("file after two writes:\n%s", b)
+	}
+}
+
+func readFileString(p string) (string, error) {
+	b, err := os.ReadFile(p)
+	return string(b), err
+}

@@ -1,0 +1,488 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	drav1 "k8s.io/kubelet/pkg/apis/dra/v1"
+
+	"github.com/cdi-device-plugin/cdi-device-plugin/internal/kubeletsim"
+)
+
+// fleetNode is one node of the fleet: its driver process and the
+// kubelet's part for it (the registration, the PodResources socket, the
+// NodePrepareResources calls of the pods bound to it).
+type fleetNode struct {
+	name string
+	t    Target
+	r    *runDirs
+	pr   *kubeletsim.PodResources
+
+	mu  sync.Mutex
+	p   *proc
+	dra *kubeletsim.DRA
+	// registered is closed when the current process registered.
+	registered chan struct{}
+}
+
+// startFleetNode makes the node's directories and starts its driver.
+func startFleetNode(t Target, s Settings, kubeconfig, name string) (*fleetNode, error) {
+	r, err := t.prepare(s.TmpfsDir, &cluster{Kubeconfig: kubeconfig, NodeName: name})
+	if err != nil {
+		return nil, err
+	}
+	n := &fleetNode{name: name, t: t, r: r}
+	if n.pr, err = kubeletsim.ServePodResources(r.host.PodResources); err != nil {
+		r.cleanup()
+		return nil, err
+	}
+	if err := n.start(); err != nil {
+		n.stop()
+		return nil, err
+	}
+	return n, nil
+}
+
+// start starts a driver process; the previous one has ended.
+func (n *fleetNode) start() error {
+	p, err := startProc(n.r.argv, n.r.env, nil, n.r.scratch)
+	if err != nil {
+		return err
+	}
+	n.mu.Lock()
+	n.p, n.registered = p, make(chan struct{})
+	n.mu.Unlock()
+	return nil
+}
+
+// proc is the current driver process.
+func (n *fleetNode) proc() *proc {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.p
+}
+
+// register registers the current process as the kubelet's plugin
+// watcher would, polling the registration directory.
+func (n *fleetNode) register(ctx context.Context, timeout time.Duration) error {
+	n.mu.Lock()
+	p, done := n.p, n.registered
+	n.mu.Unlock()
+	deadline := time.Now().Add(timeout)
+	var last error
+	for {
+		for _, sock := range sockets(n.r.host.RegistrarDir) {
+			cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			d, err := kubeletsim.RegisterDRA(cctx, sock)
+			cancel()
+			if err == nil {
+				n.mu.Lock()
+				old := n.dra
+				n.dra = d
+				n.mu.Unlock()
+				if old != nil {
+					_ = old.Close()
+				}
+				close(done)
+				return nil
+			}
+			last = err
+		}
+		switch {
+		case p.Exited():
+			return fmt.Errorf("node %s: the driver exited: %w: %s", n.name, p.err, tail(p.Log(), 600))
+		case time.Now().After(deadline):
+			return fmt.Errorf("node %s: not registered within %s (last: %w): %s", n.name, timeout, last, tail(p.Log(), 600))
+		}
+		if err := sleep(ctx, 50*time.Millisecond); err != nil {
+			return err
+		}
+	}
+}
+
+// restart ends the driver with SIGTERM and starts it again at once, as
+// a DaemonSet's rolling update with maxUnavailable 100% (maxSurge 0)
+// does; the kubelet's registration follows.
+func (n *fleetNode) restart(ctx context.Context, term, regTimeout time.Duration) error {
+	n.mu.Lock()
+	old := n.dra
+	n.dra = nil
+	n.mu.Unlock()
+	if old != nil {
+		_ = old.Close()
+	}
+	_, _ = n.proc().terminate(term)
+	// The kubelet's plugin watcher sees the socket go; a new one comes
+	// with the new process.
+	if err := n.start(); err != nil {
+		return err
+	}
+	return n.register(ctx, regTimeout)
+}
+
+// prepare calls NodePrepareResources for the claim of a pod, as the
+// kubelet does before it starts the pod's containers; it waits for the
+// driver to be registered.
+func (n *fleetNode) prepare(ctx context.Context, c *drav1.Claim) error {
+	n.mu.Lock()
+	d, reg := n.dra, n.registered
+	n.mu.Unlock()
+	if d == nil {
+		select {
+		case <-reg:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		n.mu.Lock()
+		d = n.dra
+		n.mu.Unlock()
+		if d == nil {
+			return errors.New("not registered")
+		}
+	}
+	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	resp, err := d.Prepare(cctx, c)
+	if err != nil {
+		return err
+	}
+	got, ok := resp.GetClaims()[c.Uid]
+	switch {
+	case !ok:
+		return fmt.Errorf("claim %s not answered", c.Name)
+	case got.GetError() != "":
+		return fmt.Errorf("claim %s: %s", c.Name, got.GetError())
+	case len(got.GetDevices()) != 1:
+		return fmt.Errorf("claim %s: %d devices answered, want 1", c.Name, len(got.GetDevices()))
+	}
+	return nil
+}
+
+// rss is the driver's resident memory, bytes (0 when gone).
+func (n *fleetNode) rss() int64 {
+	s, err := readProc(n.proc().Pid())
+	if err != nil {
+		return 0
+	}
+	return s.RSS
+}
+
+// deviceNodes are the char device nodes in the node's DevDir: those a
+// driver of simulated devices made (none for a driver that makes none).
+func (n *fleetNode) deviceNodes() ([]string, error) {
+	ents, err := os.ReadDir(n.r.host.DevDir)
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, e := range ents {
+		if e.Type()&os.ModeCharDevice != 0 {
+			out = append(out, filepath.Join(n.r.host.DevDir, e.Name()))
+		}
+	}
+	return out, nil
+}
+
+func (n *fleetNode) stop() {
+	n.mu.Lock()
+	d, p := n.dra, n.p
+	n.dra = nil
+	n.mu.Unlock()
+	if d != nil {
+		_ = d.Close()
+	}
+	if p != nil && !p.Exited() {
+		_, _ = p.terminate(10 * time.Second)
+	}
+	if n.pr != nil {
+		n.pr.Stop()
+	}
+	n.r.cleanup()
+}
+
+// fleetPod is the part of a Pod the kubelet stand-in reads.
+type fleetPod struct {
+	Metadata objectMeta `json:"metadata"`
+	Spec     struct {
+		NodeName string `json:"nodeName"`
+	} `json:"spec"`
+	Status struct {
+		Phase                 string `json:"phase"`
+		ResourceClaimStatuses []struct {
+			Name              string  `json:"name"`
+			ResourceClaimName *string `json:"resourceClaimName"`
+		} `json:"resourceClaimStatuses"`
+		Conditions []struct {
+			Type   string `json:"type"`
+			Status string `json:"status"`
+		} `json:"conditions"`
+	} `json:"status"`
+}
+
+// claimPod is a pod of 1 device claimed from the template tpl, with a
+// container that never runs (nothing runs containers here).
+func claimPod(name, tpl string) map[string]any {
+	return map[string]any{"apiVersion": "v1", "kind": "Pod",
+		"metadata": map[string]any{"name": name, "namespace": fleetNamespace},
+		"spec": map[string]any{
+			"automountServiceAccountToken":  false,
+			"terminationGracePeriodSeconds": 0,
+			"resourceClaims":                []any{map[string]any{"name": "dev", "resourceClaimTemplateName": tpl}},
+			"containers": []any{map[string]any{"name": "c", "image": "registry.k8s.io/pause:3.10",
+				"resources": map[string]any{"claims": []any{map[string]any{"name": "dev"}}}}},
+		}}
+}
+
+// podTimes are when a pod was created (POST answered), bound (the watch
+// showed its node) and prepared (NodePrepareResources answered).
+type podTimes struct {
+	created, bound, prepared time.Time
+	node                     string
+	failed                   string // why the pod failed: evicted, deleted
+}
+
+// kubelet is the kubelet stand-in of every node: one watch of the fleet's
+// pods (one per node would cost the API server N watches for the same
+// events), dispatched by node; each node prepares its pods' claims one at
+// a time, retrying a failed call every 200 ms as the kubelet retries a
+// pod's sync.
+type kubelet struct {
+	api   *apiClient
+	logf  func(string, ...any)
+	nodes map[string]*fleetNode
+
+	mu      sync.Mutex
+	pods    map[string]*podTimes
+	queued  map[string]bool
+	errors  atomic.Int64 // failed NodePrepareResources calls
+	changed chan struct{}
+
+	work map[string]chan prepareWork
+	wg   sync.WaitGroup
+}
+
+type prepareWork struct {
+	pod   string
+	claim string
+}
+
+func newKubelet(api *apiClient, nodes []*fleetNode, logf func(string, ...any)) *kubelet {
+	k := &kubelet{api: api, logf: logf, nodes: map[string]*fleetNode{}, pods: map[string]*podTimes{}, queued: map[string]bool{},
+		changed: make(chan struct{}, 1), work: map[string]chan prepareWork{}}
+	for _, n := range nodes {
+		k.nodes[n.name] = n
+		k.work[n.name] = make(chan prepareWork, 1024)
+	}
+	return k
+}
+
+// run watches the pods and prepares them until ctx is done.
+func (k *kubelet) run(ctx context.Context) error {
+	if err := watchAlways(ctx, k.api, pathNamespaces+"/"+fleetNamespace+"/pods", url.Values{}, k.event, k.logf); err != nil {
+		return fmt.Errorf("watching pods: %w", err)
+	}
+	for name, ch := range k.work {
+		n := k.nodes[name]
+		k.wg.Add(1)
+		go func() {
+			defer k.wg.Done()
+			k.worker(ctx, n, ch)
+		}()
+	}
+	return nil
+}
+
+// wait joins the goroutines (after ctx is done).
+func (k *kubelet) wait() { k.wg.Wait() }
+
+// created records a pod's creation.
+func (k *kubelet) created(name string, at time.Time) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.pods[name] == nil {
+		k.pods[name] = &podTimes{}
+	}
+	k.pods[name].created = at
+}
+
+func (k *kubelet) event(ev watchEvent) {
+	var p fleetPod
+	if ev.Type == watchError || json.Unmarshal(ev.Object, &p) != nil {
+		return
+	}
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	t := k.pods[p.Metadata.Name]
+	if t == nil {
+		t = &podTimes{}
+		k.pods[p.Metadata.Name] = t
+	}
+	defer k.notify()
+	if ev.Type == watchDeleted {
+		t.failed = "deleted"
+		return
+	}
+	for _, c := range p.Status.Conditions {
+		if c.Type == "DisruptionTarget" && c.Status == "True" {
+			t.failed = "DisruptionTarget (evicted)"
+		}
+	}
+	if p.Status.Phase == "Failed" {
+		t.failed = "phase Failed"
+	}
+	if p.Spec.NodeName == "" {
+		return
+	}
+	if t.bound.IsZero() {
+		t.bound, t.node = ev.At, p.Spec.NodeName
+	}
+	var claim string
+	for _, s := range p.Status.ResourceClaimStatuses {
+		if s.ResourceClaimName != nil {
+			claim = *s.ResourceClaimName
+		}
+	}
+	ch := k.work[p.Spec.NodeName]
+	if claim == "" || k.queued[p.Metadata.Name] || ch == nil {
+		return
+	}
+	k.queued[p.Metadata.Name] = true
+	ch <- prepareWork{pod: p.Metadata.Name, claim: claim}
+}
+
+func (k *kubelet) notify() {
+	select {
+	case k.changed <- struct{}{}:
+	default:
+	}
+}
+
+// worker prepares the node's pods in turn.
+func (k *kubelet) worker(ctx context.Context, n *fleetNode, ch <-chan prepareWork) {
+	for {
+		var w prepareWork
+		select {
+		case <-ctx.Done():
+			return
+		case w = <-ch:
+		}
+		var c resourceClaim
+		for {
+			err := k.api.do(ctx, http.MethodGet, pathClaims(fleetNamespace)+"/"+w.claim, nil, &c)
+			if err == nil {
+				err = n.prepare(ctx, &drav1.Claim{Namespace: fleetNamespace, Name: w.claim, Uid: c.Metadata.UID})
+			}
+			if err == nil {
+				break
+			}
+			if ctx.Err() != nil {
+				return
+			}
+			k.errors.Add(1)
+			if sleep(ctx, 200*time.Millisecond) != nil {
+				return
+			}
+		}
+		k.mu.Lock()
+		k.pods[w.pod].prepared = time.Now()
+		k.mu.Unlock()
+		k.notify()
+	}
+}
+
+// count returns how many of the pods named are bound and prepared, and
+// how many failed.
+func (k *kubelet) count(names []string) (bound, prepared, failed int) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	for _, name := range names {
+		t := k.pods[name]
+		if t == nil {
+			continue
+		}
+		if !t.bound.IsZero() {
+			bound++
+		}
+		if !t.prepared.IsZero() {
+			prepared++
+		}
+		if t.failed != "" {
+			failed++
+		}
+	}
+	return bound, prepared, failed
+}
+
+// waitPods waits until every pod named is prepared (or one failed).
+func (k *kubelet) waitPods(ctx context.Context, names []string, timeout time.Duration) error {
+	deadline := time.NewTimer(timeout)
+	defer deadline.Stop()
+	for {
+		b, p, f := k.count(names)
+		switch {
+		case f > 0:
+			return fmt.Errorf("%d of %d pods failed", f, len(names))
+		case p == len(names):
+			return nil
+		}
+		select {
+		case <-k.changed:
+		case <-deadline.C:
+			return fmt.Errorf("%d of %d pods bound, %d prepared within %s", b, len(names), p, timeout)
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// rates are pods per second from the first creation to the last bind
+// and to the last preparation.
+func (k *kubelet) rates(names []string) (bound, prepared float64) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	var first, lastB, lastP time.Time
+	for _, name := range names {
+		t := k.pods[name]
+		if t == nil {
+			continue
+		}
+		if first.IsZero() || t.created.Before(first) {
+			first = t.created
+		}
+		if t.bound.After(lastB) {
+			lastB = t.bound
+		}
+		if t.prepared.After(lastP) {
+			lastP = t.prepared
+		}
+	}
+	rate := func(last time.Time) float64 {
+		if d := last.Sub(first); d > 0 {
+			return float64(len(names)) / d.Seconds()
+		}
+		return 0
+	}
+	return rate(lastB), rate(lastP)
+}
+
+// failures lists the pods that failed.
+func (k *kubelet) failures() []string {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	var out []string
+	for name, t := range k.pods {
+		if t.failed != "" {
+			out = append(out, name+": "+t.failed)
+		}
+	}
+	return out
+}
