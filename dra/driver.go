@@ -379,6 +379,9 @@ func (d *Driver) loop(ctx context.Context, helper *kubeletplugin.Helper) error {
 		cur := d.current(g)
 		pools := Pools(d.opts.DriverName, d.opts.NodeName, cur)
 		if last == nil || !reflect.DeepEqual(pools, last) {
+			if last == nil {
+				d.publishAtOnce(ctx, pools) // not a second later (firstpublish.go)
+			}
 			if err := helper.PublishResources(ctx, resourceslice.DriverResources{Pools: pools}); err != nil {
 				return fmt.Errorf("publish the ResourceSlices: %w", err)
 			}
