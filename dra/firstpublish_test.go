@@ -147,8 +147,12 @@ func TestFirstPublishAdopted(t *testing.T) {
 		t.Errorf("the controller wrote slices created at once: %+v, calls %v", st, writes)
 	}
 	key := func(s *resourceapi.ResourceSlice) string { return s.GenerateName }
-	slices.SortFunc(want, func(a, b *resourceapi.ResourceSlice) int { return strings.Compare(key(a)+a.Spec.Pool.Name, key(b)+b.Spec.Pool.Name) })
-	slices.SortFunc(got, func(a, b *resourceapi.ResourceSlice) int { return strings.Compare(key(a)+a.Spec.Pool.Name, key(b)+b.Spec.Pool.Name) })
+	slices.SortFunc(want, func(a, b *resourceapi.ResourceSlice) int {
+		return strings.Compare(key(a)+a.Spec.Pool.Name, key(b)+b.Spec.Pool.Name)
+	})
+	slices.SortFunc(got, func(a, b *resourceapi.ResourceSlice) int {
+		return strings.Compare(key(a)+a.Spec.Pool.Name, key(b)+b.Spec.Pool.Name)
+	})
 	if len(got) != len(want) {
 		t.Fatalf("created %d slices, the controller %d", len(got), len(want))
 	}
