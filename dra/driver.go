@@ -131,6 +131,8 @@ type Driver struct {
 	// prepMu serialises Prepare and Unprepare (the helper does too, but
 	// the checkpoint must not depend on that).
 	prepMu sync.Mutex
+	// podres asks PodResources in Prepare, over a kept connection.
+	podres *podResources
 }
 
 // running is a Resource running: its follower publishes to it.
@@ -196,7 +198,7 @@ func New(o Options) (*Driver, error) {
 	}
 	d := &Driver{opts: o, log: o.Log.WithField("driver", o.DriverName), claimKind: k,
 		changed: make(chan struct{}, 1), nodes: make(chan nodeReport, 1), polled: make(chan pollResult, 1),
-		fatal: make(chan error, 1), pings: make(chan chan struct{})}
+		fatal: make(chan error, 1), pings: make(chan chan struct{}), podres: &podResources{socket: o.PodResources}}
 	d.health.Store(&healthView{changed: make(chan struct{})})
 	for _, rc := range o.Resources {
 		r := &running{Resource: rc, d: d, pool: PoolName(o.NodeName, rc.IDPrefix)}
@@ -256,6 +258,7 @@ func (d *Driver) Run(ctx context.Context) error {
 	g.Go(func() error { return d.loop(gctx, helper) })
 	err = g.Wait()
 	helper.Stop() // its slice controller too: nothing publishes after this
+	d.podres.close()
 	d.taintOnStop()
 	if ctx.Err() != nil && errors.Is(err, context.Canceled) {
 		// Stopped while starting (the slice informer not yet synced,
