@@ -242,6 +242,7 @@ func (d *Driver) Run(ctx context.Context) error {
 		kubeletplugin.KubeClient(d.opts.Client),
 		kubeletplugin.RegistrarDirectoryPath(d.opts.RegistrarDir),
 		kubeletplugin.PluginDataDirectoryPath(d.opts.PluginDir),
+		kubeletplugin.GRPCInterceptor(d.prefetchHeld),
 	)
 	if err != nil {
 		return fmt.Errorf("start the kubelet plugin: %w", err)

@@ -12,7 +12,9 @@ import (
 
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	clienttesting "k8s.io/client-go/testing"
 	podresourcesapi "k8s.io/kubelet/pkg/apis/podresources/v1"
 
 	"github.com/cdi-device-plugin/cdi-device-plugin/internal/inotify"
@@ -36,14 +38,14 @@ func (l *countingListener) Accept() (net.Conn, error) {
 
 // servePodResources serves an empty PodResources on sock, counting its
 // connections, until the returned stop.
-func servePodResources(t *testing.T, sock string) (*countingListener, func()) {
+func servePodResources(t *testing.T, sock string, opts ...grpc.ServerOption) (*countingListener, func()) {
 	t.Helper()
 	ln, err := net.Listen("unix", sock)
 	if err != nil {
 		t.Fatal(err)
 	}
 	cl := &countingListener{Listener: ln}
-	srv := grpc.NewServer()
+	srv := grpc.NewServer(opts...)
 	podresourcesapi.RegisterPodResourcesListerServer(srv, &kubeletsim.PodResources{})
 	done := make(chan struct{})
 	go func() { defer close(done); _ = srv.Serve(cl) }()
@@ -159,5 +161,57 @@ func TestUnprepareOneCheckpointWrite(t *testing.T) {
 	}
 	if _, ok := h.checkpointed()[types.UID(cl.Uid)]; ok {
 		t.Error("the claim is still checkpointed")
+	}
+}
+
+// TestPrepareListsDuringClaimGet (issue 28, item 6): the PodResources
+// List of a new claim's Prepare is asked while the helper reads the claim
+// from the API, not after: the test's API holds the claim's GET until
+// PodResources is asked (at most 5 s), so a List made only after the GET
+// fails the test. A claim prepared already is answered without a List.
+func TestPrepareListsDuringClaimGet(t *testing.T) {
+	h := newHarness(t, map[string]string{"PRESTART_STEPS": "none"})
+	sock := filepath.Join(testutil.ShortDir(t), "counted.sock")
+	listed := make(chan struct{}, 64)
+	var lists atomic.Int32
+	servePodResources(t, sock, grpc.UnaryInterceptor(func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		lists.Add(1)
+		select {
+		case listed <- struct{}{}:
+		default:
+		}
+		return handler(ctx, req)
+	}))
+	h.options = func(o *Options) { o.PodResources = sock }
+	h.start()
+	h.waitFor("the guard down", func() bool {
+		p := h.published()
+		return len(p) == 4 && !hasTaint(p["sim-0"], TaintHandover)
+	})
+	cl := h.claim("c", "sim-0")
+	var during atomic.Bool
+	h.client.PrependReactor("get", "resourceclaims", func(clienttesting.Action) (bool, runtime.Object, error) {
+		select {
+		case <-listed:
+			during.Store(true)
+		case <-time.After(5 * time.Second):
+		}
+		return false, nil, nil
+	})
+	for len(listed) > 0 { // the guard's polls before
+		<-listed
+	}
+	if r := h.prepare(cl)[cl.Uid]; r.Error != "" {
+		t.Fatal(r.Error)
+	}
+	if !during.Load() {
+		t.Fatal("PodResources was not asked while the claim was read from the API (the List came after the GET)")
+	}
+	before := lists.Load()
+	if r := h.prepare(cl)[cl.Uid]; r.Error != "" {
+		t.Fatal(r.Error)
+	}
+	if n := lists.Load() - before; n != 0 {
+		t.Errorf("a claim prepared already: %d PodResources Lists, want 0", n)
 	}
 }

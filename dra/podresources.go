@@ -9,6 +9,8 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"k8s.io/apimachinery/pkg/types"
+	drav1 "k8s.io/kubelet/pkg/apis/dra/v1"
 	podresourcesapi "k8s.io/kubelet/pkg/apis/podresources/v1"
 )
 
@@ -50,8 +52,8 @@ func (p *podResources) heldByResource(ctx context.Context) (map[string][]string,
 			}
 		}
 		resp, err = podresourcesapi.NewPodResourcesListerClient(p.conn).List(ctx, &podresourcesapi.ListPodResourcesRequest{})
-		if err == nil {
-			break
+		if err == nil || ctx.Err() != nil {
+			break // done, or our caller gave up: the connection is fine
 		}
 		_ = p.conn.Close()
 		p.conn = nil
@@ -78,4 +80,75 @@ func (p *podResources) close() {
 		_ = p.conn.Close()
 		p.conn = nil
 	}
+}
+
+// The PodResources List of a Prepare starts when the kubelet's
+// NodePrepareResources call arrives, beside the helper's GET of the
+// claims from the API (milliseconds), instead of after it: Prepare then
+// finds its answer waiting. The answer is as fresh as the call: a
+// container that a device plugin gives a device after it is not seen,
+// as one given a device after a List made later would not be either (the
+// kubelet allocates device-plugin devices without asking the driver).
+
+// heldPrefetch is a List started for one call; done is closed when held
+// and err are set.
+type heldPrefetch struct {
+	done chan struct{}
+	held map[string][]string
+	err  error
+}
+
+type prefetchKey struct{}
+
+// prefetchHeld is the helper's gRPC interceptor (kubeletplugin.GRPCInterceptor):
+// for a NodePrepareResources call with a claim not prepared in this boot it
+// starts the PodResources List that Prepare will need, hands it to the
+// call in its context, and, once the call is answered, stops it if the
+// call did not wait for it, and waits for its end.
+func (d *Driver) prefetchHeld(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	r, ok := req.(*drav1.NodePrepareResourcesRequest)
+	if !ok || !d.mayPrepareNew(r) {
+		return handler(ctx, req)
+	}
+	lctx, cancel := context.WithCancel(ctx)
+	f := &heldPrefetch{done: make(chan struct{})}
+	go func() {
+		defer close(f.done)
+		f.held, f.err = d.podres.heldByResource(lctx)
+	}()
+	defer func() {
+		cancel()
+		<-f.done
+	}()
+	return handler(context.WithValue(ctx, prefetchKey{}, f), req)
+}
+
+// mayPrepareNew reports whether a claim of r is not prepared in this
+// boot (Prepare asks PodResources for such claims only).
+func (d *Driver) mayPrepareNew(r *drav1.NodePrepareResourcesRequest) bool {
+	cp := d.opts.Checkpoint.Claims()
+	for _, c := range r.Claims {
+		pc, ok := cp[types.UID(c.Uid)]
+		if !ok || pc.Unpreparing || pc.PrepareAgain || pc.BootID != d.opts.BootID {
+			return true
+		}
+	}
+	return false
+}
+
+// heldByResource is what PodResources says device-plugin containers
+// hold: the List the call's interceptor started (prefetchHeld), or, without
+// one or when it failed, one made now.
+func (d *Driver) heldByResource(ctx context.Context) (map[string][]string, error) {
+	if f, ok := ctx.Value(prefetchKey{}).(*heldPrefetch); ok {
+		select {
+		case <-f.done:
+			if f.err == nil {
+				return f.held, nil
+			}
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	return d.podres.heldByResource(ctx)
 }

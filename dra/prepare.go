@@ -345,7 +345,7 @@ func (d *Driver) refuseDevicePluginHeld(ctx context.Context, plans []*planned, e
 	if !need {
 		return
 	}
-	held, err := d.podres.heldByResource(ctx)
+	held, err := d.heldByResource(ctx)
 	for _, p := range plans {
 		for r, devs := range p.devs {
 			for _, dv := range devs {
