@@ -117,7 +117,7 @@ BENCH_COUNT ?= 5
 BENCH_CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/cdi-device-plugin-bench
 
 bench: build ## Go benchmarks; dp-bench: our plugin and two peers side by side -> docs/benchmarks.md
-	$(GO) test -run '^$$' -bench . -benchtime 300ms -count $(BENCH_COUNT) ./plugin/ ./prestart/ ./cdi/ ./cmd/cdi-device-plugin/ >$(BIN)/gobench.txt || { cat $(BIN)/gobench.txt; exit 1; }
+	$(GO) test -run '^$$' -bench . -benchtime 300ms -count $(BENCH_COUNT) ./plugin/ ./prestart/ ./cdi/ ./dra/ ./cmd/cdi-device-plugin/ >$(BIN)/gobench.txt || { cat $(BIN)/gobench.txt; exit 1; }
 	cat $(BIN)/gobench.txt
 	@set -e; peers="$$(BENCH_CACHE=$(BENCH_CACHE) cmd/dp-bench/peers.sh)"; \
 	  export PLUGIN_BIN=$(BIN)/cdi-device-plugin; \

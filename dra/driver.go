@@ -134,6 +134,8 @@ type Driver struct {
 	// prepMu serialises Prepare and Unprepare (the helper does too, but
 	// the checkpoint must not depend on that).
 	prepMu sync.Mutex
+	// podres asks PodResources in Prepare, over a kept connection.
+	podres *podResources
 }
 
 // running is a Resource running: its follower publishes to it.
@@ -202,7 +204,7 @@ func New(o Options) (*Driver, error) {
 	}
 	d := &Driver{opts: o, log: o.Log.WithField("driver", o.DriverName), claimKind: k,
 		changed: make(chan struct{}, 1), nodes: make(chan nodeReport, 1), polled: make(chan pollResult, 1),
-		fatal: make(chan error, 1), pings: make(chan chan struct{})}
+		fatal: make(chan error, 1), pings: make(chan chan struct{}), podres: &podResources{socket: o.PodResources}}
 	d.health.Store(&healthView{changed: make(chan struct{})})
 	for _, rc := range o.Resources {
 		r := &running{Resource: rc, d: d, pool: PoolName(o.NodeName, rc.IDPrefix)}
@@ -246,6 +248,7 @@ func (d *Driver) Run(ctx context.Context) error {
 		kubeletplugin.KubeClient(d.opts.Client),
 		kubeletplugin.RegistrarDirectoryPath(d.opts.RegistrarDir),
 		kubeletplugin.PluginDataDirectoryPath(d.opts.PluginDir),
+		kubeletplugin.GRPCInterceptor(d.prefetchHeld),
 	)
 	if err != nil {
 		return fmt.Errorf("start the kubelet plugin: %w", err)
@@ -262,6 +265,7 @@ func (d *Driver) Run(ctx context.Context) error {
 	g.Go(func() error { return d.loop(gctx, helper) })
 	err = g.Wait()
 	helper.Stop() // its slice controller too: nothing publishes after this
+	d.podres.close()
 	d.taintOnStop()
 	if ctx.Err() != nil && errors.Is(err, context.Canceled) {
 		// Stopped while starting (the slice informer not yet synced,
@@ -386,6 +390,9 @@ func (d *Driver) loop(ctx context.Context, helper *kubeletplugin.Helper) error {
 		cur := d.current(g)
 		pools := Pools(d.opts.DriverName, d.opts.NodeName, cur)
 		if (last == nil || !reflect.DeepEqual(pools, last)) && co.ready() {
+			if last == nil {
+				d.publishAtOnce(ctx, pools) // not a second later (firstpublish.go)
+			}
 			co.published()
 			if err := helper.PublishResources(ctx, resourceslice.DriverResources{Pools: pools}); err != nil {
 				return fmt.Errorf("publish the ResourceSlices: %w", err)

@@ -54,7 +54,7 @@ const (
 // the helper serves, the API in client-go's fake clientset and the
 // kubelet's PodResources in a stand-in.
 type harness struct {
-	t                           *testing.T
+	t                           testing.TB
 	dev, cdiDir, state          string
 	registrar, plugins, podSock string
 	podres                      *testutil.PodResources
@@ -74,7 +74,7 @@ type harness struct {
 	kl     *kubeletsim.DRA
 }
 
-func newHarness(t *testing.T, env map[string]string) *harness {
+func newHarness(t testing.TB, env map[string]string) *harness {
 	t.Helper()
 	testutil.NeedMknod(t)
 	short := testutil.ShortDir(t)
@@ -191,7 +191,7 @@ func nameGenerated(client *fake.Clientset) {
 	})
 }
 
-type testWriter struct{ t *testing.T }
+type testWriter struct{ t testing.TB }
 
 // syncBuffer is a goroutine-safe log sink.
 type syncBuffer struct {

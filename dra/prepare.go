@@ -345,7 +345,7 @@ func (d *Driver) refuseDevicePluginHeld(ctx context.Context, plans []*planned, e
 	if !need {
 		return
 	}
-	held, err := metrics.HeldByResource(ctx, d.opts.PodResources)
+	held, err := d.heldByResource(ctx)
 	for _, p := range plans {
 		for r, devs := range p.devs {
 			for _, dv := range devs {
@@ -467,7 +467,8 @@ func (d *Driver) UnprepareResourceClaims(ctx context.Context, claims []kubeletpl
 // device is reset or the spec removed, the entry records, durably, that
 // the claim is being unprepared and which devices are reset: a driver that
 // stops in between neither takes the missing spec for a reboot at its
-// next start nor resets a device twice. A reset that fails makes the
+// next start nor resets a device twice. A claim with no device to reset
+// needs no such mark: one checkpoint write (dropClaim). A reset that fails makes the
 // device unhealthy (as a failed preparation does) but does not keep the
 // claim: the kubelet could never release it.
 func (d *Driver) unprepare(ctx context.Context, uid types.UID) error {
@@ -481,22 +482,23 @@ func (d *Driver) unprepare(ctx context.Context, uid types.UID) error {
 	delete(cp, uid)
 	byRes := d.toReset(log, pc, cp)
 	byRes = d.spareDevicePluginHeld(ctx, log, byRes)
-	if len(byRes) > 0 || (pc.ClaimSpec != "" && !pc.Unpreparing) {
-		mark := pc
-		mark.Unpreparing = true
-		mark.Devices = slices.Clone(pc.Devices)
-		for i := range mark.Devices {
-			dv := &mark.Devices[i]
-			if r := d.byName(dv.Resource); r != nil && slices.ContainsFunc(byRes[r], func(x device.Device) bool { return x.Name == dv.ID }) {
-				dv.Reset = true
-			}
-		}
-		cp[uid] = mark
-		if err := d.opts.Checkpoint.Save(cp); err != nil {
-			return fmt.Errorf("claim %s: recording its unprepare: %w", name, err)
-		}
-		pc = mark
+	if len(byRes) == 0 {
+		return d.dropClaim(log, uid, pc, cp)
 	}
+	mark := pc
+	mark.Unpreparing = true
+	mark.Devices = slices.Clone(pc.Devices)
+	for i := range mark.Devices {
+		dv := &mark.Devices[i]
+		if r := d.byName(dv.Resource); r != nil && slices.ContainsFunc(byRes[r], func(x device.Device) bool { return x.Name == dv.ID }) {
+			dv.Reset = true
+		}
+	}
+	cp[uid] = mark
+	if err := d.opts.Checkpoint.Save(cp); err != nil {
+		return fmt.Errorf("claim %s: recording its unprepare: %w", name, err)
+	}
+	pc = mark
 	for r, devs := range byRes {
 		if err := r.Runner.Reset(ctx, devs); err != nil {
 			log.WithError(err).WithField("resource", r.Name).Warn("resetting the devices of an unprepared claim failed")
@@ -510,6 +512,27 @@ func (d *Driver) unprepare(ctx context.Context, uid types.UID) error {
 	delete(cp, uid)
 	if err := d.opts.Checkpoint.Save(cp); err != nil {
 		return fmt.Errorf("claim %s: %w", name, err)
+	}
+	log.Info("claim unprepared")
+	return nil
+}
+
+// dropClaim unprepares claim uid (pc) when none of its devices is to be
+// reset: its entry dropped from the checkpoint (others, without it),
+// durably, then its spec removed: one checkpoint write. No mark is needed
+// first: a driver stopped between the two finds at its next start the
+// spec of a claim it does not hold and removes it (restoreClaimSpecs), and
+// there is no reset to keep from running twice. A spec that cannot be
+// removed is logged: the claim is unprepared all the same, and the next
+// start removes it.
+func (d *Driver) dropClaim(log *logrus.Entry, uid types.UID, pc PreparedClaim, others map[types.UID]PreparedClaim) error {
+	if err := d.opts.Checkpoint.Save(others); err != nil {
+		return fmt.Errorf("claim %s/%s: %w", pc.Namespace, pc.Name, err)
+	}
+	if pc.ClaimSpec != "" {
+		if err := d.opts.Writer.RemoveClaimSpec(d.claimKind, string(uid)); err != nil {
+			log.WithError(err).Warn("the claim is unprepared, but its CDI spec could not be removed; the driver's next start removes it")
+		}
 	}
 	log.Info("claim unprepared")
 	return nil

@@ -15,7 +15,7 @@ import (
 	"github.com/cdi-device-plugin/cdi-device-plugin/device"
 )
 
-func benchPlugin(b *testing.B, n, numa, replicas int) (*Plugin, []string) {
+func benchPlugin(b testing.TB, n, numa, replicas int) (*Plugin, []string) {
 	b.Helper()
 	snap := snapshot(n, numa, replicas)
 	p, err := New(Options{ResourceName: resourceName, PluginName: "bench", Dir: b.TempDir(), SocketName: "b.sock",

@@ -93,7 +93,10 @@ type view struct {
 	order    map[string]int // kubelet ID -> position in list
 	list     []*pluginapi.Device
 	cdiNames []string
-	changed  chan struct{} // closed when a newer view replaces this one
+	// annotKeys are the devices' annotation keys (AnnotationPrefix-<index>),
+	// by index in snap.Devices; nil without a prefix.
+	annotKeys []string
+	changed   chan struct{} // closed when a newer view replaces this one
 
 	// wire is list encoded, made by the first send (or patched from the
 	// previous view's by nextView).
@@ -190,6 +193,9 @@ func (p *Plugin) newView(snap *device.Snapshot) (*view, error) {
 			return nil, err
 		}
 		v.cdiNames[i] = name
+		if p.opts.AnnotationPrefix != "" {
+			v.annotKeys = append(v.annotKeys, p.opts.AnnotationPrefix+"-"+strconv.Itoa(d.Index))
+		}
 		health := pluginapi.Healthy
 		if !d.Healthy {
 			health = pluginapi.Unhealthy

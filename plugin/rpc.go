@@ -14,7 +14,6 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
-	cdiapi "tags.cncf.io/container-device-interface/pkg/cdi"
 
 	"github.com/cdi-device-plugin/cdi-device-plugin/cdi"
 	"github.com/cdi-device-plugin/cdi-device-plugin/config"
@@ -143,27 +142,41 @@ func (p *Plugin) physical(v *view, ids []string, healthy bool) ([]int, error) {
 		return nil, status.Errorf(codes.InvalidArgument, "%s: no device IDs", p.opts.ResourceName)
 	}
 	phys := make([]int, 0, len(ids))
-	seen := make(map[int]bool, len(ids))
-	asked := make(map[string]bool, len(ids))
-	for _, id := range ids {
+	// A kubelet request names a few IDs: a scan of those seen so far
+	// costs less than two maps (their tables outgrow a group at 8).
+	var seen map[int]bool
+	var asked map[string]bool
+	small := len(ids) <= smallRequest
+	if !small {
+		seen, asked = make(map[int]bool, len(ids)), make(map[string]bool, len(ids))
+	}
+	for k, id := range ids {
 		i, ok := v.ids[id]
 		if !ok {
 			return nil, status.Errorf(codes.InvalidArgument, "%s: unknown device ID %s", p.opts.ResourceName, quoteID(id))
 		}
-		if asked[id] {
+		if (small && slices.Contains(ids[:k], id)) || asked[id] {
 			return nil, status.Errorf(codes.InvalidArgument, "%s: device ID %s requested twice", p.opts.ResourceName, quoteID(id))
 		}
-		asked[id] = true
+		if !small {
+			asked[id] = true
+		}
 		if d := v.snap.Devices[i]; healthy && !d.Healthy {
 			return nil, status.Errorf(codes.InvalidArgument, "%s: device ID %s is unhealthy: %s", p.opts.ResourceName, quoteID(id), d.Problem)
 		}
-		if !seen[i] {
-			seen[i] = true
+		if small && !slices.Contains(phys, i) || !small && !seen[i] {
+			if !small {
+				seen[i] = true
+			}
 			phys = append(phys, i)
 		}
 	}
 	return phys, nil
 }
+
+// smallRequest is the most IDs a request may name for physical to check
+// them by scanning instead of with maps.
+const smallRequest = 16
 
 // maxIDInMessage bounds how much of an ID an error or log line shows.
 const maxIDInMessage = 128
@@ -200,32 +213,23 @@ func (p *Plugin) allocateContainer(v *view, ids []string) (*pluginapi.ContainerA
 		names[k] = v.cdiNames[i]
 	}
 	if strategies.Includes(config.StrategyCDICRI) {
-		for _, n := range names {
-			r.CdiDevices = append(r.CdiDevices, &pluginapi.CDIDevice{Name: n})
+		devs := make([]pluginapi.CDIDevice, len(names)) // one allocation
+		r.CdiDevices = make([]*pluginapi.CDIDevice, len(names))
+		for k, n := range names {
+			devs[k].Name = n
+			r.CdiDevices[k] = &devs[k]
 		}
 	}
 	if p.annotKey != "" || p.opts.AnnotationPrefix != "" {
-		r.Annotations = map[string]string{}
+		r.Annotations = make(map[string]string, 1+len(phys))
 	}
 	if p.annotKey != "" {
-		value, err := cdiapi.AnnotationValue(names)
-		if err != nil {
-			return nil, status.Errorf(codes.Internal, "%s: CDI annotation: %v", p.opts.ResourceName, err)
-		}
-		r.Annotations[p.annotKey] = value
+		// cdiapi.AnnotationValue, without parsing again the names that
+		// newView made with Kind.QualifiedName (checked there).
+		r.Annotations[p.annotKey] = strings.Join(names, ",")
 	}
 	if p.opts.AnnotationPrefix != "" {
-		// One annotation per physical device: the IDs requested of it
-		// (replicas), sorted, so the value does not depend on their order.
-		byDev := make(map[int][]string, len(phys))
-		for _, id := range ids {
-			i := v.ids[id]
-			byDev[i] = append(byDev[i], id)
-		}
-		for i, group := range byDev {
-			slices.Sort(group)
-			r.Annotations[p.opts.AnnotationPrefix+"-"+strconv.Itoa(v.snap.Devices[i].Index)] = strings.Join(slices.Compact(group), ",")
-		}
+		p.deviceAnnotations(v, r.Annotations, ids, phys)
 	}
 	if strategies.Includes(config.StrategyDeviceSpecs) {
 		seen := map[string]bool{} // shared nodes once
@@ -316,8 +320,37 @@ func (p *Plugin) PreStartContainer(ctx context.Context, req *pluginapi.PreStartC
 	return &pluginapi.PreStartContainerResponse{}, nil
 }
 
+// deviceAnnotations adds to annots one annotation per physical device of
+// phys: the IDs of ids requested of it (replicas), sorted, so the value
+// does not depend on their order; its key is the view's (annotKeys).
+func (p *Plugin) deviceAnnotations(v *view, annots map[string]string, ids []string, phys []int) {
+	if len(ids) == len(phys) {
+		// No replica asked twice: each device has one ID, in order.
+		for k, i := range phys {
+			annots[v.annotKeys[i]] = ids[k]
+		}
+		return
+	}
+	for _, i := range phys {
+		var group []string
+		for _, id := range ids {
+			if v.ids[id] == i {
+				group = append(group, id)
+			}
+		}
+		slices.Sort(group)
+		annots[v.annotKeys[i]] = strings.Join(group, ",")
+	}
+}
+
 // identityEnv is device.IdentityEnv of the devices phys of v.
 func (p *Plugin) identityEnv(v *view, phys []int) (string, string) {
+	if !slices.ContainsFunc(phys, func(i int) bool {
+		id := &v.snap.Devices[i].Identity
+		return id.PCIAddress != "" || id.USBBus > 0
+	}) {
+		return "", "" // IdentityEnv's answer, without its slices
+	}
 	ids := make([]device.Identity, len(phys))
 	for k, i := range phys {
 		ids[k] = v.snap.Devices[i].Identity
