@@ -16,8 +16,8 @@ import (
 
 // draFeatureGates are the gates the DRA scenarios need (e2e/versions.env's
 // FEATURE_GATES pins them): extendedResourceName, the driver's taints,
-// device health in the pod's status.
-var draFeatureGates = []string{"DRAExtendedResource", "DRADeviceTaints", "ResourceHealthStatus"}
+// device health in the pod's status, shared devices (replicas).
+var draFeatureGates = []string{"DRAExtendedResource", "DRADeviceTaints", "ResourceHealthStatus", "DRAConsumableCapacity"}
 
 // featureGate is one kubernetes_feature_enabled sample of a component.
 type featureGate struct {
