@@ -13,8 +13,8 @@ import (
 	apiresource "k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	testingclock "k8s.io/utils/clock/testing"
 	drav1 "k8s.io/kubelet/pkg/apis/dra/v1"
+	testingclock "k8s.io/utils/clock/testing"
 )
 
 // sharedConfig is resName with 2 devices of 2 replicas each, reset and
