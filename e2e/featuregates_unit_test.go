@@ -34,7 +34,7 @@ func metricsOf(gates map[string]string) string {
 // TestFeatureGatesEnabled: the check the DRA scenarios make first, against
 // a fake API server (its /metrics, one node's kubelet behind the node proxy).
 func TestFeatureGatesEnabled(t *testing.T) {
-	on := map[string]string{"DRAExtendedResource": "1", "DRADeviceTaints": "1", "ResourceHealthStatus": "1"}
+	on := map[string]string{"DRAExtendedResource": "1", "DRADeviceTaints": "1", "ResourceHealthStatus": "1", "DRAConsumableCapacity": "1"}
 	with := func(name, v string) map[string]string {
 		m := map[string]string{}
 		for k, x := range on {
@@ -87,8 +87,8 @@ func TestFeatureGatesEnabled(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				want := "kube-apiserver: DRAExtendedResource=beta DRADeviceTaints=beta ResourceHealthStatus=beta\n" +
-					"kubelet of n1: DRAExtendedResource=beta DRADeviceTaints=beta ResourceHealthStatus=beta"
+				want := "kube-apiserver: DRAExtendedResource=beta DRADeviceTaints=beta ResourceHealthStatus=beta DRAConsumableCapacity=beta\n" +
+					"kubelet of n1: DRAExtendedResource=beta DRADeviceTaints=beta ResourceHealthStatus=beta DRAConsumableCapacity=beta"
 				if seen != want {
 					t.Errorf("seen %q, want %q", seen, want)
 				}
