@@ -88,6 +88,13 @@ type PreparedDevice struct {
 	// claim (recorded before it ran): a retried Unprepare does not run it
 	// again.
 	Reset bool `json:"reset,omitempty"`
+	// ShareID is the allocation result's share ID, for a device of a
+	// resource with replicas (several claims hold it at once); Shares is
+	// how many of its shares the claim takes (0: a device without
+	// replicas, held whole). Both are absent from files of drivers that
+	// did not publish such devices.
+	ShareID string `json:"shareID,omitempty"`
+	Shares  int    `json:"shares,omitempty"`
 }
 
 // Checkpoint is the claims the driver prepared, kept in a file (atomicfile:
@@ -210,7 +217,7 @@ func (c *Checkpoint) Save(claims map[types.UID]PreparedClaim) error {
 }
 
 // Held returns the IDs of the devices of resource that prepared claims
-// hold, sorted (for background recovery and forgetting: see
+// hold, sorted, each once (for background recovery and forgetting: see
 // resource.Options.Holders).
 func (c *Checkpoint) Held(resource string) []string {
 	c.mu.Lock()
@@ -224,5 +231,5 @@ func (c *Checkpoint) Held(resource string) []string {
 		}
 	}
 	sort.Strings(out)
-	return out
+	return slices.Compact(out) // a shared device held by several claims: once
 }

@@ -73,6 +73,10 @@ type Resource struct {
 	Source resource.DeviceSource
 	Spec   resource.SpecFile
 	Runner Runner
+
+	// Replicas, above 1, makes each device shareable by that many claims
+	// at once (Published.Shares; see shares.go).
+	Replicas int
 }
 
 // Options configure the driver.
@@ -458,7 +462,7 @@ func (d *Driver) loop(ctx context.Context, helper *kubeletplugin.Helper) error {
 func (d *Driver) current(g *guards) []Published {
 	out := make([]Published, len(d.res))
 	for i, r := range d.res {
-		out[i] = Published{Resource: r.Name, Kind: r.Kind, IDPrefix: r.IDPrefix, Snapshot: r.snap.Load(), Handover: g.up(i), FirmwareSHA256: r.firmware}
+		out[i] = Published{Resource: r.Name, Kind: r.Kind, IDPrefix: r.IDPrefix, Snapshot: r.snap.Load(), Handover: g.up(i), FirmwareSHA256: r.firmware, Shares: r.Replicas}
 	}
 	return out
 }

@@ -135,7 +135,7 @@ func (h *harness) start() {
 			runner = h.wrap(runner)
 		}
 		opts.Resources = append(opts.Resources, Resource{Name: rc.Name, Kind: p.Kind, IDPrefix: rc.IDPrefix, EnvPrefix: rc.EnvPrefix,
-			Source: p.Source, Spec: p.Spec, Runner: runner})
+			Source: p.Source, Spec: p.Spec, Runner: runner, Replicas: rc.ReplicaCount()})
 	}
 	if h.options != nil {
 		h.options(&opts)

@@ -49,8 +49,14 @@ const (
 	AttrUSBSerial      = "usbSerial"
 )
 
+// CapacityShares is the consumable capacity of a device of a resource
+// with replicas, below the driver name (<driver>/shares; SharesCapacity):
+// the device's replicas, of which a claim takes one unless it asks for
+// more.
+const CapacityShares = "shares"
+
 // DefaultDriverName is the driver name when none is given: <class>.<domain>
-// of the first resource it publishes, one without replicas above 1
+// of the first resource without replicas above 1, else of the first
 // (sim.example.com for example.com/sim; dranames.DefaultDriverName).
 func DefaultDriverName(cfg *config.Config) string { return dranames.DefaultDriverName(cfg) }
 
@@ -85,8 +91,8 @@ func checkPoolName(pool string) error {
 	return nil
 }
 
-// CheckDeviceNames checks that no two resources the driver publishes
-// (dranames.Published) give a device one name, comparing the names as the
+// CheckDeviceNames checks that no two resources (the driver publishes
+// them all) give a device one name, comparing the names as the
 // slices publish them (DeviceName: the ID prefix made a DNS label, cut to
 // fit with the index), at every length of index: ID prefixes that differ
 // only in case or punctuation, or only beyond the characters a name
@@ -97,9 +103,6 @@ func checkPoolName(pool string) error {
 func CheckDeviceNames(cfg *config.Config) error {
 	for i := range cfg.Resources {
 		ri := &cfg.Resources[i]
-		if !dranames.Published(ri) {
-			continue
-		}
 		if cfg.NodeName != "" {
 			if err := checkPoolName(PoolName(cfg.NodeName, ri.IDPrefix)); err != nil {
 				return &config.FieldError{Field: "node-name", Value: cfg.NodeName, Reason: fmt.Sprintf("too long for the pool of %s: %v", ri.Name, err)}
@@ -107,9 +110,6 @@ func CheckDeviceNames(cfg *config.Config) error {
 		}
 		for j := range i {
 			rj := &cfg.Resources[j]
-			if !dranames.Published(rj) {
-				continue
-			}
 			if name, clash := sameName(rj.IDPrefix, ri.IDPrefix); clash {
 				return &config.FieldError{Field: cfg.ResourceField(i, "idPrefix"), Value: ri.IDPrefix,
 					Reason: fmt.Sprintf("resources[%d] (%s, idPrefix %q) and resources[%d] (%s) would both publish the device name %q in the ResourceSlice",

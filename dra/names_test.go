@@ -37,7 +37,9 @@ func TestCheckDeviceNamesAsPublished(t *testing.T) {
 			"resources[1].idPrefix", []string{`"` + DeviceName(strings.Repeat("b", 43), 1_000_000_000_000_000_000) + `"`}},
 		{"distinct at the longest bound", []config.Resource{res("x", strings.Repeat("b", config.MaxIDPrefix-1)+"x"), res("y", strings.Repeat("b", config.MaxIDPrefix-1)+"y")}, "", nil},
 		{"a prefix and a longer one", []config.Resource{res("x", "sim"), res("y", "sim-1")}, "", nil},
-		{"one not published (replicas)", []config.Resource{res("x", "sim"), {Name: "example.com/y", IDPrefix: "SIM", Domain: "example.com", Class: "y", Replicas: &two}}, "", nil},
+		// Issue 28: a resource with replicas is published too.
+		{"one with replicas", []config.Resource{res("x", "sim"), {Name: "example.com/y", IDPrefix: "SIM", Domain: "example.com", Class: "y", Replicas: &two}},
+			"resources[1].idPrefix", []string{"resources[0] (example.com/x", "resources[1] (example.com/y)", `"sim-0"`}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			err := CheckDeviceNames(&config.Config{ConfigFile: "x", Resources: c.res})

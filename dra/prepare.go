@@ -119,14 +119,7 @@ type planned struct {
 // failed, each with its cause (the others are not prepared either).
 func (d *Driver) prepare(ctx context.Context, claims []*resourceapi.ResourceClaim) (map[types.UID][]kubeletplugin.Device, map[types.UID]error) {
 	cp := d.opts.Checkpoint.Claims()
-	holders := map[string]types.UID{} // resource \x00 device ID -> the claim holding it
-	for uid, pc := range cp {
-		for _, dv := range pc.Devices {
-			if !dv.AdminAccess {
-				holders[dv.Resource+"\x00"+dv.ID] = uid
-			}
-		}
-	}
+	holders := heldShares(cp, d.opts.BootID)
 	errs := map[types.UID]error{}
 	var plans []*planned
 	for _, c := range claims {
@@ -236,13 +229,13 @@ func (d *Driver) sameAllocation(c *resourceapi.ResourceClaim, pc PreparedClaim) 
 	if c.Status.Allocation != nil {
 		for _, res := range c.Status.Allocation.Devices.Results {
 			if res.Driver == d.opts.DriverName {
-				now = append(now, res.Pool+"/"+res.Device+" (request "+res.Request+")")
+				now = append(now, res.Pool+"/"+res.Device+shareKey(shareIDOf(res))+" (request "+res.Request+")")
 			}
 		}
 	}
 	for _, dv := range pc.Devices {
 		for _, r := range dv.Requests {
-			was = append(was, dv.Pool+"/"+dv.Device+" (request "+r+")")
+			was = append(was, dv.Pool+"/"+dv.Device+shareKey(dv.ShareID)+" (request "+r+")")
 		}
 	}
 	slices.Sort(now)
@@ -261,6 +254,7 @@ func answer(plans []*planned) map[types.UID][]kubeletplugin.Device {
 		for _, dv := range p.entry.Devices {
 			out[p.claim.UID] = append(out[p.claim.UID], kubeletplugin.Device{
 				Requests: dv.Requests, PoolName: dv.Pool, DeviceName: dv.Device, CDIDeviceIDs: dv.CDIDeviceIDs,
+				ShareID: shareUID(dv.ShareID),
 			})
 		}
 	}
@@ -286,10 +280,12 @@ func stepFailures(err error) map[string]error {
 }
 
 // plan resolves the devices of claim c's allocation that are this
-// driver's and checks each can be handed to it; holders are the devices
-// prepared claims hold (a device the call gives two claims is refused for
-// the second).
-func (d *Driver) plan(c *resourceapi.ResourceClaim, cp map[types.UID]PreparedClaim, holders map[string]types.UID) (*planned, error) {
+// driver's and checks each can be handed to it; holders are the holds of
+// the prepared claims and of the call's claims planned before (a device
+// the call gives two claims is refused for the second, unless it has
+// shares for both: holdings.take). Only the devices no other claim holds
+// in this boot are to be prepared (the first share of a shared device).
+func (d *Driver) plan(c *resourceapi.ResourceClaim, cp map[types.UID]PreparedClaim, holders holdings) (*planned, error) {
 	if c.Status.Allocation == nil {
 		return nil, errors.New("not allocated")
 	}
@@ -298,6 +294,9 @@ func (d *Driver) plan(c *resourceapi.ResourceClaim, cp map[types.UID]PreparedCla
 	}
 	p := &planned{claim: c, devs: map[*running][]device.Device{},
 		entry: PreparedClaim{Namespace: c.Namespace, Name: c.Name, BootID: d.opts.BootID}}
+	// Prepared before (another boot): its allocation's holds replace
+	// those it has.
+	holders.release(c.UID)
 	for _, res := range c.Status.Allocation.Devices.Results {
 		if res.Driver != d.opts.DriverName {
 			continue
@@ -307,20 +306,16 @@ func (d *Driver) plan(c *resourceapi.ResourceClaim, cp map[types.UID]PreparedCla
 			return nil, fmt.Errorf("device %s/%s: %w", res.Pool, res.Device, ErrUnknownDevice)
 		}
 		admin := res.AdminAccess != nil && *res.AdminAccess
+		shares := d.sharesOf(r, res)
 		if !admin {
 			if !dv.Healthy {
 				return nil, fmt.Errorf("device %s (%s): %w: %s", res.Device, dv.Name, ErrUnhealthy, dv.Problem)
 			}
-			key := r.Name + "\x00" + dv.Name
-			if uid, held := holders[key]; held && uid != c.UID {
-				who := "another claim of this call"
-				if pc, ok := cp[uid]; ok {
-					who = "claim " + pc.Namespace + "/" + pc.Name
-				}
-				return nil, fmt.Errorf("device %s (%s): %w by %s", res.Device, dv.Name, ErrHeld, who)
+			first, err := holders.take(r, r.Name+"\x00"+dv.Name, c.UID, shares, cp)
+			if err != nil {
+				return nil, fmt.Errorf("device %s (%s): %w", res.Device, dv.Name, err)
 			}
-			holders[key] = c.UID
-			if !slices.ContainsFunc(p.devs[r], func(x device.Device) bool { return x.Name == dv.Name }) {
+			if first && !slices.ContainsFunc(p.devs[r], func(x device.Device) bool { return x.Name == dv.Name }) {
 				p.devs[r] = append(p.devs[r], dv)
 			}
 		}
@@ -329,7 +324,7 @@ func (d *Driver) plan(c *resourceapi.ResourceClaim, cp map[types.UID]PreparedCla
 			return nil, fmt.Errorf("device %s: %w", res.Device, err)
 		}
 		p.entry.Devices = append(p.entry.Devices, PreparedDevice{Resource: r.Name, ID: dv.Name, Pool: res.Pool, Device: res.Device,
-			Requests: []string{res.Request}, CDIDeviceIDs: []string{id}, AdminAccess: admin})
+			Requests: []string{res.Request}, CDIDeviceIDs: []string{id}, AdminAccess: admin, ShareID: shareIDOf(res), Shares: shares})
 	}
 	return p, nil
 }

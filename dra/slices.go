@@ -2,6 +2,7 @@ package dra
 
 import (
 	resourceapi "k8s.io/api/resource/v1"
+	apiresource "k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/dynamic-resource-allocation/deviceattribute"
 	"k8s.io/dynamic-resource-allocation/resourceslice"
 
@@ -31,6 +32,10 @@ type Published struct {
 	// FirmwareSHA256 is the digest of the image the resource's reprogram
 	// step loads ("" without one).
 	FirmwareSHA256 string
+	// Shares is the resource's replicas: above 1, each device is
+	// published once, allocatable to several claims at once, with the
+	// consumable capacity <driver>/shares of this many (Capacity).
+	Shares int
 }
 
 // Pools are the pools of the devices of res on node: one per resource,
@@ -122,5 +127,32 @@ func Device(driver string, p Published, d device.Device) resourceapi.Device {
 	if p.Handover {
 		out.Taints = append(out.Taints, resourceapi.DeviceTaint{Key: driver + "/" + TaintHandover, Effect: resourceapi.DeviceTaintEffectNoSchedule})
 	}
+	if p.Shares > 1 {
+		out.AllowMultipleAllocations = new(bool)
+		*out.AllowMultipleAllocations = true
+		out.Capacity = map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{SharesCapacity(driver): Capacity(p.Shares)}
+	}
 	return out
+}
+
+// SharesCapacity is the name of the consumable capacity of a device of a
+// resource with replicas: <driver>/shares. A claim's request asks for
+// more than the default one share with capacity.requests of this name.
+func SharesCapacity(driver string) resourceapi.QualifiedName {
+	return resourceapi.QualifiedName(driver + "/" + CapacityShares)
+}
+
+// Capacity is the shares capacity of a device of a resource with n
+// replicas (DRAConsumableCapacity): n shares; a request takes one unless
+// it asks for more, from 1 to n in steps of 1. The scheduler allocates the
+// device to claims until their shares add up to n, each allocation with a
+// share ID of its own.
+func Capacity(n int) resourceapi.DeviceCapacity {
+	one := apiresource.MustParse("1")
+	step := apiresource.MustParse("1")
+	most := *apiresource.NewQuantity(int64(n), apiresource.DecimalSI)
+	return resourceapi.DeviceCapacity{Value: most, RequestPolicy: &resourceapi.CapacityRequestPolicy{
+		Default:    &one,
+		ValidRange: &resourceapi.CapacityRequestPolicyRange{Min: &one, Max: &most, Step: &step},
+	}}
 }

@@ -7,9 +7,11 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"path/filepath"
 	"slices"
 	"sort"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -40,7 +42,55 @@ const (
 	draCkpt     = "/var/lib/cdi-device-plugin/dra/checkpoint.json"
 	// The claim in every claim pod's spec.
 	draClaim = "dev"
+	// The shared resource of scenario D7 (issue 28): one device of
+	// replicas 2, published by the same driver, its DeviceClass
+	// <class>.<domain>.
+	draSharedResource = "e2e.cdi.dev/dra-shared"
+	draSharedClass    = "dra-shared.e2e.cdi.dev"
+	draSharedPrefix   = "e2e-dra-shared"
 )
+
+// draConfig is the driver's configuration file: the DRA resource as the
+// environment variables of draVars give it (4 devices, the default reset
+// and reprogram steps) and the shared resource of scenario D7.
+const draConfig = `resources:
+- name: ` + draResource + `
+  count: 4
+  idPrefix: ` + draIDPrefix + `
+  deviceFilePrefix: ` + draIDPrefix + `
+  envPrefix: ` + draEnv + `
+  prestart:
+    steps:
+    - type: reset
+    - type: reprogram
+- name: ` + draSharedResource + `
+  count: 1
+  replicas: 2
+  idPrefix: ` + draSharedPrefix + `
+  deviceFilePrefix: ` + draSharedPrefix + `
+  envPrefix: DRA_SHARED
+  prestart:
+    steps:
+    - type: reset
+`
+
+var draConfigOnce = sync.OnceValues(func() (string, error) {
+	dir, err := os.MkdirTemp("", "cdi-e2e-dra-")
+	if err != nil {
+		return "", err
+	}
+	file := filepath.Join(dir, "config.yaml")
+	return file, os.WriteFile(file, []byte(draConfig), 0o644)
+})
+
+// draConfigFile is draConfig written to a file (once per run).
+func draConfigFile() string {
+	file, err := draConfigOnce()
+	if err != nil {
+		panic(fmt.Sprintf("writing the DRA configuration: %v", err))
+	}
+	return file
+}
 
 func init() { suiteNamespaces = append(suiteNamespaces, draNS) }
 
@@ -69,6 +119,7 @@ func TestDRA(t *testing.T) {
 		{"D4-extended-resource", func(t *testing.T) { c.scenarioDRAExtended(t) }},
 		{"D5-restarts", func(t *testing.T) { c.scenarioDRARestarts(t) }},
 		{"D6-health", func(t *testing.T) { c.scenarioDRAHealth(t, node) }},
+		{"D7-replicas-shares", func(t *testing.T) { c.scenarioDRAShares(t, node) }},
 		{"M-switch-node", func(t *testing.T) { c.scenarioSwitch(t, node) }},
 	}
 	for _, s := range steps {
@@ -89,6 +140,10 @@ func (c *cluster) draVars() map[string]string {
 		"DEVICE_FILE_PREFIX": draIDPrefix,
 		"ENV_PREFIX":         draEnv,
 		"LOG_LEVEL":          "debug",
+		// Both resources of draConfig (its resource variables above
+		// are then ignored), a DeviceClass each.
+		"PLUGIN_CONFIG": draConfigFile(),
+		"DRA_RESOURCES": draResource + "," + draSharedResource,
 		// Where pods reach the API server on the local node (no
 		// kube-proxy there); empty on kind.
 		"API_SERVER_HOST": os.Getenv("E2E_API_SERVER_HOST"),
@@ -157,13 +212,25 @@ func (c *cluster) driverPod(ctx context.Context) (*corev1.Pod, error) {
 // resource, <node>/<idPrefix>.
 func draPool(node string) string { return node + "/" + draIDPrefix }
 
-// draSlices returns the driver's ResourceSlices of node.
+// draSlices returns the driver's ResourceSlices of node of the DRA
+// resource (its pool, draPool).
 func (c *cluster) draSlices(ctx context.Context, node string) ([]resourceapi.ResourceSlice, error) {
-	l, err := c.cs.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{FieldSelector: "spec.driver=" + draDriver + ",spec.nodeName=" + node})
+	return c.poolSlices(ctx, draPool(node))
+}
+
+// poolSlices returns the driver's ResourceSlices of the pool.
+func (c *cluster) poolSlices(ctx context.Context, pool string) ([]resourceapi.ResourceSlice, error) {
+	l, err := c.cs.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{FieldSelector: "spec.driver=" + draDriver})
 	if err != nil {
 		return nil, err
 	}
-	return l.Items, nil
+	var out []resourceapi.ResourceSlice
+	for _, sl := range l.Items {
+		if sl.Spec.Pool.Name == pool {
+			out = append(out, sl)
+		}
+	}
+	return out, nil
 }
 
 // attr reads a string or int attribute of a slice device, qualified by the
@@ -1081,4 +1148,129 @@ func mustJSON(t *testing.T, v any) string {
 		t.Fatal(err)
 	}
 	return string(b)
+}
+
+// sharedNode is the device node of the shared resource that a container
+// sees (its path and its numbers), "" for none.
+func (c *cluster) sharedNode(t *testing.T, pod, container string) string {
+	t.Helper()
+	out, err := c.execIn(pod, container, "sh", "-c", "for f in /dev/"+draSharedPrefix+"-*; do [ -e \"$f\" ] && stat -c '%n %t:%T' \"$f\"; done; true")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.TrimSpace(out)
+}
+
+// Scenario D7 (issue 28, item 1): the shared resource, one device of
+// replicas 2, published once with the shares capacity: two pods, each with
+// its own claim for one device of it, run at once on the same device node,
+// with share IDs of their own; the steps ran once. A third stays Pending
+// until one of them ends, then runs; the device is reset only when the
+// last of them is gone. Then two pods that ask for the extended resource
+// (limits only) share the device the same way.
+func (c *cluster) scenarioDRAShares(t *testing.T, node string) {
+	ctx := context.Background()
+	sl, err := c.poolSlices(ctx, node+"/"+draSharedPrefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(sl) != 1 || len(sl[0].Spec.Devices) != 1 {
+		t.Fatalf("the shared resource's pool: %d slices, want one of one device", len(sl))
+	}
+	dev := sl[0].Spec.Devices[0]
+	shares := dev.Capacity[resourceapi.QualifiedName(draDriver+"/shares")]
+	if dev.AllowMultipleAllocations == nil || !*dev.AllowMultipleAllocations || shares.Value.Value() != 2 {
+		t.Fatalf("device %s: allowMultipleAllocations %v, capacity %v; want true, %s/shares 2", dev.Name, dev.AllowMultipleAllocations, dev.Capacity, draDriver)
+	}
+	_, id, _ := strings.Cut(attr(&dev, "id"), "=") // the device's name in the spec
+	_, err = c.cs.ResourceV1().ResourceClaimTemplates(podNS).Create(ctx, &resourceapi.ResourceClaimTemplate{
+		ObjectMeta: metav1.ObjectMeta{Name: "one-share"},
+		Spec: resourceapi.ResourceClaimTemplateSpec{Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{{
+			Name:    "dev",
+			Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: draSharedClass, AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: 1},
+		}}}}},
+	}, metav1.CreateOptions{})
+	if err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+	before := c.draStates(t)[id]
+	var seen []string
+	shareIDs := map[string]bool{}
+	for _, name := range []string{"d7a", "d7b"} {
+		c.createPod(t, c.claimPod(name, "one-share", ""))
+	}
+	for _, name := range []string{"d7a", "d7b"} {
+		c.waitReady(t, name, 3*time.Minute)
+		rc := c.claimOf(t, name)
+		if rc.Status.Allocation == nil || len(rc.Status.Allocation.Devices.Results) != 1 {
+			t.Fatalf("%s: claim %s allocation %+v", name, rc.Name, rc.Status.Allocation)
+		}
+		r := rc.Status.Allocation.Devices.Results[0]
+		if r.Device != dev.Name || r.ShareID == nil {
+			t.Fatalf("%s: allocated %s share %v, want a share of %s", name, r.Device, r.ShareID, dev.Name)
+		}
+		shareIDs[string(*r.ShareID)] = true
+		seen = append(seen, c.sharedNode(t, name, "c"))
+	}
+	if len(shareIDs) != 2 || seen[0] == "" || seen[0] != seen[1] {
+		t.Fatalf("d7a and d7b: share IDs %v, device nodes %q; want two share IDs, one node", shareIDs, seen)
+	}
+	// The steps (a reset among them) ran once, at the first share.
+	held := c.draStates(t)[id]
+	if g := held.Generation; g != before.Generation+1 {
+		t.Errorf("%s: generation %d, %d before: the steps ran %d times for two shares, want once", id, g, before.Generation, g-before.Generation)
+	}
+	t.Logf("d7a and d7b run at once on %s (%s), shares %v", dev.Name, seen[0], shareIDs)
+
+	c.createPod(t, c.claimPod("d7c", "one-share", ""))
+	d := eventually(t, time.Minute, "d7c unschedulable (both shares taken)", func() (bool, string) {
+		p, err := c.getPod("d7c")
+		if err != nil {
+			return false, err.Error()
+		}
+		for _, cd := range p.Status.Conditions {
+			if cd.Type == corev1.PodScheduled && cd.Status == corev1.ConditionFalse && cd.Reason == corev1.PodReasonUnschedulable {
+				return true, ""
+			}
+		}
+		return false, fmt.Sprintf("phase %s, conditions %+v", p.Status.Phase, p.Status.Conditions)
+	})
+	t.Logf("d7c Pending, unschedulable, after %v", d.Round(time.Millisecond))
+	c.deletePod(t, "d7a")
+	c.waitReady(t, "d7c", 3*time.Minute)
+	if n := c.sharedNode(t, "d7c", "c"); n != seen[0] {
+		t.Errorf("d7c sees %q, want %q", n, seen[0])
+	}
+	st := c.draStates(t)[id]
+	if st.ResetCount != held.ResetCount || st.Generation != held.Generation {
+		t.Errorf("%s: reset %d times, prepared %d times while a share stayed held; want neither", id, st.ResetCount-held.ResetCount, st.Generation-held.Generation)
+	}
+	c.deletePod(t, "d7b")
+	c.deletePod(t, "d7c")
+	d = eventually(t, time.Minute, "the reset of the shared device once its last share is released", func() (bool, string) {
+		st := c.draStates(t)[id]
+		return st.ResetCount == held.ResetCount+1, fmt.Sprintf("reset count %d, %d while held", st.ResetCount, held.ResetCount)
+	})
+	t.Logf("d7c ran once d7a ended; the device reset once, %v after the last share was released", d.Round(time.Millisecond))
+
+	// The extended resource (limits only): two pods share the device.
+	seen = nil
+	for _, name := range []string{"d7e", "d7f"} {
+		p := c.testPodOf(name, draSharedResource, 1)
+		p.Labels["app"] = "cdi-e2e-dra"
+		c.createPod(t, p)
+	}
+	for _, name := range []string{"d7e", "d7f"} {
+		p := c.waitReady(t, name, 3*time.Minute)
+		if p.Status.ExtendedResourceClaimStatus == nil {
+			t.Fatalf("%s has no extendedResourceClaimStatus: %+v", name, p.Status)
+		}
+		seen = append(seen, c.sharedNode(t, name, "c"))
+	}
+	if seen[0] == "" || seen[0] != seen[1] {
+		t.Fatalf("d7e and d7f (limits only) see %q, want one node", seen)
+	}
+	t.Logf("d7e and d7f (limits {%s: 1}) run at once on %s", draSharedResource, seen[0])
+	c.deletePod(t, "d7e")
+	c.deletePod(t, "d7f")
 }

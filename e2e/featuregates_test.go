@@ -15,11 +15,12 @@ import (
 )
 
 // draFeatureGates are the gates the DRA scenarios need: extendedResourceName,
-// the driver's taints, device health in the pod's status. e2e/versions.env
-// pins those not GA in the cluster's Kubernetes (FEATURE_GATES_1_36: all
-// three; FEATURE_GATES_1_37: ResourceHealthStatus, as 1.37 made the others
+// the driver's taints, device health in the pod's status, shared devices
+// (replicas). e2e/versions.env pins those not GA in the cluster's
+// Kubernetes (FEATURE_GATES_1_36: all four; FEATURE_GATES_1_37:
+// ResourceHealthStatus and DRAConsumableCapacity, as 1.37 made the others
 // GA); the check wants them all on either way.
-var draFeatureGates = []string{"DRAExtendedResource", "DRADeviceTaints", "ResourceHealthStatus"}
+var draFeatureGates = []string{"DRAExtendedResource", "DRADeviceTaints", "ResourceHealthStatus", "DRAConsumableCapacity"}
 
 // featureGate is one kubernetes_feature_enabled sample of a component.
 type featureGate struct {

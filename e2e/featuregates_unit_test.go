@@ -43,7 +43,7 @@ func metricsGA(gates map[string]string, ga ...string) string {
 // TestFeatureGatesEnabled: the check the DRA scenarios make first, against
 // a fake API server (its /metrics, one node's kubelet behind the node proxy).
 func TestFeatureGatesEnabled(t *testing.T) {
-	on := map[string]string{"DRAExtendedResource": "1", "DRADeviceTaints": "1", "ResourceHealthStatus": "1"}
+	on := map[string]string{"DRAExtendedResource": "1", "DRADeviceTaints": "1", "ResourceHealthStatus": "1", "DRAConsumableCapacity": "1"}
 	with := func(name, v string) map[string]string {
 		m := map[string]string{}
 		for k, x := range on {
@@ -56,7 +56,7 @@ func TestFeatureGatesEnabled(t *testing.T) {
 		}
 		return m
 	}
-	const beta = "DRAExtendedResource=beta DRADeviceTaints=beta ResourceHealthStatus=beta"
+	const beta = "DRAExtendedResource=beta DRADeviceTaints=beta ResourceHealthStatus=beta DRAConsumableCapacity=beta"
 	for _, c := range []struct {
 		name               string
 		apiserver, kubelet string
@@ -67,7 +67,7 @@ func TestFeatureGatesEnabled(t *testing.T) {
 		// Kubernetes 1.37: DRAExtendedResource (locked) and DRADeviceTaints
 		// are GA, on without being set; ResourceHealthStatus is still beta.
 		{"GA in 1.37", metricsGA(on, "DRAExtendedResource", "DRADeviceTaints"), metricsGA(on, "DRAExtendedResource", "DRADeviceTaints"), "",
-			"DRAExtendedResource=ga DRADeviceTaints=ga ResourceHealthStatus=beta"},
+			"DRAExtendedResource=ga DRADeviceTaints=ga ResourceHealthStatus=beta DRAConsumableCapacity=beta"},
 		{"GA but off in the kubelet", metricsOf(on), metricsGA(with("DRADeviceTaints", "0"), "DRADeviceTaints"),
 			`kubelet of n1 runs with DRADeviceTaints disabled (kubernetes_feature_enabled{name="DRADeviceTaints",stage=""} 0)`, ""},
 		{"off in the API server", metricsOf(with("DRAExtendedResource", "0")), metricsOf(on),

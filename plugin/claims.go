@@ -75,8 +75,10 @@ type ClaimMatch struct {
 // Held returns the devices of snap that claims hold, by device name, each
 // with its problem (CauseHeldByDRA, naming the first claim that holds it).
 // The CDI names of a claim device decide when there are any; otherwise its
-// driver, pool and device name do (never for a resource with replicas,
-// which the DRA driver does not publish).
+// driver, pool and device name do (also for a resource with replicas: the
+// DRA driver publishes each device once, shared by its claims). A device
+// held is one name: the plugin advertises every replica ID of it with its
+// health, so all of them are Unhealthy.
 func (m ClaimMatch) Held(snap *device.Snapshot, claims []metrics.ClaimDevice) map[string]device.Problem {
 	if snap == nil || len(claims) == 0 {
 		return nil
@@ -107,7 +109,7 @@ func (m ClaimMatch) Held(snap *device.Snapshot, claims []metrics.ClaimDevice) ma
 					hold(rest, c.Claim)
 				}
 			}
-		case c.Pool != "" && slices.Contains(m.Pools, c.Pool) && slices.Contains(m.Drivers, c.Driver) && snap.Replicas <= 1:
+		case c.Pool != "" && slices.Contains(m.Pools, c.Pool) && slices.Contains(m.Drivers, c.Driver):
 			if byDRAName == nil {
 				byDRAName = make(map[string]string, len(snap.Devices))
 				for _, d := range snap.Devices {

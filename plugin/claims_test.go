@@ -76,7 +76,12 @@ func TestClaimMatch(t *testing.T) {
 			map[string]device.Problem{"sim-2": held("ns/a")}},
 		{"another driver", []metrics.ClaimDevice{{Claim: "ns/a", Driver: "gpu.vendor.com", Pool: testNode, Device: "sim-2"}}, 1, nil},
 		{"another pool", []metrics.ClaimDevice{{Claim: "ns/a", Driver: testDriver, Pool: "node2", Device: "sim-2"}}, 1, nil},
-		{"replicas: not published through DRA", []metrics.ClaimDevice{{Claim: "ns/a", Driver: testDriver, Pool: testNode, Device: "sim-2"}}, 2, nil},
+		// Issue 28: the driver publishes a resource with replicas too,
+		// each device once, shared by several claims.
+		{"replicas: a shared device by driver, pool and device", []metrics.ClaimDevice{
+			{Claim: "ns/a", Driver: testDriver, Pool: testNode, Device: "sim-2"},
+			{Claim: "ns/b", Driver: testDriver, Pool: testNode, Device: "sim-2"},
+		}, 2, map[string]device.Problem{"sim-2": held("ns/a")}},
 		// Kubelet 1.36.3's PodResources gives a claim's later devices the
 		// CDI names of the earlier ones too (seen in e2e scenario M).
 		{"every CDI name of ours counts", []metrics.ClaimDevice{

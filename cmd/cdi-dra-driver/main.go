@@ -29,7 +29,6 @@ import (
 	"github.com/cdi-device-plugin/cdi-device-plugin/device"
 	"github.com/cdi-device-plugin/cdi-device-plugin/dra"
 	"github.com/cdi-device-plugin/cdi-device-plugin/internal/atomicfile"
-	"github.com/cdi-device-plugin/cdi-device-plugin/internal/dranames"
 	"github.com/cdi-device-plugin/cdi-device-plugin/internal/logs"
 	"github.com/cdi-device-plugin/cdi-device-plugin/metrics"
 	"github.com/cdi-device-plugin/cdi-device-plugin/prestart"
@@ -62,7 +61,7 @@ type flags struct {
 func (f *flags) extra() []config.Extra {
 	return []config.Extra{
 		{Name: "kubeconfig", Env: "KUBECONFIG", Usage: "kubeconfig file (default: the in-cluster configuration)", Value: &f.kubeconfig},
-		{Name: "driver-name", Env: "DRIVER_NAME", Usage: "DRA driver name (default <class>.<domain> of the first resource it publishes: the first without replicas above 1, else the first)", Value: &f.driverName},
+		{Name: "driver-name", Env: "DRIVER_NAME", Usage: "DRA driver name (default <class>.<domain> of the first resource without replicas above 1, else of the first)", Value: &f.driverName},
 		{Name: "kubelet-registrar-dir", Env: "KUBELET_REGISTRAR_DIR", Usage: "the kubelet's plugin registration directory (default " + DefaultRegistrarDir + ")",
 			Default: DefaultRegistrarDir, Value: &f.registrarDir},
 		{Name: "kubelet-plugins-dir", Env: "KUBELET_PLUGINS_DIR", Usage: "the kubelet's plugins directory; the driver's socket is <dir>/<driver>/dra.sock (default " + DefaultPluginsDir + ")",
@@ -199,17 +198,13 @@ func build(cfg *config.Config, f flags, client func(string) (kubernetes.Interfac
 			return nil, err
 		}
 		d.kinds = append(d.kinds, p.Kind)
-		if !dranames.Published(rc) {
-			p.Log.WithField("replicas", rc.ReplicaCount()).Warn("not published through DRA: a resource with replicas is the device plugin's only")
-			continue
-		}
 		d.parts = append(d.parts, p)
 		var mounts []cdi.Mount
 		for _, m := range rc.Mounts {
 			mounts = append(mounts, cdi.Mount{HostPath: m.HostPath, ContainerPath: m.ContainerPath, ReadOnly: m.ReadOnly})
 		}
 		d.opts.Resources = append(d.opts.Resources, dra.Resource{Name: rc.Name, Kind: p.Kind, IDPrefix: rc.IDPrefix, EnvPrefix: rc.EnvPrefix,
-			Mounts: mounts, Source: p.Source, Spec: p.Spec, Runner: p.Runner})
+			Mounts: mounts, Source: p.Source, Spec: p.Spec, Runner: p.Runner, Replicas: rc.ReplicaCount()})
 	}
 	return d, nil
 }

@@ -116,13 +116,12 @@ func keys(m map[string]resourceapi.Device) []string {
 	return out
 }
 
-const replicasWarning = `msg="not published through DRA: a resource with replicas is the device plugin's only"`
-
-// TestReplicasNotPublished (issue 21): of one config file, a resource
-// with replicas above 1 is absent from the ResourceSlices while the other
-// resource is published; the warning is logged once, and not again when
-// the slices are published again (a device of the other resource gone).
-func TestReplicasNotPublished(t *testing.T) {
+// TestReplicasPublished (issue 28, item 1; issue 21 published none): of
+// one config file, a resource with replicas above 1 is published beside
+// the other, each device once, allocatable to several claims with the
+// capacity <driver>/shares of its replicas; the other resource's devices
+// have neither. Publishing again (a device gone) keeps both.
+func TestReplicasPublished(t *testing.T) {
 	testutil.NeedMknod(t)
 	d := newDirs(t)
 	testutil.ServePodResources(t, d.podres)
@@ -139,47 +138,48 @@ func TestReplicasNotPublished(t *testing.T) {
 		t.Fatal(err)
 	}
 	s := startDriver(t, d, "sim.example.com", "--config", cfg)
-	want := []string{"sim.example.com sim-0", "sim.example.com sim-1"}
-	p := s.waitFor(t, "sim-0 and sim-1 published", func(p map[string]resourceapi.Device) bool {
-		return p["sim.example.com sim-0"].Name != "" && p["sim.example.com sim-1"].Name != ""
-	})
+	want := []string{"sim.example.com shared-0", "sim.example.com shared-1", "sim.example.com sim-0", "sim.example.com sim-1"}
+	p := s.waitFor(t, "4 devices published", func(p map[string]resourceapi.Device) bool { return len(p) == 4 })
 	if got := keys(p); !slices.Equal(got, want) {
-		t.Fatalf("published %v, want only %v", got, want)
+		t.Fatalf("published %v, want %v", got, want)
 	}
+	shares := resourceapi.QualifiedName("sim.example.com/shares")
 	for name, dev := range p {
-		if r := dev.Attributes["sim.example.com/resource"].StringValue; r == nil || *r != "example.com/sim" {
-			t.Errorf("%s: resource %v", name, r)
+		r := dev.Attributes["sim.example.com/resource"].StringValue
+		multi := dev.AllowMultipleAllocations != nil && *dev.AllowMultipleAllocations
+		c, ok := dev.Capacity[shares]
+		if strings.Contains(name, "shared") {
+			if r == nil || *r != "example.com/shared" || !multi || !ok || c.Value.Value() != 2 {
+				t.Errorf("%s: resource %v, allowMultipleAllocations %v, capacity %v; want example.com/shared, true, %s 2", name, r, multi, dev.Capacity, shares)
+			}
+		} else if r == nil || *r != "example.com/sim" || multi || len(dev.Capacity) > 0 {
+			t.Errorf("%s: resource %v, allowMultipleAllocations %v, capacity %v; want example.com/sim, false, none", name, r, multi, dev.Capacity)
 		}
 	}
-	if n := strings.Count(s.stderr.String(), replicasWarning); n != 1 {
-		t.Fatalf("warning logged %d times, want 1:\n%s", n, s.stderr.String())
-	}
-	if !strings.Contains(s.stderr.String(), "replicas=2 resource=example.com/shared") {
-		t.Fatalf("the warning names neither the resource nor its replicas:\n%s", s.stderr.String())
+	if strings.Contains(s.stderr.String(), "not published through DRA") {
+		t.Fatalf("a resource is said not published:\n%s", s.stderr.String())
 	}
 
-	// Published again: sim-1 gone, tainted unhealthy.
-	if err := os.Remove(filepath.Join(d.dev, "sim-1")); err != nil {
+	// Published again: shared-1 gone, tainted unhealthy.
+	if err := os.Remove(filepath.Join(d.dev, "shared-1")); err != nil {
 		t.Fatal(err)
 	}
-	p = s.waitFor(t, "sim-1 tainted unhealthy", func(p map[string]resourceapi.Device) bool {
-		return slices.ContainsFunc(p["sim.example.com sim-1"].Taints, func(t resourceapi.DeviceTaint) bool {
+	p = s.waitFor(t, "shared-1 tainted unhealthy", func(p map[string]resourceapi.Device) bool {
+		return slices.ContainsFunc(p["sim.example.com shared-1"].Taints, func(t resourceapi.DeviceTaint) bool {
 			return t.Key == "sim.example.com/unhealthy"
 		})
 	})
 	if got := keys(p); !slices.Equal(got, want) {
-		t.Fatalf("published again %v, want only %v", got, want)
-	}
-	if n := strings.Count(s.stderr.String(), replicasWarning); n != 1 {
-		t.Fatalf("warning logged %d times after a second publication, want 1:\n%s", n, s.stderr.String())
+		t.Fatalf("published again %v, want %v", got, want)
 	}
 }
 
 // TestDefaultDriverNameSkipsReplicas (issue 21): with no --driver-name,
-// the driver is named after the first resource it publishes: the first
-// resource has replicas (not published), so the driver registers and
-// publishes as sim.example.com, the second's <class>.<domain>, the name
-// the device plugin's claim guard takes too (internal/dranames).
+// the driver is named after the first resource without replicas: the
+// first resource has replicas, so the driver registers and publishes as
+// sim.example.com, the second's <class>.<domain>, the name the device
+// plugin's claim guard takes too (internal/dranames); it publishes both
+// resources (issue 28).
 func TestDefaultDriverNameSkipsReplicas(t *testing.T) {
 	testutil.NeedMknod(t)
 	d := newDirs(t)
@@ -199,8 +199,8 @@ func TestDefaultDriverNameSkipsReplicas(t *testing.T) {
 	if want := filepath.Join(d.kubelet, "plugins", "sim.example.com", "dra.sock"); s.kl.Info.Name != "sim.example.com" || s.kl.Info.Endpoint != want {
 		t.Fatalf("registered %+v, want sim.example.com at %s", s.kl.Info, want)
 	}
-	p := s.waitFor(t, "sim-0 and sim-1 published", func(p map[string]resourceapi.Device) bool { return len(p) == 2 })
-	if got, want := keys(p), []string{"sim.example.com sim-0", "sim.example.com sim-1"}; !slices.Equal(got, want) {
+	p := s.waitFor(t, "both resources published", func(p map[string]resourceapi.Device) bool { return len(p) == 4 })
+	if got, want := keys(p), []string{"sim.example.com shared-0", "sim.example.com shared-1", "sim.example.com sim-0", "sim.example.com sim-1"}; !slices.Equal(got, want) {
 		t.Fatalf("published %v, want %v", got, want)
 	}
 }

@@ -16,26 +16,25 @@ import (
 const MaxLabel = 63
 
 // DefaultDriverName is the driver name when none is given: <class>.<domain>
-// of the first resource the driver publishes (sim.example.com for
-// example.com/sim), skipping those with replicas above 1 (Published); of
-// the first resource when it publishes none; "" without resources.
+// of the first resource without replicas above 1 (sim.example.com for
+// example.com/sim), else of the first resource; "" without resources.
+// Earlier versions published no resource with replicas and named the
+// driver after the first they published: the rule is kept so that an
+// upgrade does not rename the driver (the kubelet unprepares a claim
+// through the name that prepared it).
 func DefaultDriverName(cfg *config.Config) string {
 	if len(cfg.Resources) == 0 {
 		return ""
 	}
 	r := &cfg.Resources[0]
 	for i := range cfg.Resources {
-		if Published(&cfg.Resources[i]) {
+		if cfg.Resources[i].ReplicaCount() <= 1 {
 			r = &cfg.Resources[i]
 			break
 		}
 	}
 	return r.Class + "." + r.Domain
 }
-
-// Published reports whether the DRA driver publishes the resource: one
-// with replicas above 1 is the device plugin's only.
-func Published(r *config.Resource) bool { return r.ReplicaCount() <= 1 }
 
 // DeviceName is the name of a device in the ResourceSlice: its resource's
 // ID prefix and its index (sim-0), made a DNS label: lowercase, every
