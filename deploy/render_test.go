@@ -751,16 +751,25 @@ func TestDeviceClasses(t *testing.T) {
 		{"helm/config", func(t *testing.T) *objects {
 			return helmR.render(t, "dra", "--set-file", "config=testdata/config.yaml")
 		}, []class{{"sim.example.com", celFor("sim.example.com", "example.com/sim"), "example.com/sim"}}},
-		// A resource with replicas is the device plugin's only: no
-		// DeviceClass, and the driver is named after the first resource it
-		// publishes, as the binaries' default (internal/dranames).
+		// A resource with replicas is published as shared devices: it
+		// gets its DeviceClass too, and the driver is named after the
+		// first resource without replicas, as the binaries' default
+		// (internal/dranames).
 		{"helm/config with replicas", func(t *testing.T) *objects {
 			cfg := filepath.Join(t.TempDir(), "config.yaml")
 			if err := os.WriteFile(cfg, []byte("resources:\n  - name: example.com/shared\n    replicas: 2\n  - name: example.com/sim\n    idPrefix: sim\n"), 0o644); err != nil {
 				t.Fatal(err)
 			}
 			return helmR.render(t, "dra", "--set-file", "config="+cfg)
-		}, []class{{"sim.example.com", celFor("sim.example.com", "example.com/sim"), "example.com/sim"}}},
+		}, []class{
+			{"shared.example.com", celFor("sim.example.com", "example.com/shared"), "example.com/shared"},
+			{"sim.example.com", celFor("sim.example.com", "example.com/sim"), "example.com/sim"},
+		}},
+		// Every resource with replicas: the driver is named after the
+		// first, as the binaries' default.
+		{"helm/config all with replicas", func(t *testing.T) *objects {
+			return helmR.render(t, "dra", "--set-string", "config=resources: [{name: example.com/shared\\, replicas: 2}]")
+		}, []class{{"shared.example.com", celFor("shared.example.com", "example.com/shared"), "example.com/shared"}}},
 		{"helm/resourceNames", func(t *testing.T) *objects {
 			return helmR.render(t, "dra", "--set-file", "config=testdata/config.yaml",
 				"--set", "dra.resourceNames={example.com/sim,example.com/fpga}", "--set", "dra.driverName=cdp.example.com")
@@ -1203,8 +1212,8 @@ func TestHelmRefuses(t *testing.T) {
 		{"class not a DNS name", []string{"--set", "mode=dra", "--set", "env.RESOURCE_NAME=example.com/Sim"}, "not a DNS subdomain"},
 		{"bad driver", []string{"--set", "mode=dra", "--set", "dra.driverName=a_b"}, "invalid driver name"},
 		{"config not YAML", []string{"--set", "mode=dra", "--set", "config=[: x"}, "config is not YAML"},
-		{"config resources all replicated", []string{"--set", "mode=dra", "--set-string", "config=resources: [{name: example.com/shared\\, replicas: 2}]"},
-			"no resource to serve through DRA (a config resource with replicas above 1 is not one): set dra.resourceNames"},
+		{"config without resources", []string{"--set", "mode=dra", "--set-string", "config=resources: []"},
+			"no resource to serve through DRA: the config lists none; set dra.resourceNames"},
 		{"host without port", []string{"--set", "mode=dra", "--set", "dra.apiServer.host=10.0.0.1"}, "set host and port together"},
 	} {
 		t.Run(c.name, func(t *testing.T) {

@@ -21,9 +21,10 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 
 {{/*
 The resources served through DRA, as a JSON list: dra.resourceNames, else
-the names of the config file's resources without replicas above 1 (the
-driver publishes no other), else env.RESOURCE_NAME, else the binary's
-default.
+the names of the config file's resources, those without replicas above 1
+first (the first names the driver, as the binaries' default does; one with
+replicas is published as shared devices), else env.RESOURCE_NAME, else the
+binary's default.
 */}}
 {{- define "cdi-device-plugin.draResources" -}}
 {{- $dnsSubdomain := "^[a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*$" -}}
@@ -35,17 +36,20 @@ default.
 {{- if hasKey $cfg "Error" -}}
 {{- fail (printf "config is not YAML: %s" (get $cfg "Error")) -}}
 {{- end -}}
+{{- $shared := list -}}
 {{- range $cfg.resources -}}
-{{- /* One with replicas above 1 is the device plugin's only: the driver publishes none of its devices. */ -}}
 {{- if le (int (.replicas | default 1)) 1 -}}
 {{- $names = append $names .name -}}
+{{- else -}}
+{{- $shared = append $shared .name -}}
 {{- end -}}
+{{- end -}}
+{{- $names = concat $names $shared -}}
+{{- if not $names -}}
+{{- fail "no resource to serve through DRA: the config lists none; set dra.resourceNames" -}}
 {{- end -}}
 {{- else -}}
 {{- $names = list (.Values.env.RESOURCE_NAME | default "example.com/simple-device") -}}
-{{- end -}}
-{{- if not $names -}}
-{{- fail "no resource to serve through DRA (a config resource with replicas above 1 is not one): set dra.resourceNames" -}}
 {{- end -}}
 {{- range $names -}}
 {{- if not (regexMatch "^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$" .) -}}
