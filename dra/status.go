@@ -471,7 +471,7 @@ func truncate(s string, n int) string {
 		return s
 	}
 	s = s[:n]
-	for len(s) > 0 && !utf8.ValidString(s) {
+	for s != "" && !utf8.ValidString(s) {
 		s = s[:len(s)-1]
 	}
 	return s
