@@ -123,7 +123,8 @@ func (c *cluster) draTeardown(t *testing.T) {
 	c.deployQuiet(t, "delete", vars)
 	_ = c.cs.ResourceV1().ResourceSlices().DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{FieldSelector: "spec.driver=" + draDriver})
 	if _, err := c.nodeSh("rm -rf /dev/" + draIDPrefix + "-* " + draSpecFile + " /var/run/cdi/k8s.e2e.cdi.dev-dra-* " +
-		draStateDir + "/" + draIDPrefix + "-* " + draCkpt); err != nil {
+		draStateDir + "/" + draIDPrefix + "-* " + draCkpt + " /var/run/cdi/" + draDriver + "_metadata_* " +
+		"/var/lib/kubelet/plugins/" + draDriver + "/dra-device-metadata"); err != nil {
 		t.Errorf("node cleanup: %v", err)
 	}
 }
@@ -792,10 +793,12 @@ func (c *cluster) scenarioDRASharedClaim(t *testing.T) {
 }
 
 // claimSpecFile returns the CDI spec file on the node that names the
-// claim's UID (the per-claim spec), or "".
+// claim's UID (the per-claim spec, k8s.<driver>-claim_<UID>.json), or "";
+// not the device metadata's spec (<driver>_metadata_<UID>_<request>.json),
+// which names it too.
 func (c *cluster) claimSpecFile(t *testing.T, uid string) string {
 	t.Helper()
-	out, _ := c.nodeSh("grep -l '" + uid + "' /var/run/cdi/*.json 2>/dev/null || true")
+	out, _ := c.nodeSh("grep -l '" + uid + "' /var/run/cdi/k8s.*.json 2>/dev/null || true")
 	return strings.TrimSpace(out)
 }
 
