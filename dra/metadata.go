@@ -1,6 +1,8 @@
 package dra
 
 import (
+	"errors"
+	"io/fs"
 	"os"
 	"path/filepath"
 
@@ -108,4 +110,21 @@ func (d *Driver) deviceMetadata(pool, name string) *kubeletplugin.DeviceMetadata
 		attrs[d.opts.DriverName+"/"+AttrStateDir] = resourceapi.DeviceAttribute{StringValue: &p}
 	}
 	return &kubeletplugin.DeviceMetadata{Attributes: attrs}
+}
+
+// removeMetadata removes the device metadata files of a claim and their
+// CDI specs (those the helper writes: metadataOptions), as the helper does
+// when the kubelet unprepares the claim: for a claim the driver drops
+// itself (cleanup), which the kubelet never unprepares. Whether or not
+// device metadata is enabled now: an earlier run may have written them.
+func (d *Driver) removeMetadata(namespace, name string, uid types.UID) error {
+	errs := []error{os.RemoveAll(filepath.Join(d.opts.PluginDir, "dra-device-metadata", namespace+"_"+name))}
+	specs, err := filepath.Glob(filepath.Join(filepath.Dir(d.opts.Writer.Path(d.claimKind)), d.opts.DriverName+"_metadata_"+string(uid)+"_*.json"))
+	errs = append(errs, err)
+	for _, p := range specs {
+		if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
 }
