@@ -415,8 +415,10 @@ write_overlay() {
 		'transformers:' \
 		'  - cluster-wide-names.yaml' >"${dir}/kustomization.yaml"
 	# The admission policy knows the driver by the name its DaemonSet gets
-	# (DRIVER_NAME above): its variable driver is a CEL string of it. The
-	# name is a DNS subdomain (checked above): nothing to escape.
+	# (DRIVER_NAME above): its variable driver is a CEL string of it; so
+	# does the ClusterRole, whose rule on resourceclaims/driver (the status
+	# of the claims it prepares) names it. The name is a DNS subdomain
+	# (checked above): nothing to escape.
 	printf '%s\n' \
 		'patches:' \
 		'  - target:' \
@@ -428,7 +430,18 @@ write_overlay() {
 		'        value: driver' \
 		'      - op: replace' \
 		'        path: /spec/variables/3/expression' \
-		"        value: '\"${DRIVER}\"'" >>"${dir}/kustomization.yaml"
+		"        value: '\"${DRIVER}\"'" \
+		'  - target:' \
+		'      group: rbac.authorization.k8s.io' \
+		'      kind: ClusterRole' \
+		'      name: cdi-dra-driver' \
+		'    patch: |-' \
+		'      - op: test' \
+		'        path: /rules/4/resources/0' \
+		'        value: resourceclaims/driver' \
+		'      - op: replace' \
+		'        path: /rules/4/resourceNames/0' \
+		"        value: ${DRIVER}" >>"${dir}/kustomization.yaml"
 }
 
 # render DIR: print the built manifests of the overlay in DIR.

@@ -380,27 +380,46 @@ func clusterWide(o *objects) []objMeta {
 
 // TestDriverRBAC: the driver's account may do what the driver needs and
 // nothing more. Claims: the kubeletplugin helper GETs each claim the
-// kubelet asks it to prepare, and nothing lists or watches them.
+// kubelet asks it to prepare, and nothing lists or watches them; the
+// driver writes its entries of their status.devices by server-side apply
+// (a PATCH of the status), which Kubernetes 1.36 authorizes per driver
+// (resourceclaims/driver, associated-node:patch, the driver's own name
+// only: issue 28, item 2).
 func TestDriverRBAC(t *testing.T) {
-	want := []rbacv1.PolicyRule{
-		{APIGroups: []string{"resource.k8s.io"}, Resources: []string{"resourceslices"}, Verbs: []string{"get", "list", "watch", "create", "update", "patch", "delete"}},
-		{APIGroups: []string{"resource.k8s.io"}, Resources: []string{"resourceclaims"}, Verbs: []string{"get"}},
-		{APIGroups: []string{""}, Resources: []string{"nodes"}, Verbs: []string{"get", "list", "watch"}},
+	want := func(driver string) []rbacv1.PolicyRule {
+		return []rbacv1.PolicyRule{
+			{APIGroups: []string{"resource.k8s.io"}, Resources: []string{"resourceslices"}, Verbs: []string{"get", "list", "watch", "create", "update", "patch", "delete"}},
+			{APIGroups: []string{"resource.k8s.io"}, Resources: []string{"resourceclaims"}, Verbs: []string{"get"}},
+			{APIGroups: []string{""}, Resources: []string{"nodes"}, Verbs: []string{"get", "list", "watch"}},
+			{APIGroups: []string{"resource.k8s.io"}, Resources: []string{"resourceclaims/status"}, Verbs: []string{"patch"}},
+			{APIGroups: []string{"resource.k8s.io"}, Resources: []string{"resourceclaims/driver"}, ResourceNames: []string{driver}, Verbs: []string{"associated-node:patch"}},
+		}
+	}
+	check := func(t *testing.T, o *objects, driver string) {
+		t.Helper()
+		if len(o.ClusterRoles) != 1 {
+			t.Fatalf("%d ClusterRoles", len(o.ClusterRoles))
+		}
+		if got := o.ClusterRoles[0].Rules; !equality.Semantic.DeepEqual(got, want(driver)) {
+			t.Errorf("rules %s\nwant %s", asJSON(got), asJSON(want(driver)))
+		}
 	}
 	for _, r := range renderers() {
 		t.Run(r.name, func(t *testing.T) {
 			o := r.render(t, "dra")
-			if len(o.ClusterRoles) != 1 {
-				t.Fatalf("%d ClusterRoles", len(o.ClusterRoles))
-			}
-			if got := o.ClusterRoles[0].Rules; !equality.Semantic.DeepEqual(got, want) {
-				t.Errorf("rules %s\nwant %s", asJSON(got), asJSON(want))
-			}
+			check(t, o, defaultDriver)
 			if sa := o.ServiceAccounts[0]; sa.AutomountServiceAccountToken == nil || *sa.AutomountServiceAccountToken {
 				t.Errorf("the ServiceAccount mounts its token into every pod that uses it; only the driver's pod should ask for it")
 			}
 		})
 	}
+	// Another driver name: the status rule names it.
+	t.Run("deploy.sh/DRIVER_NAME", func(t *testing.T) {
+		check(t, renderers()[1].render(t, "per-node", "RESOURCE_NAME=e2e.cdi.dev/sim", "DRIVER_NAME=gpu.example.com"), "gpu.example.com")
+	})
+	t.Run("helm/dra.driverName", func(t *testing.T) {
+		check(t, renderers()[2].render(t, "dra", "--set", "env.RESOURCE_NAME=e2e.cdi.dev/sim", "--set", "dra.driverName=gpu.example.com"), "gpu.example.com")
+	})
 }
 
 // disjoint: no node can carry labels that both selectors select (a key

@@ -87,11 +87,17 @@ func (d *Driver) cleanupPass(ctx context.Context, gone map[types.UID]time.Time) 
 func (d *Driver) dropStale(ctx context.Context, uid types.UID, log *logrus.Entry) {
 	d.prepMu.Lock()
 	defer d.prepMu.Unlock()
-	if _, ok := d.opts.Checkpoint.Claims()[uid]; !ok {
+	pc, ok := d.opts.Checkpoint.Claims()[uid]
+	if !ok {
 		return
 	}
 	log.WithField("grace", d.opts.CleanupGrace).Warn("dropping a prepared claim gone from the API for longer than the grace period; its devices are released as Unprepare releases them")
 	if err := d.unprepare(ctx, uid); err != nil {
 		log.WithError(err).Error("dropping a prepared claim gone from the API")
+		return
+	}
+	d.status.forget(uid)
+	if err := d.removeMetadata(pc.Namespace, pc.Name, uid); err != nil {
+		log.WithError(err).Warn("removing the device metadata of a dropped claim")
 	}
 }

@@ -113,6 +113,9 @@ type Options struct {
 	// Unprepare would. Clock (default the real one) times both.
 	CleanupInterval, CleanupGrace time.Duration
 	Clock                         clock.WithTicker
+	// DeviceMetadata: the helper writes each prepared claim's device
+	// metadata (KEP-5304) for its containers (metadataOptions).
+	DeviceMetadata bool
 }
 
 // Driver is the DRA kubelet plugin of the configured resources.
@@ -140,6 +143,8 @@ type Driver struct {
 	prepMu sync.Mutex
 	// podres asks PodResources in Prepare, over a kept connection.
 	podres *podResources
+	// status writes the claims' status.devices (status.go).
+	status *statusQueue
 }
 
 // running is a Resource running: its follower publishes to it.
@@ -210,6 +215,7 @@ func New(o Options) (*Driver, error) {
 		changed: make(chan struct{}, 1), nodes: make(chan nodeReport, 1), polled: make(chan pollResult, 1),
 		fatal: make(chan error, 1), pings: make(chan chan struct{}), podres: &podResources{socket: o.PodResources}}
 	d.health.Store(&healthView{changed: make(chan struct{})})
+	d.status = newStatusQueue(d)
 	for _, rc := range o.Resources {
 		r := &running{Resource: rc, d: d, pool: PoolName(o.NodeName, rc.IDPrefix)}
 		if err := checkPoolName(r.pool); err != nil {
@@ -229,9 +235,9 @@ func New(o Options) (*Driver, error) {
 
 // Run writes the resources' specs, registers with the kubelet and serves
 // it, publishes the devices in ResourceSlices and keeps them and their
-// health in step until ctx is done, and drops the checkpointed claims gone
-// from the API (cleanup); every goroutine it started has ended when it
-// returns. Specs, claim specs and the checkpoint are kept.
+// health in step until ctx is done, drops the checkpointed claims gone
+// from the API (cleanup) and writes the prepared claims' status.devices
+// (status.go); every goroutine it started has ended when it returns. Specs, claim specs and the checkpoint are kept.
 func (d *Driver) Run(ctx context.Context) error {
 	ctx = klog.NewContext(ctx, Logger(d.log))
 	// Spec first, then the devices are published.
@@ -246,14 +252,14 @@ func (d *Driver) Run(ctx context.Context) error {
 			return fmt.Errorf("kubelet plugin directory: %w", err)
 		}
 	}
-	helper, err := kubeletplugin.Start(ctx, d,
+	helper, err := kubeletplugin.Start(ctx, d, append([]kubeletplugin.Option{
 		kubeletplugin.DriverName(d.opts.DriverName),
 		kubeletplugin.NodeName(d.opts.NodeName),
 		kubeletplugin.KubeClient(d.opts.Client),
 		kubeletplugin.RegistrarDirectoryPath(d.opts.RegistrarDir),
 		kubeletplugin.PluginDataDirectoryPath(d.opts.PluginDir),
 		kubeletplugin.GRPCInterceptor(d.prefetchHeld),
-	)
+	}, d.metadataOptions()...)...)
 	if err != nil {
 		return fmt.Errorf("start the kubelet plugin: %w", err)
 	}
@@ -266,6 +272,7 @@ func (d *Driver) Run(ctx context.Context) error {
 	}
 	g.Go(func() error { return d.watchNode(gctx) })
 	g.Go(func() error { return d.cleanup(gctx) })
+	g.Go(func() error { return d.status.run(gctx) })
 	g.Go(func() error { return d.loop(gctx, helper) })
 	err = g.Wait()
 	helper.Stop() // its slice controller too: nothing publishes after this

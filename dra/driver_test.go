@@ -88,6 +88,7 @@ func newHarness(t testing.TB, env map[string]string) *harness {
 	h.podres = testutil.ServePodResources(t, h.podSock)
 	h.client = fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node, UID: "node-uid"}})
 	nameGenerated(h.client)
+	statusOfExisting(h.client)
 	t.Cleanup(h.stop)
 	return h
 }

@@ -55,7 +55,11 @@ var (
 // resource's spec, the very spec the device plugin writes, and on the
 // first device of each request the claim's spec. If any claim fails,
 // every claim of the call gets an error and none that this call prepared
-// is checkpointed: the kubelet asks again for all of them.
+// is checkpointed: the kubelet asks again for all of them. Each device of
+// a prepared claim carries its metadata when Options.DeviceMetadata is
+// set (metadata.go), and each claim's outcome is handed to the status
+// queue (status.go), which writes it to the claim's status.devices after
+// the call: the answer never waits for, or depends on, that write.
 func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceapi.ResourceClaim) (map[types.UID]kubeletplugin.PrepareResult, error) {
 	d.prepMu.Lock()
 	defer d.prepMu.Unlock()
@@ -76,6 +80,8 @@ func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceap
 		}
 		out[c.UID] = kubeletplugin.PrepareResult{Err: err}
 	}
+	d.addMetadata(out)
+	d.status.prepared(claims, out, errs)
 	log := d.log.WithField("claims", names(claims)).WithField("took", time.Since(start))
 	if len(errs) > 0 {
 		log.WithError(joined(errs, claims)).WithField("failed", strings.Join(failed, ",")).Warn("claims not prepared")
@@ -450,6 +456,7 @@ func (d *Driver) UnprepareResourceClaims(ctx context.Context, claims []kubeletpl
 	out := make(map[types.UID]error, len(claims))
 	for _, c := range claims {
 		out[c.UID] = d.unprepare(ctx, c.UID)
+		d.status.forget(c.UID)
 	}
 	return out, nil
 }

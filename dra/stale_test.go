@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -76,7 +77,10 @@ func TestStaleClaimsDropped(t *testing.T) {
 	const interval, grace = time.Minute, 5 * time.Minute
 	fc := testingclock.NewFakeClock(time.Now())
 	h := newHarness(t, map[string]string{"NUMBER_DEVICES": "5"})
-	h.options = func(o *Options) { o.Clock, o.CleanupInterval, o.CleanupGrace = fc, interval, grace }
+	h.options = func(o *Options) {
+		o.Clock, o.CleanupInterval, o.CleanupGrace = fc, interval, grace
+		o.DeviceMetadata = true
+	}
 	h.start()
 	c, d := h.claim("c", "sim-2"), h.claim("d", "sim-4")
 	for uid, r := range h.prepare(h.claim("a", "sim-0"), h.claim("b", "sim-1"), c, d, h.claim("e", "sim-3")) {
@@ -134,6 +138,16 @@ func TestStaleClaimsDropped(t *testing.T) {
 	for _, gone := range []string{"a", "b", "e"} {
 		if _, err := os.Stat(specs[gone]); !errors.Is(err, os.ErrNotExist) {
 			t.Errorf("%s's claim spec left: %v", gone, err)
+		}
+	}
+	// The device metadata of the claims dropped is removed with them (the
+	// kubelet, which would have the helper remove it, never unprepares
+	// them); the kept claims' stays (issue 28, item 3).
+	for name, kept := range map[string]bool{"a": false, "b": false, "e": false, "c": true, "d": true} {
+		_, err := os.Stat(filepath.Join(h.plugins, testDriver, "dra-device-metadata", claimNS+"_"+name))
+		specs, _ := filepath.Glob(filepath.Join(h.cdiDir, testDriver+"_metadata_uid-"+name+"_*.json"))
+		if kept != (err == nil) || kept != (len(specs) == 1) {
+			t.Errorf("claim %s (kept %v): metadata dir: %v, specs %v", name, kept, err, specs)
 		}
 	}
 	for id, want := range map[string]int64{"sim-n1-0": 1, "sim-n1-1": 1, "sim-n1-2": 0, "sim-n1-3": 0, "sim-n1-4": 0} {

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -23,6 +24,8 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+	"k8s.io/dynamic-resource-allocation/api/metadata"
+	"k8s.io/dynamic-resource-allocation/devicemetadata"
 )
 
 // The DRA scenarios' deployment (issue 21): the same simulated devices,
@@ -175,7 +178,8 @@ func (c *cluster) draTeardown(t *testing.T) {
 	c.deployQuiet(t, "delete", vars)
 	_ = c.cs.ResourceV1().ResourceSlices().DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{FieldSelector: "spec.driver=" + draDriver})
 	if _, err := c.nodeSh("rm -rf /dev/" + draIDPrefix + "-* " + draSpecFile + " /var/run/cdi/k8s.e2e.cdi.dev-dra-* " +
-		draStateDir + "/" + draIDPrefix + "-* " + draCkpt); err != nil {
+		draStateDir + "/" + draIDPrefix + "-* " + draCkpt + " /var/run/cdi/" + draDriver + "_metadata_* " +
+		"/var/lib/kubelet/plugins/" + draDriver + "/dra-device-metadata"); err != nil {
 		t.Errorf("node cleanup: %v", err)
 	}
 }
@@ -682,6 +686,8 @@ func (c *cluster) scenarioDRAClaimPod(t *testing.T) {
 		t.Errorf("d2 sees /dev %v, want %v", nodes, draNodes(ids))
 	}
 	c.checkStartState(t, pod, "c", ids, before)
+	c.checkClaimStatus(t, "d2", node)
+	c.checkDeviceMetadata(t, "d2", "c", node)
 	d := eventually(t, time.Minute, "d2's allocatedResourcesStatus to list both devices Healthy", func() (bool, string) {
 		h, seen := c.claimHealth("d2")
 		n := 0
@@ -693,6 +699,132 @@ func (c *cluster) scenarioDRAClaimPod(t *testing.T) {
 		return n == 2 && len(h) == 2, seen
 	})
 	t.Logf("d2 runs with %v; both Healthy in its status after %v", ids, d.Round(time.Millisecond))
+}
+
+// checkClaimStatus (issue 28, item 2): the status.devices of the pod's
+// claim, as the API has it, holds each allocated device of the driver
+// with Ready True (Prepared) and data whose device ID, NUMA node (the
+// slice's, -1 without one) and generation (the device's state.json) are
+// the device's.
+func (c *cluster) checkClaimStatus(t *testing.T, pod, node string) {
+	t.Helper()
+	byName := c.draDevices(t, node)
+	sl, err := c.draSlices(context.Background(), node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	numa := map[string]int{}
+	for i := range sl {
+		for j := range sl[i].Spec.Devices {
+			d := &sl[i].Spec.Devices[j]
+			numa[d.Name] = -1
+			if n, err := strconv.Atoi(attr(d, "numaNode")); err == nil {
+				numa[d.Name] = n
+			}
+		}
+	}
+	states := c.draStates(t)
+	type data struct {
+		ID         string `json:"id"`
+		NUMANode   *int   `json:"numaNode"`
+		Generation *int64 `json:"generation"`
+	}
+	took := eventually(t, time.Minute, pod+"'s claim status.devices to say each device is Ready (Prepared)", func() (bool, string) {
+		rc := c.claimOf(t, pod)
+		if rc.Status.Allocation == nil {
+			return false, "not allocated"
+		}
+		var seen []string
+		ok := true
+		for _, r := range rc.Status.Allocation.Devices.Results {
+			i := slices.IndexFunc(rc.Status.Devices, func(s resourceapi.AllocatedDeviceStatus) bool {
+				return s.Driver == r.Driver && s.Pool == r.Pool && s.Device == r.Device
+			})
+			if i < 0 {
+				ok = false
+				seen = append(seen, r.Device+": no status")
+				continue
+			}
+			st := rc.Status.Devices[i]
+			var ready *metav1.Condition
+			for k := range st.Conditions {
+				if st.Conditions[k].Type == "Ready" {
+					ready = &st.Conditions[k]
+				}
+			}
+			var dt data
+			if st.Data != nil {
+				_ = json.Unmarshal(st.Data.Raw, &dt)
+			}
+			seen = append(seen, fmt.Sprintf("%s: %+v data %s", r.Device, ready, dataString(st)))
+			id := byName[r.Device]
+			if ready == nil || ready.Status != metav1.ConditionTrue || ready.Reason != "Prepared" || dt.ID != id ||
+				dt.NUMANode == nil || *dt.NUMANode != numa[r.Device] || dt.Generation == nil || *dt.Generation != states[id].Generation {
+				ok = false
+			}
+		}
+		return ok, strings.Join(seen, "; ")
+	})
+	t.Logf("%s's claim status.devices: every device Ready (Prepared), with its ID, NUMA node and generation, %v after the check began", pod, took.Round(time.Millisecond))
+}
+
+func dataString(st resourceapi.AllocatedDeviceStatus) string {
+	if st.Data == nil {
+		return "none"
+	}
+	return string(st.Data.Raw)
+}
+
+// checkDeviceMetadata (issue 28, item 3): the container reads its
+// devices' metadata from the file the kubelet plugin helper mounts
+// (KEP-5304: a claim from a template, by the pod's claim name and the
+// request); each allocated device is listed with its ID, index, resource
+// and the container path of its state directory, which the container
+// sees with its state.json.
+func (c *cluster) checkDeviceMetadata(t *testing.T, pod, container, node string) {
+	t.Helper()
+	path := metadata.ResourceClaimTemplateFilePath(draDriver, draClaim, "devs")
+	out, err := c.execIn(pod, container, "cat", path)
+	if err != nil {
+		t.Fatalf("%s/%s: reading %s: %v", pod, container, path, err)
+	}
+	var md metadata.DeviceMetadata
+	if err := devicemetadata.DecodeMetadataFromStream(json.NewDecoder(strings.NewReader(out)), &md); err != nil {
+		t.Fatalf("%s: %v\n%s", path, err, out)
+	}
+	rc := c.claimOf(t, pod)
+	if md.Name != rc.Name || md.UID != rc.UID || len(md.Requests) != 1 || md.Requests[0].Name != "devs" {
+		t.Fatalf("%s: claim %s/%s, requests %+v; want claim %s, request devs", path, md.Name, md.UID, md.Requests, rc.Name)
+	}
+	byName := c.draDevices(t, node)
+	var got, want []string
+	for _, r := range rc.Status.Allocation.Devices.Results {
+		want = append(want, r.Device)
+	}
+	for _, d := range md.Requests[0].Devices {
+		got = append(got, d.Name)
+		s := func(n string) string {
+			if a, ok := d.Attributes[resourceapi.QualifiedName(draDriver+"/"+n)]; ok && a.StringValue != nil {
+				return *a.StringValue
+			}
+			return ""
+		}
+		id := byName[d.Name]
+		state := "/run/cdi-device-plugin/" + id
+		if d.Driver != draDriver || d.Pool != draPool(node) || s("id") != draResourceID(id) || s("resource") != draResource || s("stateDir") != state {
+			t.Errorf("%s: device %+v; want pool %s, id %s, resource %s, stateDir %s", path, d, draPool(node), draResourceID(id), draResource, state)
+			continue
+		}
+		if _, err := c.execIn(pod, container, "sh", "-c", "test -f "+state+"/state.json"); err != nil {
+			t.Errorf("%s/%s: no %s/state.json, which the metadata names: %v", pod, container, state, err)
+		}
+	}
+	sort.Strings(got)
+	sort.Strings(want)
+	if !slices.Equal(got, want) {
+		t.Errorf("%s lists devices %v, allocated %v", path, got, want)
+	}
+	t.Logf("%s/%s reads its devices %v from %s", pod, container, got, path)
 }
 
 // Scenario D3: one ResourceClaim shared by two containers: both see the
@@ -728,10 +860,12 @@ func (c *cluster) scenarioDRASharedClaim(t *testing.T) {
 }
 
 // claimSpecFile returns the CDI spec file on the node that names the
-// claim's UID (the per-claim spec), or "".
+// claim's UID (the per-claim spec, k8s.<driver>-claim_<UID>.json), or "";
+// not the device metadata's spec (<driver>_metadata_<UID>_<request>.json),
+// which names it too.
 func (c *cluster) claimSpecFile(t *testing.T, uid string) string {
 	t.Helper()
-	out, _ := c.nodeSh("grep -l '" + uid + "' /var/run/cdi/*.json 2>/dev/null || true")
+	out, _ := c.nodeSh("grep -l '" + uid + "' /var/run/cdi/k8s.*.json 2>/dev/null || true")
 	return strings.TrimSpace(out)
 }
 

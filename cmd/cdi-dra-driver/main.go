@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -55,7 +56,7 @@ func main() {
 
 // flags are the driver's own flags, beside config's.
 type flags struct {
-	kubeconfig, driverName, registrarDir, pluginsDir, staleClaimGrace string
+	kubeconfig, driverName, registrarDir, pluginsDir, staleClaimGrace, deviceMetadata string
 }
 
 func (f *flags) extra() []config.Extra {
@@ -68,6 +69,9 @@ func (f *flags) extra() []config.Extra {
 			Default: DefaultPluginsDir, Value: &f.pluginsDir},
 		{Name: "stale-claim-grace", Env: "STALE_CLAIM_GRACE", Usage: "how long a prepared claim must be gone from the API before the driver drops it and releases its devices (default " + dra.DefaultCleanupGrace.String() + ")",
 			Default: dra.DefaultCleanupGrace.String(), Value: &f.staleClaimGrace},
+		{Name: "device-metadata", Env: "DEVICE_METADATA", Usage: "give a claim's containers its devices' attributes in the file the kubelet plugin helper mounts " +
+			"(KEP-5304: /var/run/kubernetes.io/dra-device-attributes/...; true or false, default true)",
+			Default: "true", Value: &f.deviceMetadata},
 	}
 }
 
@@ -167,6 +171,10 @@ func build(cfg *config.Config, f flags, client func(string) (kubernetes.Interfac
 	if err != nil || grace <= 0 {
 		return nil, &config.FieldError{Field: "stale-claim-grace", Value: f.staleClaimGrace, Reason: "must be a positive duration (such as 5m)"}
 	}
+	metadata, err := strconv.ParseBool(f.deviceMetadata)
+	if err != nil {
+		return nil, &config.FieldError{Field: "device-metadata", Value: f.deviceMetadata, Reason: "must be true or false"}
+	}
 	if fi, err := os.Stat(cfg.DevRoot); err != nil || !fi.IsDir() {
 		return nil, &config.FieldError{Field: "dev-root", Value: cfg.DevRoot, Reason: "must be an existing directory"}
 	}
@@ -182,7 +190,7 @@ func build(cfg *config.Config, f flags, client func(string) (kubernetes.Interfac
 	writer := cdi.NewWriter(cfg.CDIDir, cfg.Owner(), start)
 	d.opts = dra.Options{DriverName: f.driverName, NodeName: cfg.NodeName, Client: kc,
 		RegistrarDir: f.registrarDir, PluginDir: pluginDir, Writer: writer, Checkpoint: d.checkpoint,
-		PodResources: cfg.PodResourcesSocket, Log: log, Metrics: d.metrics, CleanupGrace: grace}
+		PodResources: cfg.PodResourcesSocket, Log: log, Metrics: d.metrics, CleanupGrace: grace, DeviceMetadata: metadata}
 	// One registry of node owners for every resource: a host node in
 	// devices of two resources publishes neither.
 	owners := device.NewOwners(log)

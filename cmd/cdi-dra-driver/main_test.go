@@ -27,7 +27,9 @@ import (
 	clienttesting "k8s.io/client-go/testing"
 	drav1 "k8s.io/kubelet/pkg/apis/dra/v1"
 
+	"github.com/cdi-device-plugin/cdi-device-plugin/config"
 	"github.com/cdi-device-plugin/cdi-device-plugin/internal/kubeletsim"
+	"github.com/cdi-device-plugin/cdi-device-plugin/internal/logs"
 	"github.com/cdi-device-plugin/cdi-device-plugin/internal/testutil"
 )
 
@@ -113,6 +115,8 @@ func TestBadConfigExits2AndWritesNothing(t *testing.T) {
 		{"no API client", nil, map[string]string{"NODE_NAME": "n1"}, noClient, `kubeconfig="": no API client`},
 		{"stale claim grace", []string{"--stale-claim-grace", "soon"}, map[string]string{"NODE_NAME": "n1"}, nil, `stale-claim-grace="soon"`},
 		{"stale claim grace from env", nil, map[string]string{"NODE_NAME": "n1", "STALE_CLAIM_GRACE": "-1m"}, nil, `stale-claim-grace="-1m"`},
+		{"device metadata", []string{"--device-metadata", "maybe"}, map[string]string{"NODE_NAME": "n1"}, nil, `device-metadata="maybe": must be true or false`},
+		{"device metadata from env", nil, map[string]string{"NODE_NAME": "n1", "DEVICE_METADATA": "on"}, nil, `device-metadata="on"`},
 		{"shared config checks", []string{"--log-level", "loud"}, map[string]string{"NODE_NAME": "n1"}, nil, `log-level="loud"`},
 		{"node name too long for the pools", nil, map[string]string{"NODE_NAME": longNode, "DEVICE_ID_PREFIX": "sim"}, nil,
 			`node-name="` + longNode + `": too long for the pool of example.com/simple-device: the pool name ` + longNode + `/sim is longer than 253 characters`},
@@ -347,5 +351,39 @@ func TestInternalHoldsLeaves(t *testing.T) {
 			}
 			t.Errorf("%s imports %s: internal/ holds leaf helpers only", f[0], imp)
 		}
+	}
+}
+
+// TestDeviceMetadataFlag (issue 28, item 3): device metadata is on by
+// default; --device-metadata or DEVICE_METADATA turns it off.
+func TestDeviceMetadataFlag(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		args []string
+		env  map[string]string
+		want bool
+	}{
+		{"default", nil, nil, true},
+		{"flag", []string{"--device-metadata=false"}, nil, false},
+		{"env", nil, map[string]string{"DEVICE_METADATA": "false"}, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			env := map[string]string{"NODE_NAME": "n1"}
+			for k, v := range c.env {
+				env[k] = v
+			}
+			var f flags
+			cfg, err := config.LoadWith("cdi-dra-driver", newDirs(t).args(c.args...), envOf(env), io.Discard, f.extra()...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			d, err := build(cfg, f, fakeClient(), logs.Discard())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d.opts.DeviceMetadata != c.want {
+				t.Errorf("DeviceMetadata %v, want %v", d.opts.DeviceMetadata, c.want)
+			}
+		})
 	}
 }

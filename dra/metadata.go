@@ -1,0 +1,130 @@
+package dra
+
+import (
+	"errors"
+	"io/fs"
+	"os"
+	"path/filepath"
+
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+	metadatav1beta1 "k8s.io/dynamic-resource-allocation/api/metadata/v1beta1"
+	"k8s.io/dynamic-resource-allocation/kubeletplugin"
+
+	"github.com/cdi-device-plugin/cdi-device-plugin/cdi"
+)
+
+// AttrStateDir is the device metadata attribute (KEP-5304) that gives,
+// for a device of a resource with prestart steps, where its state
+// directory (state.json, read-only) is in the container. It is not
+// published in the ResourceSlice: it tells a container about its own
+// mounts.
+const AttrStateDir = "stateDir"
+
+// MetadataVersions are the device metadata API versions the driver writes
+// (newest first): the kubeletplugin helper refuses to start without its
+// latest one.
+var MetadataVersions = []schema.GroupVersion{metadatav1beta1.SchemeGroupVersion}
+
+// metadataOptions are the helper's options for device metadata
+// (Options.DeviceMetadata): the helper writes, at every successful
+// NodePrepareResources, a metadata file per request of each claim below
+// the driver's plugin directory
+// (<plugin dir>/dra-device-metadata/<namespace>_<claim>/<request>/metadata.json)
+// and a CDI spec beside the driver's (<CDI dir>/<driver>_metadata_<claim
+// UID>_<request>.json) that mounts it into the claim's containers at
+// /var/run/kubernetes.io/dra-device-attributes/resourceclaims/<claim>/<request>/<driver>-metadata.json
+// (resourceclaimtemplates/<pod claim name>/... for a claim made from a
+// template); Unprepare removes both. The files are written whole (a temp
+// file renamed in place) but not synced: they are written again at every
+// Prepare, and after a crash of the node the kubelet prepares its claims
+// again before their containers start.
+func (d *Driver) metadataOptions() []kubeletplugin.Option {
+	if !d.opts.DeviceMetadata {
+		return nil
+	}
+	return []kubeletplugin.Option{
+		kubeletplugin.EnableDeviceMetadata(d.opts.DeviceMetadata, MetadataVersions),
+		kubeletplugin.CDIDirectory(filepath.Dir(d.opts.Writer.Path(d.claimKind))),
+		kubeletplugin.MetadataFileOps(kubeletplugin.MetadataFileOperations{WriteFile: writeWhole}),
+	}
+}
+
+// writeWhole writes data to name through a temp file in its directory
+// renamed in place, without syncing (metadataOptions).
+func writeWhole(name string, data []byte, perm os.FileMode) error {
+	f, err := os.CreateTemp(filepath.Dir(name), "."+filepath.Base(name)+".*.tmp")
+	if err != nil {
+		return err
+	}
+	tmp := f.Name()
+	_, err = f.Write(data)
+	if err == nil {
+		err = f.Chmod(perm)
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp, name)
+	}
+	if err != nil {
+		_ = os.Remove(tmp)
+	}
+	return err
+}
+
+// addMetadata gives each device of the prepared claims in out its
+// metadata (deviceMetadata), when device metadata is enabled.
+func (d *Driver) addMetadata(out map[types.UID]kubeletplugin.PrepareResult) {
+	if !d.opts.DeviceMetadata {
+		return
+	}
+	for _, r := range out {
+		for i := range r.Devices {
+			dv := &r.Devices[i]
+			dv.Metadata = d.deviceMetadata(dv.PoolName, dv.DeviceName)
+		}
+	}
+}
+
+// deviceMetadata is what a container learns of a device from its metadata
+// file: the attributes its ResourceSlice publishes (resource, index, CDI
+// ID, NUMA node, identity: PCI address, vendor, device, class, driver, USB
+// bus, device, vendor, product and serial, the firmware digest) and, for a
+// resource with prestart steps, AttrStateDir. Nil for a device the driver
+// does not know.
+func (d *Driver) deviceMetadata(pool, name string) *kubeletplugin.DeviceMetadata {
+	r, dv, ok := d.lookup(pool, name)
+	if !ok {
+		return nil
+	}
+	pub := Device(d.opts.DriverName, Published{Resource: r.Name, Kind: r.Kind, IDPrefix: r.IDPrefix, FirmwareSHA256: r.firmware}, dv)
+	attrs := make(map[string]resourceapi.DeviceAttribute, len(pub.Attributes)+1)
+	for k, v := range pub.Attributes {
+		attrs[string(k)] = v
+	}
+	if sd, ok := r.Runner.(stateDirs); ok && sd.HasSteps() && !sd.BadState(dv.Name) {
+		p := filepath.Join(cdi.ContainerStateRoot, dv.Name)
+		attrs[d.opts.DriverName+"/"+AttrStateDir] = resourceapi.DeviceAttribute{StringValue: &p}
+	}
+	return &kubeletplugin.DeviceMetadata{Attributes: attrs}
+}
+
+// removeMetadata removes the device metadata files of a claim and their
+// CDI specs (those the helper writes: metadataOptions), as the helper does
+// when the kubelet unprepares the claim: for a claim the driver drops
+// itself (cleanup), which the kubelet never unprepares. Whether or not
+// device metadata is enabled now: an earlier run may have written them.
+func (d *Driver) removeMetadata(namespace, name string, uid types.UID) error {
+	errs := []error{os.RemoveAll(filepath.Join(d.opts.PluginDir, "dra-device-metadata", namespace+"_"+name))}
+	specs, err := filepath.Glob(filepath.Join(filepath.Dir(d.opts.Writer.Path(d.claimKind)), d.opts.DriverName+"_metadata_"+string(uid)+"_*.json"))
+	errs = append(errs, err)
+	for _, p := range specs {
+		if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
