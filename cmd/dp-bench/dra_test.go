@@ -376,7 +376,7 @@ func TestDRANoAPIServer(t *testing.T) {
 		t.Errorf("exit %d, want 1 (targets must pass)", code)
 	}
 	for _, want := range []string{"| publishes its devices in ResourceSlices of the node's pools | not run | not run | not run |",
-		"- cdi-dra-driver (8 devices, no steps): not run: no API server: -kube-apiserver: not given"} {
+		"- cdi-dra-driver (8 devices, no steps, no metadata): not run: no API server: -kube-apiserver: not given"} {
 		if !strings.Contains(stdout.String(), want) {
 			t.Errorf("missing %q in:\n%s\nstderr:\n%s", want, stdout.String(), stderr.String())
 		}
