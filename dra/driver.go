@@ -85,6 +85,12 @@ type Options struct {
 	// which starts the name of every resource's pool (PoolName).
 	DriverName, NodeName string
 	Client               kubernetes.Interface
+	// StatusClient (default Client) writes the claims' status.devices
+	// (status.go). Give it a client of its own: a client's requests share
+	// one client-side rate limit, and the status writes must not hold up
+	// the kubelet plugin helper's reads of the claims it is asked to
+	// prepare.
+	StatusClient kubernetes.Interface
 	// RegistrarDir is the kubelet's plugin registry directory, PluginDir
 	// the driver's own directory (dra.sock).
 	RegistrarDir, PluginDir string
@@ -210,6 +216,9 @@ func New(o Options) (*Driver, error) {
 	}
 	if o.PublishInterval <= 0 {
 		o.PublishInterval = DefaultPublishInterval
+	}
+	if o.StatusClient == nil {
+		o.StatusClient = o.Client
 	}
 	d := &Driver{opts: o, log: o.Log.WithField("driver", o.DriverName), claimKind: k,
 		changed: make(chan struct{}, 1), nodes: make(chan nodeReport, 1), polled: make(chan pollResult, 1),

@@ -460,7 +460,7 @@ func (d *Driver) applyStatus(ctx context.Context, st claimStatus) error {
 		status.WithDevices(e)
 	}
 	claim := resourceapply.ResourceClaim(st.Name, st.Namespace).WithUID(st.UID).WithStatus(status)
-	_, err := d.opts.Client.ResourceV1().ResourceClaims(st.Namespace).ApplyStatus(ctx, claim,
+	_, err := d.opts.StatusClient.ResourceV1().ResourceClaims(st.Namespace).ApplyStatus(ctx, claim,
 		metav1.ApplyOptions{FieldManager: d.opts.DriverName, Force: true})
 	return err
 }

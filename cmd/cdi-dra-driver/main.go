@@ -75,8 +75,8 @@ func (f *flags) extra() []config.Extra {
 	}
 }
 
-// newClient makes the API client: from kubeconfig, or in-cluster when
-// empty.
+// newClient makes an API client: from kubeconfig, or in-cluster when
+// empty; each with a client-side rate limit of its own.
 func newClient(kubeconfig string) (kubernetes.Interface, error) {
 	var rc *rest.Config
 	var err error
@@ -182,13 +182,20 @@ func build(cfg *config.Config, f flags, client func(string) (kubernetes.Interfac
 	if err != nil {
 		return nil, &config.FieldError{Field: "kubeconfig", Value: f.kubeconfig, Reason: "no API client (empty: the in-cluster configuration): " + err.Error()}
 	}
+	// The claims' status is written through a client of its own: each
+	// client has its own client-side rate limit, and the status writes
+	// must not hold up the helper's reads of the claims to prepare.
+	sc, err := client(f.kubeconfig)
+	if err != nil {
+		return nil, &config.FieldError{Field: "kubeconfig", Value: f.kubeconfig, Reason: "no API client (empty: the in-cluster configuration): " + err.Error()}
+	}
 	d := &driver{cfg: cfg, log: log, checkpoint: dra.NewCheckpoint(filepath.Join(cfg.StateDir, CheckpointFile))}
 	if cfg.MetricsAddress != "" {
 		d.metrics = metrics.New(version)
 	}
 	start := time.Now().UnixNano()
 	writer := cdi.NewWriter(cfg.CDIDir, cfg.Owner(), start)
-	d.opts = dra.Options{DriverName: f.driverName, NodeName: cfg.NodeName, Client: kc,
+	d.opts = dra.Options{DriverName: f.driverName, NodeName: cfg.NodeName, Client: kc, StatusClient: sc,
 		RegistrarDir: f.registrarDir, PluginDir: pluginDir, Writer: writer, Checkpoint: d.checkpoint,
 		PodResources: cfg.PodResourcesSocket, Log: log, Metrics: d.metrics, CleanupGrace: grace, DeviceMetadata: metadata}
 	// One registry of node owners for every resource: a host node in
