@@ -216,14 +216,14 @@ func (p *Plugin) newView(snap *device.Snapshot) (*view, error) {
 
 // nextView is the view of snap after old. When only health changed (the
 // same devices, the same replicas) it shares old's immutable parts (ID
-// maps, CDI names, the device messages of the devices whose health did
+// maps, CDI names, annotation keys, the device messages of the devices whose health did
 // not change) and makes new messages for the others only: a health change
 // costs a copy of the list's pointers, not a rebuild of every ID.
 func (p *Plugin) nextView(old *view, snap *device.Snapshot) (*view, error) {
 	if old == nil || old.snap.Replicas != snap.Replicas || !device.SameDevices(old.snap, snap) {
 		return p.newView(snap)
 	}
-	v := &view{snap: snap, ids: old.ids, order: old.order, list: old.list, cdiNames: old.cdiNames, changed: make(chan struct{})}
+	v := &view{snap: snap, ids: old.ids, order: old.order, list: old.list, cdiNames: old.cdiNames, annotKeys: old.annotKeys, changed: make(chan struct{})}
 	perDevice := max(snap.Replicas, 1)
 	cloned := false
 	var changed []int // list entries

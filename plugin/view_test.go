@@ -58,7 +58,9 @@ func TestUpdateViewMatchesRebuilt(t *testing.T) {
 		{"unhealthy without replicas", withHealth(snapshot(41, 2, 1), 0, false, "missing")},
 		{"back to the start", base},
 	}
-	p := newPlugin(t, t.TempDir(), base, nil)
+	// With per-device annotations: their keys are part of the view too
+	// (Allocate indexes them by device).
+	p := newPlugin(t, t.TempDir(), base, func(o *Options) { o.AnnotationPrefix = "example.com/dev" })
 	for _, s := range steps {
 		old := p.state.Load()
 		oldList := listOf(t, old)
@@ -78,6 +80,9 @@ func TestUpdateViewMatchesRebuilt(t *testing.T) {
 		}
 		if !maps.Equal(got.ids, want.ids) || !maps.Equal(got.order, want.order) || !slices.Equal(got.cdiNames, want.cdiNames) {
 			t.Errorf("%s: ids, order or CDI names differ from the rebuilt view's", s.name)
+		}
+		if !slices.Equal(got.annotKeys, want.annotKeys) {
+			t.Errorf("%s: annotation keys %q, the rebuilt view's %q", s.name, got.annotKeys, want.annotKeys)
 		}
 		if !slices.Equal(listOf(t, old), oldList) {
 			t.Errorf("%s: the replaced view's list was changed", s.name)
