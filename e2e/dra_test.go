@@ -1316,7 +1316,14 @@ func (c *cluster) scenarioDRAShares(t *testing.T, node string) {
 	if dev.AllowMultipleAllocations == nil || !*dev.AllowMultipleAllocations || shares.Value.Value() != 2 {
 		t.Fatalf("device %s: allowMultipleAllocations %v, capacity %v; want true, %s/shares 2", dev.Name, dev.AllowMultipleAllocations, dev.Capacity, draDriver)
 	}
-	_, id, _ := strings.Cut(attr(&dev, "id"), "=") // the device's name in the spec
+	// The device's name in the spec: <idPrefix>-<node>-<index>. Not from
+	// its id attribute, which the driver leaves out where the qualified
+	// name is longer than an attribute may be (64 bytes: on kind, whose
+	// node is cdi-e2e-control-plane).
+	id := draSharedPrefix + "-" + node + "-" + attr(&dev, "index")
+	if q := attr(&dev, "id"); q != "" && !strings.HasSuffix(q, "="+id) {
+		t.Fatalf("device %s: id attribute %q, want the spec name %s", dev.Name, q, id)
+	}
 	_, err = c.cs.ResourceV1().ResourceClaimTemplates(podNS).Create(ctx, &resourceapi.ResourceClaimTemplate{
 		ObjectMeta: metav1.ObjectMeta{Name: "one-share"},
 		Spec: resourceapi.ResourceClaimTemplateSpec{Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{{
