@@ -122,10 +122,9 @@ const (
 	watchError    = "ERROR"
 )
 
-// watch watches the collection at path with the query q until ctx is
-// done; the events go to the returned channel, stamped when read, which
-// is closed when the watch ends.
-func (c *apiClient) watch(ctx context.Context, path string, q url.Values) (<-chan watchEvent, error) {
+// openWatch starts a watch of the collection at path with the query q:
+// the response whose body streams the events, or the API's error.
+func (c *apiClient) openWatch(ctx context.Context, path string, q url.Values) (*http.Response, error) {
 	q.Set("watch", "true")
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.base+path+"?"+q.Encode(), http.NoBody)
 	if err != nil {
@@ -140,6 +139,17 @@ func (c *apiClient) watch(ctx context.Context, path string, q url.Values) (<-cha
 		b, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()
 		return nil, &apiError{Code: resp.StatusCode, Message: strings.TrimSpace(string(b))}
+	}
+	return resp, nil
+}
+
+// watch watches the collection at path with the query q until ctx is
+// done; the events go to the returned channel, stamped when read, which
+// is closed when the watch ends.
+func (c *apiClient) watch(ctx context.Context, path string, q url.Values) (<-chan watchEvent, error) {
+	resp, err := c.openWatch(ctx, path, q)
+	if err != nil {
+		return nil, err
 	}
 	out := make(chan watchEvent, 1024)
 	go func() {

@@ -3,7 +3,6 @@ package main
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -155,11 +154,7 @@ func runFleet(ctx context.Context, o *options, fo *fleetOptions, args []string, 
 	rep.Machine.LoadAfter = loadavg()
 	writeFleetMarkdown(stdout, rep)
 	if fo.JSON != "" {
-		b, err := json.MarshalIndent(rep, "", "  ")
-		if err == nil {
-			err = os.WriteFile(fo.JSON, append(b, '\n'), 0o644)
-		}
-		if err != nil {
+		if err := writeJSON(fo.JSON, rep); err != nil {
 			fmt.Fprintln(stderr, "dp-bench: -fleet-json:", err)
 			return 1
 		}

@@ -292,24 +292,7 @@ func fleetNodeName(i int) string { return "fleet-node-" + strconv.Itoa(i) }
 // the API server sends every object as ADDED first) whenever a watch
 // ends; each event goes to handle, each end to logf with its cause.
 func watchAlways(ctx context.Context, api *apiClient, path string, q url.Values, handle func(watchEvent), logf func(string, ...any)) error {
-	open := func() (*http.Response, error) {
-		q.Set("watch", "true")
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, api.base+path+"?"+q.Encode(), http.NoBody)
-		if err != nil {
-			return nil, err
-		}
-		req.Header.Set("Accept", "application/json")
-		resp, err := api.http.Do(req)
-		if err != nil {
-			return nil, err
-		}
-		if resp.StatusCode != http.StatusOK {
-			b, _ := io.ReadAll(resp.Body)
-			resp.Body.Close()
-			return nil, &apiError{Code: resp.StatusCode, Message: strings.TrimSpace(string(b))}
-		}
-		return resp, nil
-	}
+	open := func() (*http.Response, error) { return api.openWatch(ctx, path, q) }
 	resp, err := open()
 	if err != nil {
 		return err

@@ -285,11 +285,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	writeMarkdown(stdout, rep)
 	if o.jsonOut != "" {
-		b, err := json.MarshalIndent(rep, "", "  ")
-		if err == nil {
-			err = os.WriteFile(o.jsonOut, append(b, '\n'), 0o644)
-		}
-		if err != nil {
+		if err := writeJSON(o.jsonOut, rep); err != nil {
 			fmt.Fprintln(stderr, "dp-bench: -json:", err)
 			return 1
 		}
@@ -352,4 +348,14 @@ func progress(r *RunResult) string {
 		return "ok"
 	}
 	return strings.Join(parts, "; ")
+}
+
+// writeJSON writes v, indented, to the file path (the -json and
+// -fleet-json reports).
+func writeJSON(path string, v any) error {
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, append(b, '\n'), 0o644)
 }
