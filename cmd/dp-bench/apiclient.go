@@ -64,6 +64,12 @@ func isAlreadyExists(err error) bool {
 // do sends method path with in (JSON, when not nil) and decodes the answer
 // into out (when not nil).
 func (c *apiClient) do(ctx context.Context, method, path string, in, out any) error {
+	return c.send(ctx, method, path, "application/json", in, out)
+}
+
+// send is do with in sent as contentType (a JSON encoding: a merge patch,
+// ...).
+func (c *apiClient) send(ctx context.Context, method, path, contentType string, in, out any) error {
 	var body io.Reader
 	if in != nil {
 		b, err := json.Marshal(in)
@@ -78,7 +84,7 @@ func (c *apiClient) do(ctx context.Context, method, path string, in, out any) er
 	}
 	req.Header.Set("Accept", "application/json")
 	if in != nil {
-		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Content-Type", contentType)
 	}
 	resp, err := c.http.Do(req)
 	if err != nil {

@@ -1,12 +1,10 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"net/url"
 	"os"
@@ -231,26 +229,7 @@ func (fc *fleetCluster) apiserverRSS() int64 {
 
 // mergePatch sends a JSON merge patch.
 func (c *apiClient) mergePatch(ctx context.Context, path string, in any) error {
-	b, err := json.Marshal(in)
-	if err != nil {
-		return err
-	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPatch, c.base+path, bytes.NewReader(b))
-	if err != nil {
-		return err
-	}
-	req.Header.Set("Content-Type", "application/merge-patch+json")
-	req.Header.Set("Accept", "application/json")
-	resp, err := c.http.Do(req)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	body, _ := io.ReadAll(resp.Body)
-	if resp.StatusCode/100 != 2 {
-		return &apiError{Code: resp.StatusCode, Message: strings.TrimSpace(string(body))}
-	}
-	return nil
+	return c.send(ctx, http.MethodPatch, path, "application/merge-patch+json", in, nil)
 }
 
 // parallel runs f(0..n-1) on at most width goroutines and returns the
