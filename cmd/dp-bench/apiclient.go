@@ -61,6 +61,19 @@ func isAlreadyExists(err error) bool {
 	return errors.As(err, &e) && e.Code == http.StatusConflict && e.Reason == "AlreadyExists"
 }
 
+// isNotFound reports whether err is the API server's 404.
+func isNotFound(err error) bool {
+	var e *apiError
+	return errors.As(err, &e) && e.Code == http.StatusNotFound
+}
+
+// isGone reports whether err is the API server's 410 (a resourceVersion
+// too old to watch from).
+func isGone(err error) bool {
+	var e *apiError
+	return errors.As(err, &e) && e.Code == http.StatusGone
+}
+
 // do sends method path with in (JSON, when not nil) and decodes the answer
 // into out (when not nil).
 func (c *apiClient) do(ctx context.Context, method, path string, in, out any) error {
@@ -126,6 +139,7 @@ const (
 	watchModified = "MODIFIED"
 	watchDeleted  = "DELETED"
 	watchError    = "ERROR"
+	watchBookmark = "BOOKMARK"
 )
 
 // openWatch starts a watch of the collection at path with the query q:

@@ -30,7 +30,7 @@ import (
 
 // fleetOptions are the -fleet flags.
 type fleetOptions struct {
-	N                            int
+	N, Rounds                    int
 	Fill                         float64
 	Steady, Storm, Settle        time.Duration
 	StormRate                    int
@@ -42,6 +42,7 @@ func addFleetFlags(fs *flag.FlagSet) *fleetOptions {
 	fo := &fleetOptions{}
 	fs.IntVar(&fo.N, "fleet", 0, "run the DRA targets on a fleet of this many nodes (fleet.go; 0: no fleet)")
 	fs.Float64Var(&fo.Fill, "fleet-fill", 0.8, "fleet: the share of the fleet's devices claimed by pods created at once")
+	fs.IntVar(&fo.Rounds, "fleet-rounds", 3, "fleet: scheduling rounds (pods created, bound, prepared, then deleted and unprepared but the last); the medians are reported")
 	fs.DurationVar(&fo.Steady, "fleet-steady", 5*time.Minute, "fleet: the steady-state window (nothing changes; the drivers' writes are counted)")
 	fs.DurationVar(&fo.Storm, "fleet-storm", 30*time.Second, "fleet: the health storm's length (0: none)")
 	fs.IntVar(&fo.StormRate, "fleet-storm-rate", 10, "fleet: health storm cycles (Unhealthy and back) per second")
@@ -58,6 +59,8 @@ func (fo *fleetOptions) check() error {
 	switch {
 	case fo.N < 1:
 		return fmt.Errorf("-fleet=%d: must be at least 1", fo.N)
+	case fo.Rounds < 1:
+		return fmt.Errorf("-fleet-rounds=%d: must be at least 1", fo.Rounds)
 	case fo.Fill <= 0 || fo.Fill > 1:
 		return fmt.Errorf("-fleet-fill=%g: must be in (0, 1]", fo.Fill)
 	case fo.Steady <= 0:
@@ -90,31 +93,36 @@ type FleetTarget struct {
 	Agent  string `json:"agent"`
 	Err    string `json:"error,omitempty"`
 
-	Devices          int        `json:"devices"`
-	StartSlicesS     float64    `json:"startSlicesS"`
-	Pods             int        `json:"pods"`
-	BoundPerS        float64    `json:"boundPerS"`
-	PreparedPerS     float64    `json:"preparedPerS"`
-	PrepareErrors    int64      `json:"prepareErrors"`
-	SteadyPerNodeMin float64    `json:"steadyWritesPerNodeMin"`
-	Steady           writeTally `json:"steadyWrites"`
+	Devices          int          `json:"devices"`
+	StartSlicesS     float64      `json:"startSlicesS"`
+	Pods             int          `json:"pods"`
+	BoundPerS        float64      `json:"boundPerS"`    // the rounds' median
+	PreparedPerS     float64      `json:"preparedPerS"` // the rounds' median
+	Rounds           []schedRound `json:"rounds"`
+	PrepareErrors    int64        `json:"prepareErrors"`
+	SteadyPerNodeMin float64      `json:"steadyWritesPerNodeMin"`
+	Steady           writeTally   `json:"steadyWrites"`
 	// SteadyAll is apiserver_request_total's writes in the steady window,
 	// all clients (the control plane's own included).
 	SteadyAll map[string]float64 `json:"steadyAllClients,omitempty"`
 
-	StormNA         string     `json:"stormNA,omitempty"`
-	StormFlips      int        `json:"stormFlips"`
-	StormPerNodeS   float64    `json:"stormSliceWritesPerNodeS"`
-	Storm           writeTally `json:"stormSliceWrites"`
-	StormLastS      float64    `json:"stormLastPublishedS"`
-	RolloutPerNode  float64    `json:"rolloutSliceWritesPerNode"`
-	Rollout         writeTally `json:"rolloutSliceWrites"`
-	RolloutS        float64    `json:"rolloutS"`
-	RolloutPods     int        `json:"rolloutPods"`
-	RolloutFailed   []string   `json:"rolloutFailed,omitempty"`
-	DriverRSSMiB    float64    `json:"driverRSSMiB"`
-	DriverRSSMaxMiB float64    `json:"driverRSSMaxMiB"`
-	APIServerRSSMiB float64    `json:"apiServerRSSMiB"`
+	StormNA    string `json:"stormNA,omitempty"`
+	StormFlips int    `json:"stormFlips"`
+	// StormPerNodeS counts the storm and the second after it (the last
+	// state's publish); StormDuringPerNodeS the storm alone.
+	StormPerNodeS       float64    `json:"stormSliceWritesPerNodeS"`
+	Storm               writeTally `json:"stormSliceWrites"`
+	StormDuringPerNodeS float64    `json:"stormDuringSliceWritesPerNodeS"`
+	StormDuring         int        `json:"stormDuringSliceWrites"`
+	StormLastS          float64    `json:"stormLastPublishedS"`
+	RolloutPerNode      float64    `json:"rolloutSliceWritesPerNode"`
+	Rollout             writeTally `json:"rolloutSliceWrites"`
+	RolloutS            float64    `json:"rolloutS"`
+	RolloutPods         int        `json:"rolloutPods"`
+	RolloutFailed       []string   `json:"rolloutFailed,omitempty"`
+	DriverRSSMiB        float64    `json:"driverRSSMiB"`
+	DriverRSSMaxMiB     float64    `json:"driverRSSMaxMiB"`
+	APIServerRSSMiB     float64    `json:"apiServerRSSMiB"`
 }
 
 // runFleet runs every DRA target on a fleet and writes the report.
@@ -322,25 +330,96 @@ func (f *fleet) createPods(ctx context.Context, prefix string, count int) ([]str
 	return names, err
 }
 
-// schedule: Fill of the devices claimed by pods created at once.
+// schedRound is one scheduling round's rates, pods per second from the
+// first pod's creation to the last binding (the API server's stamp in the
+// audit log) and to the last NodePrepareResources answered.
+type schedRound struct {
+	BoundPerS    float64 `json:"boundPerS"`
+	PreparedPerS float64 `json:"preparedPerS"`
+}
+
+// schedule: Fill of the devices claimed by pods created at once, Rounds
+// times; between two rounds the pods end (phase Succeeded, their claims
+// unprepared), the resourceclaim controller deletes their claims, and
+// the pods are deleted. The last round's pods stay (the rollout needs
+// them).
 func (f *fleet) schedule(ctx context.Context) error {
 	count := int(f.fo.Fill * float64(f.ft.Devices))
-	names, err := f.createPods(ctx, "sched", count)
-	if err != nil {
-		return fmt.Errorf("creating pods: %w", err)
-	}
-	f.pods = count
-	if err := f.k.waitPods(ctx, names, time.Minute+time.Duration(count)*200*time.Millisecond); err != nil {
-		if e := f.fc.alive(); e != nil {
-			return e
+	var bound, prepared []float64
+	for r := range f.fo.Rounds {
+		names, err := f.createPods(ctx, fmt.Sprintf("sched%d", r), count)
+		if err != nil {
+			return fmt.Errorf("round %d: creating pods: %w", r+1, err)
 		}
-		return fmt.Errorf("scheduling: %w; kube-scheduler: %s; kube-controller-manager: %s", err, tail(f.fc.others[0].Log(), 1500), tail(f.fc.others[1].Log(), 1500))
+		f.pods = count
+		if err := f.k.waitPods(ctx, names, time.Minute+time.Duration(count)*200*time.Millisecond); err != nil {
+			if e := f.fc.alive(); e != nil {
+				return e
+			}
+			return fmt.Errorf("round %d: scheduling: %w; kube-scheduler: %s; kube-controller-manager: %s", r+1, err, tail(f.fc.others[0].Log(), 1500), tail(f.fc.others[1].Log(), 1500))
+		}
+		// The audit log is written in batches of at most 200 ms.
+		if err := sleep(ctx, time.Second); err != nil {
+			return err
+		}
+		ws, err := f.fc.audit()
+		if err != nil {
+			return err
+		}
+		var rd schedRound
+		var missed int
+		rd.BoundPerS, rd.PreparedPerS, missed = f.k.rates(names, bindTimes(ws, names))
+		if missed > 0 {
+			f.logf("round %d: %d bindings not in the audit log: the watch's times taken for them", r+1, missed)
+		}
+		f.ft.Rounds = append(f.ft.Rounds, rd)
+		bound, prepared = append(bound, rd.BoundPerS), append(prepared, rd.PreparedPerS)
+		f.logf("round %d: %d pods: %.1f/s bound, %.1f/s prepared", r+1, count, rd.BoundPerS, rd.PreparedPerS)
+		if r == f.fo.Rounds-1 {
+			break
+		}
+		if err := f.k.finish(ctx, names); err != nil {
+			return fmt.Errorf("round %d: %w", r+1, err)
+		}
+		if err := f.waitNoClaims(ctx, 2*time.Minute); err != nil {
+			return fmt.Errorf("round %d: %w", r+1, err)
+		}
+		if err := f.k.remove(ctx, names); err != nil {
+			return fmt.Errorf("round %d: %w", r+1, err)
+		}
+		if err := sleep(ctx, f.fo.Settle); err != nil {
+			return err
+		}
 	}
 	f.ft.Pods = count
-	f.ft.BoundPerS, f.ft.PreparedPerS = f.k.rates(names)
+	f.ft.BoundPerS, f.ft.PreparedPerS = medianF(bound), medianF(prepared)
 	f.ft.PrepareErrors = f.k.errors.Load()
-	f.logf("%d pods: %.1f/s bound, %.1f/s prepared", count, f.ft.BoundPerS, f.ft.PreparedPerS)
+	f.logf("%d rounds of %d pods: medians %.1f/s bound, %.1f/s prepared", f.fo.Rounds, count, f.ft.BoundPerS, f.ft.PreparedPerS)
 	return nil
+}
+
+// waitNoClaims waits until the fleet's namespace has no ResourceClaim
+// (the resourceclaim controller deletes a pod's claims once it is gone):
+// the devices are deallocated.
+func (f *fleet) waitNoClaims(ctx context.Context, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		var list struct {
+			Items []resourceClaim `json:"items"`
+		}
+		if err := f.fc.cp.Client.do(ctx, http.MethodGet, pathClaims(fleetNamespace), nil, &list); err != nil {
+			return fmt.Errorf("listing claims: %w", err)
+		}
+		if len(list.Items) == 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%d claims left %s after their pods were deleted", len(list.Items), timeout)
+		}
+		if err := sleep(ctx, 200*time.Millisecond); err != nil {
+			return err
+		}
+	}
 }
 
 // memory: the drivers' resident memory and the API server's.
@@ -355,28 +434,25 @@ func (f *fleet) memory() {
 	f.ft.APIServerRSSMiB = mib(f.fc.apiserverRSS())
 }
 
-// window waits d and returns the driver's writes in it (of resource,
-// when not "") and the window's bounds.
-func (f *fleet) window(ctx context.Context, d time.Duration, resource string, during func(context.Context) error) (writeTally, time.Time, time.Time, error) {
+// window runs during, waits until d has passed since it began, and
+// returns the audit log's writes and the window's bounds [from, to).
+func (f *fleet) window(ctx context.Context, d time.Duration, during func(context.Context) error) ([]auditWrite, time.Time, time.Time, error) {
 	from := time.Now()
 	if during != nil {
 		if err := during(ctx); err != nil {
-			return writeTally{}, from, from, err
+			return nil, from, from, err
 		}
 	}
 	if err := sleep(ctx, time.Until(from.Add(d))); err != nil {
-		return writeTally{}, from, from, err
+		return nil, from, from, err
 	}
 	to := time.Now()
 	// The audit log is written in batches of at most 200 ms.
 	if err := sleep(ctx, time.Second); err != nil {
-		return writeTally{}, from, to, err
+		return nil, from, to, err
 	}
 	ws, err := f.fc.audit()
-	if err != nil {
-		return writeTally{}, from, to, err
-	}
-	return tallyWrites(ws, f.ft.Agent, resource, from, to), from, to, nil
+	return ws, from, to, err
 }
 
 // steady: nothing changes for Steady; every write of the drivers counts.
@@ -388,10 +464,11 @@ func (f *fleet) steady(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	tally, from, to, err := f.window(ctx, f.fo.Steady, "", nil)
+	ws, from, to, err := f.window(ctx, f.fo.Steady, nil)
 	if err != nil {
 		return err
 	}
+	tally := tallyWrites(ws, f.ft.Agent, "", from, to)
 	if after, err := f.fc.metrics(ctx); err == nil {
 		f.ft.SteadyAll = requestWrites(before, after)
 	}
@@ -466,19 +543,21 @@ func (f *fleet) storm(ctx context.Context) error {
 		end = time.Now()
 		return nil
 	}
-	tally, from, _, err := f.window(ctx, f.fo.Storm+time.Second, "resourceslices", during)
+	ws, from, to, err := f.window(ctx, f.fo.Storm+time.Second, during)
 	if err != nil {
 		return err
 	}
+	c := stormRates(ws, f.ft.Agent, f.fo.N, from, end, to)
 	last, err := f.st.waitClean(ctx, f.names, time.Minute)
 	if err != nil {
 		return fmt.Errorf("after the storm: %w", err)
 	}
 	f.ft.StormLastS = max(0, last.Sub(end).Seconds())
-	f.ft.Storm = tally
-	f.ft.StormPerNodeS = float64(tally.Total) / float64(f.fo.N) / end.Sub(from).Seconds()
-	f.logf("storm %s: %d flips per device, %d slice events seen, %d slice writes (%.2f per node per second, at most %d in a second), last state published %.2f s after its end",
-		end.Sub(from).Round(time.Millisecond), f.ft.StormFlips, f.st.eventCount()-events0, tally.Total, f.ft.StormPerNodeS, tally.MaxNodeSecond, f.ft.StormLastS)
+	f.ft.Storm, f.ft.StormPerNodeS = c.Window, c.WindowPerNodeS
+	f.ft.StormDuring, f.ft.StormDuringPerNodeS = c.During.Total, c.DuringPerNodeS
+	f.logf("storm %s: %d flips per device, %d slice events seen; %d slice writes in it (%.2f per node per second), %d with the %s after it (%.2f per node per second, at most %d of a node in a second), last state published %.2f s after its end",
+		end.Sub(from).Round(time.Millisecond), f.ft.StormFlips, f.st.eventCount()-events0, c.During.Total, c.DuringPerNodeS,
+		c.Window.Total, to.Sub(end).Round(time.Millisecond), c.WindowPerNodeS, c.Window.MaxNodeSecond, f.ft.StormLastS)
 	return nil
 }
 
@@ -516,10 +595,11 @@ func (f *fleet) rollout(ctx context.Context) error {
 		rolled = time.Now()
 		return sleep(ctx, f.fo.Settle)
 	}
-	tally, from, _, err := f.window(ctx, 0, "resourceslices", during)
+	ws, from, to, err := f.window(ctx, 0, during)
 	if err != nil {
 		return fmt.Errorf("rollout: %w", err)
 	}
+	tally := tallyWrites(ws, f.ft.Agent, "resourceslices", from, to)
 	f.ft.Rollout = tally
 	f.ft.RolloutS = rolled.Sub(from).Seconds()
 	f.ft.RolloutPerNode = float64(tally.Total) / float64(f.fo.N)
@@ -591,7 +671,7 @@ func writeFleetMarkdown(w io.Writer, rep *FleetReport) {
 		if t.StormNA != "" {
 			return t.StormNA
 		}
-		return fmt.Sprintf("%.2f (at most %d of a node in any 1 s)", t.StormPerNodeS, t.Storm.MaxNodeSecond)
+		return fmt.Sprintf("%.2f, with the second after it (%.2f in the storm alone; at most %d of a node in any 1 s)", t.StormPerNodeS, t.StormDuringPerNodeS, t.Storm.MaxNodeSecond)
 	})
 	row("health storm: last state published after its end", "≤ 1 s", func(t FleetTarget) string {
 		if t.StormNA != "" {

@@ -267,11 +267,25 @@ func parallel(n, width int, f func(i int) error) error {
 // fleetNodeName is node i's name.
 func fleetNodeName(i int) string { return "fleet-node-" + strconv.Itoa(i) }
 
-// watchAlways watches path until ctx is done, watching again (from now:
-// the API server sends every object as ADDED first) whenever a watch
-// ends; each event goes to handle, each end to logf with its cause.
+// watchAlways watches path until ctx is done, watching again whenever a
+// watch ends (the API server ends one that falls behind): from the last
+// resourceVersion seen, so that no event is lost or sent twice, or, when
+// the API server no longer has it (410 Gone), from now (the API server
+// then sends every object as ADDED first). Each event goes to handle,
+// each end to logf with its cause.
 func watchAlways(ctx context.Context, api *apiClient, path string, q url.Values, handle func(watchEvent), logf func(string, ...any)) error {
-	open := func() (*http.Response, error) { return api.openWatch(ctx, path, q) }
+	var rv string
+	open := func() (*http.Response, error) {
+		qq := url.Values{}
+		for k, v := range q {
+			qq[k] = v
+		}
+		if rv != "" {
+			qq.Set("resourceVersion", rv)
+			qq.Set("allowWatchBookmarks", "true")
+		}
+		return api.openWatch(ctx, path, qq)
+	}
 	resp, err := open()
 	if err != nil {
 		return err
@@ -285,13 +299,34 @@ func watchAlways(ctx context.Context, api *apiClient, path string, q url.Values,
 					break
 				}
 				ev.At = time.Now()
+				var obj struct {
+					Code     int        `json:"code"` // of an ERROR's Status
+					Metadata objectMeta `json:"metadata"`
+				}
+				_ = json.Unmarshal(ev.Object, &obj)
+				if ev.Type == watchError {
+					if obj.Code == http.StatusGone {
+						rv = "" // too old: from now, with every object
+					}
+					err = fmt.Errorf("watch error %s", ev.Object)
+					break
+				}
+				if obj.Metadata.ResourceVersion != "" {
+					rv = obj.Metadata.ResourceVersion
+				}
+				if ev.Type == watchBookmark {
+					continue
+				}
 				handle(ev)
 			}
 			resp.Body.Close()
 			for ctx.Err() == nil {
-				logf("the watch of %s ended (%v): watching again", path, err)
+				logf("the watch of %s ended (%v): watching again from resourceVersion %q", path, err, rv)
 				if resp, err = open(); err == nil {
 					break
+				}
+				if isGone(err) {
+					rv = ""
 				}
 				_ = sleep(ctx, 100*time.Millisecond)
 			}

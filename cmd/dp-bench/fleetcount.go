@@ -42,6 +42,7 @@ type auditWrite struct {
 	Node     string    // the impersonated fleet:<node>, else ""
 	Verb     string
 	Resource string // resource[/subresource]
+	Name     string // the object's name ("" for a collection)
 	Code     int
 }
 
@@ -60,6 +61,7 @@ type auditEvent struct {
 	ObjectRef *struct {
 		Resource    string `json:"resource"`
 		Subresource string `json:"subresource"`
+		Name        string `json:"name"`
 	} `json:"objectRef"`
 	ResponseStatus *struct {
 		Code int `json:"code"`
@@ -88,7 +90,7 @@ func parseAudit(r io.Reader) ([]auditWrite, error) {
 		if ev.Stage != "ResponseComplete" || ev.ObjectRef == nil {
 			continue
 		}
-		w := auditWrite{At: ev.StageTimestamp, Verb: ev.Verb, Resource: ev.ObjectRef.Resource}
+		w := auditWrite{At: ev.StageTimestamp, Verb: ev.Verb, Resource: ev.ObjectRef.Resource, Name: ev.ObjectRef.Name}
 		if ev.ObjectRef.Subresource != "" {
 			w.Resource += "/" + ev.ObjectRef.Subresource
 		}
@@ -139,6 +141,54 @@ func tallyWrites(ws []auditWrite, agent, resource string, from, to time.Time) wr
 		t.MaxNodeSecond = max(t.MaxNodeSecond, maxInWindow(ts, time.Second))
 	}
 	return t
+}
+
+// perNodePerSecond is a tally's writes per node per second of the
+// window [from, to) it counted.
+func perNodePerSecond(t writeTally, nodes int, from, to time.Time) float64 {
+	d := to.Sub(from).Seconds()
+	if nodes < 1 || d <= 0 {
+		return 0
+	}
+	return float64(t.Total) / float64(nodes) / d
+}
+
+// stormCount is the drivers' slice writes in a health storm [from, end)
+// and in the storm and the second after it [from, to), each per node per
+// second of the window it was counted in.
+type stormCount struct {
+	During, Window                 writeTally
+	DuringPerNodeS, WindowPerNodeS float64
+}
+
+func stormRates(ws []auditWrite, agent string, nodes int, from, end, to time.Time) stormCount {
+	c := stormCount{
+		During: tallyWrites(ws, agent, "resourceslices", from, end),
+		Window: tallyWrites(ws, agent, "resourceslices", from, to),
+	}
+	c.DuringPerNodeS = perNodePerSecond(c.During, nodes, from, end)
+	c.WindowPerNodeS = perNodePerSecond(c.Window, nodes, from, to)
+	return c
+}
+
+// bindTimes are when the API server answered each successful binding of
+// the pods named (the scheduler's create pods/binding, stamped by the
+// API server: no watch's delay or gap is in it).
+func bindTimes(ws []auditWrite, names []string) map[string]time.Time {
+	want := make(map[string]bool, len(names))
+	for _, n := range names {
+		want[n] = true
+	}
+	out := map[string]time.Time{}
+	for _, w := range ws {
+		if w.Verb != "create" || w.Resource != "pods/binding" || w.Code/100 != 2 || !want[w.Name] {
+			continue
+		}
+		if t, ok := out[w.Name]; !ok || w.At.Before(t) {
+			out[w.Name] = w.At
+		}
+	}
+	return out
 }
 
 // maxInWindow is the most of ts within any window of length d (half

@@ -24,8 +24,8 @@ func TestParseAudit(t *testing.T) {
 		t.Fatalf("%d writes, want 2 (the RequestReceived stage skipped): %+v", len(ws), ws)
 	}
 	want := []auditWrite{
-		{Agent: "cdi-dra-driver", Node: "fleet-node-3", Verb: "update", Resource: "resourceslices", Code: 200},
-		{Agent: "kube-scheduler", Node: "", Verb: "create", Resource: "pods/binding", Code: 201},
+		{Agent: "cdi-dra-driver", Node: "fleet-node-3", Verb: "update", Resource: "resourceslices", Name: "fleet-node-3-bench.example.com-x7k2p", Code: 200},
+		{Agent: "kube-scheduler", Node: "", Verb: "create", Resource: "pods/binding", Name: "sched-0", Code: 201},
 	}
 	for i, w := range want {
 		got := ws[i]
@@ -71,6 +71,60 @@ func TestTallyWrites(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestStormRates: a driver that publishes at once on the storm's first
+// flip, then once a second, and once after the storm's end with its last
+// state (what dra/coalesce.go does) writes one slice a second: counted
+// over the storm alone, and over the storm and the second after it, each
+// divided by the window it was counted in. The trailing write counted
+// over the storm plus a second but divided by the storm alone made it
+// 31 / 30 s = 1.03.
+func TestStormRates(t *testing.T) {
+	t0 := time.Date(2026, 11, 27, 8, 0, 0, 0, time.UTC)
+	storm, nodes := 30*time.Second, 3
+	end, to := t0.Add(storm), t0.Add(storm+time.Second)
+	var ws []auditWrite
+	for _, node := range []string{"n1", "n2", "n3"} {
+		for s := range 30 { // 50 ms after each second's start (the leading one after the first flip)
+			ws = append(ws, auditWrite{At: t0.Add(time.Duration(s)*time.Second + 50*time.Millisecond), Agent: "cdi-dra-driver", Node: node, Verb: "update", Resource: "resourceslices"})
+		}
+		ws = append(ws, auditWrite{At: end.Add(400 * time.Millisecond), Agent: "cdi-dra-driver", Node: node, Verb: "update", Resource: "resourceslices"})
+	}
+	// Another client's write and a driver's claim status are not counted.
+	ws = append(ws, auditWrite{At: t0.Add(time.Second), Agent: "kube-scheduler", Verb: "create", Resource: "pods/binding"},
+		auditWrite{At: t0.Add(time.Second), Agent: "cdi-dra-driver", Node: "n1", Verb: "patch", Resource: "resourceclaims/status"})
+	r := stormRates(ws, "cdi-dra-driver", nodes, t0, end, to)
+	if r.During.Total != 90 || r.Window.Total != 93 {
+		t.Errorf("writes: %d during the storm, %d with the second after it; want 90, 93", r.During.Total, r.Window.Total)
+	}
+	if r.DuringPerNodeS != 1 || r.WindowPerNodeS != 1 {
+		t.Errorf("per node per second: %.3f during the storm, %.3f with the second after it; want 1, 1", r.DuringPerNodeS, r.WindowPerNodeS)
+	}
+	if r.Window.MaxNodeSecond != 1 {
+		t.Errorf("at most %d of a node in any second, want 1", r.Window.MaxNodeSecond)
+	}
+}
+
+func TestBindTimes(t *testing.T) {
+	t0 := time.Date(2026, 11, 27, 8, 0, 0, 0, time.UTC)
+	ws := []auditWrite{
+		{At: t0.Add(time.Second), Agent: "kube-scheduler", Verb: "create", Resource: "pods/binding", Name: "sched-0", Code: 201},
+		{At: t0.Add(2 * time.Second), Agent: "kube-scheduler", Verb: "create", Resource: "pods/binding", Name: "sched-1", Code: 409}, // refused
+		{At: t0.Add(3 * time.Second), Agent: "kube-scheduler", Verb: "create", Resource: "pods/binding", Name: "sched-1", Code: 201},
+		{At: t0.Add(4 * time.Second), Agent: "dp-bench", Verb: "create", Resource: "pods", Name: "sched-2", Code: 201},
+		{At: t0.Add(5 * time.Second), Agent: "kube-scheduler", Verb: "create", Resource: "pods/binding", Name: "other-0", Code: 201},
+	}
+	got := bindTimes(ws, []string{"sched-0", "sched-1", "sched-2"})
+	want := map[string]time.Time{"sched-0": t0.Add(time.Second), "sched-1": t0.Add(3 * time.Second)}
+	if len(got) != len(want) {
+		t.Fatalf("bind times %v, want %v", got, want)
+	}
+	for k, v := range want {
+		if !got[k].Equal(v) {
+			t.Errorf("%s bound at %v, want %v", k, got[k], v)
+		}
 	}
 }
 
@@ -124,6 +178,7 @@ func TestFleetFlags(t *testing.T) {
 		{[]string{"-fleet", "2", "-fleet-fill", "1.5"}, "-fleet-fill=1.5"},
 		{[]string{"-fleet", "2", "-fleet-steady", "0s"}, "-fleet-steady=0s"},
 		{[]string{"-fleet", "2", "-fleet-storm-rate", "0"}, "-fleet-storm-rate=0"},
+		{[]string{"-fleet", "2", "-fleet-rounds", "0"}, "-fleet-rounds=0"},
 	} {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
 			_, err := parseFlags(append(tc.args, "-targets", "fleet.yaml"), &strings.Builder{})

@@ -129,25 +129,35 @@ func (n *fleetNode) restart(ctx context.Context, term, regTimeout time.Duration)
 	return n.register(ctx, regTimeout)
 }
 
+// driver is the current process's DRA service, once it registered.
+func (n *fleetNode) driver(ctx context.Context) (*kubeletsim.DRA, error) {
+	n.mu.Lock()
+	d, reg := n.dra, n.registered
+	n.mu.Unlock()
+	if d != nil {
+		return d, nil
+	}
+	select {
+	case <-reg:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	n.mu.Lock()
+	d = n.dra
+	n.mu.Unlock()
+	if d == nil {
+		return nil, errors.New("not registered")
+	}
+	return d, nil
+}
+
 // prepare calls NodePrepareResources for the claim of a pod, as the
 // kubelet does before it starts the pod's containers; it waits for the
 // driver to be registered.
 func (n *fleetNode) prepare(ctx context.Context, c *drav1.Claim) error {
-	n.mu.Lock()
-	d, reg := n.dra, n.registered
-	n.mu.Unlock()
-	if d == nil {
-		select {
-		case <-reg:
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-		n.mu.Lock()
-		d = n.dra
-		n.mu.Unlock()
-		if d == nil {
-			return errors.New("not registered")
-		}
+	d, err := n.driver(ctx)
+	if err != nil {
+		return err
 	}
 	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
@@ -163,6 +173,29 @@ func (n *fleetNode) prepare(ctx context.Context, c *drav1.Claim) error {
 		return fmt.Errorf("claim %s: %s", c.Name, got.GetError())
 	case len(got.GetDevices()) != 1:
 		return fmt.Errorf("claim %s: %d devices answered, want 1", c.Name, len(got.GetDevices()))
+	}
+	return nil
+}
+
+// unprepare calls NodeUnprepareResources for a claim, as the kubelet does
+// once the pod that held it is gone.
+func (n *fleetNode) unprepare(ctx context.Context, c *drav1.Claim) error {
+	d, err := n.driver(ctx)
+	if err != nil {
+		return err
+	}
+	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	resp, err := d.Unprepare(cctx, c)
+	if err != nil {
+		return err
+	}
+	got, ok := resp.GetClaims()[c.Uid]
+	switch {
+	case !ok:
+		return fmt.Errorf("claim %s not answered", c.Name)
+	case got.GetError() != "":
+		return fmt.Errorf("claim %s: %s", c.Name, got.GetError())
 	}
 	return nil
 }
@@ -247,7 +280,9 @@ func claimPod(name, tpl string) map[string]any {
 type podTimes struct {
 	created, bound, prepared time.Time
 	node                     string
-	failed                   string // why the pod failed: evicted, deleted
+	failed                   string       // why the pod failed: evicted, deleted
+	claim                    *drav1.Claim // the claim prepared, once it is
+	released                 bool         // ended by finish: its deletion is no failure
 }
 
 // kubelet is the kubelet stand-in of every node: one watch of the fleet's
@@ -328,7 +363,9 @@ func (k *kubelet) event(ev watchEvent) {
 	}
 	defer k.notify()
 	if ev.Type == watchDeleted {
-		t.failed = "deleted"
+		if !t.released {
+			t.failed = "deleted"
+		}
 		return
 	}
 	for _, c := range p.Status.Conditions {
@@ -394,9 +431,56 @@ func (k *kubelet) worker(ctx context.Context, n *fleetNode, ch <-chan prepareWor
 		}
 		k.mu.Lock()
 		k.pods[w.pod].prepared = time.Now()
+		k.pods[w.pod].claim = &drav1.Claim{Namespace: fleetNamespace, Name: w.claim, Uid: c.Metadata.UID}
 		k.mu.Unlock()
 		k.notify()
 	}
+}
+
+// finish ends the pods named as the kubelet does when their containers
+// have ended: their phase Succeeded, then their claims unprepared. The
+// resourceclaim controller then deletes each pod's claim (it does so for
+// a pod that is done; for a deleted one it leaves it to the garbage
+// collector, which the fleet does not run), and the devices are free.
+func (k *kubelet) finish(ctx context.Context, names []string) error {
+	k.mu.Lock()
+	for _, name := range names {
+		if t := k.pods[name]; t != nil {
+			t.released = true
+		}
+	}
+	k.mu.Unlock()
+	return parallel(len(names), 16, func(i int) error {
+		done := map[string]any{"status": map[string]any{"phase": "Succeeded"}}
+		if err := k.api.mergePatch(ctx, pathNamespaces+"/"+fleetNamespace+"/pods/"+names[i]+"/status", done); err != nil {
+			return fmt.Errorf("pod %s: phase Succeeded: %w", names[i], err)
+		}
+		k.mu.Lock()
+		t := k.pods[names[i]]
+		var c *drav1.Claim
+		var n *fleetNode
+		if t != nil {
+			c, n = t.claim, k.nodes[t.node]
+		}
+		k.mu.Unlock()
+		if c == nil || n == nil {
+			return nil
+		}
+		if err := n.unprepare(ctx, c); err != nil {
+			return fmt.Errorf("pod %s: unpreparing %w", names[i], err)
+		}
+		return nil
+	})
+}
+
+// remove deletes the pods named (finished: not failures).
+func (k *kubelet) remove(ctx context.Context, names []string) error {
+	return parallel(len(names), 16, func(i int) error {
+		if err := k.api.do(ctx, http.MethodDelete, pathNamespaces+"/"+fleetNamespace+"/pods/"+names[i]+"?gracePeriodSeconds=0", nil, nil); err != nil && !isNotFound(err) {
+			return fmt.Errorf("deleting pod %s: %w", names[i], err)
+		}
+		return nil
+	})
 }
 
 // count returns how many of the pods named are bound and prepared, and
@@ -444,9 +528,11 @@ func (k *kubelet) waitPods(ctx context.Context, names []string, timeout time.Dur
 	}
 }
 
-// rates are pods per second from the first creation to the last bind
-// and to the last preparation.
-func (k *kubelet) rates(names []string) (bound, prepared float64) {
+// rates are pods per second from the first creation to the last
+// binding, taken from binds (the audit log's) where it has the pod and
+// from the pod watch where not (missed counts those), and to the last
+// preparation.
+func (k *kubelet) rates(names []string, binds map[string]time.Time) (bound, prepared float64, missed int) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	var first, lastB, lastP time.Time
@@ -458,8 +544,13 @@ func (k *kubelet) rates(names []string) (bound, prepared float64) {
 		if first.IsZero() || t.created.Before(first) {
 			first = t.created
 		}
-		if t.bound.After(lastB) {
-			lastB = t.bound
+		b, ok := binds[name]
+		if !ok {
+			b = t.bound
+			missed++
+		}
+		if b.After(lastB) {
+			lastB = b
 		}
 		if t.prepared.After(lastP) {
 			lastP = t.prepared
@@ -471,7 +562,7 @@ func (k *kubelet) rates(names []string) (bound, prepared float64) {
 		}
 		return 0
 	}
-	return rate(lastB), rate(lastP)
+	return rate(lastB), rate(lastP), missed
 }
 
 // failures lists the pods that failed.
