@@ -156,10 +156,12 @@ bench-dra: build ## dp-bench: our DRA driver beside dra-example-driver, with a p
 # (a driver and a kubelet stand-in per node) with a private etcd,
 # kube-apiserver, kube-scheduler and kube-controller-manager, under nice
 # (the machine is shared) -> docs/fleet.md. Not part of CI; about
-# 2 x (FLEET_STEADY + FLEET_STORM + 2 min) at FLEET_NODES=100.
+# 3 x (FLEET_STEADY + FLEET_STORM + FLEET_ROUNDS x 35 s + 1 min) at
+# FLEET_NODES=100 (three targets: cmd/dp-bench/fleet.yaml).
 FLEET_NODES          ?= 100
 FLEET_STEADY         ?= 5m
 FLEET_STORM          ?= 30s
+FLEET_ROUNDS         ?= 5
 BENCH_KUBE_SCHEDULER ?= $(E2E_CACHE)/bin/kube-scheduler-$(K8S_VERSION)
 BENCH_KUBE_CM        ?= $(E2E_CACHE)/bin/kube-controller-manager-$(K8S_VERSION)
 
@@ -168,7 +170,7 @@ bench-fleet: build ## dp-bench -fleet: our DRA driver and dra-example-driver on 
 	  peers="$$(BENCH_CACHE=$(BENCH_CACHE) cmd/dp-bench/peers.sh dra-example-kubeletplugin)"; \
 	  export DRA_BIN=$(BIN)/cdi-dra-driver; \
 	  export DRA_EXAMPLE_BIN="$${DRA_EXAMPLE_BIN:-$$(printf '%s\n' "$$peers" | sed -n 's/^dra-example-kubeletplugin=//p')}"; \
-	  nice $(BIN)/dp-bench -targets cmd/dp-bench/fleet.yaml -fleet $(FLEET_NODES) -fleet-steady $(FLEET_STEADY) -fleet-storm $(FLEET_STORM) \
+	  nice $(BIN)/dp-bench -targets cmd/dp-bench/fleet.yaml -fleet $(FLEET_NODES) -fleet-rounds $(FLEET_ROUNDS) -fleet-steady $(FLEET_STEADY) -fleet-storm $(FLEET_STORM) \
 	    -kube-apiserver $(BENCH_KUBE_APISERVER) -etcd $(BENCH_ETCD) -kube-scheduler $(BENCH_KUBE_SCHEDULER) \
 	    -kube-controller-manager $(BENCH_KUBE_CM) -feature-gates $(FEATURE_GATES) \
 	    -fleet-json $(BIN)/fleet.json -fleet-md docs/fleet.md

@@ -119,6 +119,10 @@ type Options struct {
 	// Unprepare would. Clock (default the real one) times both.
 	CleanupInterval, CleanupGrace time.Duration
 	Clock                         clock.WithTicker
+	// NoDeviceStatus: the claims' status.devices is not written
+	// (--device-status=false): one API write less per prepared claim,
+	// which a large fleet's API server may want more than the status.
+	NoDeviceStatus bool
 	// DeviceMetadata: the helper writes each prepared claim's device
 	// metadata (KEP-5304) for its containers (metadataOptions).
 	DeviceMetadata bool

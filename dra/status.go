@@ -170,8 +170,11 @@ func newStatusQueue(d *Driver) *statusQueue {
 }
 
 // prepared queues the status of each claim of a Prepare call, from the
-// answer out; it does no I/O.
+// answer out (nothing with Options.NoDeviceStatus); it does no I/O.
 func (q *statusQueue) prepared(claims []*resourceapi.ResourceClaim, out map[types.UID]kubeletplugin.PrepareResult, own map[types.UID]error) {
+	if q.d.opts.NoDeviceStatus {
+		return
+	}
 	now := q.clock.Now()
 	for _, c := range claims {
 		st, ok := q.d.outcome(c, out[c.UID], own[c.UID])

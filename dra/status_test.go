@@ -373,3 +373,28 @@ func TestClaimStatusOwnClient(t *testing.T) {
 		}
 	}
 }
+
+// TestClaimStatusOff (issue 29): with NoDeviceStatus (--device-status=
+// false) a prepared claim's status is not queued, so the driver makes no
+// API write for it: the one write per prepared claim the fleet measures.
+func TestClaimStatusOff(t *testing.T) {
+	h := newHarness(t, nil)
+	h.options = func(o *Options) { o.NoDeviceStatus = true }
+	h.start()
+	c1 := h.claim("c1", "sim-1")
+	if r := h.prepare(c1)[c1.Uid]; r.Error != "" {
+		t.Fatal(r.Error)
+	}
+	q := h.driver.status
+	q.mu.Lock()
+	pending, inflight, written := len(q.pending), q.inflight, len(q.written)
+	q.mu.Unlock()
+	if pending != 0 || inflight != "" || written != 0 {
+		t.Errorf("NoDeviceStatus: after a Prepare %d claims queued, %q being written, %d written; want none", pending, inflight, written)
+	}
+	for _, a := range h.client.Actions() {
+		if a.GetSubresource() == "status" && a.GetResource().Resource == "resourceclaims" && a.GetVerb() == "patch" {
+			t.Errorf("NoDeviceStatus: the claim's status was written: %v", a)
+		}
+	}
+}

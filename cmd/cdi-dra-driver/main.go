@@ -56,7 +56,7 @@ func main() {
 
 // flags are the driver's own flags, beside config's.
 type flags struct {
-	kubeconfig, driverName, registrarDir, pluginsDir, staleClaimGrace, deviceMetadata string
+	kubeconfig, driverName, registrarDir, pluginsDir, staleClaimGrace, deviceMetadata, deviceStatus string
 }
 
 func (f *flags) extra() []config.Extra {
@@ -72,6 +72,9 @@ func (f *flags) extra() []config.Extra {
 		{Name: "device-metadata", Env: "DEVICE_METADATA", Usage: "give a claim's containers its devices' attributes in the file the kubelet plugin helper mounts " +
 			"(KEP-5304: /var/run/kubernetes.io/dra-device-attributes/...; true or false, default true)",
 			Default: "true", Value: &f.deviceMetadata},
+		{Name: "device-status", Env: "DEVICE_STATUS", Usage: "write each prepared claim's status.devices (a Ready condition and the device's data; KEP-4817): " +
+			"one API write per prepared claim (true or false, default true)",
+			Default: "true", Value: &f.deviceStatus},
 	}
 }
 
@@ -175,6 +178,10 @@ func build(cfg *config.Config, f flags, client func(string) (kubernetes.Interfac
 	if err != nil {
 		return nil, &config.FieldError{Field: "device-metadata", Value: f.deviceMetadata, Reason: "must be true or false"}
 	}
+	status, err := strconv.ParseBool(f.deviceStatus)
+	if err != nil {
+		return nil, &config.FieldError{Field: "device-status", Value: f.deviceStatus, Reason: "must be true or false"}
+	}
 	if fi, err := os.Stat(cfg.DevRoot); err != nil || !fi.IsDir() {
 		return nil, &config.FieldError{Field: "dev-root", Value: cfg.DevRoot, Reason: "must be an existing directory"}
 	}
@@ -197,7 +204,7 @@ func build(cfg *config.Config, f flags, client func(string) (kubernetes.Interfac
 	writer := cdi.NewWriter(cfg.CDIDir, cfg.Owner(), start)
 	d.opts = dra.Options{DriverName: f.driverName, NodeName: cfg.NodeName, Client: kc, StatusClient: sc,
 		RegistrarDir: f.registrarDir, PluginDir: pluginDir, Writer: writer, Checkpoint: d.checkpoint,
-		PodResources: cfg.PodResourcesSocket, Log: log, Metrics: d.metrics, CleanupGrace: grace, DeviceMetadata: metadata}
+		PodResources: cfg.PodResourcesSocket, Log: log, Metrics: d.metrics, CleanupGrace: grace, DeviceMetadata: metadata, NoDeviceStatus: !status}
 	// One registry of node owners for every resource: a host node in
 	// devices of two resources publishes neither.
 	owners := device.NewOwners(log)

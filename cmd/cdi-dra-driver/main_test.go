@@ -117,6 +117,8 @@ func TestBadConfigExits2AndWritesNothing(t *testing.T) {
 		{"stale claim grace from env", nil, map[string]string{"NODE_NAME": "n1", "STALE_CLAIM_GRACE": "-1m"}, nil, `stale-claim-grace="-1m"`},
 		{"device metadata", []string{"--device-metadata", "maybe"}, map[string]string{"NODE_NAME": "n1"}, nil, `device-metadata="maybe": must be true or false`},
 		{"device metadata from env", nil, map[string]string{"NODE_NAME": "n1", "DEVICE_METADATA": "on"}, nil, `device-metadata="on"`},
+		{"device status", []string{"--device-status", "sometimes"}, map[string]string{"NODE_NAME": "n1"}, nil, `device-status="sometimes": must be true or false`},
+		{"device status from env", nil, map[string]string{"NODE_NAME": "n1", "DEVICE_STATUS": "off"}, nil, `device-status="off"`},
 		{"shared config checks", []string{"--log-level", "loud"}, map[string]string{"NODE_NAME": "n1"}, nil, `log-level="loud"`},
 		{"node name too long for the pools", nil, map[string]string{"NODE_NAME": longNode, "DEVICE_ID_PREFIX": "sim"}, nil,
 			`node-name="` + longNode + `": too long for the pool of example.com/simple-device: the pool name ` + longNode + `/sim is longer than 253 characters`},
@@ -383,6 +385,41 @@ func TestDeviceMetadataFlag(t *testing.T) {
 			}
 			if d.opts.DeviceMetadata != c.want {
 				t.Errorf("DeviceMetadata %v, want %v", d.opts.DeviceMetadata, c.want)
+			}
+		})
+	}
+}
+
+// TestDeviceStatusFlag (issue 29): the claims' device status is written
+// by default; --device-status=false or DEVICE_STATUS=false turns it off.
+func TestDeviceStatusFlag(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		args []string
+		env  map[string]string
+		off  bool
+	}{
+		{"default", nil, nil, false},
+		{"flag", []string{"--device-status=false"}, nil, true},
+		{"env", nil, map[string]string{"DEVICE_STATUS": "false"}, true},
+		{"env true", nil, map[string]string{"DEVICE_STATUS": "true"}, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			env := map[string]string{"NODE_NAME": "n1"}
+			for k, v := range c.env {
+				env[k] = v
+			}
+			var f flags
+			cfg, err := config.LoadWith("cdi-dra-driver", newDirs(t).args(c.args...), envOf(env), io.Discard, f.extra()...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			d, err := build(cfg, f, fakeClient(), logs.Discard())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d.opts.NoDeviceStatus != c.off {
+				t.Errorf("NoDeviceStatus %v, want %v", d.opts.NoDeviceStatus, c.off)
 			}
 		})
 	}
