@@ -339,9 +339,8 @@ type schedRound struct {
 }
 
 // schedule: Fill of the devices claimed by pods created at once, Rounds
-// times; between two rounds the pods end (phase Succeeded, their claims
-// unprepared), the resourceclaim controller deletes their claims, and
-// the pods are deleted. The last round's pods stay (the rollout needs
+// times; between two rounds the pods are deleted and their claims
+// unprepared and deleted (kubelet.finish). The last round's pods stay (the rollout needs
 // them).
 func (f *fleet) schedule(ctx context.Context) error {
 	count := int(f.fo.Fill * float64(f.ft.Devices))
@@ -382,9 +381,6 @@ func (f *fleet) schedule(ctx context.Context) error {
 			return fmt.Errorf("round %d: %w", r+1, err)
 		}
 		if err := f.waitNoClaims(ctx, 2*time.Minute); err != nil {
-			return fmt.Errorf("round %d: %w", r+1, err)
-		}
-		if err := f.k.remove(ctx, names); err != nil {
 			return fmt.Errorf("round %d: %w", r+1, err)
 		}
 		if err := sleep(ctx, f.fo.Settle); err != nil {

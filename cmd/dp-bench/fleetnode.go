@@ -9,6 +9,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -283,6 +284,8 @@ type podTimes struct {
 	failed                   string       // why the pod failed: evicted, deleted
 	claim                    *drav1.Claim // the claim prepared, once it is
 	released                 bool         // ended by finish: its deletion is no failure
+	tries                    int          // failed NodePrepareResources (or claim GET) calls
+	lastErr                  string       // the last one's error
 }
 
 // kubelet is the kubelet stand-in of every node: one watch of the fleet's
@@ -425,6 +428,15 @@ func (k *kubelet) worker(ctx context.Context, n *fleetNode, ch <-chan prepareWor
 				return
 			}
 			k.errors.Add(1)
+			k.mu.Lock()
+			t := k.pods[w.pod]
+			t.tries++
+			t.lastErr = err.Error()
+			tries := t.tries
+			k.mu.Unlock()
+			if tries == 1 || tries%50 == 0 {
+				k.logf("node %s, pod %s: preparing claim %s (try %d): %v", n.name, w.pod, w.claim, tries, err)
+			}
 			if sleep(ctx, 200*time.Millisecond) != nil {
 				return
 			}
@@ -437,11 +449,14 @@ func (k *kubelet) worker(ctx context.Context, n *fleetNode, ch <-chan prepareWor
 	}
 }
 
-// finish ends the pods named as the kubelet does when their containers
-// have ended: their phase Succeeded, then their claims unprepared. The
-// resourceclaim controller then deletes each pod's claim (it does so for
-// a pod that is done; for a deleted one it leaves it to the garbage
-// collector, which the fleet does not run), and the devices are free.
+// finish ends the pods named as their kubelets and the garbage
+// collector would once the pods are deleted: each pod is deleted, its
+// claim unprepared (the kubelet), then deleted (the garbage collector,
+// which the fleet does not run, deletes a claim whose owning pod is gone;
+// the resourceclaim controller leaves that to it). The resourceclaim
+// controller then deallocates the claims and lets them go. A pod ended
+// as Succeeded instead is no good: the controller deletes the claim of a
+// pod that is done, and creates it again for the pod, over and over.
 func (k *kubelet) finish(ctx context.Context, names []string) error {
 	k.mu.Lock()
 	for _, name := range names {
@@ -451,9 +466,8 @@ func (k *kubelet) finish(ctx context.Context, names []string) error {
 	}
 	k.mu.Unlock()
 	return parallel(len(names), 16, func(i int) error {
-		done := map[string]any{"status": map[string]any{"phase": "Succeeded"}}
-		if err := k.api.mergePatch(ctx, pathNamespaces+"/"+fleetNamespace+"/pods/"+names[i]+"/status", done); err != nil {
-			return fmt.Errorf("pod %s: phase Succeeded: %w", names[i], err)
+		if err := k.api.do(ctx, http.MethodDelete, pathNamespaces+"/"+fleetNamespace+"/pods/"+names[i]+"?gracePeriodSeconds=0", nil, nil); err != nil && !isNotFound(err) {
+			return fmt.Errorf("deleting pod %s: %w", names[i], err)
 		}
 		k.mu.Lock()
 		t := k.pods[names[i]]
@@ -469,15 +483,8 @@ func (k *kubelet) finish(ctx context.Context, names []string) error {
 		if err := n.unprepare(ctx, c); err != nil {
 			return fmt.Errorf("pod %s: unpreparing %w", names[i], err)
 		}
-		return nil
-	})
-}
-
-// remove deletes the pods named (finished: not failures).
-func (k *kubelet) remove(ctx context.Context, names []string) error {
-	return parallel(len(names), 16, func(i int) error {
-		if err := k.api.do(ctx, http.MethodDelete, pathNamespaces+"/"+fleetNamespace+"/pods/"+names[i]+"?gracePeriodSeconds=0", nil, nil); err != nil && !isNotFound(err) {
-			return fmt.Errorf("deleting pod %s: %w", names[i], err)
+		if err := k.api.do(ctx, http.MethodDelete, pathClaims(fleetNamespace)+"/"+c.Name, nil, nil); err != nil && !isNotFound(err) {
+			return fmt.Errorf("pod %s: deleting claim %s: %w", names[i], c.Name, err)
 		}
 		return nil
 	})
@@ -521,11 +528,37 @@ func (k *kubelet) waitPods(ctx context.Context, names []string, timeout time.Dur
 		select {
 		case <-k.changed:
 		case <-deadline.C:
-			return fmt.Errorf("%d of %d pods bound, %d prepared within %s", b, len(names), p, timeout)
+			return fmt.Errorf("%d of %d pods bound, %d prepared within %s; not prepared: %s", b, len(names), p, timeout, k.pending(names, 5))
 		case <-ctx.Done():
 			return ctx.Err()
 		}
 	}
+}
+
+// pending describes at most most of the pods named that are not
+// prepared: bound to which node, queued, and the last error.
+func (k *kubelet) pending(names []string, most int) string {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	var out []string
+	left := 0
+	for _, name := range names {
+		t := k.pods[name]
+		if t != nil && !t.prepared.IsZero() {
+			continue
+		}
+		left++
+		if len(out) == most {
+			continue
+		}
+		switch {
+		case t == nil || t.bound.IsZero():
+			out = append(out, name+" (not seen bound)")
+		default:
+			out = append(out, fmt.Sprintf("%s (node %s, queued %v, %d failed tries, last: %s)", name, t.node, k.queued[name], t.tries, t.lastErr))
+		}
+	}
+	return fmt.Sprintf("%d: %s", left, strings.Join(out, "; "))
 }
 
 // rates are pods per second from the first creation to the last
