@@ -356,18 +356,26 @@ func TestInternalHoldsLeaves(t *testing.T) {
 	}
 }
 
-// TestDeviceMetadataFlag (issue 28, item 3): device metadata is on by
-// default; --device-metadata or DEVICE_METADATA turns it off.
-func TestDeviceMetadataFlag(t *testing.T) {
+// TestDriverBoolFlags: device metadata (KEP-5304) and the claims' device
+// status (issue 29) are on by default; the flag or its env var turns each
+// off.
+func TestDriverBoolFlags(t *testing.T) {
+	metadata := func(d *driver) bool { return d.opts.DeviceMetadata }
+	status := func(d *driver) bool { return !d.opts.NoDeviceStatus }
 	for _, c := range []struct {
 		name string
 		args []string
 		env  map[string]string
+		on   func(*driver) bool
 		want bool
 	}{
-		{"default", nil, nil, true},
-		{"flag", []string{"--device-metadata=false"}, nil, false},
-		{"env", nil, map[string]string{"DEVICE_METADATA": "false"}, false},
+		{"metadata default", nil, nil, metadata, true},
+		{"metadata flag", []string{"--device-metadata=false"}, nil, metadata, false},
+		{"metadata env", nil, map[string]string{"DEVICE_METADATA": "false"}, metadata, false},
+		{"status default", nil, nil, status, true},
+		{"status flag", []string{"--device-status=false"}, nil, status, false},
+		{"status env", nil, map[string]string{"DEVICE_STATUS": "false"}, status, false},
+		{"status env true", nil, map[string]string{"DEVICE_STATUS": "true"}, status, true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			env := map[string]string{"NODE_NAME": "n1"}
@@ -383,43 +391,8 @@ func TestDeviceMetadataFlag(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if d.opts.DeviceMetadata != c.want {
-				t.Errorf("DeviceMetadata %v, want %v", d.opts.DeviceMetadata, c.want)
-			}
-		})
-	}
-}
-
-// TestDeviceStatusFlag (issue 29): the claims' device status is written
-// by default; --device-status=false or DEVICE_STATUS=false turns it off.
-func TestDeviceStatusFlag(t *testing.T) {
-	for _, c := range []struct {
-		name string
-		args []string
-		env  map[string]string
-		off  bool
-	}{
-		{"default", nil, nil, false},
-		{"flag", []string{"--device-status=false"}, nil, true},
-		{"env", nil, map[string]string{"DEVICE_STATUS": "false"}, true},
-		{"env true", nil, map[string]string{"DEVICE_STATUS": "true"}, false},
-	} {
-		t.Run(c.name, func(t *testing.T) {
-			env := map[string]string{"NODE_NAME": "n1"}
-			for k, v := range c.env {
-				env[k] = v
-			}
-			var f flags
-			cfg, err := config.LoadWith("cdi-dra-driver", newDirs(t).args(c.args...), envOf(env), io.Discard, f.extra()...)
-			if err != nil {
-				t.Fatal(err)
-			}
-			d, err := build(cfg, f, fakeClient(), logs.Discard())
-			if err != nil {
-				t.Fatal(err)
-			}
-			if d.opts.NoDeviceStatus != c.off {
-				t.Errorf("NoDeviceStatus %v, want %v", d.opts.NoDeviceStatus, c.off)
+			if got := c.on(d); got != c.want {
+				t.Errorf("on: %v, want %v", got, c.want)
 			}
 		})
 	}

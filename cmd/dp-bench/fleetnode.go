@@ -160,20 +160,33 @@ func (n *fleetNode) prepare(ctx context.Context, c *drav1.Claim) error {
 	if err != nil {
 		return err
 	}
-	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	cctx, cancel := context.WithTimeout(ctx, kubeletCallTimeout)
 	defer cancel()
 	resp, err := d.Prepare(cctx, c)
 	if err != nil {
 		return err
 	}
 	got, ok := resp.GetClaims()[c.Uid]
+	if err := claimAnswer(c, ok, got.GetError()); err != nil {
+		return err
+	}
+	if len(got.GetDevices()) != 1 {
+		return fmt.Errorf("claim %s: %d devices answered, want 1", c.Name, len(got.GetDevices()))
+	}
+	return nil
+}
+
+// kubeletCallTimeout bounds each call to a driver, as the kubelet's does.
+const kubeletCallTimeout = 30 * time.Second
+
+// claimAnswer is the error of a driver's answer for claim c: none, not
+// answered (ok false), or the driver's error message.
+func claimAnswer(c *drav1.Claim, ok bool, msg string) error {
 	switch {
 	case !ok:
 		return fmt.Errorf("claim %s not answered", c.Name)
-	case got.GetError() != "":
-		return fmt.Errorf("claim %s: %s", c.Name, got.GetError())
-	case len(got.GetDevices()) != 1:
-		return fmt.Errorf("claim %s: %d devices answered, want 1", c.Name, len(got.GetDevices()))
+	case msg != "":
+		return fmt.Errorf("claim %s: %s", c.Name, msg)
 	}
 	return nil
 }
@@ -185,20 +198,14 @@ func (n *fleetNode) unprepare(ctx context.Context, c *drav1.Claim) error {
 	if err != nil {
 		return err
 	}
-	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	cctx, cancel := context.WithTimeout(ctx, kubeletCallTimeout)
 	defer cancel()
 	resp, err := d.Unprepare(cctx, c)
 	if err != nil {
 		return err
 	}
 	got, ok := resp.GetClaims()[c.Uid]
-	switch {
-	case !ok:
-		return fmt.Errorf("claim %s not answered", c.Name)
-	case got.GetError() != "":
-		return fmt.Errorf("claim %s: %s", c.Name, got.GetError())
-	}
-	return nil
+	return claimAnswer(c, ok, got.GetError())
 }
 
 // rss is the driver's resident memory, bytes (0 when gone).
