@@ -336,6 +336,13 @@ func (f *fleet) createPods(ctx context.Context, prefix string, count int) ([]str
 type schedRound struct {
 	BoundPerS    float64 `json:"boundPerS"`
 	PreparedPerS float64 `json:"preparedPerS"`
+	// Per pod: from its binding to its preparation (the stand-in's
+	// queue, the claim GET and the call), and the NodePrepareResources
+	// call alone; milliseconds.
+	BindToPreparedP50Ms float64 `json:"bindToPreparedP50Ms"`
+	BindToPreparedP99Ms float64 `json:"bindToPreparedP99Ms"`
+	PrepareCallP50Ms    float64 `json:"prepareCallP50Ms"`
+	PrepareCallP99Ms    float64 `json:"prepareCallP99Ms"`
 }
 
 // schedule: Fill of the devices claimed by pods created at once, Rounds
@@ -367,13 +374,19 @@ func (f *fleet) schedule(ctx context.Context) error {
 		}
 		var rd schedRound
 		var missed int
-		rd.BoundPerS, rd.PreparedPerS, missed = f.k.rates(names, bindTimes(ws, names))
+		binds := bindTimes(ws, names)
+		rd.BoundPerS, rd.PreparedPerS, missed = f.k.rates(names, binds)
+		b2p, calls := f.k.latencies(names, binds)
+		ms := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+		rd.BindToPreparedP50Ms, rd.BindToPreparedP99Ms = ms(quantile(b2p, 0.5)), ms(quantile(b2p, 0.99))
+		rd.PrepareCallP50Ms, rd.PrepareCallP99Ms = ms(quantile(calls, 0.5)), ms(quantile(calls, 0.99))
 		if missed > 0 {
 			f.logf("round %d: %d bindings not in the audit log: the watch's times taken for them", r+1, missed)
 		}
 		f.ft.Rounds = append(f.ft.Rounds, rd)
 		bound, prepared = append(bound, rd.BoundPerS), append(prepared, rd.PreparedPerS)
-		f.logf("round %d: %d pods: %.1f/s bound, %.1f/s prepared", r+1, count, rd.BoundPerS, rd.PreparedPerS)
+		f.logf("round %d: %d pods: %.1f/s bound, %.1f/s prepared; per pod, binding to prepared p50 %.0f ms, p99 %.0f ms; NodePrepareResources p50 %.1f ms, p99 %.1f ms",
+			r+1, count, rd.BoundPerS, rd.PreparedPerS, rd.BindToPreparedP50Ms, rd.BindToPreparedP99Ms, rd.PrepareCallP50Ms, rd.PrepareCallP99Ms)
 		if r == f.fo.Rounds-1 {
 			break
 		}
@@ -660,6 +673,14 @@ func writeFleetMarkdown(w io.Writer, rep *FleetReport) {
 	row("claim pods (1 device each), created at once", "", func(t FleetTarget) string { return fmt.Sprintf("%d of %d devices", t.Pods, t.Devices) })
 	row("scheduling: pods/s, creation → bound", "≥ the peer's", func(t FleetTarget) string { return fmt.Sprintf("%.1f", t.BoundPerS) })
 	row("scheduling: pods/s, creation → prepared", "≥ the peer's", func(t FleetTarget) string { return fmt.Sprintf("%.1f", t.PreparedPerS) })
+	row("per pod: binding → prepared, p50 / p99 (median of the rounds)", "", func(t FleetTarget) string {
+		return fmt.Sprintf("%.0f / %.0f ms", roundsMedian(t.Rounds, func(r schedRound) float64 { return r.BindToPreparedP50Ms }),
+			roundsMedian(t.Rounds, func(r schedRound) float64 { return r.BindToPreparedP99Ms }))
+	})
+	row("per pod: the NodePrepareResources call, p50 / p99 (median of the rounds)", "", func(t FleetTarget) string {
+		return fmt.Sprintf("%.1f / %.1f ms", roundsMedian(t.Rounds, func(r schedRound) float64 { return r.PrepareCallP50Ms }),
+			roundsMedian(t.Rounds, func(r schedRound) float64 { return r.PrepareCallP99Ms }))
+	})
 	row(fmt.Sprintf("steady state (%s): driver API writes per node per minute", rep.Steady), "0", func(t FleetTarget) string {
 		return fmt.Sprintf("%.2f (%d)%s", t.SteadyPerNodeMin, t.Steady.Total, kinds(t.Steady.ByKind))
 	})
@@ -690,6 +711,18 @@ func writeFleetMarkdown(w io.Writer, rep *FleetReport) {
 			fmt.Fprintf(w, "\n%s stopped: %s\n", t.Name, mdEscape(t.Err))
 		}
 	}
+}
+
+// roundsMedian is the median of a figure over the rounds (0 for none).
+func roundsMedian(rs []schedRound, f func(schedRound) float64) float64 {
+	if len(rs) == 0 {
+		return 0
+	}
+	v := make([]float64, len(rs))
+	for i, r := range rs {
+		v[i] = f(r)
+	}
+	return medianF(v)
 }
 
 // kinds is " — verb resource n, ..." for a tally's kinds.

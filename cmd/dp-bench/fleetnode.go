@@ -5,10 +5,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"net/http"
 	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -288,11 +290,12 @@ func claimPod(name, tpl string) map[string]any {
 type podTimes struct {
 	created, bound, prepared time.Time
 	node                     string
-	failed                   string       // why the pod failed: evicted, deleted
-	claim                    *drav1.Claim // the claim prepared, once it is
-	released                 bool         // ended by finish: its deletion is no failure
-	tries                    int          // failed NodePrepareResources (or claim GET) calls
-	lastErr                  string       // the last one's error
+	failed                   string        // why the pod failed: evicted, deleted
+	claim                    *drav1.Claim  // the claim prepared, once it is
+	released                 bool          // ended by finish: its deletion is no failure
+	call                     time.Duration // the NodePrepareResources call that succeeded
+	tries                    int           // failed NodePrepareResources (or claim GET) calls
+	lastErr                  string        // the last one's error
 }
 
 // kubelet is the kubelet stand-in of every node: one watch of the fleet's
@@ -425,10 +428,16 @@ func (k *kubelet) worker(ctx context.Context, n *fleetNode, ch <-chan prepareWor
 		var c resourceClaim
 		for {
 			err := k.api.do(ctx, http.MethodGet, pathClaims(fleetNamespace)+"/"+w.claim, nil, &c)
+			var call time.Duration
 			if err == nil {
+				start := time.Now()
 				err = n.prepare(ctx, &drav1.Claim{Namespace: fleetNamespace, Name: w.claim, Uid: c.Metadata.UID})
+				call = time.Since(start)
 			}
 			if err == nil {
+				k.mu.Lock()
+				k.pods[w.pod].call = call
+				k.mu.Unlock()
 				break
 			}
 			if ctx.Err() != nil {
@@ -603,6 +612,40 @@ func (k *kubelet) rates(names []string, binds map[string]time.Time) (bound, prep
 		return 0
 	}
 	return rate(lastB), rate(lastP), missed
+}
+
+// latencies are, for each of the pods named that was prepared, the time
+// from its binding (from binds, the audit log's, else the watch's) to its
+// preparation, and how long its NodePrepareResources call took.
+func (k *kubelet) latencies(names []string, binds map[string]time.Time) (bindToPrepared, calls []time.Duration) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	for _, name := range names {
+		t := k.pods[name]
+		if t == nil || t.prepared.IsZero() {
+			continue
+		}
+		b, ok := binds[name]
+		if !ok {
+			b = t.bound
+		}
+		if !b.IsZero() {
+			bindToPrepared = append(bindToPrepared, t.prepared.Sub(b))
+		}
+		calls = append(calls, t.call)
+	}
+	return bindToPrepared, calls
+}
+
+// quantile is the q-quantile of ds (nearest rank; 0 for none).
+func quantile(ds []time.Duration, q float64) time.Duration {
+	if len(ds) == 0 {
+		return 0
+	}
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	i := int(math.Ceil(q*float64(len(s)))) - 1
+	return s[min(max(i, 0), len(s)-1)]
 }
 
 // failures lists the pods that failed.

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -89,5 +90,38 @@ func TestWatchAlwaysResumes(t *testing.T) {
 	wantGot := []string{"ADDED p5", "ADDED p6", "MODIFIED p7", "ADDED p12"}
 	if strings.Join(got, ",") != strings.Join(wantGot, ",") {
 		t.Errorf("events %q, want %q (no bookmark, no error)", got, wantGot)
+	}
+}
+
+// TestPodLatencies: binding → prepared per pod takes the audit log's
+// binding where it has the pod, else the watch's; a pod not prepared is
+// left out; the quantiles are nearest-rank.
+func TestPodLatencies(t *testing.T) {
+	t0 := time.Date(2026, 11, 27, 8, 0, 0, 0, time.UTC)
+	ms := func(n int) time.Time { return t0.Add(time.Duration(n) * time.Millisecond) }
+	k := newKubelet(nil, nil, func(string, ...any) {})
+	k.pods = map[string]*podTimes{
+		"a": {bound: ms(100), prepared: ms(150), call: 5 * time.Millisecond},  // audit: bound at 90
+		"b": {bound: ms(200), prepared: ms(400), call: 40 * time.Millisecond}, // the watch's time
+		"c": {bound: ms(300)},                                                 // not prepared
+	}
+	b2p, calls := k.latencies([]string{"a", "b", "c"}, map[string]time.Time{"a": ms(90)})
+	if !slices.Equal(b2p, []time.Duration{60 * time.Millisecond, 200 * time.Millisecond}) {
+		t.Errorf("binding to prepared %v, want [60ms 200ms]", b2p)
+	}
+	if !slices.Equal(calls, []time.Duration{5 * time.Millisecond, 40 * time.Millisecond}) {
+		t.Errorf("calls %v, want [5ms 40ms]", calls)
+	}
+	ds := []time.Duration{5, 1, 4, 2, 3, 10, 9, 8, 7, 6}
+	for _, c := range []struct {
+		q    float64
+		want time.Duration
+	}{{0.5, 5}, {0.99, 10}, {0.1, 1}, {0, 1}, {1, 10}} {
+		if got := quantile(ds, c.q); got != c.want {
+			t.Errorf("quantile %g: %d, want %d", c.q, got, c.want)
+		}
+	}
+	if got := quantile(nil, 0.5); got != 0 {
+		t.Errorf("quantile of none: %v, want 0", got)
 	}
 }
