@@ -351,7 +351,6 @@ type schedRound struct {
 // them).
 func (f *fleet) schedule(ctx context.Context) error {
 	count := int(f.fo.Fill * float64(f.ft.Devices))
-	var bound, prepared []float64
 	for r := range f.fo.Rounds {
 		names, err := f.createPods(ctx, fmt.Sprintf("sched%d", r), count)
 		if err != nil {
@@ -364,11 +363,7 @@ func (f *fleet) schedule(ctx context.Context) error {
 			}
 			return fmt.Errorf("round %d: scheduling: %w; kube-scheduler: %s; kube-controller-manager: %s", r+1, err, tail(f.fc.others[0].Log(), 1500), tail(f.fc.others[1].Log(), 1500))
 		}
-		// The audit log is written in batches of at most 200 ms.
-		if err := sleep(ctx, time.Second); err != nil {
-			return err
-		}
-		ws, err := f.fc.audit()
+		ws, err := f.flushedAudit(ctx)
 		if err != nil {
 			return err
 		}
@@ -384,7 +379,6 @@ func (f *fleet) schedule(ctx context.Context) error {
 			f.logf("round %d: %d bindings not in the audit log: the watch's times taken for them", r+1, missed)
 		}
 		f.ft.Rounds = append(f.ft.Rounds, rd)
-		bound, prepared = append(bound, rd.BoundPerS), append(prepared, rd.PreparedPerS)
 		f.logf("round %d: %d pods: %.1f/s bound, %.1f/s prepared; per pod, binding to prepared p50 %.0f ms, p99 %.0f ms; NodePrepareResources p50 %.1f ms, p99 %.1f ms",
 			r+1, count, rd.BoundPerS, rd.PreparedPerS, rd.BindToPreparedP50Ms, rd.BindToPreparedP99Ms, rd.PrepareCallP50Ms, rd.PrepareCallP99Ms)
 		if r == f.fo.Rounds-1 {
@@ -401,15 +395,16 @@ func (f *fleet) schedule(ctx context.Context) error {
 		}
 	}
 	f.ft.Pods = count
-	f.ft.BoundPerS, f.ft.PreparedPerS = medianF(bound), medianF(prepared)
+	f.ft.BoundPerS = roundsMedian(f.ft.Rounds, func(r schedRound) float64 { return r.BoundPerS })
+	f.ft.PreparedPerS = roundsMedian(f.ft.Rounds, func(r schedRound) float64 { return r.PreparedPerS })
 	f.ft.PrepareErrors = f.k.errors.Load()
 	f.logf("%d rounds of %d pods: medians %.1f/s bound, %.1f/s prepared", f.fo.Rounds, count, f.ft.BoundPerS, f.ft.PreparedPerS)
 	return nil
 }
 
 // waitNoClaims waits until the fleet's namespace has no ResourceClaim
-// (the resourceclaim controller deletes a pod's claims once it is gone):
-// the devices are deallocated.
+// (kubelet.finish deleted them; the resourceclaim controller deallocates
+// each and lets it go): the devices are free.
 func (f *fleet) waitNoClaims(ctx context.Context, timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
 	for {
@@ -456,12 +451,17 @@ func (f *fleet) window(ctx context.Context, d time.Duration, during func(context
 		return nil, from, from, err
 	}
 	to := time.Now()
-	// The audit log is written in batches of at most 200 ms.
-	if err := sleep(ctx, time.Second); err != nil {
-		return nil, from, to, err
-	}
-	ws, err := f.fc.audit()
+	ws, err := f.flushedAudit(ctx)
 	return ws, from, to, err
+}
+
+// flushedAudit reads the audit log once what happened until now is in it:
+// the API server writes it in batches of at most 200 ms.
+func (f *fleet) flushedAudit(ctx context.Context) ([]auditWrite, error) {
+	if err := sleep(ctx, time.Second); err != nil {
+		return nil, err
+	}
+	return f.fc.audit()
 }
 
 // steady: nothing changes for Steady; every write of the drivers counts.

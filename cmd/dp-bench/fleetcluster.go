@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"net/http"
 	"net/url"
 	"os"
@@ -276,10 +277,7 @@ func fleetNodeName(i int) string { return "fleet-node-" + strconv.Itoa(i) }
 func watchAlways(ctx context.Context, api *apiClient, path string, q url.Values, handle func(watchEvent), logf func(string, ...any)) error {
 	var rv string
 	open := func() (*http.Response, error) {
-		qq := url.Values{}
-		for k, v := range q {
-			qq[k] = v
-		}
+		qq := maps.Clone(q)
 		if rv != "" {
 			qq.Set("resourceVersion", rv)
 			qq.Set("allowWatchBookmarks", "true")

@@ -425,19 +425,18 @@ func (k *kubelet) worker(ctx context.Context, n *fleetNode, ch <-chan prepareWor
 			return
 		case w = <-ch:
 		}
-		var c resourceClaim
+		var claim *drav1.Claim
+		var call time.Duration
 		for {
+			var c resourceClaim
 			err := k.api.do(ctx, http.MethodGet, pathClaims(fleetNamespace)+"/"+w.claim, nil, &c)
-			var call time.Duration
 			if err == nil {
+				claim = &drav1.Claim{Namespace: fleetNamespace, Name: w.claim, Uid: c.Metadata.UID}
 				start := time.Now()
-				err = n.prepare(ctx, &drav1.Claim{Namespace: fleetNamespace, Name: w.claim, Uid: c.Metadata.UID})
+				err = n.prepare(ctx, claim)
 				call = time.Since(start)
 			}
 			if err == nil {
-				k.mu.Lock()
-				k.pods[w.pod].call = call
-				k.mu.Unlock()
 				break
 			}
 			if ctx.Err() != nil {
@@ -458,8 +457,8 @@ func (k *kubelet) worker(ctx context.Context, n *fleetNode, ch <-chan prepareWor
 			}
 		}
 		k.mu.Lock()
-		k.pods[w.pod].prepared = time.Now()
-		k.pods[w.pod].claim = &drav1.Claim{Namespace: fleetNamespace, Name: w.claim, Uid: c.Metadata.UID}
+		t := k.pods[w.pod]
+		t.prepared, t.claim, t.call = time.Now(), claim, call
 		k.mu.Unlock()
 		k.notify()
 	}
@@ -593,9 +592,8 @@ func (k *kubelet) rates(names []string, binds map[string]time.Time) (bound, prep
 		if first.IsZero() || t.created.Before(first) {
 			first = t.created
 		}
-		b, ok := binds[name]
+		b, ok := boundAt(name, t, binds)
 		if !ok {
-			b = t.bound
 			missed++
 		}
 		if b.After(lastB) {
@@ -614,6 +612,15 @@ func (k *kubelet) rates(names []string, binds map[string]time.Time) (bound, prep
 	return rate(lastB), rate(lastP), missed
 }
 
+// boundAt is when pod name was bound: the audit log's binding (ok) where
+// binds has it, else when the pod watch showed it bound.
+func boundAt(name string, t *podTimes, binds map[string]time.Time) (at time.Time, ok bool) {
+	if at, ok = binds[name]; ok {
+		return at, true
+	}
+	return t.bound, false
+}
+
 // latencies are, for each of the pods named that was prepared, the time
 // from its binding (from binds, the audit log's, else the watch's) to its
 // preparation, and how long its NodePrepareResources call took.
@@ -625,11 +632,7 @@ func (k *kubelet) latencies(names []string, binds map[string]time.Time) (bindToP
 		if t == nil || t.prepared.IsZero() {
 			continue
 		}
-		b, ok := binds[name]
-		if !ok {
-			b = t.bound
-		}
-		if !b.IsZero() {
+		if b, _ := boundAt(name, t, binds); !b.IsZero() {
 			bindToPrepared = append(bindToPrepared, t.prepared.Sub(b))
 		}
 		calls = append(calls, t.call)
