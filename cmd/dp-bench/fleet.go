@@ -102,6 +102,9 @@ type FleetTarget struct {
 	PrepareErrors    int64        `json:"prepareErrors"`
 	SteadyPerNodeMin float64      `json:"steadyWritesPerNodeMin"`
 	Steady           writeTally   `json:"steadyWrites"`
+	// SteadyCPUMsPerNodeMin is each driver's on-CPU time in the steady
+	// window, milliseconds per minute (the mean over the nodes).
+	SteadyCPUMsPerNodeMin float64 `json:"steadyDriverCPUMsPerNodeMin"`
 	// SteadyAll is apiserver_request_total's writes in the steady window,
 	// all clients (the control plane's own included).
 	SteadyAll map[string]float64 `json:"steadyAllClients,omitempty"`
@@ -343,6 +346,12 @@ type schedRound struct {
 	BindToPreparedP99Ms float64 `json:"bindToPreparedP99Ms"`
 	PrepareCallP50Ms    float64 `json:"prepareCallP50Ms"`
 	PrepareCallP99Ms    float64 `json:"prepareCallP99Ms"`
+	// On-CPU time from the first pod's creation to the last pod prepared
+	// (fleetcpu.go): all the drivers', per pod; the control plane's and
+	// the stand-in's (dp-bench), seconds.
+	DriverCPUPerPodMs float64 `json:"driverCPUPerPodMs"`
+	ControlPlaneCPUS  float64 `json:"controlPlaneCPUS"`
+	StandInCPUS       float64 `json:"standInCPUS"`
 }
 
 // schedule: Fill of the devices claimed by pods created at once, Rounds
@@ -352,6 +361,7 @@ type schedRound struct {
 func (f *fleet) schedule(ctx context.Context) error {
 	count := int(f.fo.Fill * float64(f.ft.Devices))
 	for r := range f.fo.Rounds {
+		cpu0 := f.cpu()
 		names, err := f.createPods(ctx, fmt.Sprintf("sched%d", r), count)
 		if err != nil {
 			return fmt.Errorf("round %d: creating pods: %w", r+1, err)
@@ -363,11 +373,12 @@ func (f *fleet) schedule(ctx context.Context) error {
 			}
 			return fmt.Errorf("round %d: scheduling: %w; kube-scheduler: %s; kube-controller-manager: %s", r+1, err, tail(f.fc.others[0].Log(), 1500), tail(f.fc.others[1].Log(), 1500))
 		}
+		var rd schedRound
+		rd.DriverCPUPerPodMs, rd.ControlPlaneCPUS, rd.StandInCPUS = roundCPU(f.cpu().sub(cpu0), count)
 		ws, err := f.flushedAudit(ctx)
 		if err != nil {
 			return err
 		}
-		var rd schedRound
 		var missed int
 		binds := bindTimes(ws, names)
 		rd.BoundPerS, rd.PreparedPerS, missed = f.k.rates(names, binds)
@@ -379,8 +390,9 @@ func (f *fleet) schedule(ctx context.Context) error {
 			f.logf("round %d: %d bindings not in the audit log: the watch's times taken for them", r+1, missed)
 		}
 		f.ft.Rounds = append(f.ft.Rounds, rd)
-		f.logf("round %d: %d pods: %.1f/s bound, %.1f/s prepared; per pod, binding to prepared p50 %.0f ms, p99 %.0f ms; NodePrepareResources p50 %.1f ms, p99 %.1f ms",
-			r+1, count, rd.BoundPerS, rd.PreparedPerS, rd.BindToPreparedP50Ms, rd.BindToPreparedP99Ms, rd.PrepareCallP50Ms, rd.PrepareCallP99Ms)
+		f.logf("round %d: %d pods: %.1f/s bound, %.1f/s prepared; per pod, binding to prepared p50 %.0f ms, p99 %.0f ms; NodePrepareResources p50 %.1f ms, p99 %.1f ms; CPU: drivers %.1f ms a pod, control plane %.1f s, stand-in %.1f s",
+			r+1, count, rd.BoundPerS, rd.PreparedPerS, rd.BindToPreparedP50Ms, rd.BindToPreparedP99Ms, rd.PrepareCallP50Ms, rd.PrepareCallP99Ms,
+			rd.DriverCPUPerPodMs, rd.ControlPlaneCPUS, rd.StandInCPUS)
 		if r == f.fo.Rounds-1 {
 			break
 		}
@@ -473,17 +485,19 @@ func (f *fleet) steady(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	cpu0 := f.cpu()
 	ws, from, to, err := f.window(ctx, f.fo.Steady, nil)
 	if err != nil {
 		return err
 	}
+	f.ft.SteadyCPUMsPerNodeMin = perNodeMinuteMs(f.cpu().sub(cpu0).Drivers, f.fo.N, to.Sub(from))
 	tally := tallyWrites(ws, f.ft.Agent, "", from, to)
 	if after, err := f.fc.metrics(ctx); err == nil {
 		f.ft.SteadyAll = requestWrites(before, after)
 	}
 	f.ft.Steady = tally
 	f.ft.SteadyPerNodeMin = float64(tally.Total) / float64(f.fo.N) / to.Sub(from).Minutes()
-	f.logf("steady %s: %d driver writes (%.2f per node per minute) %v", to.Sub(from).Round(time.Second), tally.Total, f.ft.SteadyPerNodeMin, tally.ByKind)
+	f.logf("steady %s: %d driver writes (%.2f per node per minute) %v; driver CPU %.1f ms per node per minute", to.Sub(from).Round(time.Second), tally.Total, f.ft.SteadyPerNodeMin, tally.ByKind, f.ft.SteadyCPUMsPerNodeMin)
 	return nil
 }
 
@@ -681,9 +695,14 @@ func writeFleetMarkdown(w io.Writer, rep *FleetReport) {
 		return fmt.Sprintf("%.1f / %.1f ms", roundsMedian(t.Rounds, func(r schedRound) float64 { return r.PrepareCallP50Ms }),
 			roundsMedian(t.Rounds, func(r schedRound) float64 { return r.PrepareCallP99Ms }))
 	})
+	row("scheduling, CPU a round (median): all drivers per pod prepared; control plane (etcd, kube-apiserver, -scheduler, -controller-manager); dp-bench (the stand-in)", "reported", func(t FleetTarget) string {
+		return fmt.Sprintf("%.1f ms; %.1f s; %.1f s", roundsMedian(t.Rounds, func(r schedRound) float64 { return r.DriverCPUPerPodMs }),
+			roundsMedian(t.Rounds, func(r schedRound) float64 { return r.ControlPlaneCPUS }), roundsMedian(t.Rounds, func(r schedRound) float64 { return r.StandInCPUS }))
+	})
 	row(fmt.Sprintf("steady state (%s): driver API writes per node per minute", rep.Steady), "0", func(t FleetTarget) string {
 		return fmt.Sprintf("%.2f (%d)%s", t.SteadyPerNodeMin, t.Steady.Total, kinds(t.Steady.ByKind))
 	})
+	row("steady state: driver CPU per node per minute", "reported", func(t FleetTarget) string { return fmt.Sprintf("%.1f ms", t.SteadyCPUMsPerNodeMin) })
 	row(fmt.Sprintf("health storm (%s): slice writes per node per second", rep.Storm), "≤ 1", func(t FleetTarget) string {
 		if t.StormNA != "" {
 			return t.StormNA
