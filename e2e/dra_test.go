@@ -106,6 +106,7 @@ func TestDRA(t *testing.T) {
 		if t.Failed() {
 			c.saveArtifacts(t, suiteNamespaces...)
 			c.draDriverLog(t)
+			c.recap(t, start)
 		}
 		c.draTeardown(t)
 		t.Logf("DRA suite wall time %v", time.Since(start).Round(time.Second))

@@ -28,6 +28,7 @@ func TestE2E(t *testing.T) {
 	defer func() {
 		if t.Failed() {
 			c.saveArtifacts(t, suiteNamespaces...)
+			c.recap(t, start)
 		}
 		c.teardown(t)
 		t.Logf("suite wall time %v", time.Since(start).Round(time.Second))

@@ -609,3 +609,78 @@ func (c *cluster) saveArtifacts(t *testing.T, namespaces ...string) {
 	}
 	t.Logf("artifacts saved in %s", dir)
 }
+
+// recap logs, as the last lines of a failed test, what its reader needs
+// first: the pods of the suite's namespaces that are not running and ready
+// (node, phase, reason, what their containers wait for) and the Warning
+// events since since. The failure's own message comes before the logs a
+// failure dumps; CI shows only the output's tail.
+func (c *cluster) recap(t *testing.T, since time.Time) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var lines []string
+	for _, ns := range suiteNamespaces {
+		if pods, err := c.cs.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{}); err == nil {
+			for i := range pods.Items {
+				if s := podRecap(&pods.Items[i]); s != "" {
+					lines = append(lines, "pod "+ns+"/"+s)
+				}
+			}
+		}
+		ev, err := c.cs.CoreV1().Events(ns).List(ctx, metav1.ListOptions{FieldSelector: "type=" + corev1.EventTypeWarning})
+		if err != nil {
+			continue
+		}
+		for i := range ev.Items {
+			e := &ev.Items[i]
+			at := e.LastTimestamp.Time
+			if at.IsZero() {
+				at = e.EventTime.Time
+			}
+			if at.IsZero() {
+				at = e.CreationTimestamp.Time
+			}
+			if at.Before(since.Add(-time.Second)) {
+				continue
+			}
+			lines = append(lines, fmt.Sprintf("event %s %s/%s/%s: %s (x%d): %s", at.UTC().Format("15:04:05"), ns, e.InvolvedObject.Kind, e.InvolvedObject.Name, e.Reason, max(e.Count, 1), e.Message))
+		}
+	}
+	if len(lines) == 0 {
+		lines = []string{"every pod running and ready, no Warning event"}
+	}
+	t.Logf("recap at the failure (since %s):\n%s", since.UTC().Format("15:04:05"), strings.Join(lines, "\n"))
+}
+
+// podRecap is "name on node: phase ..." for a pod that is not running
+// and ready, "" for one that is.
+func podRecap(p *corev1.Pod) string {
+	ready := false
+	for _, cd := range p.Status.Conditions {
+		ready = ready || (cd.Type == corev1.PodReady && cd.Status == corev1.ConditionTrue)
+	}
+	if p.Status.Phase == corev1.PodRunning && ready && p.DeletionTimestamp == nil {
+		return ""
+	}
+	s := fmt.Sprintf("%s on %q: %s", p.Name, p.Spec.NodeName, p.Status.Phase)
+	if p.DeletionTimestamp != nil {
+		s += " (being deleted)"
+	}
+	if p.Status.Reason != "" || p.Status.Message != "" {
+		s += fmt.Sprintf(", %s: %s", p.Status.Reason, p.Status.Message)
+	}
+	for _, cd := range p.Status.Conditions {
+		if cd.Status != corev1.ConditionTrue && (cd.Reason != "" || cd.Message != "") {
+			s += fmt.Sprintf(", %s %s: %s", cd.Type, cd.Reason, cd.Message)
+		}
+	}
+	for _, cs := range p.Status.ContainerStatuses {
+		if w := cs.State.Waiting; w != nil {
+			s += fmt.Sprintf(", container %s waiting: %s %s", cs.Name, w.Reason, w.Message)
+		}
+		if x := cs.State.Terminated; x != nil {
+			s += fmt.Sprintf(", container %s terminated: %s (exit %d) %s", cs.Name, x.Reason, x.ExitCode, x.Message)
+		}
+	}
+	return s
+}

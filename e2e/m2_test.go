@@ -45,6 +45,7 @@ func TestM2(t *testing.T) {
 		if t.Failed() {
 			c.saveArtifacts(t, suiteNamespaces...)
 			c.draDriverLog(t)
+			c.recap(t, start)
 		}
 		c.m2Teardown(t)
 		t.Logf("M2 wall time %v", time.Since(start).Round(time.Second))
