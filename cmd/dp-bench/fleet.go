@@ -497,7 +497,7 @@ func (f *fleet) steady(ctx context.Context) error {
 	}
 	f.ft.Steady = tally
 	f.ft.SteadyPerNodeMin = float64(tally.Total) / float64(f.fo.N) / to.Sub(from).Minutes()
-	f.logf("steady %s: %d driver writes (%.2f per node per minute) %v; driver CPU %.1f ms per node per minute", to.Sub(from).Round(time.Second), tally.Total, f.ft.SteadyPerNodeMin, tally.ByKind, f.ft.SteadyCPUMsPerNodeMin)
+	f.logf("steady %s: %d driver writes (%.2f per node per minute) %v; driver CPU %.2f ms per node per minute", to.Sub(from).Round(time.Second), tally.Total, f.ft.SteadyPerNodeMin, tally.ByKind, f.ft.SteadyCPUMsPerNodeMin)
 	return nil
 }
 
@@ -702,7 +702,7 @@ func writeFleetMarkdown(w io.Writer, rep *FleetReport) {
 	row(fmt.Sprintf("steady state (%s): driver API writes per node per minute", rep.Steady), "0", func(t FleetTarget) string {
 		return fmt.Sprintf("%.2f (%d)%s", t.SteadyPerNodeMin, t.Steady.Total, kinds(t.Steady.ByKind))
 	})
-	row("steady state: driver CPU per node per minute", "reported", func(t FleetTarget) string { return fmt.Sprintf("%.1f ms", t.SteadyCPUMsPerNodeMin) })
+	row("steady state: driver CPU per node per minute", "reported", func(t FleetTarget) string { return fmt.Sprintf("%.2f ms", t.SteadyCPUMsPerNodeMin) })
 	row(fmt.Sprintf("health storm (%s): slice writes per node per second", rep.Storm), "≤ 1", func(t FleetTarget) string {
 		if t.StormNA != "" {
 			return t.StormNA

@@ -58,7 +58,7 @@ func TestFleetCPU(t *testing.T) {
 		{DriverCPUPerPodMs: 9, ControlPlaneCPUS: 10, StandInCPUS: 1},
 		{DriverCPUPerPodMs: 5, ControlPlaneCPUS: 20, StandInCPUS: 3},
 	}}}})
-	for _, want := range []string{"| 5.0 ms; 20.0 s; 2.0 s |", "| steady state: driver CPU per node per minute | reported | 12.3 ms |"} {
+	for _, want := range []string{"| 5.0 ms; 20.0 s; 2.0 s |", "| steady state: driver CPU per node per minute | reported | 12.34 ms |"} {
 		if !strings.Contains(b.String(), want) {
 			t.Errorf("the table lacks %q:\n%s", want, b.String())
 		}

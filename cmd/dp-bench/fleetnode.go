@@ -296,6 +296,19 @@ type podTimes struct {
 	call                     time.Duration // the NodePrepareResources call that succeeded
 	tries                    int           // failed NodePrepareResources (or claim GET) calls
 	lastErr                  string        // the last one's error
+	// claims are the claim names the pod's status gave, in turn: more
+	// than one when the resourceclaim controller named another claim
+	// after the pod was bound. The latest is prepared, as the kubelet
+	// takes it from the pod it syncs.
+	claims []string
+}
+
+// claim is the claim the pod's status names now ("" for none yet).
+func (t *podTimes) lastClaim() string {
+	if len(t.claims) == 0 {
+		return ""
+	}
+	return t.claims[len(t.claims)-1]
 }
 
 // kubelet is the kubelet stand-in of every node: one watch of the fleet's
@@ -319,8 +332,7 @@ type kubelet struct {
 }
 
 type prepareWork struct {
-	pod   string
-	claim string
+	pod string
 }
 
 func newKubelet(api *apiClient, nodes []*fleetNode, logf func(string, ...any)) *kubelet {
@@ -401,12 +413,21 @@ func (k *kubelet) event(ev watchEvent) {
 			claim = *s.ResourceClaimName
 		}
 	}
+	if claim == "" {
+		return
+	}
+	if last := t.lastClaim(); last != claim {
+		if last != "" {
+			k.logf("pod %s on %s: its status names claim %s now, after %s", p.Metadata.Name, p.Spec.NodeName, claim, last)
+		}
+		t.claims = append(t.claims, claim)
+	}
 	ch := k.work[p.Spec.NodeName]
-	if claim == "" || k.queued[p.Metadata.Name] || ch == nil {
+	if k.queued[p.Metadata.Name] || ch == nil {
 		return
 	}
 	k.queued[p.Metadata.Name] = true
-	ch <- prepareWork{pod: p.Metadata.Name, claim: claim}
+	ch <- prepareWork{pod: p.Metadata.Name}
 }
 
 func (k *kubelet) notify() {
@@ -428,10 +449,14 @@ func (k *kubelet) worker(ctx context.Context, n *fleetNode, ch <-chan prepareWor
 		var claim *drav1.Claim
 		var call time.Duration
 		for {
+			// The claim the pod's status names at this try.
+			k.mu.Lock()
+			name := k.pods[w.pod].lastClaim()
+			k.mu.Unlock()
 			var c resourceClaim
-			err := k.api.do(ctx, http.MethodGet, pathClaims(fleetNamespace)+"/"+w.claim, nil, &c)
+			err := k.api.do(ctx, http.MethodGet, pathClaims(fleetNamespace)+"/"+name, nil, &c)
 			if err == nil {
-				claim = &drav1.Claim{Namespace: fleetNamespace, Name: w.claim, Uid: c.Metadata.UID}
+				claim = &drav1.Claim{Namespace: fleetNamespace, Name: name, Uid: c.Metadata.UID}
 				start := time.Now()
 				err = n.prepare(ctx, claim)
 				call = time.Since(start)
@@ -450,7 +475,7 @@ func (k *kubelet) worker(ctx context.Context, n *fleetNode, ch <-chan prepareWor
 			tries := t.tries
 			k.mu.Unlock()
 			if tries == 1 || tries%50 == 0 {
-				k.logf("node %s, pod %s: preparing claim %s (try %d): %v", n.name, w.pod, w.claim, tries, err)
+				k.logf("node %s, pod %s: preparing claim %s (try %d): %v", n.name, w.pod, name, tries, err)
 			}
 			if sleep(ctx, 200*time.Millisecond) != nil {
 				return
@@ -570,7 +595,7 @@ func (k *kubelet) pending(names []string, most int) string {
 		case t == nil || t.bound.IsZero():
 			out = append(out, name+" (not seen bound)")
 		default:
-			out = append(out, fmt.Sprintf("%s (node %s, queued %v, %d failed tries, last: %s)", name, t.node, k.queued[name], t.tries, t.lastErr))
+			out = append(out, fmt.Sprintf("%s (node %s, queued %v, claims in its status %s, %d failed tries, last: %s)", name, t.node, k.queued[name], strings.Join(t.claims, " then "), t.tries, t.lastErr))
 		}
 	}
 	return fmt.Sprintf("%d: %s", left, strings.Join(out, "; "))

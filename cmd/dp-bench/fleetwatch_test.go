@@ -125,3 +125,49 @@ func TestPodLatencies(t *testing.T) {
 		t.Errorf("quantile of none: %v, want 0", got)
 	}
 }
+
+// TestStandInFollowsClaim: the kubelet stand-in queues a bound pod once,
+// and prepares the claim its status names at each try, as the kubelet
+// takes it from the pod it syncs: when the status names another claim
+// after the binding, the new one is tried, and the pod's diagnostics list
+// both.
+func TestStandInFollowsClaim(t *testing.T) {
+	var logged []string
+	k := newKubelet(nil, nil, func(f string, a ...any) { logged = append(logged, fmt.Sprintf(f, a...)) })
+	work := make(chan prepareWork, 4)
+	k.work["n1"] = work
+	pod := func(node, claim string) watchEvent {
+		st := map[string]any{}
+		if claim != "" {
+			st["resourceClaimStatuses"] = []map[string]any{{"name": "dev", "resourceClaimName": claim}}
+		}
+		b, err := json.Marshal(map[string]any{"metadata": map[string]any{"name": "p"}, "spec": map[string]any{"nodeName": node}, "status": st})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return watchEvent{Type: watchModified, Object: b, At: time.Now()}
+	}
+	k.event(pod("", "c1"))   // not bound yet
+	k.event(pod("n1", ""))   // bound, no claim yet
+	k.event(pod("n1", "c1")) // bound with its claim: queued
+	k.event(pod("n1", "c1")) // the same again: nothing
+	k.event(pod("n1", "c2")) // another claim named
+	if len(work) != 1 {
+		t.Fatalf("%d work items queued, want 1", len(work))
+	}
+	if w := <-work; w.pod != "p" {
+		t.Errorf("work for pod %q, want p", w.pod)
+	}
+	if got := k.pods["p"].lastClaim(); got != "c2" {
+		t.Errorf("the claim to prepare: %q, want c2 (the one the status names now)", got)
+	}
+	if got := k.pods["p"].claims; !slices.Equal(got, []string{"c1", "c2"}) {
+		t.Errorf("claims seen %v, want [c1 c2]", got)
+	}
+	if len(logged) != 1 || !strings.Contains(logged[0], "names claim c2 now, after c1") {
+		t.Errorf("logged %q, want one line saying the claim changed", logged)
+	}
+	if got := k.pending([]string{"p"}, 5); !strings.Contains(got, "claims in its status c1 then c2") {
+		t.Errorf("pending: %s", got)
+	}
+}
