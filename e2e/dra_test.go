@@ -1168,10 +1168,8 @@ func (c *cluster) scenarioSwitch(t *testing.T, node string) {
 		if err != nil {
 			return false, err.Error()
 		}
-		for _, cond := range p.Status.Conditions {
-			if cond.Type == corev1.PodReady && cond.Status == corev1.ConditionTrue {
-				return true, ""
-			}
+		if podReady(p) {
+			return true, ""
 		}
 		return false, fmt.Sprintf("%s not ready: %+v", p.Name, p.Status.Conditions)
 	})

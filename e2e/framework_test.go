@@ -652,14 +652,20 @@ func (c *cluster) recap(t *testing.T, since time.Time) {
 	t.Logf("recap at the failure (since %s):\n%s", since.UTC().Format("15:04:05"), strings.Join(lines, "\n"))
 }
 
+// podReady reports whether the pod's Ready condition is true.
+func podReady(p *corev1.Pod) bool {
+	for _, cd := range p.Status.Conditions {
+		if cd.Type == corev1.PodReady {
+			return cd.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
 // podRecap is "name on node: phase ..." for a pod that is not running
 // and ready, "" for one that is.
 func podRecap(p *corev1.Pod) string {
-	ready := false
-	for _, cd := range p.Status.Conditions {
-		ready = ready || (cd.Type == corev1.PodReady && cd.Status == corev1.ConditionTrue)
-	}
-	if p.Status.Phase == corev1.PodRunning && ready && p.DeletionTimestamp == nil {
+	if p.Status.Phase == corev1.PodRunning && podReady(p) && p.DeletionTimestamp == nil {
 		return ""
 	}
 	s := fmt.Sprintf("%s on %q: %s", p.Name, p.Spec.NodeName, p.Status.Phase)

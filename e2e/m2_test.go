@@ -180,10 +180,7 @@ func (c *cluster) scenarioM2(t *testing.T) {
 		for i := range l.Items {
 			p := &l.Items[i]
 			app := p.Labels["app.kubernetes.io/name"]
-			ready := false
-			for _, cd := range p.Status.Conditions {
-				ready = ready || (cd.Type == corev1.PodReady && cd.Status == corev1.ConditionTrue)
-			}
+			ready := podReady(p)
 			seen = append(seen, fmt.Sprintf("%s (%s) on %q: %s, ready %v", p.Name, app, p.Spec.NodeName, p.Status.Phase, ready))
 			want := map[string]string{"cdi-device-plugin": dpNode, "cdi-dra-driver": draNode}[app]
 			ok = ok && p.Spec.NodeName == want && ready

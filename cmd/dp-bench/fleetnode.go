@@ -303,7 +303,7 @@ type podTimes struct {
 	claims []string
 }
 
-// claim is the claim the pod's status names now ("" for none yet).
+// lastClaim is the claim the pod's status names now ("" for none yet).
 func (t *podTimes) lastClaim() string {
 	if len(t.claims) == 0 {
 		return ""

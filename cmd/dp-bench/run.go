@@ -479,14 +479,8 @@ func (x *session) timed(ctx context.Context, f func() error) (time.Duration, tim
 	return median(ds), median(bs), nil
 }
 
-func median(ds []time.Duration) time.Duration {
-	if len(ds) == 0 {
-		return 0
-	}
-	s := slices.Clone(ds)
-	slices.Sort(s)
-	return s[(len(s)-1)/2]
-}
+// median is the lower median of ds (0 for none).
+func median(ds []time.Duration) time.Duration { return quantile(ds, 0.5) }
 
 // resolve injects the answer's CDI names the way containerd does: a fresh
 // cache over the CDI directory, InjectDevices into an empty OCI spec.
