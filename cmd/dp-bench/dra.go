@@ -19,6 +19,7 @@ import (
 	"github.com/fsnotify/fsnotify"
 	drav1 "k8s.io/kubelet/pkg/apis/dra/v1"
 
+	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/stats"
 	"github.com/cdi-device-plugin/cdi-device-plugin/internal/kubeletsim"
 )
 
@@ -599,16 +600,16 @@ func (x *draSession) calls(ctx context.Context) error {
 				return err
 			}
 		}
-		base := us(median(st.empty))
+		base := us(stats.Quantile(st.empty, 0.5))
 		for id, ds := range map[string][]time.Duration{"prepare": st.prepare, "prepare-again": st.again, "unprepare": st.unprepare} {
 			if len(ds) > 0 {
-				x.res.measure(fmt.Sprintf("%s-%d", id, n), us(median(ds)), base)
+				x.res.measure(fmt.Sprintf("%s-%d", id, n), us(stats.Quantile(ds, 0.5)), base)
 			}
 		}
 		gets = append(gets, st.get...)
 	}
 	if len(gets) > 0 {
-		x.res.Metrics["claim-get"] = Sample{Value: us(median(gets))}
+		x.res.Metrics["claim-get"] = Sample{Value: us(stats.Quantile(gets, 0.5))}
 	}
 	desc := fmt.Sprintf("claims of %v devices, %d each", sizes, x.s.DRACalls)
 	for _, id := range []string{"dra-prepare", "dra-idempotent", "dra-unprepare"} {

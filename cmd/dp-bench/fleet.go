@@ -9,6 +9,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -16,6 +17,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/stats"
 )
 
 // dp-bench -fleet N runs every DRA target of -targets on a fleet of N
@@ -384,8 +387,8 @@ func (f *fleet) schedule(ctx context.Context) error {
 		rd.BoundPerS, rd.PreparedPerS, missed = f.k.rates(names, binds)
 		b2p, calls := f.k.latencies(names, binds)
 		ms := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
-		rd.BindToPreparedP50Ms, rd.BindToPreparedP99Ms = ms(quantile(b2p, 0.5)), ms(quantile(b2p, 0.99))
-		rd.PrepareCallP50Ms, rd.PrepareCallP99Ms = ms(quantile(calls, 0.5)), ms(quantile(calls, 0.99))
+		rd.BindToPreparedP50Ms, rd.BindToPreparedP99Ms = ms(stats.Quantile(b2p, 0.5)), ms(stats.Quantile(b2p, 0.99))
+		rd.PrepareCallP50Ms, rd.PrepareCallP99Ms = ms(stats.Quantile(calls, 0.5)), ms(stats.Quantile(calls, 0.99))
 		if missed > 0 {
 			f.logf("round %d: %d bindings not in the audit log: the watch's times taken for them", r+1, missed)
 		}
@@ -444,9 +447,8 @@ func (f *fleet) memory() {
 	for _, n := range f.nodes {
 		rss = append(rss, mib(n.rss()))
 	}
-	sort.Float64s(rss)
-	f.ft.DriverRSSMiB = rss[len(rss)/2]
-	f.ft.DriverRSSMaxMiB = rss[len(rss)-1]
+	f.ft.DriverRSSMiB = stats.Median(rss)
+	f.ft.DriverRSSMaxMiB = slices.Max(rss)
 	f.ft.APIServerRSSMiB = mib(f.fc.apiserverRSS())
 }
 
@@ -734,14 +736,11 @@ func writeFleetMarkdown(w io.Writer, rep *FleetReport) {
 
 // roundsMedian is the median of a figure over the rounds (0 for none).
 func roundsMedian(rs []schedRound, f func(schedRound) float64) float64 {
-	if len(rs) == 0 {
-		return 0
-	}
 	v := make([]float64, len(rs))
 	for i, r := range rs {
 		v[i] = f(r)
 	}
-	return medianF(v)
+	return stats.Median(v)
 }
 
 // kinds is " — verb resource n, ..." for a tally's kinds.

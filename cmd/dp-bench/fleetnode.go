@@ -5,12 +5,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"math"
 	"net/http"
 	"net/url"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -663,17 +661,6 @@ func (k *kubelet) latencies(names []string, binds map[string]time.Time) (bindToP
 		calls = append(calls, t.call)
 	}
 	return bindToPrepared, calls
-}
-
-// quantile is the q-quantile of ds (nearest rank; 0 for none).
-func quantile(ds []time.Duration, q float64) time.Duration {
-	if len(ds) == 0 {
-		return 0
-	}
-	s := slices.Clone(ds)
-	slices.Sort(s)
-	i := int(math.Ceil(q*float64(len(s)))) - 1
-	return s[min(max(i, 0), len(s)-1)]
 }
 
 // failures lists the pods that failed.

@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/stats"
 )
 
 // GoBench is one Go benchmark over its -count runs.
@@ -77,9 +79,9 @@ func readGoBench(r io.Reader) ([]GoBench, error) {
 	var out []GoBench
 	for _, k := range order {
 		a := all[k]
-		g := GoBench{Package: a.pkg, Name: a.name, N: len(a.ns), NsPerOp: medianF(a.ns)}
+		g := GoBench{Package: a.pkg, Name: a.name, N: len(a.ns), NsPerOp: stats.Median(a.ns)}
 		if len(a.b) > 0 {
-			g.BPerOp, g.AllocsOp = medianF(a.b), medianF(a.alloc)
+			g.BPerOp, g.AllocsOp = stats.Median(a.b), stats.Median(a.alloc)
 		}
 		out = append(out, g)
 	}

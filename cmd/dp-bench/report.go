@@ -10,6 +10,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/stats"
 )
 
 // Report is what dp-bench writes as JSON.
@@ -109,26 +111,16 @@ func summarize(t Target, runs []*RunResult) TargetReport {
 		if len(vs) == 0 {
 			continue
 		}
-		a := Aggregate{N: len(vs), Median: medianF(vs), Min: slices.Min(vs), Max: slices.Max(vs)}
+		a := Aggregate{N: len(vs), Median: stats.Median(vs), Min: slices.Min(vs), Max: slices.Max(vs)}
 		if len(bs) > 0 {
-			a.Baseline = medianF(bs)
+			a.Baseline = stats.Median(bs)
 		}
 		if len(rs) > 0 {
-			a.Ratio = medianF(rs)
+			a.Ratio = stats.Median(rs)
 		}
 		tr.Metrics[m.ID] = a
 	}
 	return tr
-}
-
-func medianF(v []float64) float64 {
-	s := slices.Clone(v)
-	slices.Sort(s)
-	n := len(s)
-	if n%2 == 1 {
-		return s[n/2]
-	}
-	return (s[n/2-1] + s[n/2]) / 2
 }
 
 func describeMachine() Machine {
@@ -327,7 +319,7 @@ func runRatio(p pair, id string) (float64, bool) {
 	if len(rs) == 0 {
 		return 0, false
 	}
-	return medianF(rs), true
+	return stats.Median(rs), true
 }
 
 // writeComparison writes, for the -compare target, its ratio to every

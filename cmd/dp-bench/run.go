@@ -19,6 +19,7 @@ import (
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 	cdiapi "tags.cncf.io/container-device-interface/pkg/cdi"
 
+	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/stats"
 	"github.com/cdi-device-plugin/cdi-device-plugin/device/sysfs"
 	"github.com/cdi-device-plugin/cdi-device-plugin/internal/kubeletsim"
 )
@@ -476,11 +477,8 @@ func (x *session) timed(ctx context.Context, f func() error) (time.Duration, tim
 		}
 		ds = append(ds, time.Since(t))
 	}
-	return median(ds), median(bs), nil
+	return stats.Quantile(ds, 0.5), stats.Quantile(bs, 0.5), nil
 }
-
-// median is the lower median of ds (0 for none).
-func median(ds []time.Duration) time.Duration { return quantile(ds, 0.5) }
 
 // resolve injects the answer's CDI names the way containerd does: a fresh
 // cache over the CDI directory, InjectDevices into an empty OCI spec.
