@@ -17,6 +17,8 @@ import (
 	"path/filepath"
 	"strconv"
 	"time"
+
+	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/proc"
 )
 
 // ControlPlane is a private etcd and kube-apiserver on loopback ports, for
@@ -32,7 +34,7 @@ type ControlPlane struct {
 	Client *apiClient
 
 	dir             string
-	etcd, apiserver *proc
+	etcd, apiserver *proc.Proc
 }
 
 // ControlPlaneOptions say what to run.
@@ -119,9 +121,9 @@ func (cp *ControlPlane) waitReady(ctx context.Context, timeout time.Duration) er
 	deadline := time.Now().Add(timeout)
 	var last error
 	for {
-		for name, p := range map[string]*proc{"etcd": cp.etcd, "kube-apiserver": cp.apiserver} {
+		for name, p := range map[string]*proc.Proc{"etcd": cp.etcd, "kube-apiserver": cp.apiserver} {
 			if p.Exited() {
-				return fmt.Errorf("%s exited: %w: %s", name, p.err, tail(p.Log(), 800))
+				return fmt.Errorf("%s exited: %w: %s", name, p.Err(), p.LogTail(800))
 			}
 		}
 		rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
@@ -137,9 +139,9 @@ func (cp *ControlPlane) waitReady(ctx context.Context, timeout time.Duration) er
 			last = err
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("kube-apiserver not ready within %s: %w: %s", timeout, last, tail(cp.apiserver.Log(), 800))
+			return fmt.Errorf("kube-apiserver not ready within %s: %w: %s", timeout, last, cp.apiserver.LogTail(800))
 		}
-		if err := sleep(ctx, 200*time.Millisecond); err != nil {
+		if err := proc.Sleep(ctx, 200*time.Millisecond); err != nil {
 			return err
 		}
 	}
@@ -147,9 +149,9 @@ func (cp *ControlPlane) waitReady(ctx context.Context, timeout time.Duration) er
 
 // Stop ends the API server, then etcd, and removes their directory.
 func (cp *ControlPlane) Stop() {
-	for _, p := range []*proc{cp.apiserver, cp.etcd} {
+	for _, p := range []*proc.Proc{cp.apiserver, cp.etcd} {
 		if p != nil {
-			_, _ = p.terminate(10 * time.Second)
+			_, _ = p.Terminate(10 * time.Second)
 		}
 	}
 	_ = os.RemoveAll(cp.dir)
@@ -180,15 +182,8 @@ current-context: dp-bench
 
 // startCP starts a control-plane process; the tail of its output is kept
 // for errors.
-func startCP(bin string, args ...string) (*proc, error) {
-	return startProc(append([]string{bin}, args...), []string{"PATH=" + os.Getenv("PATH")}, nil, "")
-}
-
-func tail(s string, n int) string {
-	if len(s) > n {
-		return "..." + s[len(s)-n:]
-	}
-	return s
+func startCP(bin string, args ...string) (*proc.Proc, error) {
+	return proc.Start(append([]string{bin}, args...), []string{"PATH=" + os.Getenv("PATH")}, nil, "")
 }
 
 // freePorts returns n loopback TCP ports free now.

@@ -19,6 +19,7 @@ import (
 	"github.com/fsnotify/fsnotify"
 	drav1 "k8s.io/kubelet/pkg/apis/dra/v1"
 
+	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/proc"
 	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/stats"
 	"github.com/cdi-device-plugin/cdi-device-plugin/internal/kubeletsim"
 )
@@ -140,7 +141,7 @@ func runDRATarget(ctx context.Context, t Target, s Settings, cl *draCluster) (*R
 	if err := fw.Add(r.host.RegistrarDir); err != nil {
 		return nil, err
 	}
-	execBase, err := exitBaseline()
+	execBase, err := proc.ExitBaseline()
 	if err != nil {
 		return nil, err
 	}
@@ -148,16 +149,12 @@ func runDRATarget(ctx context.Context, t Target, s Settings, cl *draCluster) (*R
 	if err != nil {
 		return nil, err
 	}
-	self, err := os.Executable()
+	idle, err := proc.StartIdle()
 	if err != nil {
 		return nil, err
 	}
-	idle, err := startProc([]string{self}, []string{helperEnv + `={"mode":"sleep"}`}, nil, "")
-	if err != nil {
-		return nil, err
-	}
-	defer func() { _, _ = idle.terminate(5 * time.Second) }()
-	p, err := startProc(r.argv, r.env, nil, r.scratch)
+	defer func() { _, _ = idle.Terminate(5 * time.Second) }()
+	p, err := proc.Start(r.argv, r.env, nil, r.scratch)
 	if err != nil {
 		return nil, err
 	}
@@ -219,14 +216,14 @@ type draSession struct {
 	t      Target
 	s      Settings
 	r      *runDirs
-	p      *proc
+	p      *proc.Proc
 	res    *RunResult
 	api    *apiClient
 	cl     *draCluster
 	node   string
 	events <-chan watchEvent
 	fsw    *fsnotify.Watcher
-	idle   *proc
+	idle   *proc.Proc
 
 	execBase, apiBase time.Duration
 
@@ -240,7 +237,7 @@ func (x *draSession) stop() {
 		_ = x.dra.Close()
 	}
 	if !x.p.Exited() {
-		_, _ = x.p.terminate(x.s.Term)
+		_, _ = x.p.Terminate(x.s.Term)
 	}
 }
 
@@ -264,7 +261,7 @@ func (x *draSession) run(ctx context.Context) error {
 	}
 	// The driver's start-up requests (lists, watches, slice writes) took
 	// tokens of its API client's limiter: let it fill again.
-	if err := sleep(ctx, 10*x.s.APIInterval); err != nil {
+	if err := proc.Sleep(ctx, 10*x.s.APIInterval); err != nil {
 		return err
 	}
 	if err := x.calls(ctx); err != nil {
@@ -273,11 +270,11 @@ func (x *draSession) run(ctx context.Context) error {
 	if err := x.unknown(ctx); err != nil {
 		return err
 	}
-	ps, err := readProc(x.p.Pid())
+	ps, err := proc.Read(x.p.Pid())
 	if err != nil {
 		return err
 	}
-	bs, err := readProc(x.idle.Pid())
+	bs, err := proc.Read(x.idle.Pid())
 	if err != nil {
 		return err
 	}
@@ -320,9 +317,9 @@ func (x *draSession) register(ctx context.Context) error {
 		case err := <-x.fsw.Errors:
 			return err
 		case <-time.After(2 * time.Millisecond): // a socket made, not served yet
-		case <-x.p.done:
-			x.res.fail("dra-register", "exited before it registered: %v", x.p.err)
-			return fmt.Errorf("the driver exited before it registered: %w", x.p.err)
+		case <-x.p.Done():
+			x.res.fail("dra-register", "exited before it registered: %v", x.p.Err())
+			return fmt.Errorf("the driver exited before it registered: %w", x.p.Err())
 		case <-deadline.C:
 			x.res.fail("dra-register", "no registration within %s (last: %v)", x.s.Register, lastErr)
 			return errNotRegistered
@@ -464,9 +461,9 @@ func (x *draSession) slices(ctx context.Context) error {
 				return errors.New("no device published")
 			}
 			return nil
-		case <-x.p.done:
-			x.res.fail("dra-slices", "exited: %v", x.p.err)
-			return fmt.Errorf("the driver exited: %w", x.p.err)
+		case <-x.p.Done():
+			x.res.fail("dra-slices", "exited: %v", x.p.Err())
+			return fmt.Errorf("the driver exited: %w", x.p.Err())
 		case <-timeout.C:
 			devs, n, _ := pl.complete()
 			x.res.fail("dra-slices", "within %s: %d devices in %d slices of pool(s) %s of node %s (other pools: %v)", x.s.Register, len(devs), n, pl.names(), x.node, others)
@@ -505,7 +502,7 @@ func (x *draSession) deleteClaim(ctx context.Context, c *resourceClaim) {
 // requests a second in client-go's default) must not be what is timed.
 func (x *draSession) pace(ctx context.Context) error {
 	if d := time.Until(x.lastGET.Add(x.s.APIInterval)); d > 0 {
-		return sleep(ctx, d)
+		return proc.Sleep(ctx, d)
 	}
 	return nil
 }

@@ -18,6 +18,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/proc"
 	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/stats"
 )
 
@@ -374,7 +375,7 @@ func (f *fleet) schedule(ctx context.Context) error {
 			if e := f.fc.alive(); e != nil {
 				return e
 			}
-			return fmt.Errorf("round %d: scheduling: %w; kube-scheduler: %s; kube-controller-manager: %s", r+1, err, tail(f.fc.others[0].Log(), 1500), tail(f.fc.others[1].Log(), 1500))
+			return fmt.Errorf("round %d: scheduling: %w; kube-scheduler: %s; kube-controller-manager: %s", r+1, err, f.fc.others[0].LogTail(1500), f.fc.others[1].LogTail(1500))
 		}
 		var rd schedRound
 		rd.DriverCPUPerPodMs, rd.ControlPlaneCPUS, rd.StandInCPUS = roundCPU(f.cpu().sub(cpu0), count)
@@ -405,7 +406,7 @@ func (f *fleet) schedule(ctx context.Context) error {
 		if err := f.waitNoClaims(ctx, 2*time.Minute); err != nil {
 			return fmt.Errorf("round %d: %w", r+1, err)
 		}
-		if err := sleep(ctx, f.fo.Settle); err != nil {
+		if err := proc.Sleep(ctx, f.fo.Settle); err != nil {
 			return err
 		}
 	}
@@ -435,7 +436,7 @@ func (f *fleet) waitNoClaims(ctx context.Context, timeout time.Duration) error {
 		if time.Now().After(deadline) {
 			return fmt.Errorf("%d claims left %s after their pods were deleted", len(list.Items), timeout)
 		}
-		if err := sleep(ctx, 200*time.Millisecond); err != nil {
+		if err := proc.Sleep(ctx, 200*time.Millisecond); err != nil {
 			return err
 		}
 	}
@@ -461,7 +462,7 @@ func (f *fleet) window(ctx context.Context, d time.Duration, during func(context
 			return nil, from, from, err
 		}
 	}
-	if err := sleep(ctx, time.Until(from.Add(d))); err != nil {
+	if err := proc.Sleep(ctx, time.Until(from.Add(d))); err != nil {
 		return nil, from, from, err
 	}
 	to := time.Now()
@@ -472,7 +473,7 @@ func (f *fleet) window(ctx context.Context, d time.Duration, during func(context
 // flushedAudit reads the audit log once what happened until now is in it:
 // the API server writes it in batches of at most 200 ms.
 func (f *fleet) flushedAudit(ctx context.Context) ([]auditWrite, error) {
-	if err := sleep(ctx, time.Second); err != nil {
+	if err := proc.Sleep(ctx, time.Second); err != nil {
 		return nil, err
 	}
 	return f.fc.audit()
@@ -480,7 +481,7 @@ func (f *fleet) flushedAudit(ctx context.Context) ([]auditWrite, error) {
 
 // steady: nothing changes for Steady; every write of the drivers counts.
 func (f *fleet) steady(ctx context.Context) error {
-	if err := sleep(ctx, f.fo.Settle); err != nil {
+	if err := proc.Sleep(ctx, f.fo.Settle); err != nil {
 		return err
 	}
 	before, err := f.fc.metrics(ctx)
@@ -590,7 +591,7 @@ func (f *fleet) storm(ctx context.Context) error {
 // prepared; pods created during the rollout on the remaining devices
 // must be scheduled and prepared, and no pod may fail.
 func (f *fleet) rollout(ctx context.Context) error {
-	if err := sleep(ctx, f.fo.Settle); err != nil {
+	if err := proc.Sleep(ctx, f.fo.Settle); err != nil {
 		return err
 	}
 	extra := max(1, (f.ft.Devices-f.pods)/2)
@@ -618,7 +619,7 @@ func (f *fleet) rollout(ctx context.Context) error {
 			return fmt.Errorf("pods created during the rollout: %w", err)
 		}
 		rolled = time.Now()
-		return sleep(ctx, f.fo.Settle)
+		return proc.Sleep(ctx, f.fo.Settle)
 	}
 	ws, from, to, err := f.window(ctx, 0, during)
 	if err != nil {
@@ -678,7 +679,7 @@ func writeFleetMarkdown(w io.Writer, rep *FleetReport) {
 		fmt.Fprintf(w, "| %s | %s |", name, goal)
 		for _, t := range rep.Targets {
 			if t.Err != "" && t.Pods == 0 {
-				fmt.Fprintf(w, " not run: %s |", mdEscape(tail(t.Err, 120)))
+				fmt.Fprintf(w, " not run: %s |", mdEscape(proc.Tail(t.Err, 120)))
 				continue
 			}
 			fmt.Fprintf(w, " %s |", cell(t))

@@ -14,6 +14,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/proc"
 )
 
 // fleetCluster is a private control plane for one fleet phase: etcd and
@@ -33,7 +35,7 @@ type fleetCluster struct {
 	dir      string
 	auditLog string
 	version  string
-	others   []*proc // scheduler, controller-manager
+	others   []*proc.Proc // scheduler, controller-manager
 }
 
 // fleetNamespace holds the fleet's pods and claims.
@@ -93,7 +95,7 @@ func startFleetCluster(ctx context.Context, cpo ControlPlaneOptions, fo *fleetOp
 
 func (fc *fleetCluster) stop() {
 	for _, p := range fc.others {
-		_, _ = p.terminate(10 * time.Second)
+		_, _ = p.Terminate(10 * time.Second)
 	}
 	if fc.cp != nil {
 		fc.cp.Stop()
@@ -105,7 +107,7 @@ func (fc *fleetCluster) stop() {
 func (fc *fleetCluster) alive() error {
 	for _, p := range fc.others {
 		if p.Exited() {
-			return fmt.Errorf("%s exited: %w: %s", p.cmd.Args[0], p.err, tail(p.Log(), 800))
+			return fmt.Errorf("%s exited: %w: %s", p.Name(), p.Err(), p.LogTail(800))
 		}
 	}
 	return nil
@@ -221,7 +223,7 @@ func (fc *fleetCluster) audit() ([]auditWrite, error) {
 
 // apiserverRSS is the API server's resident memory, bytes.
 func (fc *fleetCluster) apiserverRSS() int64 {
-	s, err := readProc(fc.cp.apiserver.Pid())
+	s, err := proc.Read(fc.cp.apiserver.Pid())
 	if err != nil {
 		return 0
 	}
@@ -326,7 +328,7 @@ func watchAlways(ctx context.Context, api *apiClient, path string, q url.Values,
 				if isGone(err) {
 					rv = ""
 				}
-				_ = sleep(ctx, 100*time.Millisecond)
+				_ = proc.Sleep(ctx, 100*time.Millisecond)
 			}
 			if ctx.Err() != nil {
 				return

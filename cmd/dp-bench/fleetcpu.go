@@ -3,6 +3,8 @@ package main
 import (
 	"os"
 	"time"
+
+	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/proc"
 )
 
 // The fleet's CPU. On one machine every driver, the control plane and
@@ -27,7 +29,7 @@ func (s cpuSample) sub(o cpuSample) cpuSample {
 func cpuOf(pids []int) time.Duration {
 	var sum time.Duration
 	for _, pid := range pids {
-		if s, err := readProc(pid); err == nil {
+		if s, err := proc.Read(pid); err == nil {
 			sum += s.CPU
 		}
 	}
@@ -39,7 +41,7 @@ func (f *fleet) cpu() cpuSample {
 	var drivers []int
 	for _, n := range f.nodes {
 		if n != nil {
-			drivers = append(drivers, n.proc().Pid())
+			drivers = append(drivers, n.process().Pid())
 		}
 	}
 	cp := []int{f.fc.cp.etcd.Pid(), f.fc.cp.apiserver.Pid()}

@@ -16,6 +16,7 @@ import (
 
 	drav1 "k8s.io/kubelet/pkg/apis/dra/v1"
 
+	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/proc"
 	"github.com/cdi-device-plugin/cdi-device-plugin/internal/kubeletsim"
 )
 
@@ -29,7 +30,7 @@ type fleetNode struct {
 	pr   *kubeletsim.PodResources
 
 	mu  sync.Mutex
-	p   *proc
+	p   *proc.Proc
 	dra *kubeletsim.DRA
 	// registered is closed when the current process registered.
 	registered chan struct{}
@@ -55,7 +56,7 @@ func startFleetNode(t Target, s Settings, kubeconfig, name string) (*fleetNode, 
 
 // start starts a driver process; the previous one has ended.
 func (n *fleetNode) start() error {
-	p, err := startProc(n.r.argv, n.r.env, nil, n.r.scratch)
+	p, err := proc.Start(n.r.argv, n.r.env, nil, n.r.scratch)
 	if err != nil {
 		return err
 	}
@@ -65,8 +66,8 @@ func (n *fleetNode) start() error {
 	return nil
 }
 
-// proc is the current driver process.
-func (n *fleetNode) proc() *proc {
+// process is the current driver process.
+func (n *fleetNode) process() *proc.Proc {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	return n.p
@@ -100,11 +101,11 @@ func (n *fleetNode) register(ctx context.Context, timeout time.Duration) error {
 		}
 		switch {
 		case p.Exited():
-			return fmt.Errorf("node %s: the driver exited: %w: %s", n.name, p.err, tail(p.Log(), 600))
+			return fmt.Errorf("node %s: the driver exited: %w: %s", n.name, p.Err(), p.LogTail(600))
 		case time.Now().After(deadline):
-			return fmt.Errorf("node %s: not registered within %s (last: %w): %s", n.name, timeout, last, tail(p.Log(), 600))
+			return fmt.Errorf("node %s: not registered within %s (last: %w): %s", n.name, timeout, last, p.LogTail(600))
 		}
-		if err := sleep(ctx, 50*time.Millisecond); err != nil {
+		if err := proc.Sleep(ctx, 50*time.Millisecond); err != nil {
 			return err
 		}
 	}
@@ -121,7 +122,7 @@ func (n *fleetNode) restart(ctx context.Context, term, regTimeout time.Duration)
 	if old != nil {
 		_ = old.Close()
 	}
-	_, _ = n.proc().terminate(term)
+	_, _ = n.process().Terminate(term)
 	// The kubelet's plugin watcher sees the socket go; a new one comes
 	// with the new process.
 	if err := n.start(); err != nil {
@@ -210,7 +211,7 @@ func (n *fleetNode) unprepare(ctx context.Context, c *drav1.Claim) error {
 
 // rss is the driver's resident memory, bytes (0 when gone).
 func (n *fleetNode) rss() int64 {
-	s, err := readProc(n.proc().Pid())
+	s, err := proc.Read(n.process().Pid())
 	if err != nil {
 		return 0
 	}
@@ -242,7 +243,7 @@ func (n *fleetNode) stop() {
 		_ = d.Close()
 	}
 	if p != nil && !p.Exited() {
-		_, _ = p.terminate(10 * time.Second)
+		_, _ = p.Terminate(10 * time.Second)
 	}
 	if n.pr != nil {
 		n.pr.Stop()
@@ -475,7 +476,7 @@ func (k *kubelet) worker(ctx context.Context, n *fleetNode, ch <-chan prepareWor
 			if tries == 1 || tries%50 == 0 {
 				k.logf("node %s, pod %s: preparing claim %s (try %d): %v", n.name, w.pod, name, tries, err)
 			}
-			if sleep(ctx, 200*time.Millisecond) != nil {
+			if proc.Sleep(ctx, 200*time.Millisecond) != nil {
 				return
 			}
 		}

@@ -37,11 +37,13 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/proc"
 )
 
 func main() {
-	if spec, ok := os.LookupEnv(helperEnv); ok {
-		os.Exit(runHelper(spec))
+	if spec, ok := os.LookupEnv(proc.HelperEnv); ok {
+		os.Exit(proc.RunHelper(spec))
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)

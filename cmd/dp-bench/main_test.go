@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/proc"
 	"github.com/cdi-device-plugin/cdi-device-plugin/internal/testutil"
 )
 
@@ -21,8 +22,8 @@ var bins struct{ testplugin, ours string }
 
 func TestMain(m *testing.M) {
 	// The test binary is also dp-bench's helper (os.Executable).
-	if spec, ok := os.LookupEnv(helperEnv); ok {
-		os.Exit(runHelper(spec))
+	if spec, ok := os.LookupEnv(proc.HelperEnv); ok {
+		os.Exit(proc.RunHelper(spec))
 	}
 	dir, err := os.MkdirTemp("", "dp-bench-test")
 	if err != nil {

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/proc"
 	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/stats"
 )
 
@@ -133,7 +134,7 @@ func describeMachine() Machine {
 			}
 		}
 	}
-	if kb, err := statusField("/proc/meminfo", "MemTotal:"); err == nil {
+	if kb, err := proc.StatusField("/proc/meminfo", "MemTotal:"); err == nil {
 		m.MemoryGiB = int((kb + 512<<10) >> 20)
 	}
 	if b, err := os.ReadFile("/proc/sys/kernel/osrelease"); err == nil {

@@ -19,6 +19,7 @@ import (
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 	cdiapi "tags.cncf.io/container-device-interface/pkg/cdi"
 
+	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/proc"
 	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/stats"
 	"github.com/cdi-device-plugin/cdi-device-plugin/device/sysfs"
 	"github.com/cdi-device-plugin/cdi-device-plugin/internal/kubeletsim"
@@ -89,11 +90,11 @@ func runTarget(ctx context.Context, t Target, s Settings) (*RunResult, error) {
 		return nil, err
 	}
 	defer k.Stop()
-	execBase, err := exitBaseline()
+	execBase, err := proc.ExitBaseline()
 	if err != nil {
 		return nil, err
 	}
-	p, err := startProc(r.argv, r.env, r.binds, r.scratch)
+	p, err := proc.Start(r.argv, r.env, r.binds, r.scratch)
 	if err != nil {
 		return nil, err
 	}
@@ -112,31 +113,13 @@ func runTarget(ctx context.Context, t Target, s Settings) (*RunResult, error) {
 	return res, nil
 }
 
-// exitBaseline is the time from execve to exit of a Go binary (dp-bench
-// itself) that exits at once.
-func exitBaseline() (time.Duration, error) {
-	self, err := os.Executable()
-	if err != nil {
-		return 0, err
-	}
-	p, err := startProc([]string{self}, []string{helperEnv + `={"mode":"exit"}`}, nil, "")
-	if err != nil {
-		return 0, err
-	}
-	<-p.done
-	if p.err != nil {
-		return 0, fmt.Errorf("baseline process: %w", p.err)
-	}
-	return time.Since(p.Start), nil
-}
-
 // session is one run in progress.
 type session struct {
 	t        Target
 	s        Settings
 	r        *runDirs
 	k        *kubeletsim.Kubelet
-	p        *proc
+	p        *proc.Proc
 	res      *RunResult
 	execBase time.Duration
 
@@ -153,7 +136,7 @@ type session struct {
 func (x *session) stop() {
 	x.closeStream()
 	if !x.stopped {
-		x.p.kill()
+		x.p.Kill()
 	}
 }
 
@@ -220,8 +203,8 @@ func (x *session) register(ctx context.Context) error {
 	var first kubeletsim.Registration
 	select {
 	case first = <-x.k.Calls:
-	case <-x.p.done:
-		return fmt.Errorf("the plugin exited before it registered: %w", x.p.err)
+	case <-x.p.Done():
+		return fmt.Errorf("the plugin exited before it registered: %w", x.p.Err())
 	case <-ctx.Done():
 		return ctx.Err()
 	case <-time.After(x.s.Register):
@@ -780,38 +763,34 @@ func rawEvent(w *fsnotify.Watcher, path string, t time.Time) (time.Duration, err
 // stream open and nothing else happening, next to an idle Go process over
 // the same window; then resident memory.
 func (x *session) idle(ctx context.Context) error {
-	self, err := os.Executable()
+	base, err := proc.StartIdle()
 	if err != nil {
 		return err
 	}
-	base, err := startProc([]string{self}, []string{helperEnv + `={"mode":"sleep"}`}, nil, "")
-	if err != nil {
-		return err
-	}
-	defer func() { _, _ = base.terminate(5 * time.Second) }()
+	defer func() { _, _ = base.Terminate(5 * time.Second) }()
 	if x.s.Idle > 0 {
 		// Let the plugin and the baseline settle: the start-up of one and
 		// the calls just made to the other are not idleness.
-		if err := sleep(ctx, time.Second); err != nil {
+		if err := proc.Sleep(ctx, time.Second); err != nil {
 			return err
 		}
-		p0, err := readProc(x.p.Pid())
+		p0, err := proc.Read(x.p.Pid())
 		if err != nil {
 			return err
 		}
-		b0, err := readProc(base.Pid())
+		b0, err := proc.Read(base.Pid())
 		if err != nil {
 			return err
 		}
 		t0 := time.Now()
-		if err := sleep(ctx, x.s.Idle); err != nil {
+		if err := proc.Sleep(ctx, x.s.Idle); err != nil {
 			return err
 		}
-		p1, err := readProc(x.p.Pid())
+		p1, err := proc.Read(x.p.Pid())
 		if err != nil {
 			return err
 		}
-		b1, err := readProc(base.Pid())
+		b1, err := proc.Read(base.Pid())
 		if err != nil {
 			return err
 		}
@@ -819,11 +798,11 @@ func (x *session) idle(ctx context.Context) error {
 		x.res.measure("idle-cpu", ms(p1.CPU-p0.CPU)*perMin, ms(b1.CPU-b0.CPU)*perMin)
 		x.res.measure("idle-wakeups", float64(p1.Switches-p0.Switches)*perMin, float64(b1.Switches-b0.Switches)*perMin)
 	}
-	ps, err := readProc(x.p.Pid())
+	ps, err := proc.Read(x.p.Pid())
 	if err != nil {
 		return err
 	}
-	bs, err := readProc(base.Pid())
+	bs, err := proc.Read(base.Pid())
 	if err != nil {
 		return err
 	}
@@ -856,8 +835,8 @@ func (x *session) restart(ctx context.Context) error {
 	var first kubeletsim.Registration
 	select {
 	case first = <-x.k.Calls:
-	case <-x.p.done:
-		x.res.fail("kubelet-restart", "the plugin exited: %v", x.p.err)
+	case <-x.p.Done():
+		x.res.fail("kubelet-restart", "the plugin exited: %v", x.p.Err())
 		x.stopped = true
 		return nil
 	case <-ctx.Done():
@@ -894,7 +873,7 @@ func (x *session) restart(ctx context.Context) error {
 func (x *session) sigterm() {
 	x.closeStream()
 	sock := filepath.Join(x.r.host.SocketDir, x.reg.Request.Endpoint)
-	ok, err := x.p.terminate(x.s.Term)
+	ok, err := x.p.Terminate(x.s.Term)
 	x.stopped = true
 	if !ok {
 		x.res.fail("sigterm-socket", "still running %s after SIGTERM", x.s.Term)
@@ -912,18 +891,6 @@ func exitText(err error) string {
 		return "status 0"
 	}
 	return err.Error()
-}
-
-// sleep waits d or until ctx is done.
-func sleep(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
-	}
 }
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }

@@ -13,6 +13,8 @@ import (
 
 	"golang.org/x/sys/unix"
 	"sigs.k8s.io/yaml"
+
+	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/proc"
 )
 
 // Target is one plugin command line, with the size it is run at, to check
@@ -190,7 +192,7 @@ type runDirs struct {
 	fastRoot  string // on a tmpfs: DevDir and CDIDir, as /dev and /run on a node
 	host      Dirs   // where dp-bench finds them
 	plugin    Dirs   // what the plugin is told
-	binds     []bind
+	binds     []proc.Bind
 	argv, env []string
 	remove    string // host path of RemoveDevice
 	change    string // Uevent.Change, expanded
@@ -238,11 +240,11 @@ func (t Target) prepare(tmpfsDir string, c *cluster) (*runDirs, error) {
 	r.plugin = r.host
 	if t.SocketDir != "" {
 		r.plugin.SocketDir = t.SocketDir
-		r.binds = append(r.binds, bind{Src: r.host.SocketDir, Dst: t.SocketDir})
+		r.binds = append(r.binds, proc.Bind{Src: r.host.SocketDir, Dst: t.SocketDir})
 	}
 	if t.CDIDir != "" {
 		r.plugin.CDIDir = t.CDIDir
-		r.binds = append(r.binds, bind{Src: r.host.CDIDir, Dst: t.CDIDir})
+		r.binds = append(r.binds, proc.Bind{Src: r.host.CDIDir, Dst: t.CDIDir})
 	}
 	fail := func(err error) (*runDirs, error) {
 		r.cleanup()

@@ -1,7 +1,16 @@
-package main
+// Package proc starts and measures the processes dp-bench runs: the
+// plugin or driver under test, the control plane's binaries, and the
+// baselines (dp-bench itself, exiting at once or idle). Every one is
+// started through dp-bench itself in a helper mode (RunHelper), so that
+// all are timed from the same instant: the helper applies the bind mounts
+// (in the private mount namespace it was started in), writes
+// CLOCK_MONOTONIC to fd 3 and calls execve; "process start" is that
+// instant. Read gives a process's CPU, wake-ups and memory from /proc.
+package proc
 
 import (
 	"bufio"
+	"context"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
@@ -19,9 +28,10 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// proc is a started plugin or baseline process.
-type proc struct {
-	cmd *exec.Cmd
+// Proc is a started plugin, driver, control-plane or baseline process.
+type Proc struct {
+	cmd  *exec.Cmd
+	argv []string
 	// Start is when its execve began (the helper's timestamp).
 	Start time.Time
 	out   *tailBuffer
@@ -29,10 +39,10 @@ type proc struct {
 	err   error         // Wait's result, set before done is closed
 }
 
-// startProc starts argv with env through the helper; binds, when any, are
+// Start starts argv with env through the helper; binds, when any, are
 // applied in a private mount namespace, with scratch (an empty directory)
 // for its overlays.
-func startProc(argv, env []string, binds []bind, scratch string) (*proc, error) {
+func Start(argv, env []string, binds []Bind, scratch string) (*Proc, error) {
 	self, err := os.Executable()
 	if err != nil {
 		return nil, err
@@ -47,8 +57,8 @@ func startProc(argv, env []string, binds []bind, scratch string) (*proc, error) 
 	}
 	defer r.Close()
 	cmd := exec.Command(self)
-	cmd.Env = []string{helperEnv + "=" + string(raw)}
-	p := &proc{cmd: cmd, out: &tailBuffer{max: 64 << 10}, done: make(chan struct{})}
+	cmd.Env = []string{HelperEnv + "=" + string(raw)}
+	p := &Proc{cmd: cmd, argv: argv, out: &tailBuffer{max: 64 << 10}, done: make(chan struct{})}
 	cmd.Stdout, cmd.Stderr = p.out, p.out
 	cmd.ExtraFiles = []*os.File{w}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
@@ -72,7 +82,7 @@ func startProc(argv, env []string, binds []bind, scratch string) (*proc, error) 
 	now := time.Now()
 	var ts unix.Timespec
 	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
-		p.kill()
+		p.Kill()
 		return nil, err
 	}
 	p.Start = now.Add(-time.Duration(ts.Nano() - int64(binary.LittleEndian.Uint64(buf[:]))))
@@ -80,13 +90,36 @@ func startProc(argv, env []string, binds []bind, scratch string) (*proc, error) 
 }
 
 // Pid is the process ID.
-func (p *proc) Pid() int { return p.cmd.Process.Pid }
+func (p *Proc) Pid() int { return p.cmd.Process.Pid }
+
+// Name is the program it runs (argv[0]).
+func (p *Proc) Name() string { return p.argv[0] }
 
 // Log is the tail of what the process wrote.
-func (p *proc) Log() string { return p.out.String() }
+func (p *Proc) Log() string { return p.out.String() }
+
+// LogTail is the last n bytes of Log.
+func (p *Proc) LogTail(n int) string { return Tail(p.Log(), n) }
+
+// Tail is the last n bytes of s, marked as cut when it is.
+func Tail(s string, n int) string {
+	if len(s) > n {
+		return "..." + s[len(s)-n:]
+	}
+	return s
+}
+
+// Done is closed when the process has ended; Err is then its exit.
+func (p *Proc) Done() <-chan struct{} { return p.done }
+
+// Err is how the process ended (Wait's error), once Done is closed.
+func (p *Proc) Err() error {
+	<-p.done
+	return p.err
+}
 
 // Exited reports whether the process has ended.
-func (p *proc) Exited() bool {
+func (p *Proc) Exited() bool {
 	select {
 	case <-p.done:
 		return true
@@ -95,9 +128,9 @@ func (p *proc) Exited() bool {
 	}
 }
 
-// wait waits up to timeout for the process to end and returns whether it
+// Wait waits up to timeout for the process to end and returns whether it
 // did and Wait's error.
-func (p *proc) wait(timeout time.Duration) (bool, error) {
+func (p *Proc) Wait(timeout time.Duration) (bool, error) {
 	t := time.NewTimer(timeout)
 	defer t.Stop()
 	select {
@@ -108,21 +141,59 @@ func (p *proc) wait(timeout time.Duration) (bool, error) {
 	}
 }
 
-// kill ends the process and waits for it.
-func (p *proc) kill() {
+// Kill ends the process and waits for it.
+func (p *Proc) Kill() {
 	_ = p.cmd.Process.Kill()
 	<-p.done
 }
 
-// terminate sends SIGTERM and waits up to timeout, then kills. It returns
+// Terminate sends SIGTERM and waits up to timeout, then kills. It returns
 // whether the process ended on SIGTERM in time, and Wait's error.
-func (p *proc) terminate(timeout time.Duration) (bool, error) {
+func (p *Proc) Terminate(timeout time.Duration) (bool, error) {
 	_ = p.cmd.Process.Signal(syscall.SIGTERM)
-	if ok, err := p.wait(timeout); ok {
+	if ok, err := p.Wait(timeout); ok {
 		return true, err
 	}
-	p.kill()
+	p.Kill()
 	return false, p.err
+}
+
+// StartIdle starts the idle baseline: dp-bench itself, blocked until
+// SIGTERM.
+func StartIdle() (*Proc, error) { return startSelf("sleep") }
+
+// ExitBaseline is the time from execve to exit of a Go binary (dp-bench
+// itself) that exits at once.
+func ExitBaseline() (time.Duration, error) {
+	p, err := startSelf("exit")
+	if err != nil {
+		return 0, err
+	}
+	if err := p.Err(); err != nil {
+		return 0, fmt.Errorf("baseline process: %w", err)
+	}
+	return time.Since(p.Start), nil
+}
+
+// startSelf starts dp-bench itself in the helper mode named.
+func startSelf(mode string) (*Proc, error) {
+	self, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	return Start([]string{self}, []string{HelperEnv + `={"mode":"` + mode + `"}`}, nil, "")
+}
+
+// Sleep waits d or until ctx is done.
+func Sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
 }
 
 // tailBuffer keeps the last max bytes written to it.
@@ -148,17 +219,17 @@ func (t *tailBuffer) String() string {
 	return string(t.b)
 }
 
-// procStats is what /proc says of a process at one moment.
-type procStats struct {
+// Stats is what /proc says of a process at one moment.
+type Stats struct {
 	CPU      time.Duration // on-CPU time of all its threads (schedstat)
 	Switches int64         // voluntary context switches of all its threads: wake-ups
 	RSS      int64         // resident set size, bytes
 }
 
-// readProc sums the threads of pid. Threads that ended take their counts
+// Read sums the threads of pid. Threads that ended take their counts
 // with them; Go rarely ends threads.
-func readProc(pid int) (procStats, error) {
-	var s procStats
+func Read(pid int) (Stats, error) {
+	var s Stats
 	base := fmt.Sprintf("/proc/%d", pid)
 	tasks, err := os.ReadDir(filepath.Join(base, "task"))
 	if err != nil {
@@ -177,12 +248,12 @@ func readProc(pid int) (procStats, error) {
 			}
 			s.CPU += time.Duration(ns)
 		}
-		v, err := statusField(filepath.Join(dir, "status"), "voluntary_ctxt_switches:")
+		v, err := StatusField(filepath.Join(dir, "status"), "voluntary_ctxt_switches:")
 		if err == nil {
 			s.Switches += v
 		}
 	}
-	kb, err := statusField(filepath.Join(base, "status"), "VmRSS:")
+	kb, err := StatusField(filepath.Join(base, "status"), "VmRSS:")
 	if err != nil {
 		return s, err
 	}
@@ -190,8 +261,9 @@ func readProc(pid int) (procStats, error) {
 	return s, nil
 }
 
-// statusField reads the first number after name in a /proc status file.
-func statusField(path, name string) (int64, error) {
+// StatusField reads the first number after name in a /proc status file
+// (or /proc/meminfo).
+func StatusField(path, name string) (int64, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return 0, err

@@ -1,4 +1,4 @@
-package main
+package proc
 
 import (
 	"encoding/binary"
@@ -14,31 +14,29 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// Every plugin (and every baseline process) is started through dp-bench
-// itself in a helper mode, so that they are all measured from the same
-// instant: the helper applies the bind mounts (in the private mount
-// namespace it was started in), writes CLOCK_MONOTONIC to fd 3 and calls
-// execve. "Process start" is that instant.
-const helperEnv = "DP_BENCH_HELPER"
+// HelperEnv names the variable that makes dp-bench (or a test binary of
+// its packages) the helper: its main calls RunHelper with the variable's
+// value before anything else.
+const HelperEnv = "DP_BENCH_HELPER"
 
-// helperSpec is what the helper execs, passed as JSON in helperEnv.
+// helperSpec is what the helper execs, passed as JSON in HelperEnv.
 type helperSpec struct {
 	// Mode: "exec" runs Argv; "exit" exits at once; "sleep" blocks until
 	// SIGTERM (the last two are the baselines, reached through "exec").
 	Mode  string   `json:"mode"`
 	Argv  []string `json:"argv,omitempty"`
 	Env   []string `json:"env,omitempty"`
-	Binds []bind   `json:"binds,omitempty"`
+	Binds []Bind   `json:"binds,omitempty"`
 	// Scratch is an empty directory for the overlays' upper layers.
 	Scratch string `json:"scratch,omitempty"`
 }
 
-// bind mounts Src (a host directory) at Dst as the plugin sees it.
-type bind struct{ Src, Dst string }
+// Bind mounts Src (a host directory) at Dst as the plugin sees it.
+type Bind struct{ Src, Dst string }
 
-// runHelper runs the helper mode named by spec and returns the exit status
-// (it returns only on failure in "exec" mode).
-func runHelper(raw string) int {
+// RunHelper runs the helper mode named by raw (HelperEnv's value) and
+// returns the exit status (it returns only on failure in "exec" mode).
+func RunHelper(raw string) int {
 	var s helperSpec
 	if err := json.Unmarshal([]byte(raw), &s); err != nil {
 		fmt.Fprintln(os.Stderr, "dp-bench helper:", err)
@@ -102,7 +100,7 @@ func helperExec(s helperSpec) error {
 // an overlay over its deepest existing ancestor (upper layer in scratch),
 // so the host's directory is neither changed nor hidden; mounts below that
 // ancestor are not seen through the overlay.
-func mountAt(b bind, scratch string) error {
+func mountAt(b Bind, scratch string) error {
 	if _, err := os.Stat(b.Dst); err != nil {
 		anc := filepath.Dir(b.Dst)
 		for {
