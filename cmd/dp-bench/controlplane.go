@@ -18,6 +18,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/apiclient"
 	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/proc"
 )
 
@@ -30,8 +31,8 @@ type ControlPlane struct {
 	// Kubeconfig is a kubeconfig file with a client certificate of the
 	// group system:masters, for the drivers under test.
 	Kubeconfig string
-	// Client is dp-bench's own client (apiclient.go), not rate-limited.
-	Client *apiClient
+	// Client is dp-bench's own client, not rate-limited.
+	Client *apiclient.Client
 
 	dir             string
 	etcd, apiserver *proc.Proc
@@ -102,7 +103,7 @@ func StartControlPlane(ctx context.Context, o ControlPlaneOptions) (*ControlPlan
 		return fail(fmt.Errorf("kube-apiserver: %w", err))
 	}
 	host := fmt.Sprintf("https://127.0.0.1:%d", ports[2])
-	if cp.Client, err = newAPIClient(host, pki.caPEM, pki.clientPEM, pki.clientKeyPEM); err != nil {
+	if cp.Client, err = apiclient.New(host, pki.caPEM, pki.clientPEM, pki.clientKeyPEM); err != nil {
 		return fail(err)
 	}
 	cp.Kubeconfig = filepath.Join(dir, "kubeconfig")
@@ -128,7 +129,7 @@ func (cp *ControlPlane) waitReady(ctx context.Context, timeout time.Duration) er
 		}
 		rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 		var body string
-		err := cp.Client.do(rctx, http.MethodGet, "/readyz", nil, &body)
+		err := cp.Client.Do(rctx, http.MethodGet, "/readyz", nil, &body)
 		cancel()
 		switch {
 		case err == nil && body == "ok":

@@ -19,6 +19,7 @@ import (
 	"github.com/fsnotify/fsnotify"
 	drav1 "k8s.io/kubelet/pkg/apis/dra/v1"
 
+	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/apiclient"
 	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/proc"
 	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/stats"
 	"github.com/cdi-device-plugin/cdi-device-plugin/internal/kubeletsim"
@@ -91,12 +92,12 @@ func startCluster(ctx context.Context, o ControlPlaneOptions) (*draCluster, erro
 		return nil, err
 	}
 	cl := &draCluster{cp: cp}
-	var v apiVersion
-	if err := cp.Client.do(ctx, http.MethodGet, "/version", nil, &v); err == nil {
+	var v apiclient.Version
+	if err := cp.Client.Do(ctx, http.MethodGet, "/version", nil, &v); err == nil {
 		cl.version = v.GitVersion
 	}
-	ns := &namespace{typeMeta: typeMeta{APIVersion: "v1", Kind: "Namespace"}, Metadata: objectMeta{Name: benchNamespace}}
-	if err := cp.Client.do(ctx, http.MethodPost, pathNamespaces, ns, nil); err != nil && !isAlreadyExists(err) {
+	ns := &apiclient.Namespace{TypeMeta: apiclient.TypeMeta{APIVersion: "v1", Kind: "Namespace"}, Metadata: apiclient.ObjectMeta{Name: benchNamespace}}
+	if err := cp.Client.Do(ctx, http.MethodPost, apiclient.PathNamespaces, ns, nil); err != nil && !apiclient.IsAlreadyExists(err) {
 		cp.Stop()
 		return nil, fmt.Errorf("namespace %s: %w", benchNamespace, err)
 	}
@@ -107,8 +108,9 @@ func (cl *draCluster) stop() { cl.cp.Stop() }
 
 // runDRATarget runs the DRA driver t once against a fresh Node object, a
 // PodResources stand-in and the shared API server. Only setup errors are
-// returned; failures of the driver are results.
-func runDRATarget(ctx context.Context, t Target, s Settings, cl *draCluster) (*RunResult, error) {
+// returned; failures of the driver are results; logf takes what happens
+// to the run's watch.
+func runDRATarget(ctx context.Context, t Target, s Settings, cl *draCluster, logf func(string, ...any)) (*RunResult, error) {
 	nodeName := fmt.Sprintf("dp-bench-node-%d", cl.nodes.Add(1))
 	r, err := t.prepare(s.TmpfsDir, &cluster{Kubeconfig: cl.cp.Kubeconfig, NodeName: nodeName})
 	if err != nil {
@@ -116,9 +118,9 @@ func runDRATarget(ctx context.Context, t Target, s Settings, cl *draCluster) (*R
 	}
 	defer r.cleanup()
 	api := cl.cp.Client
-	n := &node{typeMeta: typeMeta{APIVersion: "v1", Kind: "Node"},
-		Metadata: objectMeta{Name: nodeName, Labels: map[string]string{"kubernetes.io/hostname": nodeName}}}
-	if err := api.do(ctx, http.MethodPost, pathNodes, n, nil); err != nil {
+	n := &apiclient.Node{TypeMeta: apiclient.TypeMeta{APIVersion: "v1", Kind: "Node"},
+		Metadata: apiclient.ObjectMeta{Name: nodeName, Labels: map[string]string{"kubernetes.io/hostname": nodeName}}}
+	if err := api.Do(ctx, http.MethodPost, apiclient.PathNodes, n, nil); err != nil {
 		return nil, fmt.Errorf("node %s: %w", nodeName, err)
 	}
 	defer cleanupNode(api, nodeName)
@@ -128,11 +130,18 @@ func runDRATarget(ctx context.Context, t Target, s Settings, cl *draCluster) (*R
 	}
 	defer pr.Stop()
 	wctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	events, err := api.watch(wctx, pathResourceSlices, url.Values{"fieldSelector": {"spec.nodeName=" + nodeName}})
+	events := make(chan apiclient.Event, 1024)
+	w, err := api.Watch(wctx, apiclient.PathResourceSlices, url.Values{"fieldSelector": {"spec.nodeName=" + nodeName}}, func(ev apiclient.Event) {
+		select {
+		case events <- ev:
+		case <-wctx.Done():
+		}
+	}, logf)
 	if err != nil {
+		cancel()
 		return nil, fmt.Errorf("watching ResourceSlices: %w", err)
 	}
+	defer func() { cancel(); w.Wait() }()
 	fw, err := fsnotify.NewWatcher()
 	if err != nil {
 		return nil, err
@@ -173,34 +182,31 @@ func runDRATarget(ctx context.Context, t Target, s Settings, cl *draCluster) (*R
 }
 
 // cleanupNode deletes the node's slices and the node.
-func cleanupNode(api *apiClient, node string) {
+func cleanupNode(api *apiclient.Client, node string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	_ = api.do(ctx, http.MethodDelete, pathResourceSlices+"?"+url.Values{"fieldSelector": {"spec.nodeName=" + node}}.Encode(), nil, nil)
-	_ = api.do(ctx, http.MethodDelete, pathNodes+"/"+node, nil, nil)
+	_ = api.Do(ctx, http.MethodDelete, apiclient.PathResourceSlices+"?"+url.Values{"fieldSelector": {"spec.nodeName=" + node}}.Encode(), nil, nil)
+	_ = api.Do(ctx, http.MethodDelete, apiclient.PathNodes+"/"+node, nil, nil)
 }
 
 // sliceBaseline is the time from dp-bench's own ResourceSlice create to
 // its watch event: the API server's share of a published slice.
-func sliceBaseline(ctx context.Context, api *apiClient, node string, events <-chan watchEvent) (time.Duration, error) {
+func sliceBaseline(ctx context.Context, api *apiclient.Client, node string, events <-chan apiclient.Event) (time.Duration, error) {
 	name := node + "-baseline"
-	sl := &resourceSlice{typeMeta: typeMeta{APIVersion: "resource.k8s.io/v1", Kind: "ResourceSlice"}, Metadata: objectMeta{Name: name},
-		Spec: resourceSliceSpec{Driver: "baseline.dp-bench.example.com", Pool: resourcePool{Name: node, ResourceSliceCount: 1},
-			NodeName: &node, Devices: []sliceDevice{{Name: "baseline-0"}}}}
+	sl := &apiclient.ResourceSlice{TypeMeta: apiclient.TypeMeta{APIVersion: "resource.k8s.io/v1", Kind: "ResourceSlice"}, Metadata: apiclient.ObjectMeta{Name: name},
+		Spec: apiclient.ResourceSliceSpec{Driver: "baseline.dp-bench.example.com", Pool: apiclient.ResourcePool{Name: node, ResourceSliceCount: 1},
+			NodeName: &node, Devices: []apiclient.SliceDevice{{Name: "baseline-0"}}}}
 	t0 := time.Now()
-	if err := api.do(ctx, http.MethodPost, pathResourceSlices, sl, nil); err != nil {
+	if err := api.Do(ctx, http.MethodPost, apiclient.PathResourceSlices, sl, nil); err != nil {
 		return 0, fmt.Errorf("baseline ResourceSlice: %w", err)
 	}
-	defer func() { _ = api.do(ctx, http.MethodDelete, pathResourceSlices+"/"+name, nil, nil) }()
+	defer func() { _ = api.Do(ctx, http.MethodDelete, apiclient.PathResourceSlices+"/"+name, nil, nil) }()
 	timeout := time.After(10 * time.Second)
 	for {
 		select {
-		case ev, ok := <-events:
-			if !ok {
-				return 0, errors.New("baseline ResourceSlice: the watch ended")
-			}
-			var s resourceSlice
-			if ev.Type == watchAdded && json.Unmarshal(ev.Object, &s) == nil && s.Metadata.Name == name {
+		case ev := <-events:
+			var s apiclient.ResourceSlice
+			if ev.Type == apiclient.Added && json.Unmarshal(ev.Object, &s) == nil && s.Metadata.Name == name {
 				return ev.At.Sub(t0), nil
 			}
 		case <-timeout:
@@ -218,10 +224,10 @@ type draSession struct {
 	r      *runDirs
 	p      *proc.Proc
 	res    *RunResult
-	api    *apiClient
+	api    *apiclient.Client
 	cl     *draCluster
 	node   string
-	events <-chan watchEvent
+	events <-chan apiclient.Event
 	fsw    *fsnotify.Watcher
 	idle   *proc.Proc
 
@@ -346,7 +352,7 @@ func sockets(dir string) []string {
 
 // pool is the driver's slices of one pool of the node, as the watch shows
 // them.
-type pool map[string]*resourceSlice
+type pool map[string]*apiclient.ResourceSlice
 
 // complete returns the devices of the pool's newest generation, in slice
 // order, and the number of its slices; ok is false while some are
@@ -356,7 +362,7 @@ func (pl pool) complete() (devices []string, n int, ok bool) {
 	for _, s := range pl {
 		gen = max(gen, s.Spec.Pool.Generation)
 	}
-	var cur []*resourceSlice
+	var cur []*apiclient.ResourceSlice
 	for _, s := range pl {
 		if s.Spec.Pool.Generation == gen {
 			cur = append(cur, s)
@@ -424,13 +430,9 @@ func (x *draSession) slices(ctx context.Context) error {
 	defer timeout.Stop()
 	for {
 		select {
-		case ev, ok := <-x.events:
-			if !ok {
-				x.res.fail("dra-slices", "the API server ended the watch")
-				return errors.New("the ResourceSlice watch ended")
-			}
-			s := &resourceSlice{}
-			if ev.Type == watchError || json.Unmarshal(ev.Object, s) != nil || s.Spec.Driver != x.t.DRA.Driver {
+		case ev := <-x.events:
+			s := &apiclient.ResourceSlice{}
+			if ev.Type == apiclient.Error || json.Unmarshal(ev.Object, s) != nil || s.Spec.Driver != x.t.DRA.Driver {
 				continue
 			}
 			if !ofNode(s.Spec.Pool.Name, x.node) {
@@ -440,7 +442,7 @@ func (x *draSession) slices(ctx context.Context) error {
 			if pl[s.Spec.Pool.Name] == nil {
 				pl[s.Spec.Pool.Name] = pool{}
 			}
-			if ev.Type == watchDeleted {
+			if ev.Type == apiclient.Deleted {
 				delete(pl[s.Spec.Pool.Name], s.Metadata.Name)
 			} else {
 				pl[s.Spec.Pool.Name][s.Metadata.Name] = s
@@ -476,15 +478,15 @@ func (x *draSession) slices(ctx context.Context) error {
 
 // createClaim makes a claim allocated to devs, as the scheduler leaves
 // it: created, then its status written.
-func (x *draSession) createClaim(ctx context.Context, devs []string) (*resourceClaim, error) {
+func (x *draSession) createClaim(ctx context.Context, devs []string) (*apiclient.ResourceClaim, error) {
 	want := benchClaim(benchNamespace, fmt.Sprintf("claim-%d", x.cl.claims.Add(1)), x.t.DRA.Driver, x.node, devs)
-	path := pathClaims(benchNamespace)
-	c := &resourceClaim{}
-	if err := x.api.do(ctx, http.MethodPost, path, &resourceClaim{typeMeta: want.typeMeta, Metadata: want.Metadata, Spec: want.Spec}, c); err != nil {
+	path := apiclient.PathClaims(benchNamespace)
+	c := &apiclient.ResourceClaim{}
+	if err := x.api.Do(ctx, http.MethodPost, path, &apiclient.ResourceClaim{TypeMeta: want.TypeMeta, Metadata: want.Metadata, Spec: want.Spec}, c); err != nil {
 		return nil, fmt.Errorf("creating claim %s: %w", want.Metadata.Name, err)
 	}
 	c.Status = want.Status
-	if err := x.api.do(ctx, http.MethodPut, path+"/"+c.Metadata.Name+"/status", c, c); err != nil {
+	if err := x.api.Do(ctx, http.MethodPut, path+"/"+c.Metadata.Name+"/status", c, c); err != nil {
 		return nil, fmt.Errorf("allocating claim %s: %w", want.Metadata.Name, err)
 	}
 	if c.Metadata.UID == "" || c.Status.Allocation == nil {
@@ -493,8 +495,8 @@ func (x *draSession) createClaim(ctx context.Context, devs []string) (*resourceC
 	return c, nil
 }
 
-func (x *draSession) deleteClaim(ctx context.Context, c *resourceClaim) {
-	_ = x.api.do(ctx, http.MethodDelete, pathClaims(c.Metadata.Namespace)+"/"+c.Metadata.Name, nil, nil)
+func (x *draSession) deleteClaim(ctx context.Context, c *apiclient.ResourceClaim) {
+	_ = x.api.Do(ctx, http.MethodDelete, apiclient.PathClaims(c.Metadata.Namespace)+"/"+c.Metadata.Name, nil, nil)
 }
 
 // pace waits until the API interval has passed since the last call that
@@ -535,7 +537,7 @@ func (x *draSession) timed(ctx context.Context, st *sizeTimes, get bool, call fu
 
 // prepare calls NodePrepareResources for c (the driver reads c from the
 // API server), timed after an empty RPC.
-func (x *draSession) prepare(ctx context.Context, st *sizeTimes, c *resourceClaim) (*drav1.NodePrepareResourcesResponse, time.Duration, error) {
+func (x *draSession) prepare(ctx context.Context, st *sizeTimes, c *apiclient.ResourceClaim) (*drav1.NodePrepareResourcesResponse, time.Duration, error) {
 	var resp *drav1.NodePrepareResourcesResponse
 	d, err := x.timed(ctx, st, true, func(ctx context.Context) (err error) {
 		resp, err = x.dra.Prepare(ctx, kubeletClaim(c))
@@ -681,7 +683,7 @@ func (x *draSession) cycle(ctx context.Context, n int, first bool, st *sizeTimes
 	// What every NodePrepareResources costs before the driver's own
 	// work: the helper reads the claim from the API server.
 	t0 := time.Now()
-	if err := x.api.do(ctx, http.MethodGet, pathClaims(c.Metadata.Namespace)+"/"+c.Metadata.Name, nil, &resourceClaim{}); err != nil {
+	if err := x.api.Do(ctx, http.MethodGet, apiclient.PathClaims(c.Metadata.Namespace)+"/"+c.Metadata.Name, nil, &apiclient.ResourceClaim{}); err != nil {
 		return fmt.Errorf("reading claim %s: %w", c.Metadata.Name, err)
 	}
 	st.get = append(st.get, time.Since(t0))

@@ -13,9 +13,10 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	drav1 "k8s.io/kubelet/pkg/apis/dra/v1"
 	"sigs.k8s.io/yaml"
+
+	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/apiclient"
 )
 
 // TestBenchClaim: the claim asks for as many devices as it is allocated,
@@ -57,7 +58,7 @@ func TestBenchClaim(t *testing.T) {
 	// The API server's answer, read back.
 	c.UID, c.ResourceVersion = "u-1", "7"
 	b, _ = json.Marshal(&c)
-	var got resourceClaim
+	var got apiclient.ResourceClaim
 	if err := json.Unmarshal(b, &got); err != nil {
 		t.Fatal(err)
 	}
@@ -65,47 +66,6 @@ func TestBenchClaim(t *testing.T) {
 		t.Errorf("kubelet's claim %+v, metadata %+v", k, got.Metadata)
 	}
 }
-
-// TestAPITypes: dp-bench's other objects are k8s.io/api's, and it reads
-// a slice and the API server's error as k8s.io/api writes them.
-func TestAPITypes(t *testing.T) {
-	nodeName := "n1"
-	for _, c := range []struct {
-		name string
-		obj  any
-		into any
-	}{
-		{"node", &node{typeMeta: typeMeta{APIVersion: "v1", Kind: "Node"}, Metadata: objectMeta{Name: "n1", Labels: map[string]string{"a": "b"}}}, &corev1.Node{}},
-		{"namespace", &namespace{typeMeta: typeMeta{APIVersion: "v1", Kind: "Namespace"}, Metadata: objectMeta{Name: "ns"}}, &corev1.Namespace{}},
-		{"slice", &resourceSlice{typeMeta: typeMeta{APIVersion: "resource.k8s.io/v1", Kind: "ResourceSlice"}, Metadata: objectMeta{Name: "s"},
-			Spec: resourceSliceSpec{Driver: "d", Pool: resourcePool{Name: "n1", Generation: 2, ResourceSliceCount: 1}, NodeName: &nodeName,
-				Devices: []sliceDevice{{Name: "d0"}}}}, &resourceapi.ResourceSlice{}},
-	} {
-		b, _ := json.Marshal(c.obj)
-		if err := yaml.UnmarshalStrict(b, c.into); err != nil {
-			t.Errorf("%s: %v\n%s", c.name, err, b)
-		}
-	}
-	written := resourceapi.ResourceSlice{ObjectMeta: metav1.ObjectMeta{Name: "s", UID: "u"}, Spec: resourceapi.ResourceSliceSpec{Driver: "d",
-		Pool: resourceapi.ResourcePool{Name: "n1", Generation: 3, ResourceSliceCount: 2}, NodeName: &nodeName,
-		Devices: []resourceapi.Device{{Name: "d0", Attributes: map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{"d/x": {StringValue: ptr("y")}}}, {Name: "d1"}}}}
-	b, _ := json.Marshal(written)
-	var s resourceSlice
-	if err := json.Unmarshal(b, &s); err != nil {
-		t.Fatal(err)
-	}
-	if s.Metadata.Name != "s" || s.Spec.Driver != "d" || s.Spec.Pool != (resourcePool{Name: "n1", Generation: 3, ResourceSliceCount: 2}) ||
-		*s.Spec.NodeName != "n1" || len(s.Spec.Devices) != 2 || s.Spec.Devices[1].Name != "d1" {
-		t.Errorf("slice read %+v", s)
-	}
-	b, _ = json.Marshal(metav1.Status{Status: metav1.StatusFailure, Reason: metav1.StatusReasonAlreadyExists, Message: "exists", Code: 409})
-	var st apiStatus
-	if err := json.Unmarshal(b, &st); err != nil || st.Reason != "AlreadyExists" || st.Message != "exists" || st.Code != 409 {
-		t.Errorf("status read %+v %v", st, err)
-	}
-}
-
-func ptr[T any](v T) *T { return &v }
 
 func dev(pool, name string, reqs []string, cdi ...string) *drav1.Device {
 	return &drav1.Device{PoolName: pool, DeviceName: name, RequestNames: reqs, CdiDeviceIds: cdi}
@@ -122,7 +82,7 @@ func TestCheckPrepared(t *testing.T) {
 	c.Metadata.UID = "u1"
 	// A result of another driver is not this driver's to answer.
 	c.Status.Allocation.Devices.Results = append(c.Status.Allocation.Devices.Results,
-		deviceRequestAllocationResult{Request: benchRequest, Driver: "other", Pool: "n1", Device: "x"})
+		apiclient.DeviceRequestAllocationResult{Request: benchRequest, Driver: "other", Pool: "n1", Device: "x"})
 	req := []string{benchRequest}
 	ok := &drav1.NodePrepareResourceResponse{Devices: []*drav1.Device{dev("n1", "d1", req, "k/c=d1"), dev("n1", "d0", req, "k/c=d0", "k/claim=u1")}}
 	if p := checkPrepared(c, "drv", answer("u1", ok)); len(p) != 0 {
@@ -232,11 +192,11 @@ func TestEvidence(t *testing.T) {
 // TestPoolComplete: a pool is complete when all slices of its newest
 // generation are there; devices in slice-name order.
 func TestPoolComplete(t *testing.T) {
-	sl := func(name string, gen, count int64, devs ...string) *resourceSlice {
-		s := &resourceSlice{Metadata: objectMeta{Name: name},
-			Spec: resourceSliceSpec{Pool: resourcePool{Name: "n", Generation: gen, ResourceSliceCount: count}}}
+	sl := func(name string, gen, count int64, devs ...string) *apiclient.ResourceSlice {
+		s := &apiclient.ResourceSlice{Metadata: apiclient.ObjectMeta{Name: name},
+			Spec: apiclient.ResourceSliceSpec{Pool: apiclient.ResourcePool{Name: "n", Generation: gen, ResourceSliceCount: count}}}
 		for _, d := range devs {
-			s.Spec.Devices = append(s.Spec.Devices, sliceDevice{Name: d})
+			s.Spec.Devices = append(s.Spec.Devices, apiclient.SliceDevice{Name: d})
 		}
 		return s
 	}
@@ -417,10 +377,10 @@ func TestNodePools(t *testing.T) {
 			t.Errorf("ofNode(%q, n) = %v", c.name, !c.want)
 		}
 	}
-	sl := func(pool, name string, count int64, devs ...string) *resourceSlice {
-		s := &resourceSlice{Metadata: objectMeta{Name: name}, Spec: resourceSliceSpec{Pool: resourcePool{Name: pool, Generation: 1, ResourceSliceCount: count}}}
+	sl := func(pool, name string, count int64, devs ...string) *apiclient.ResourceSlice {
+		s := &apiclient.ResourceSlice{Metadata: apiclient.ObjectMeta{Name: name}, Spec: apiclient.ResourceSliceSpec{Pool: apiclient.ResourcePool{Name: pool, Generation: 1, ResourceSliceCount: count}}}
 		for _, d := range devs {
-			s.Spec.Devices = append(s.Spec.Devices, sliceDevice{Name: d})
+			s.Spec.Devices = append(s.Spec.Devices, apiclient.SliceDevice{Name: d})
 		}
 		return s
 	}

@@ -10,6 +10,8 @@ import (
 	"strings"
 
 	drav1 "k8s.io/kubelet/pkg/apis/dra/v1"
+
+	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/apiclient"
 )
 
 // benchRequest is the name of the one request of the claims dp-bench makes,
@@ -25,17 +27,17 @@ const (
 // result per device, of driver in pool, for the request, and the node
 // selector of the node whose pool it is. The API server gives the claim
 // its UID when it is created; the status is written afterwards.
-func benchClaim(namespace, name, driver, node string, devices []string) *resourceClaim {
-	c := &resourceClaim{
-		typeMeta: typeMeta{APIVersion: "resource.k8s.io/v1", Kind: "ResourceClaim"},
-		Metadata: objectMeta{Namespace: namespace, Name: name},
-		Spec: claimSpec{Devices: deviceClaim{Requests: []deviceRequest{{
+func benchClaim(namespace, name, driver, node string, devices []string) *apiclient.ResourceClaim {
+	c := &apiclient.ResourceClaim{
+		TypeMeta: apiclient.TypeMeta{APIVersion: "resource.k8s.io/v1", Kind: "ResourceClaim"},
+		Metadata: apiclient.ObjectMeta{Namespace: namespace, Name: name},
+		Spec: apiclient.ClaimSpec{Devices: apiclient.DeviceClaim{Requests: []apiclient.DeviceRequest{{
 			Name:    benchRequest,
-			Exactly: &exactDeviceRequest{DeviceClassName: benchClass, AllocationMode: "ExactCount", Count: int64(len(devices))},
+			Exactly: &apiclient.ExactDeviceRequest{DeviceClassName: benchClass, AllocationMode: "ExactCount", Count: int64(len(devices))},
 		}}}},
 	}
-	alloc := &allocationResult{NodeSelector: &nodeSelector{NodeSelectorTerms: []nodeSelectorTerm{{
-		MatchFields: []nodeSelectorRequirement{{Key: "metadata.name", Operator: "In", Values: []string{node}}},
+	alloc := &apiclient.AllocationResult{NodeSelector: &apiclient.NodeSelector{NodeSelectorTerms: []apiclient.NodeSelectorTerm{{
+		MatchFields: []apiclient.NodeSelectorRequirement{{Key: "metadata.name", Operator: "In", Values: []string{node}}},
 	}}}}
 	for _, d := range devices {
 		// <pool>/<device>, or a device of the pool named after the node
@@ -44,7 +46,7 @@ func benchClaim(namespace, name, driver, node string, devices []string) *resourc
 		if i := strings.LastIndex(d, "/"); i >= 0 {
 			pool, dev = d[:i], d[i+1:]
 		}
-		alloc.Devices.Results = append(alloc.Devices.Results, deviceRequestAllocationResult{
+		alloc.Devices.Results = append(alloc.Devices.Results, apiclient.DeviceRequestAllocationResult{
 			Request: benchRequest, Driver: driver, Pool: pool, Device: dev})
 	}
 	c.Status.Allocation = alloc
@@ -52,7 +54,7 @@ func benchClaim(namespace, name, driver, node string, devices []string) *resourc
 }
 
 // kubeletClaim is the claim as the kubelet names it in its calls.
-func kubeletClaim(c *resourceClaim) *drav1.Claim {
+func kubeletClaim(c *apiclient.ResourceClaim) *drav1.Claim {
 	return &drav1.Claim{Namespace: c.Metadata.Namespace, Name: c.Metadata.Name, Uid: c.Metadata.UID}
 }
 
@@ -61,7 +63,7 @@ func kubeletClaim(c *resourceClaim) *drav1.Claim {
 // error, every device of driver that c's allocation names exactly once,
 // with the allocation's pool, its request and at least one CDI ID, and
 // no other device.
-func checkPrepared(c *resourceClaim, driver string, resp *drav1.NodePrepareResourcesResponse) []string {
+func checkPrepared(c *apiclient.ResourceClaim, driver string, resp *drav1.NodePrepareResourcesResponse) []string {
 	got, ok := resp.GetClaims()[c.Metadata.UID]
 	switch {
 	case !ok:

@@ -18,6 +18,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/apiclient"
 	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/proc"
 	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/stats"
 )
@@ -246,6 +247,7 @@ func (f *fleet) run(ctx context.Context) error {
 	if f.st, err = trackSlices(wctx, api, f.t.DRA.Driver, want, f.logf); err != nil {
 		return err
 	}
+	defer func() { cancel(); f.st.wait() }()
 
 	// Start: every driver at once.
 	start := time.Now()
@@ -332,7 +334,7 @@ func (f *fleet) createPods(ctx context.Context, prefix string, count int) ([]str
 	}
 	err := parallel(count, 32, func(i int) error {
 		f.k.created(names[i], time.Now())
-		return f.fc.cp.Client.do(ctx, http.MethodPost, pathNamespaces+"/"+fleetNamespace+"/pods", claimPod(names[i], f.tpl), nil)
+		return f.fc.cp.Client.Do(ctx, http.MethodPost, apiclient.PathPods(fleetNamespace), claimPod(names[i], f.tpl), nil)
 	})
 	return names, err
 }
@@ -425,9 +427,9 @@ func (f *fleet) waitNoClaims(ctx context.Context, timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
 	for {
 		var list struct {
-			Items []resourceClaim `json:"items"`
+			Items []apiclient.ResourceClaim `json:"items"`
 		}
-		if err := f.fc.cp.Client.do(ctx, http.MethodGet, pathClaims(fleetNamespace), nil, &list); err != nil {
+		if err := f.fc.cp.Client.Do(ctx, http.MethodGet, apiclient.PathClaims(fleetNamespace), nil, &list); err != nil {
 			return fmt.Errorf("listing claims: %w", err)
 		}
 		if len(list.Items) == 0 {

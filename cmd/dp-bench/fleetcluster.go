@@ -2,12 +2,9 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"maps"
 	"net/http"
-	"net/url"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -15,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/apiclient"
 	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/proc"
 )
 
@@ -59,8 +57,8 @@ func startFleetCluster(ctx context.Context, cpo ControlPlaneOptions, fo *fleetOp
 		fc.stop()
 		return nil, err
 	}
-	var v apiVersion
-	if err := fc.cp.Client.do(ctx, http.MethodGet, "/version", nil, &v); err == nil {
+	var v apiclient.Version
+	if err := fc.cp.Client.Do(ctx, http.MethodGet, "/version", nil, &v); err == nil {
 		fc.version = v.GitVersion
 	}
 	common := []string{"--kubeconfig", fc.cp.Kubeconfig, "--leader-elect=false", "--secure-port=0",
@@ -121,10 +119,10 @@ func (fc *fleetCluster) objects(ctx context.Context) error {
 		path string
 		obj  any
 	}{
-		{pathNamespaces, map[string]any{"apiVersion": "v1", "kind": "Namespace", "metadata": map[string]any{"name": fleetNamespace}}},
-		{pathNamespaces + "/" + fleetNamespace + "/serviceaccounts", map[string]any{"apiVersion": "v1", "kind": "ServiceAccount", "metadata": map[string]any{"name": "default"}}},
+		{apiclient.PathNamespaces, map[string]any{"apiVersion": "v1", "kind": "Namespace", "metadata": map[string]any{"name": fleetNamespace}}},
+		{apiclient.PathNamespaces + "/" + fleetNamespace + "/serviceaccounts", map[string]any{"apiVersion": "v1", "kind": "ServiceAccount", "metadata": map[string]any{"name": "default"}}},
 	} {
-		if err := api.do(ctx, http.MethodPost, o.path, o.obj, nil); err != nil && !isAlreadyExists(err) {
+		if err := api.Do(ctx, http.MethodPost, o.path, o.obj, nil); err != nil && !apiclient.IsAlreadyExists(err) {
 			return fmt.Errorf("%s: %w", o.path, err)
 		}
 	}
@@ -150,7 +148,7 @@ func (fc *fleetCluster) driverObjects(ctx context.Context, driver string) (strin
 				"exactly": map[string]any{"deviceClassName": class, "allocationMode": "ExactCount", "count": 1}}}}}}}},
 	}
 	for _, o := range objs {
-		if err := api.do(ctx, http.MethodPost, o.path, o.obj, nil); err != nil && !isAlreadyExists(err) {
+		if err := api.Do(ctx, http.MethodPost, o.path, o.obj, nil); err != nil && !apiclient.IsAlreadyExists(err) {
 			return "", fmt.Errorf("%s: %w", o.path, err)
 		}
 	}
@@ -163,7 +161,7 @@ func (fc *fleetCluster) makeNode(ctx context.Context, name string) error {
 	api := fc.cp.Client
 	n := map[string]any{"apiVersion": "v1", "kind": "Node", "metadata": map[string]any{"name": name,
 		"labels": map[string]string{"kubernetes.io/hostname": name, "kubernetes.io/os": "linux"}}}
-	if err := api.do(ctx, http.MethodPost, pathNodes, n, nil); err != nil && !isAlreadyExists(err) {
+	if err := api.Do(ctx, http.MethodPost, apiclient.PathNodes, n, nil); err != nil && !apiclient.IsAlreadyExists(err) {
 		return fmt.Errorf("node %s: %w", name, err)
 	}
 	now := time.Now().UTC().Format(time.RFC3339)
@@ -171,13 +169,13 @@ func (fc *fleetCluster) makeNode(ctx context.Context, name string) error {
 	status := map[string]any{"status": map[string]any{"capacity": res, "allocatable": res,
 		"conditions": []any{map[string]any{"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "dp-bench fleet",
 			"lastHeartbeatTime": now, "lastTransitionTime": now}}}}
-	if err := api.mergePatch(ctx, pathNodes+"/"+name+"/status", status); err != nil {
+	if err := api.MergePatch(ctx, apiclient.PathNodes+"/"+name+"/status", status); err != nil {
 		return fmt.Errorf("node %s status: %w", name, err)
 	}
 	// The TaintNodesByCondition admission put node.kubernetes.io/not-ready
 	// on the new node; the node lifecycle controller (not run) would take
 	// it off once the node is Ready.
-	if err := api.mergePatch(ctx, pathNodes+"/"+name, map[string]any{"spec": map[string]any{"taints": nil}}); err != nil {
+	if err := api.MergePatch(ctx, apiclient.PathNodes+"/"+name, map[string]any{"spec": map[string]any{"taints": nil}}); err != nil {
 		return fmt.Errorf("node %s taints: %w", name, err)
 	}
 	return nil
@@ -204,7 +202,7 @@ func (fc *fleetCluster) nodeKubeconfig(node string) (string, error) {
 // metrics scrapes apiserver_request_total.
 func (fc *fleetCluster) metrics(ctx context.Context) ([]requestCount, error) {
 	var body string
-	if err := fc.cp.Client.do(ctx, http.MethodGet, "/metrics", nil, &body); err != nil {
+	if err := fc.cp.Client.Do(ctx, http.MethodGet, "/metrics", nil, &body); err != nil {
 		return nil, err
 	}
 	return parseRequestTotals(strings.NewReader(body))
@@ -228,11 +226,6 @@ func (fc *fleetCluster) apiserverRSS() int64 {
 		return 0
 	}
 	return s.RSS
-}
-
-// mergePatch sends a JSON merge patch.
-func (c *apiClient) mergePatch(ctx context.Context, path string, in any) error {
-	return c.send(ctx, http.MethodPatch, path, "application/merge-patch+json", in, nil)
 }
 
 // parallel runs f(0..n-1) on at most width goroutines and returns the
@@ -269,71 +262,3 @@ func parallel(n, width int, f func(i int) error) error {
 
 // fleetNodeName is node i's name.
 func fleetNodeName(i int) string { return "fleet-node-" + strconv.Itoa(i) }
-
-// watchAlways watches path until ctx is done, watching again whenever a
-// watch ends (the API server ends one that falls behind): from the last
-// resourceVersion seen, so that no event is lost or sent twice, or, when
-// the API server no longer has it (410 Gone), from now (the API server
-// then sends every object as ADDED first). Each event goes to handle,
-// each end to logf with its cause.
-func watchAlways(ctx context.Context, api *apiClient, path string, q url.Values, handle func(watchEvent), logf func(string, ...any)) error {
-	var rv string
-	open := func() (*http.Response, error) {
-		qq := maps.Clone(q)
-		if rv != "" {
-			qq.Set("resourceVersion", rv)
-			qq.Set("allowWatchBookmarks", "true")
-		}
-		return api.openWatch(ctx, path, qq)
-	}
-	resp, err := open()
-	if err != nil {
-		return err
-	}
-	go func() {
-		for {
-			dec := json.NewDecoder(resp.Body)
-			for {
-				var ev watchEvent
-				if err = dec.Decode(&ev); err != nil {
-					break
-				}
-				ev.At = time.Now()
-				var obj struct {
-					Code     int        `json:"code"` // of an ERROR's Status
-					Metadata objectMeta `json:"metadata"`
-				}
-				_ = json.Unmarshal(ev.Object, &obj)
-				if ev.Type == watchError {
-					if obj.Code == http.StatusGone {
-						rv = "" // too old: from now, with every object
-					}
-					err = fmt.Errorf("watch error %s", ev.Object)
-					break
-				}
-				if obj.Metadata.ResourceVersion != "" {
-					rv = obj.Metadata.ResourceVersion
-				}
-				if ev.Type == watchBookmark {
-					continue
-				}
-				handle(ev)
-			}
-			resp.Body.Close()
-			for ctx.Err() == nil {
-				logf("the watch of %s ended (%v): watching again from resourceVersion %q", path, err, rv)
-				if resp, err = open(); err == nil {
-					break
-				}
-				if isGone(err) {
-					rv = ""
-				}
-				_ = proc.Sleep(ctx, 100*time.Millisecond)
-			}
-			if ctx.Err() != nil {
-				return
-			}
-		}
-	}()
-	return nil
-}

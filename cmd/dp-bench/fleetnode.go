@@ -16,6 +16,7 @@ import (
 
 	drav1 "k8s.io/kubelet/pkg/apis/dra/v1"
 
+	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/apiclient"
 	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/proc"
 	"github.com/cdi-device-plugin/cdi-device-plugin/internal/kubeletsim"
 )
@@ -251,25 +252,6 @@ func (n *fleetNode) stop() {
 	n.r.cleanup()
 }
 
-// fleetPod is the part of a Pod the kubelet stand-in reads.
-type fleetPod struct {
-	Metadata objectMeta `json:"metadata"`
-	Spec     struct {
-		NodeName string `json:"nodeName"`
-	} `json:"spec"`
-	Status struct {
-		Phase                 string `json:"phase"`
-		ResourceClaimStatuses []struct {
-			Name              string  `json:"name"`
-			ResourceClaimName *string `json:"resourceClaimName"`
-		} `json:"resourceClaimStatuses"`
-		Conditions []struct {
-			Type   string `json:"type"`
-			Status string `json:"status"`
-		} `json:"conditions"`
-	} `json:"status"`
-}
-
 // claimPod is a pod of 1 device claimed from the template tpl, with a
 // container that never runs (nothing runs containers here).
 func claimPod(name, tpl string) map[string]any {
@@ -316,7 +298,7 @@ func (t *podTimes) lastClaim() string {
 // a time, retrying a failed call every 200 ms as the kubelet retries a
 // pod's sync.
 type kubelet struct {
-	api   *apiClient
+	api   *apiclient.Client
 	logf  func(string, ...any)
 	nodes map[string]*fleetNode
 
@@ -328,13 +310,14 @@ type kubelet struct {
 
 	work map[string]chan prepareWork
 	wg   sync.WaitGroup
+	w    *apiclient.Watcher
 }
 
 type prepareWork struct {
 	pod string
 }
 
-func newKubelet(api *apiClient, nodes []*fleetNode, logf func(string, ...any)) *kubelet {
+func newKubelet(api *apiclient.Client, nodes []*fleetNode, logf func(string, ...any)) *kubelet {
 	k := &kubelet{api: api, logf: logf, nodes: map[string]*fleetNode{}, pods: map[string]*podTimes{}, queued: map[string]bool{},
 		changed: make(chan struct{}, 1), work: map[string]chan prepareWork{}}
 	for _, n := range nodes {
@@ -346,9 +329,11 @@ func newKubelet(api *apiClient, nodes []*fleetNode, logf func(string, ...any)) *
 
 // run watches the pods and prepares them until ctx is done.
 func (k *kubelet) run(ctx context.Context) error {
-	if err := watchAlways(ctx, k.api, pathNamespaces+"/"+fleetNamespace+"/pods", url.Values{}, k.event, k.logf); err != nil {
+	w, err := k.api.Watch(ctx, apiclient.PathPods(fleetNamespace), url.Values{}, k.event, k.logf)
+	if err != nil {
 		return fmt.Errorf("watching pods: %w", err)
 	}
+	k.w = w
 	for name, ch := range k.work {
 		n := k.nodes[name]
 		k.wg.Add(1)
@@ -360,8 +345,13 @@ func (k *kubelet) run(ctx context.Context) error {
 	return nil
 }
 
-// wait joins the goroutines (after ctx is done).
-func (k *kubelet) wait() { k.wg.Wait() }
+// wait joins the goroutines and the watch (after ctx is done).
+func (k *kubelet) wait() {
+	k.wg.Wait()
+	if k.w != nil {
+		k.w.Wait()
+	}
+}
 
 // created records a pod's creation.
 func (k *kubelet) created(name string, at time.Time) {
@@ -373,9 +363,9 @@ func (k *kubelet) created(name string, at time.Time) {
 	k.pods[name].created = at
 }
 
-func (k *kubelet) event(ev watchEvent) {
-	var p fleetPod
-	if ev.Type == watchError || json.Unmarshal(ev.Object, &p) != nil {
+func (k *kubelet) event(ev apiclient.Event) {
+	var p apiclient.Pod
+	if ev.Type == apiclient.Error || json.Unmarshal(ev.Object, &p) != nil {
 		return
 	}
 	k.mu.Lock()
@@ -386,7 +376,7 @@ func (k *kubelet) event(ev watchEvent) {
 		k.pods[p.Metadata.Name] = t
 	}
 	defer k.notify()
-	if ev.Type == watchDeleted {
+	if ev.Type == apiclient.Deleted {
 		if !t.released {
 			t.failed = "deleted"
 		}
@@ -452,8 +442,8 @@ func (k *kubelet) worker(ctx context.Context, n *fleetNode, ch <-chan prepareWor
 			k.mu.Lock()
 			name := k.pods[w.pod].lastClaim()
 			k.mu.Unlock()
-			var c resourceClaim
-			err := k.api.do(ctx, http.MethodGet, pathClaims(fleetNamespace)+"/"+name, nil, &c)
+			var c apiclient.ResourceClaim
+			err := k.api.Do(ctx, http.MethodGet, apiclient.PathClaims(fleetNamespace)+"/"+name, nil, &c)
 			if err == nil {
 				claim = &drav1.Claim{Namespace: fleetNamespace, Name: name, Uid: c.Metadata.UID}
 				start := time.Now()
@@ -505,7 +495,7 @@ func (k *kubelet) finish(ctx context.Context, names []string) error {
 	}
 	k.mu.Unlock()
 	return parallel(len(names), 16, func(i int) error {
-		if err := k.api.do(ctx, http.MethodDelete, pathNamespaces+"/"+fleetNamespace+"/pods/"+names[i]+"?gracePeriodSeconds=0", nil, nil); err != nil && !isNotFound(err) {
+		if err := k.api.Do(ctx, http.MethodDelete, apiclient.PathNamespaces+"/"+fleetNamespace+"/pods/"+names[i]+"?gracePeriodSeconds=0", nil, nil); err != nil && !apiclient.IsNotFound(err) {
 			return fmt.Errorf("deleting pod %s: %w", names[i], err)
 		}
 		k.mu.Lock()
@@ -522,7 +512,7 @@ func (k *kubelet) finish(ctx context.Context, names []string) error {
 		if err := n.unprepare(ctx, c); err != nil {
 			return fmt.Errorf("pod %s: unpreparing %w", names[i], err)
 		}
-		if err := k.api.do(ctx, http.MethodDelete, pathClaims(fleetNamespace)+"/"+c.Name, nil, nil); err != nil && !isNotFound(err) {
+		if err := k.api.Do(ctx, http.MethodDelete, apiclient.PathClaims(fleetNamespace)+"/"+c.Name, nil, nil); err != nil && !apiclient.IsNotFound(err) {
 			return fmt.Errorf("pod %s: deleting claim %s: %w", names[i], c.Name, err)
 		}
 		return nil

@@ -7,22 +7,9 @@ import (
 	"net/url"
 	"sync"
 	"time"
-)
 
-// fleetSlice is the part of a ResourceSlice the fleet reads.
-type fleetSlice struct {
-	Metadata objectMeta `json:"metadata"`
-	Spec     struct {
-		Driver   string  `json:"driver"`
-		NodeName *string `json:"nodeName"`
-		Devices  []struct {
-			Name   string `json:"name"`
-			Taints []struct {
-				Key string `json:"key"`
-			} `json:"taints"`
-		} `json:"devices"`
-	} `json:"spec"`
-}
+	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/apiclient"
+)
 
 // sliceState is what one node's slices of the driver show: devices and
 // how many carry a taint; clean is since when all expected devices are
@@ -38,31 +25,37 @@ type sliceTracker struct {
 	want   int // devices per node
 
 	mu      sync.Mutex
-	slices  map[string]fleetSlice // by name
+	slices  map[string]apiclient.ResourceSlice // by name
 	nodes   map[string]*sliceState
 	events  int
 	changed chan struct{}
 	done    <-chan struct{}
+	w       *apiclient.Watcher
 }
 
-func trackSlices(ctx context.Context, api *apiClient, driver string, want int, logf func(string, ...any)) (*sliceTracker, error) {
-	st := &sliceTracker{driver: driver, want: want, slices: map[string]fleetSlice{}, nodes: map[string]*sliceState{},
+func trackSlices(ctx context.Context, api *apiclient.Client, driver string, want int, logf func(string, ...any)) (*sliceTracker, error) {
+	st := &sliceTracker{driver: driver, want: want, slices: map[string]apiclient.ResourceSlice{}, nodes: map[string]*sliceState{},
 		changed: make(chan struct{}, 1), done: ctx.Done()}
-	if err := watchAlways(ctx, api, pathResourceSlices, url.Values{}, st.event, logf); err != nil {
+	w, err := api.Watch(ctx, apiclient.PathResourceSlices, url.Values{}, st.event, logf)
+	if err != nil {
 		return nil, fmt.Errorf("watching ResourceSlices: %w", err)
 	}
+	st.w = w
 	return st, nil
 }
 
-func (st *sliceTracker) event(ev watchEvent) {
-	var s fleetSlice
-	if ev.Type == watchError || json.Unmarshal(ev.Object, &s) != nil || s.Spec.Driver != st.driver || s.Spec.NodeName == nil {
+// wait joins the watch (after its context is done).
+func (st *sliceTracker) wait() { st.w.Wait() }
+
+func (st *sliceTracker) event(ev apiclient.Event) {
+	var s apiclient.ResourceSlice
+	if ev.Type == apiclient.Error || json.Unmarshal(ev.Object, &s) != nil || s.Spec.Driver != st.driver || s.Spec.NodeName == nil {
 		return
 	}
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	st.events++
-	if ev.Type == watchDeleted {
+	if ev.Type == apiclient.Deleted {
 		delete(st.slices, s.Metadata.Name)
 	} else {
 		st.slices[s.Metadata.Name] = s

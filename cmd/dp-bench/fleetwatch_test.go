@@ -1,97 +1,15 @@
 package main
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
-	"net/http"
-	"net/http/httptest"
-	"net/url"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
-)
 
-// TestWatchAlwaysResumes: a watch the API server ends is opened again
-// from the last resourceVersion seen (bookmarks included), so that the
-// events in between are neither lost nor sent twice; after a 410 Gone
-// (as an ERROR event or as the answer) it is opened from now, without
-// one.
-func TestWatchAlwaysResumes(t *testing.T) {
-	var mu sync.Mutex
-	var asked []string // each watch's resourceVersion
-	ev := func(typ, rv string) string {
-		return fmt.Sprintf(`{"type":%q,"object":{"kind":"Pod","metadata":{"name":"p%s","resourceVersion":%q}}}`+"\n", typ, rv, rv)
-	}
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		mu.Lock()
-		asked = append(asked, r.URL.Query().Get("resourceVersion"))
-		n := len(asked)
-		mu.Unlock()
-		switch n {
-		case 1: // from now: two objects, then the server ends the watch
-			fmt.Fprint(w, ev("ADDED", "5"), ev("ADDED", "6"))
-		case 2: // resumed: one change and a bookmark, then ends again
-			fmt.Fprint(w, ev("MODIFIED", "7"), `{"type":"BOOKMARK","object":{"kind":"Pod","metadata":{"resourceVersion":"9"}}}`+"\n")
-		case 3: // too old now
-			fmt.Fprint(w, `{"type":"ERROR","object":{"kind":"Status","apiVersion":"v1","status":"Failure","reason":"Expired","code":410}}`+"\n")
-		case 4: // from now again: every object
-			fmt.Fprint(w, ev("ADDED", "12"))
-		case 5:
-			w.WriteHeader(http.StatusGone)
-			fmt.Fprint(w, `{"kind":"Status","code":410}`)
-		default:
-			w.(http.Flusher).Flush()
-			<-r.Context().Done()
-		}
-	}))
-	defer srv.Close()
-	api := &apiClient{base: srv.URL, http: srv.Client()}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	var got []string
-	seen := make(chan struct{}, 16)
-	handle := func(e watchEvent) {
-		var o struct{ Metadata objectMeta }
-		_ = json.Unmarshal(e.Object, &o)
-		mu.Lock()
-		got = append(got, e.Type+" "+o.Metadata.Name)
-		mu.Unlock()
-		seen <- struct{}{}
-	}
-	if err := watchAlways(ctx, api, "/api/v1/pods", url.Values{}, handle, func(string, ...any) {}); err != nil {
-		t.Fatal(err)
-	}
-	deadline := time.After(10 * time.Second)
-	for {
-		mu.Lock()
-		done := len(asked) >= 6
-		mu.Unlock()
-		if done {
-			break
-		}
-		select {
-		case <-seen:
-		case <-deadline:
-			mu.Lock()
-			t.Fatalf("watches asked %q, events %q: not 6 watches within 10s", asked, got)
-		case <-time.After(10 * time.Millisecond):
-		}
-	}
-	cancel()
-	mu.Lock()
-	defer mu.Unlock()
-	wantAsked := []string{"", "6", "9", "", "12", ""}
-	if strings.Join(asked[:6], ",") != strings.Join(wantAsked, ",") {
-		t.Errorf("the watches asked from resourceVersions %q, want %q", asked[:6], wantAsked)
-	}
-	wantGot := []string{"ADDED p5", "ADDED p6", "MODIFIED p7", "ADDED p12"}
-	if strings.Join(got, ",") != strings.Join(wantGot, ",") {
-		t.Errorf("events %q, want %q (no bookmark, no error)", got, wantGot)
-	}
-}
+	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/apiclient"
+)
 
 // TestPodLatencies: binding → prepared per pod takes the audit log's
 // binding where it has the pod, else the watch's; a pod not prepared is
@@ -124,7 +42,7 @@ func TestStandInFollowsClaim(t *testing.T) {
 	k := newKubelet(nil, nil, func(f string, a ...any) { logged = append(logged, fmt.Sprintf(f, a...)) })
 	work := make(chan prepareWork, 4)
 	k.work["n1"] = work
-	pod := func(node, claim string) watchEvent {
+	pod := func(node, claim string) apiclient.Event {
 		st := map[string]any{}
 		if claim != "" {
 			st["resourceClaimStatuses"] = []map[string]any{{"name": "dev", "resourceClaimName": claim}}
@@ -133,7 +51,7 @@ func TestStandInFollowsClaim(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		return watchEvent{Type: watchModified, Object: b, At: time.Now()}
+		return apiclient.Event{Type: apiclient.Modified, Object: b, At: time.Now()}
 	}
 	k.event(pod("", "c1"))   // not bound yet
 	k.event(pod("n1", ""))   // bound, no claim yet

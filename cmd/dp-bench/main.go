@@ -255,7 +255,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			}
 			var res *RunResult
 			if t.DRA != nil {
-				res, err = runDRATarget(ctx, *t, o.settings, cl)
+				res, err = runDRATarget(ctx, *t, o.settings, cl, func(format string, a ...any) {
+					fmt.Fprintf(stderr, "dp-bench: %s: "+format+"\n", append([]any{t.Label()}, a...)...)
+				})
 			} else {
 				res, err = runTarget(ctx, *t, o.settings)
 			}
