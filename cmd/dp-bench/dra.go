@@ -20,6 +20,7 @@ import (
 	drav1 "k8s.io/kubelet/pkg/apis/dra/v1"
 
 	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/apiclient"
+	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/controlplane"
 	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/proc"
 	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/stats"
 	"github.com/cdi-device-plugin/cdi-device-plugin/internal/kubeletsim"
@@ -79,23 +80,18 @@ const benchNamespace = "dp-bench"
 
 // draCluster is the API server all DRA runs share.
 type draCluster struct {
-	cp      *ControlPlane
-	version string
-	nodes   atomic.Int64
-	claims  atomic.Int64
+	cp     *controlplane.ControlPlane
+	nodes  atomic.Int64
+	claims atomic.Int64
 }
 
 // startCluster starts the control plane and makes the claims' namespace.
-func startCluster(ctx context.Context, o ControlPlaneOptions) (*draCluster, error) {
-	cp, err := StartControlPlane(ctx, o)
+func startCluster(ctx context.Context, o controlplane.Options) (*draCluster, error) {
+	cp, err := controlplane.Start(ctx, o)
 	if err != nil {
 		return nil, err
 	}
 	cl := &draCluster{cp: cp}
-	var v apiclient.Version
-	if err := cp.Client.Do(ctx, http.MethodGet, "/version", nil, &v); err == nil {
-		cl.version = v.GitVersion
-	}
 	ns := &apiclient.Namespace{TypeMeta: apiclient.TypeMeta{APIVersion: "v1", Kind: "Namespace"}, Metadata: apiclient.ObjectMeta{Name: benchNamespace}}
 	if err := cp.Client.Do(ctx, http.MethodPost, apiclient.PathNamespaces, ns, nil); err != nil && !apiclient.IsAlreadyExists(err) {
 		cp.Stop()

@@ -202,7 +202,7 @@ func runFleetTarget(ctx context.Context, t Target, o *options, fo *fleetOptions,
 	if err := f.run(ctx); err != nil {
 		ft.Err = err.Error()
 	}
-	return ft, fc.version
+	return ft, fc.cp.Version
 }
 
 // fleet is one driver's fleet in progress.

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/apiclient"
+	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/controlplane"
 	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/proc"
 )
 
@@ -29,10 +30,9 @@ import (
 // kubelet's, not the driver's, and that a 2-core machine would pay for
 // at N=100. The Node objects are made Ready once (status) and stay so.
 type fleetCluster struct {
-	cp       *ControlPlane
+	cp       *controlplane.ControlPlane
 	dir      string
 	auditLog string
-	version  string
 	others   []*proc.Proc // scheduler, controller-manager
 }
 
@@ -40,7 +40,7 @@ type fleetCluster struct {
 const fleetNamespace = "fleet"
 
 // startFleetCluster starts the control plane with fo's binaries.
-func startFleetCluster(ctx context.Context, cpo ControlPlaneOptions, fo *fleetOptions) (*fleetCluster, error) {
+func startFleetCluster(ctx context.Context, cpo controlplane.Options, fo *fleetOptions) (*fleetCluster, error) {
 	dir, err := os.MkdirTemp("", "dpb-fleet")
 	if err != nil {
 		return nil, err
@@ -53,13 +53,9 @@ func startFleetCluster(ctx context.Context, cpo ControlPlaneOptions, fo *fleetOp
 	}
 	cpo.Args = append(cpo.Args, "--audit-policy-file", policy, "--audit-log-path", fc.auditLog, "--audit-log-maxsize", "0",
 		"--audit-log-mode", "batch", "--audit-log-batch-max-wait", "200ms")
-	if fc.cp, err = StartControlPlane(ctx, cpo); err != nil {
+	if fc.cp, err = controlplane.Start(ctx, cpo); err != nil {
 		fc.stop()
 		return nil, err
-	}
-	var v apiclient.Version
-	if err := fc.cp.Client.Do(ctx, http.MethodGet, "/version", nil, &v); err == nil {
-		fc.version = v.GitVersion
 	}
 	common := []string{"--kubeconfig", fc.cp.Kubeconfig, "--leader-elect=false", "--secure-port=0",
 		"--kube-api-qps=5000", "--kube-api-burst=5000"}
@@ -77,7 +73,7 @@ func startFleetCluster(ctx context.Context, cpo ControlPlaneOptions, fo *fleetOp
 			fc.stop()
 			return nil, errors.New("-kube-scheduler and -kube-controller-manager are needed with -fleet")
 		}
-		p, err := startCP(c.bin, append(append([]string{}, common...), c.args...)...)
+		p, err := controlplane.Run(c.bin, append(append([]string{}, common...), c.args...)...)
 		if err != nil {
 			fc.stop()
 			return nil, fmt.Errorf("%s: %w", filepath.Base(c.bin), err)
@@ -221,7 +217,7 @@ func (fc *fleetCluster) audit() ([]auditWrite, error) {
 
 // apiserverRSS is the API server's resident memory, bytes.
 func (fc *fleetCluster) apiserverRSS() int64 {
-	s, err := proc.Read(fc.cp.apiserver.Pid())
+	s, err := proc.Read(fc.cp.APIServer.Pid())
 	if err != nil {
 		return 0
 	}

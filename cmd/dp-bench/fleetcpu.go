@@ -44,7 +44,7 @@ func (f *fleet) cpu() cpuSample {
 			drivers = append(drivers, n.process().Pid())
 		}
 	}
-	cp := []int{f.fc.cp.etcd.Pid(), f.fc.cp.apiserver.Pid()}
+	cp := []int{f.fc.cp.Etcd.Pid(), f.fc.cp.APIServer.Pid()}
 	for _, p := range f.fc.others {
 		cp = append(cp, p.Pid())
 	}

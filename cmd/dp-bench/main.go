@@ -38,6 +38,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/controlplane"
 	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/proc"
 )
 
@@ -55,7 +56,7 @@ func main() {
 type options struct {
 	targets  []Target
 	settings Settings
-	cp       ControlPlaneOptions
+	cp       controlplane.Options
 	runs     int
 	jsonOut  string
 	mdOut    string
@@ -244,7 +245,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			fmt.Fprintf(stderr, "dp-bench: DRA drivers not run: %v\n", setupErr[0])
 		} else {
 			defer cl.stop()
-			rep.APIServer = cl.version
+			rep.APIServer = cl.cp.Version
 		}
 	}
 	for i := 0; i < o.runs && ctx.Err() == nil; i++ {

@@ -1,4 +1,11 @@
-package main
+// Package controlplane runs a private etcd and kube-apiserver on loopback
+// ports, from binaries given to dp-bench (the e2e node's,
+// e2e/local/build-binaries.sh), with their data and certificates (a CA,
+// the API server's serving certificate, a client of system:masters, the
+// service-account key) in a directory of their own; and, for the fleet,
+// more control-plane binaries against it (Run). The DRA session and the
+// fleet drive their drivers against it.
+package controlplane
 
 import (
 	"context"
@@ -22,24 +29,25 @@ import (
 	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/proc"
 )
 
-// ControlPlane is a private etcd and kube-apiserver on loopback ports, for
-// the DRA targets: a DRA driver publishes ResourceSlices and reads the
-// ResourceClaims it is asked to prepare. Both run from binaries given to
-// dp-bench (the e2e node's, e2e/local/build-binaries.sh), with their data
-// and certificates in a directory of their own.
+// ControlPlane is a private etcd and kube-apiserver: a DRA driver
+// publishes ResourceSlices to it and reads the ResourceClaims it is asked
+// to prepare.
 type ControlPlane struct {
 	// Kubeconfig is a kubeconfig file with a client certificate of the
 	// group system:masters, for the drivers under test.
 	Kubeconfig string
 	// Client is dp-bench's own client, not rate-limited.
 	Client *apiclient.Client
+	// Version is the API server's version ("" when /version did not say).
+	Version string
+	// Etcd and APIServer are the processes.
+	Etcd, APIServer *proc.Proc
 
-	dir             string
-	etcd, apiserver *proc.Proc
+	dir string
 }
 
-// ControlPlaneOptions say what to run.
-type ControlPlaneOptions struct {
+// Options say what to run.
+type Options struct {
 	// APIServer and Etcd are the binaries.
 	APIServer, Etcd string
 	// FeatureGates is kube-apiserver's --feature-gates ("": none).
@@ -50,9 +58,9 @@ type ControlPlaneOptions struct {
 	Args []string
 }
 
-// StartControlPlane starts etcd and kube-apiserver and waits until the API
-// server is ready. Stop ends both and removes their directory.
-func StartControlPlane(ctx context.Context, o ControlPlaneOptions) (*ControlPlane, error) {
+// Start starts etcd and kube-apiserver and waits until the API server is
+// ready. Stop ends both and removes their directory.
+func Start(ctx context.Context, o Options) (*ControlPlane, error) {
 	for _, b := range []struct{ flag, path string }{{"-kube-apiserver", o.APIServer}, {"-etcd", o.Etcd}} {
 		if b.path == "" {
 			return nil, fmt.Errorf("%s: not given", b.flag)
@@ -80,7 +88,7 @@ func StartControlPlane(ctx context.Context, o ControlPlaneOptions) (*ControlPlan
 	}
 	client := fmt.Sprintf("http://127.0.0.1:%d", ports[0])
 	peer := fmt.Sprintf("http://127.0.0.1:%d", ports[1])
-	cp.etcd, err = startCP(o.Etcd, "--name", "dp-bench", "--data-dir", filepath.Join(dir, "etcd"),
+	cp.Etcd, err = Run(o.Etcd, "--name", "dp-bench", "--data-dir", filepath.Join(dir, "etcd"),
 		"--listen-client-urls", client, "--advertise-client-urls", client,
 		"--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
 		"--initial-cluster", "dp-bench="+peer, "--listen-metrics-urls", "", "--log-level", "warn")
@@ -98,7 +106,7 @@ func StartControlPlane(ctx context.Context, o ControlPlaneOptions) (*ControlPlan
 		args = append(args, "--feature-gates", o.FeatureGates)
 	}
 	args = append(args, o.Args...)
-	cp.apiserver, err = startCP(o.APIServer, args...)
+	cp.APIServer, err = Run(o.APIServer, args...)
 	if err != nil {
 		return fail(fmt.Errorf("kube-apiserver: %w", err))
 	}
@@ -113,6 +121,10 @@ func StartControlPlane(ctx context.Context, o ControlPlaneOptions) (*ControlPlan
 	if err := cp.waitReady(ctx, o.Ready); err != nil {
 		return fail(err)
 	}
+	var v apiclient.Version
+	if err := cp.Client.Do(ctx, http.MethodGet, "/version", nil, &v); err == nil {
+		cp.Version = v.GitVersion
+	}
 	return cp, nil
 }
 
@@ -122,7 +134,7 @@ func (cp *ControlPlane) waitReady(ctx context.Context, timeout time.Duration) er
 	deadline := time.Now().Add(timeout)
 	var last error
 	for {
-		for name, p := range map[string]*proc.Proc{"etcd": cp.etcd, "kube-apiserver": cp.apiserver} {
+		for name, p := range map[string]*proc.Proc{"etcd": cp.Etcd, "kube-apiserver": cp.APIServer} {
 			if p.Exited() {
 				return fmt.Errorf("%s exited: %w: %s", name, p.Err(), p.LogTail(800))
 			}
@@ -140,7 +152,7 @@ func (cp *ControlPlane) waitReady(ctx context.Context, timeout time.Duration) er
 			last = err
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("kube-apiserver not ready within %s: %w: %s", timeout, last, cp.apiserver.LogTail(800))
+			return fmt.Errorf("kube-apiserver not ready within %s: %w: %s", timeout, last, cp.APIServer.LogTail(800))
 		}
 		if err := proc.Sleep(ctx, 200*time.Millisecond); err != nil {
 			return err
@@ -150,7 +162,7 @@ func (cp *ControlPlane) waitReady(ctx context.Context, timeout time.Duration) er
 
 // Stop ends the API server, then etcd, and removes their directory.
 func (cp *ControlPlane) Stop() {
-	for _, p := range []*proc.Proc{cp.apiserver, cp.etcd} {
+	for _, p := range []*proc.Proc{cp.APIServer, cp.Etcd} {
 		if p != nil {
 			_, _ = p.Terminate(10 * time.Second)
 		}
@@ -181,9 +193,9 @@ current-context: dp-bench
 `, host, b64(p.caPEM), b64(p.clientPEM), b64(p.clientKeyPEM))
 }
 
-// startCP starts a control-plane process; the tail of its output is kept
-// for errors.
-func startCP(bin string, args ...string) (*proc.Proc, error) {
+// Run starts a control-plane binary with args (and PATH, nothing else of
+// dp-bench's environment); the tail of its output is kept for errors.
+func Run(bin string, args ...string) (*proc.Proc, error) {
 	return proc.Start(append([]string{bin}, args...), []string{"PATH=" + os.Getenv("PATH")}, nil, "")
 }
 
