@@ -19,6 +19,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/apiclient"
+	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/audit"
 	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/proc"
 	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/stats"
 )
@@ -106,7 +107,7 @@ type FleetTarget struct {
 	Rounds           []schedRound `json:"rounds"`
 	PrepareErrors    int64        `json:"prepareErrors"`
 	SteadyPerNodeMin float64      `json:"steadyWritesPerNodeMin"`
-	Steady           writeTally   `json:"steadyWrites"`
+	Steady           audit.Tally  `json:"steadyWrites"`
 	// SteadyCPUMsPerNodeMin is each driver's on-CPU time in the steady
 	// window, milliseconds per minute (the mean over the nodes).
 	SteadyCPUMsPerNodeMin float64 `json:"steadyDriverCPUMsPerNodeMin"`
@@ -118,19 +119,19 @@ type FleetTarget struct {
 	StormFlips int    `json:"stormFlips"`
 	// StormPerNodeS counts the storm and the second after it (the last
 	// state's publish); StormDuringPerNodeS the storm alone.
-	StormPerNodeS       float64    `json:"stormSliceWritesPerNodeS"`
-	Storm               writeTally `json:"stormSliceWrites"`
-	StormDuringPerNodeS float64    `json:"stormDuringSliceWritesPerNodeS"`
-	StormDuring         int        `json:"stormDuringSliceWrites"`
-	StormLastS          float64    `json:"stormLastPublishedS"`
-	RolloutPerNode      float64    `json:"rolloutSliceWritesPerNode"`
-	Rollout             writeTally `json:"rolloutSliceWrites"`
-	RolloutS            float64    `json:"rolloutS"`
-	RolloutPods         int        `json:"rolloutPods"`
-	RolloutFailed       []string   `json:"rolloutFailed,omitempty"`
-	DriverRSSMiB        float64    `json:"driverRSSMiB"`
-	DriverRSSMaxMiB     float64    `json:"driverRSSMaxMiB"`
-	APIServerRSSMiB     float64    `json:"apiServerRSSMiB"`
+	StormPerNodeS       float64     `json:"stormSliceWritesPerNodeS"`
+	Storm               audit.Tally `json:"stormSliceWrites"`
+	StormDuringPerNodeS float64     `json:"stormDuringSliceWritesPerNodeS"`
+	StormDuring         int         `json:"stormDuringSliceWrites"`
+	StormLastS          float64     `json:"stormLastPublishedS"`
+	RolloutPerNode      float64     `json:"rolloutSliceWritesPerNode"`
+	Rollout             audit.Tally `json:"rolloutSliceWrites"`
+	RolloutS            float64     `json:"rolloutS"`
+	RolloutPods         int         `json:"rolloutPods"`
+	RolloutFailed       []string    `json:"rolloutFailed,omitempty"`
+	DriverRSSMiB        float64     `json:"driverRSSMiB"`
+	DriverRSSMaxMiB     float64     `json:"driverRSSMaxMiB"`
+	APIServerRSSMiB     float64     `json:"apiServerRSSMiB"`
 }
 
 // runFleet runs every DRA target on a fleet and writes the report.
@@ -386,7 +387,7 @@ func (f *fleet) schedule(ctx context.Context) error {
 			return err
 		}
 		var missed int
-		binds := bindTimes(ws, names)
+		binds := audit.BindTimes(ws, names)
 		rd.BoundPerS, rd.PreparedPerS, missed = f.k.rates(names, binds)
 		b2p, calls := f.k.latencies(names, binds)
 		ms := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
@@ -457,7 +458,7 @@ func (f *fleet) memory() {
 
 // window runs during, waits until d has passed since it began, and
 // returns the audit log's writes and the window's bounds [from, to).
-func (f *fleet) window(ctx context.Context, d time.Duration, during func(context.Context) error) ([]auditWrite, time.Time, time.Time, error) {
+func (f *fleet) window(ctx context.Context, d time.Duration, during func(context.Context) error) ([]audit.Write, time.Time, time.Time, error) {
 	from := time.Now()
 	if during != nil {
 		if err := during(ctx); err != nil {
@@ -474,7 +475,7 @@ func (f *fleet) window(ctx context.Context, d time.Duration, during func(context
 
 // flushedAudit reads the audit log once what happened until now is in it:
 // the API server writes it in batches of at most 200 ms.
-func (f *fleet) flushedAudit(ctx context.Context) ([]auditWrite, error) {
+func (f *fleet) flushedAudit(ctx context.Context) ([]audit.Write, error) {
 	if err := proc.Sleep(ctx, time.Second); err != nil {
 		return nil, err
 	}
@@ -496,9 +497,9 @@ func (f *fleet) steady(ctx context.Context) error {
 		return err
 	}
 	f.ft.SteadyCPUMsPerNodeMin = perNodeMinuteMs(f.cpu().sub(cpu0).Drivers, f.fo.N, to.Sub(from))
-	tally := tallyWrites(ws, f.ft.Agent, "", from, to)
+	tally := audit.TallyWrites(ws, f.ft.Agent, "", from, to)
 	if after, err := f.fc.metrics(ctx); err == nil {
-		f.ft.SteadyAll = requestWrites(before, after)
+		f.ft.SteadyAll = audit.RequestWrites(before, after)
 	}
 	f.ft.Steady = tally
 	f.ft.SteadyPerNodeMin = float64(tally.Total) / float64(f.fo.N) / to.Sub(from).Minutes()
@@ -575,7 +576,7 @@ func (f *fleet) storm(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	c := stormRates(ws, f.ft.Agent, f.fo.N, from, end, to)
+	c := audit.StormRates(ws, f.ft.Agent, f.fo.N, from, end, to)
 	last, err := f.st.waitClean(ctx, f.names, time.Minute)
 	if err != nil {
 		return fmt.Errorf("after the storm: %w", err)
@@ -627,7 +628,7 @@ func (f *fleet) rollout(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("rollout: %w", err)
 	}
-	tally := tallyWrites(ws, f.ft.Agent, "resourceslices", from, to)
+	tally := audit.TallyWrites(ws, f.ft.Agent, "resourceslices", from, to)
 	f.ft.Rollout = tally
 	f.ft.RolloutS = rolled.Sub(from).Seconds()
 	f.ft.RolloutPerNode = float64(tally.Total) / float64(f.fo.N)

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/apiclient"
+	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/audit"
 	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/controlplane"
 	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/proc"
 )
@@ -47,7 +48,7 @@ func startFleetCluster(ctx context.Context, cpo controlplane.Options, fo *fleetO
 	}
 	fc := &fleetCluster{dir: dir, auditLog: filepath.Join(dir, "audit.log")}
 	policy := filepath.Join(dir, "audit-policy.yaml")
-	if err := os.WriteFile(policy, []byte(fleetAuditPolicy), 0o600); err != nil {
+	if err := os.WriteFile(policy, []byte(audit.Policy), 0o600); err != nil {
 		fc.stop()
 		return nil, err
 	}
@@ -190,29 +191,29 @@ func (fc *fleetCluster) nodeKubeconfig(node string) (string, error) {
 	if !strings.Contains(s, user) {
 		return "", errors.New("the control plane's kubeconfig has no user dp-bench")
 	}
-	s = strings.Replace(s, user, user+"    as: "+fleetUserPrefix+node+"\n    as-groups: [system:masters]\n", 1)
+	s = strings.Replace(s, user, user+"    as: "+audit.UserPrefix+node+"\n    as-groups: [system:masters]\n", 1)
 	path := filepath.Join(fc.dir, "kubeconfig-"+node)
 	return path, os.WriteFile(path, []byte(s), 0o600)
 }
 
 // metrics scrapes apiserver_request_total.
-func (fc *fleetCluster) metrics(ctx context.Context) ([]requestCount, error) {
+func (fc *fleetCluster) metrics(ctx context.Context) ([]audit.RequestCount, error) {
 	var body string
 	if err := fc.cp.Client.Do(ctx, http.MethodGet, "/metrics", nil, &body); err != nil {
 		return nil, err
 	}
-	return parseRequestTotals(strings.NewReader(body))
+	return audit.ParseRequestTotals(strings.NewReader(body))
 }
 
 // audit reads the audit log's writes so far; the log is written in
 // batches of at most 200 ms, so a reader waits that long after a window.
-func (fc *fleetCluster) audit() ([]auditWrite, error) {
+func (fc *fleetCluster) audit() ([]audit.Write, error) {
 	f, err := os.Open(fc.auditLog)
 	if err != nil {
 		return nil, err
 	}
 	defer f.Close()
-	return parseAudit(f)
+	return audit.Parse(f)
 }
 
 // apiserverRSS is the API server's resident memory, bytes.

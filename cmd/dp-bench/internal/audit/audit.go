@@ -1,4 +1,14 @@
-package main
+// Package audit counts the fleet's API writes, two ways. The API
+// server's apiserver_request_total counts every request by verb, group,
+// resource and subresource, but has no label for the client (its "client"
+// label was dropped upstream long ago): it gives the totals
+// (ParseRequestTotals, RequestWrites). The audit log (Policy: every write
+// at level Metadata, nothing else) names the user agent and the user of
+// every write: it says which writes are the drivers', and each driver's
+// node, as each driver's kubeconfig impersonates UserPrefix+<node> (Parse,
+// TallyWrites, StormRates); and when the scheduler bound each pod
+// (BindTimes).
+package audit
 
 import (
 	"bufio"
@@ -11,18 +21,9 @@ import (
 	"time"
 )
 
-// The fleet's API writes are counted two ways. The API server's
-// apiserver_request_total counts every request by verb, group, resource
-// and subresource, but has no label for the client (its "client" label
-// was dropped upstream long ago): it gives the totals. The audit log
-// (fleetAuditPolicy: every write at level Metadata, nothing else) names
-// the user agent and the user of every write: it says which writes are
-// the drivers', and each driver's node (each driver's kubeconfig
-// impersonates fleet:<node>).
-
-// fleetAuditPolicy logs every write, at level Metadata, once (when the
+// Policy logs every write, at level Metadata, once (when the
 // answer is complete), and no read.
-const fleetAuditPolicy = `apiVersion: audit.k8s.io/v1
+const Policy = `apiVersion: audit.k8s.io/v1
 kind: Policy
 omitStages: [RequestReceived]
 rules:
@@ -31,12 +32,12 @@ rules:
 - level: None
 `
 
-// fleetUserPrefix is the user a driver's kubeconfig impersonates:
+// UserPrefix is the user a driver's kubeconfig impersonates:
 // fleet:<node>.
-const fleetUserPrefix = "fleet:"
+const UserPrefix = "fleet:"
 
-// auditWrite is one write in the audit log.
-type auditWrite struct {
+// Write is one write in the audit log.
+type Write struct {
 	At       time.Time // stageTimestamp: when the answer was complete
 	Agent    string    // the user agent's product (before the first '/')
 	Node     string    // the impersonated fleet:<node>, else ""
@@ -69,10 +70,10 @@ type auditEvent struct {
 	StageTimestamp time.Time `json:"stageTimestamp"`
 }
 
-// parseAudit reads an audit log (JSON lines) and returns its completed
+// Parse reads an audit log (JSON lines) and returns its completed
 // writes. A line that is not an event is an error naming its number.
-func parseAudit(r io.Reader) ([]auditWrite, error) {
-	var out []auditWrite
+func Parse(r io.Reader) ([]Write, error) {
+	var out []Write
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 0, 64<<10), 4<<20)
 	for n := 1; sc.Scan(); n++ {
@@ -90,13 +91,13 @@ func parseAudit(r io.Reader) ([]auditWrite, error) {
 		if ev.Stage != "ResponseComplete" || ev.ObjectRef == nil {
 			continue
 		}
-		w := auditWrite{At: ev.StageTimestamp, Verb: ev.Verb, Resource: ev.ObjectRef.Resource, Name: ev.ObjectRef.Name}
+		w := Write{At: ev.StageTimestamp, Verb: ev.Verb, Resource: ev.ObjectRef.Resource, Name: ev.ObjectRef.Name}
 		if ev.ObjectRef.Subresource != "" {
 			w.Resource += "/" + ev.ObjectRef.Subresource
 		}
 		w.Agent, _, _ = strings.Cut(ev.UserAgent, "/")
 		if ev.ImpersonatedUser != nil {
-			w.Node, _ = strings.CutPrefix(ev.ImpersonatedUser.Username, fleetUserPrefix)
+			w.Node, _ = strings.CutPrefix(ev.ImpersonatedUser.Username, UserPrefix)
 		}
 		if ev.ResponseStatus != nil {
 			w.Code = ev.ResponseStatus.Code
@@ -106,8 +107,8 @@ func parseAudit(r io.Reader) ([]auditWrite, error) {
 	return out, sc.Err()
 }
 
-// writeTally is the drivers' writes in a window.
-type writeTally struct {
+// Tally is the drivers' writes in a window.
+type Tally struct {
 	// Total is every driver write; ByKind counts them by "verb resource",
 	// ByNode by node.
 	Total  int            `json:"total"`
@@ -119,11 +120,11 @@ type writeTally struct {
 	MaxNodeSecond int `json:"maxNodeSecond"`
 }
 
-// tallyWrites counts the writes of agent (a user-agent product, e.g.
+// TallyWrites counts the writes of agent (a user-agent product, e.g.
 // cdi-dra-driver) done in [from, to), and only those to resource when it
 // is not "".
-func tallyWrites(ws []auditWrite, agent, resource string, from, to time.Time) writeTally {
-	t := writeTally{ByKind: map[string]int{}, ByNode: map[string]int{}}
+func TallyWrites(ws []Write, agent, resource string, from, to time.Time) Tally {
+	t := Tally{ByKind: map[string]int{}, ByNode: map[string]int{}}
 	times := map[string][]time.Time{}
 	for _, w := range ws {
 		if w.Agent != agent || w.At.Before(from) || !w.At.Before(to) || (resource != "" && w.Resource != resource) {
@@ -145,7 +146,7 @@ func tallyWrites(ws []auditWrite, agent, resource string, from, to time.Time) wr
 
 // perNodePerSecond is a tally's writes per node per second of the
 // window [from, to) it counted.
-func perNodePerSecond(t writeTally, nodes int, from, to time.Time) float64 {
+func perNodePerSecond(t Tally, nodes int, from, to time.Time) float64 {
 	d := to.Sub(from).Seconds()
 	if nodes < 1 || d <= 0 {
 		return 0
@@ -153,28 +154,30 @@ func perNodePerSecond(t writeTally, nodes int, from, to time.Time) float64 {
 	return float64(t.Total) / float64(nodes) / d
 }
 
-// stormCount is the drivers' slice writes in a health storm [from, end)
+// StormCount is the drivers' slice writes in a health storm [from, end)
 // and in the storm and the second after it [from, to), each per node per
 // second of the window it was counted in.
-type stormCount struct {
-	During, Window                 writeTally
+type StormCount struct {
+	During, Window                 Tally
 	DuringPerNodeS, WindowPerNodeS float64
 }
 
-func stormRates(ws []auditWrite, agent string, nodes int, from, end, to time.Time) stormCount {
-	c := stormCount{
-		During: tallyWrites(ws, agent, "resourceslices", from, end),
-		Window: tallyWrites(ws, agent, "resourceslices", from, to),
+// StormRates counts agent's slice writes of a health storm [from, end)
+// over nodes, and of the storm and the second after it [from, to).
+func StormRates(ws []Write, agent string, nodes int, from, end, to time.Time) StormCount {
+	c := StormCount{
+		During: TallyWrites(ws, agent, "resourceslices", from, end),
+		Window: TallyWrites(ws, agent, "resourceslices", from, to),
 	}
 	c.DuringPerNodeS = perNodePerSecond(c.During, nodes, from, end)
 	c.WindowPerNodeS = perNodePerSecond(c.Window, nodes, from, to)
 	return c
 }
 
-// bindTimes are when the API server answered each successful binding of
+// BindTimes are when the API server answered each successful binding of
 // the pods named (the scheduler's create pods/binding, stamped by the
 // API server: no watch's delay or gap is in it).
-func bindTimes(ws []auditWrite, names []string) map[string]time.Time {
+func BindTimes(ws []Write, names []string) map[string]time.Time {
 	want := make(map[string]bool, len(names))
 	for _, n := range names {
 		want[n] = true
@@ -205,17 +208,17 @@ func maxInWindow(ts []time.Time, d time.Duration) int {
 	return best
 }
 
-// requestCount is one apiserver_request_total series.
-type requestCount struct {
+// RequestCount is one apiserver_request_total series.
+type RequestCount struct {
 	Verb, Resource string // resource[/subresource], with its group: resourceslices.resource.k8s.io
 	Code           string
 	Value          float64
 }
 
-// parseRequestTotals reads apiserver_request_total from the API server's
+// ParseRequestTotals reads apiserver_request_total from the API server's
 // /metrics (the Prometheus text format).
-func parseRequestTotals(r io.Reader) ([]requestCount, error) {
-	var out []requestCount
+func ParseRequestTotals(r io.Reader) ([]RequestCount, error) {
+	var out []RequestCount
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 0, 64<<10), 4<<20)
 	for n := 1; sc.Scan(); n++ {
@@ -247,7 +250,7 @@ func parseRequestTotals(r io.Reader) ([]requestCount, error) {
 		if s := labels["subresource"]; s != "" {
 			res += "/" + s
 		}
-		out = append(out, requestCount{Verb: labels["verb"], Resource: res, Code: labels["code"], Value: v})
+		out = append(out, RequestCount{Verb: labels["verb"], Resource: res, Code: labels["code"], Value: v})
 	}
 	return out, sc.Err()
 }
@@ -289,9 +292,9 @@ func parseLabels(s string) (map[string]string, error) {
 // writeVerbs are apiserver_request_total's verbs of writes.
 var writeVerbs = map[string]bool{"POST": true, "PUT": true, "PATCH": true, "DELETE": true, "DELETECOLLECTION": true, "APPLY": true}
 
-// requestWrites sums the writes between two scrapes, by "VERB resource".
-func requestWrites(before, after []requestCount) map[string]float64 {
-	key := func(c requestCount) string { return c.Verb + " " + c.Resource + " " + c.Code }
+// RequestWrites sums the writes between two scrapes, by "VERB resource".
+func RequestWrites(before, after []RequestCount) map[string]float64 {
+	key := func(c RequestCount) string { return c.Verb + " " + c.Resource + " " + c.Code }
 	base := map[string]float64{}
 	for _, c := range before {
 		base[key(c)] = c.Value

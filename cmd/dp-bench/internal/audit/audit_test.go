@@ -1,7 +1,6 @@
-package main
+package audit
 
 import (
-	"os"
 	"strings"
 	"testing"
 	"time"
@@ -10,20 +9,20 @@ import (
 // Two audit events as kube-apiserver v1.36 writes them (--audit-log-format
 // json, level Metadata): a driver's slice update, impersonating its node,
 // and the scheduler's binding; a RequestReceived stage is skipped.
-const auditText = `{"kind":"Event","apiVersion":"audit.k8s.io/v1","level":"Metadata","auditID":"5b0d7c1e-6a0f-4a65-9d1f-0c6f2d1b7a11","stage":"ResponseComplete","requestURI":"/apis/resource.k8s.io/v1/resourceslices/fleet-node-3-bench.example.com-x7k2p","verb":"update","user":{"username":"dp-bench","groups":["system:masters","system:authenticated"]},"impersonatedUser":{"username":"fleet:fleet-node-3","groups":["system:masters"]},"sourceIPs":["127.0.0.1"],"userAgent":"cdi-dra-driver/v0.0.0 (linux/amd64) kubernetes/$Format","objectRef":{"resource":"resourceslices","name":"fleet-node-3-bench.example.com-x7k2p","apiGroup":"resource.k8s.io","apiVersion":"v1"},"responseStatus":{"metadata":{},"code":200},"requestReceivedTimestamp":"2026-11-27T08:00:01.100000Z","stageTimestamp":"2026-11-27T08:00:01.104512Z","annotations":{"authorization.k8s.io/decision":"allow","authorization.k8s.io/reason":""}}
-{"kind":"Event","apiVersion":"audit.k8s.io/v1","level":"Metadata","auditID":"0f7e","stage":"RequestReceived","requestURI":"/apis/resource.k8s.io/v1/resourceslices","verb":"create","user":{"username":"dp-bench"},"userAgent":"cdi-dra-driver/v0.0.0 (linux/amd64) kubernetes/$Format","objectRef":{"resource":"resourceslices","apiGroup":"resource.k8s.io","apiVersion":"v1"},"requestReceivedTimestamp":"2026-11-27T08:00:01.200000Z","stageTimestamp":"2026-11-27T08:00:01.200000Z"}
-{"kind":"Event","apiVersion":"audit.k8s.io/v1","level":"Metadata","auditID":"9a1c","stage":"ResponseComplete","requestURI":"/api/v1/namespaces/fleet/pods/sched-0/binding","verb":"create","user":{"username":"dp-bench","groups":["system:masters","system:authenticated"]},"sourceIPs":["127.0.0.1"],"userAgent":"kube-scheduler/v1.36.3 (linux/amd64) kubernetes/8a4e3c1/scheduler","objectRef":{"resource":"pods","namespace":"fleet","name":"sched-0","apiVersion":"v1","subresource":"binding"},"responseStatus":{"metadata":{},"code":201},"requestReceivedTimestamp":"2026-11-27T08:00:01.300000Z","stageTimestamp":"2026-11-27T08:00:01.310000Z"}
+const auditText = `{"kind":"Event","apiVersion":"k8s.io/v1","level":"Metadata","auditID":"5b0d7c1e-6a0f-4a65-9d1f-0c6f2d1b7a11","stage":"ResponseComplete","requestURI":"/apis/resource.k8s.io/v1/resourceslices/fleet-node-3-bench.example.com-x7k2p","verb":"update","user":{"username":"dp-bench","groups":["system:masters","system:authenticated"]},"impersonatedUser":{"username":"fleet:fleet-node-3","groups":["system:masters"]},"sourceIPs":["127.0.0.1"],"userAgent":"cdi-dra-driver/v0.0.0 (linux/amd64) kubernetes/$Format","objectRef":{"resource":"resourceslices","name":"fleet-node-3-bench.example.com-x7k2p","apiGroup":"resource.k8s.io","apiVersion":"v1"},"responseStatus":{"metadata":{},"code":200},"requestReceivedTimestamp":"2026-11-27T08:00:01.100000Z","stageTimestamp":"2026-11-27T08:00:01.104512Z","annotations":{"authorization.k8s.io/decision":"allow","authorization.k8s.io/reason":""}}
+{"kind":"Event","apiVersion":"k8s.io/v1","level":"Metadata","auditID":"0f7e","stage":"RequestReceived","requestURI":"/apis/resource.k8s.io/v1/resourceslices","verb":"create","user":{"username":"dp-bench"},"userAgent":"cdi-dra-driver/v0.0.0 (linux/amd64) kubernetes/$Format","objectRef":{"resource":"resourceslices","apiGroup":"resource.k8s.io","apiVersion":"v1"},"requestReceivedTimestamp":"2026-11-27T08:00:01.200000Z","stageTimestamp":"2026-11-27T08:00:01.200000Z"}
+{"kind":"Event","apiVersion":"k8s.io/v1","level":"Metadata","auditID":"9a1c","stage":"ResponseComplete","requestURI":"/api/v1/namespaces/fleet/pods/sched-0/binding","verb":"create","user":{"username":"dp-bench","groups":["system:masters","system:authenticated"]},"sourceIPs":["127.0.0.1"],"userAgent":"kube-scheduler/v1.36.3 (linux/amd64) kubernetes/8a4e3c1/scheduler","objectRef":{"resource":"pods","namespace":"fleet","name":"sched-0","apiVersion":"v1","subresource":"binding"},"responseStatus":{"metadata":{},"code":201},"requestReceivedTimestamp":"2026-11-27T08:00:01.300000Z","stageTimestamp":"2026-11-27T08:00:01.310000Z"}
 `
 
 func TestParseAudit(t *testing.T) {
-	ws, err := parseAudit(strings.NewReader(auditText))
+	ws, err := Parse(strings.NewReader(auditText))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(ws) != 2 {
 		t.Fatalf("%d writes, want 2 (the RequestReceived stage skipped): %+v", len(ws), ws)
 	}
-	want := []auditWrite{
+	want := []Write{
 		{Agent: "cdi-dra-driver", Node: "fleet-node-3", Verb: "update", Resource: "resourceslices", Name: "fleet-node-3-bench.example.com-x7k2p", Code: 200},
 		{Agent: "kube-scheduler", Node: "", Verb: "create", Resource: "pods/binding", Name: "sched-0", Code: 201},
 	}
@@ -34,7 +33,7 @@ func TestParseAudit(t *testing.T) {
 			t.Errorf("write %d: %+v, want %+v", i, got, w)
 		}
 	}
-	if _, err := parseAudit(strings.NewReader("{\"kind\":\"Event\"}\nnot json\n")); err == nil || !strings.Contains(err.Error(), "line 2") {
+	if _, err := Parse(strings.NewReader("{\"kind\":\"Event\"}\nnot json\n")); err == nil || !strings.Contains(err.Error(), "line 2") {
 		t.Errorf("bad line: error %v, want one naming line 2", err)
 	}
 }
@@ -42,7 +41,7 @@ func TestParseAudit(t *testing.T) {
 func TestTallyWrites(t *testing.T) {
 	t0 := time.Date(2026, 11, 27, 8, 0, 0, 0, time.UTC)
 	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
-	ws := []auditWrite{
+	ws := []Write{
 		{At: at(0), Agent: "cdi-dra-driver", Node: "n1", Verb: "update", Resource: "resourceslices"},
 		{At: at(400), Agent: "cdi-dra-driver", Node: "n1", Verb: "update", Resource: "resourceslices"},
 		{At: at(1400), Agent: "cdi-dra-driver", Node: "n1", Verb: "update", Resource: "resourceslices"},
@@ -61,7 +60,7 @@ func TestTallyWrites(t *testing.T) {
 		{"slices", "resourceslices", 4, 3, 2, map[string]int{"update resourceslices": 3, "create resourceslices": 1}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got := tallyWrites(ws, "cdi-dra-driver", tc.resource, t0, at(5000))
+			got := TallyWrites(ws, "cdi-dra-driver", tc.resource, t0, at(5000))
 			if got.Total != tc.total || got.MaxNode != tc.maxNode || got.MaxNodeSecond != tc.maxSecond {
 				t.Errorf("total %d, max of a node %d, max in a second %d; want %d, %d, %d", got.Total, got.MaxNode, got.MaxNodeSecond, tc.total, tc.maxNode, tc.maxSecond)
 			}
@@ -85,17 +84,17 @@ func TestStormRates(t *testing.T) {
 	t0 := time.Date(2026, 11, 27, 8, 0, 0, 0, time.UTC)
 	storm, nodes := 30*time.Second, 3
 	end, to := t0.Add(storm), t0.Add(storm+time.Second)
-	var ws []auditWrite
+	var ws []Write
 	for _, node := range []string{"n1", "n2", "n3"} {
 		for s := range 30 { // 50 ms after each second's start (the leading one after the first flip)
-			ws = append(ws, auditWrite{At: t0.Add(time.Duration(s)*time.Second + 50*time.Millisecond), Agent: "cdi-dra-driver", Node: node, Verb: "update", Resource: "resourceslices"})
+			ws = append(ws, Write{At: t0.Add(time.Duration(s)*time.Second + 50*time.Millisecond), Agent: "cdi-dra-driver", Node: node, Verb: "update", Resource: "resourceslices"})
 		}
-		ws = append(ws, auditWrite{At: end.Add(400 * time.Millisecond), Agent: "cdi-dra-driver", Node: node, Verb: "update", Resource: "resourceslices"})
+		ws = append(ws, Write{At: end.Add(400 * time.Millisecond), Agent: "cdi-dra-driver", Node: node, Verb: "update", Resource: "resourceslices"})
 	}
 	// Another client's write and a driver's claim status are not counted.
-	ws = append(ws, auditWrite{At: t0.Add(time.Second), Agent: "kube-scheduler", Verb: "create", Resource: "pods/binding"},
-		auditWrite{At: t0.Add(time.Second), Agent: "cdi-dra-driver", Node: "n1", Verb: "patch", Resource: "resourceclaims/status"})
-	r := stormRates(ws, "cdi-dra-driver", nodes, t0, end, to)
+	ws = append(ws, Write{At: t0.Add(time.Second), Agent: "kube-scheduler", Verb: "create", Resource: "pods/binding"},
+		Write{At: t0.Add(time.Second), Agent: "cdi-dra-driver", Node: "n1", Verb: "patch", Resource: "resourceclaims/status"})
+	r := StormRates(ws, "cdi-dra-driver", nodes, t0, end, to)
 	if r.During.Total != 90 || r.Window.Total != 93 {
 		t.Errorf("writes: %d during the storm, %d with the second after it; want 90, 93", r.During.Total, r.Window.Total)
 	}
@@ -109,14 +108,14 @@ func TestStormRates(t *testing.T) {
 
 func TestBindTimes(t *testing.T) {
 	t0 := time.Date(2026, 11, 27, 8, 0, 0, 0, time.UTC)
-	ws := []auditWrite{
+	ws := []Write{
 		{At: t0.Add(time.Second), Agent: "kube-scheduler", Verb: "create", Resource: "pods/binding", Name: "sched-0", Code: 201},
 		{At: t0.Add(2 * time.Second), Agent: "kube-scheduler", Verb: "create", Resource: "pods/binding", Name: "sched-1", Code: 409}, // refused
 		{At: t0.Add(3 * time.Second), Agent: "kube-scheduler", Verb: "create", Resource: "pods/binding", Name: "sched-1", Code: 201},
 		{At: t0.Add(4 * time.Second), Agent: "dp-bench", Verb: "create", Resource: "pods", Name: "sched-2", Code: 201},
 		{At: t0.Add(5 * time.Second), Agent: "kube-scheduler", Verb: "create", Resource: "pods/binding", Name: "other-0", Code: 201},
 	}
-	got := bindTimes(ws, []string{"sched-0", "sched-1", "sched-2"})
+	got := BindTimes(ws, []string{"sched-0", "sched-1", "sched-2"})
 	want := map[string]time.Time{"sched-0": t0.Add(time.Second), "sched-1": t0.Add(3 * time.Second)}
 	if len(got) != len(want) {
 		t.Fatalf("bind times %v, want %v", got, want)
@@ -140,15 +139,15 @@ apiserver_request_duration_seconds_bucket{component="apiserver",dry_run="",group
 `
 
 func TestRequestTotals(t *testing.T) {
-	after, err := parseRequestTotals(strings.NewReader(metricsText))
+	after, err := ParseRequestTotals(strings.NewReader(metricsText))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(after) != 4 {
 		t.Fatalf("%d series, want 4: %+v", len(after), after)
 	}
-	before := []requestCount{{Verb: "PUT", Resource: "resourceslices.resource.k8s.io", Code: "200", Value: 10}}
-	got := requestWrites(before, after)
+	before := []RequestCount{{Verb: "PUT", Resource: "resourceslices.resource.k8s.io", Code: "200", Value: 10}}
+	got := RequestWrites(before, after)
 	want := map[string]float64{"PUT resourceslices.resource.k8s.io": 2, "POST pods/binding": 640, "PUT leases.coordination.k8s.io": 1}
 	if len(got) != len(want) {
 		t.Errorf("writes %v, want %v", got, want)
@@ -163,47 +162,8 @@ func TestRequestTotals(t *testing.T) {
 		`apiserver_request_total{code="200",verb="PUT"} x`,
 		`apiserver_request_total{code=200} 1`,
 	} {
-		if _, err := parseRequestTotals(strings.NewReader(bad)); err == nil || !strings.Contains(err.Error(), "line 1") {
+		if _, err := ParseRequestTotals(strings.NewReader(bad)); err == nil || !strings.Contains(err.Error(), "line 1") {
 			t.Errorf("%q: error %v, want one naming line 1", bad, err)
 		}
 	}
-}
-
-func TestFleetFlags(t *testing.T) {
-	for _, tc := range []struct {
-		args []string
-		want string
-	}{
-		{[]string{"-fleet", "-1"}, "-fleet=-1"},
-		{[]string{"-fleet", "2", "-fleet-fill", "1.5"}, "-fleet-fill=1.5"},
-		{[]string{"-fleet", "2", "-fleet-steady", "0s"}, "-fleet-steady=0s"},
-		{[]string{"-fleet", "2", "-fleet-storm-rate", "0"}, "-fleet-storm-rate=0"},
-		{[]string{"-fleet", "2", "-fleet-rounds", "0"}, "-fleet-rounds=0"},
-	} {
-		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
-			_, err := parseFlags(append(tc.args, "-targets", "fleet.yaml"), &strings.Builder{})
-			if err == nil || !strings.Contains(err.Error(), tc.want) {
-				t.Errorf("error %v, want one naming %s", err, tc.want)
-			}
-		})
-	}
-}
-
-func TestReplaceBetween(t *testing.T) {
-	path := t.TempDir() + "/fleet.md"
-	if err := replaceBetween(path, mdBeginFleet, mdEndFleet, []byte("one\n")); err != nil {
-		t.Fatal(err)
-	}
-	if err := replaceBetween(path, mdBeginFleet, mdEndFleet, []byte("two\n")); err != nil {
-		t.Fatal(err)
-	}
-	b, _ := readFileString(path)
-	if strings.Contains(b, "one") || strings.Count(b, "two") != 1 || strings.Count(b, mdBeginFleet) != 1 {
-		t.Errorf("file after two writes:\n%s", b)
-	}
-}
-
-func readFileString(p string) (string, error) {
-	b, err := os.ReadFile(p)
-	return string(b), err
 }
