@@ -10,7 +10,6 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
-	"slices"
 	"sort"
 	"strings"
 	"sync/atomic"
@@ -23,6 +22,7 @@ import (
 	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/controlplane"
 	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/proc"
 	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/stats"
+	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/target"
 	"github.com/cdi-device-plugin/cdi-device-plugin/internal/kubeletsim"
 )
 
@@ -106,13 +106,13 @@ func (cl *draCluster) stop() { cl.cp.Stop() }
 // PodResources stand-in and the shared API server. Only setup errors are
 // returned; failures of the driver are results; logf takes what happens
 // to the run's watch.
-func runDRATarget(ctx context.Context, t Target, s Settings, cl *draCluster, logf func(string, ...any)) (*RunResult, error) {
+func runDRATarget(ctx context.Context, t target.Target, s target.Settings, cl *draCluster, logf func(string, ...any)) (*RunResult, error) {
 	nodeName := fmt.Sprintf("dp-bench-node-%d", cl.nodes.Add(1))
-	r, err := t.prepare(s.TmpfsDir, &cluster{Kubeconfig: cl.cp.Kubeconfig, NodeName: nodeName})
+	r, err := t.Prepare(s.TmpfsDir, &target.Cluster{Kubeconfig: cl.cp.Kubeconfig, NodeName: nodeName})
 	if err != nil {
 		return nil, err
 	}
-	defer r.cleanup()
+	defer r.Cleanup()
 	api := cl.cp.Client
 	n := &apiclient.Node{TypeMeta: apiclient.TypeMeta{APIVersion: "v1", Kind: "Node"},
 		Metadata: apiclient.ObjectMeta{Name: nodeName, Labels: map[string]string{"kubernetes.io/hostname": nodeName}}}
@@ -120,7 +120,7 @@ func runDRATarget(ctx context.Context, t Target, s Settings, cl *draCluster, log
 		return nil, fmt.Errorf("node %s: %w", nodeName, err)
 	}
 	defer cleanupNode(api, nodeName)
-	pr, err := kubeletsim.ServePodResources(r.host.PodResources)
+	pr, err := kubeletsim.ServePodResources(r.Host.PodResources)
 	if err != nil {
 		return nil, err
 	}
@@ -143,7 +143,7 @@ func runDRATarget(ctx context.Context, t Target, s Settings, cl *draCluster, log
 		return nil, err
 	}
 	defer fw.Close()
-	if err := fw.Add(r.host.RegistrarDir); err != nil {
+	if err := fw.Add(r.Host.RegistrarDir); err != nil {
 		return nil, err
 	}
 	execBase, err := proc.ExitBaseline()
@@ -159,7 +159,7 @@ func runDRATarget(ctx context.Context, t Target, s Settings, cl *draCluster, log
 		return nil, err
 	}
 	defer func() { _, _ = idle.Terminate(5 * time.Second) }()
-	p, err := proc.Start(r.argv, r.env, nil, r.scratch)
+	p, err := proc.Start(r.Argv, r.Env, nil, r.Scratch)
 	if err != nil {
 		return nil, err
 	}
@@ -215,9 +215,9 @@ func sliceBaseline(ctx context.Context, api *apiclient.Client, node string, even
 
 // draSession is one run of a DRA driver in progress.
 type draSession struct {
-	t      Target
-	s      Settings
-	r      *runDirs
+	t      target.Target
+	s      target.Settings
+	r      *target.Run
 	p      *proc.Proc
 	res    *RunResult
 	api    *apiclient.Client
@@ -293,7 +293,7 @@ func (x *draSession) register(ctx context.Context) error {
 	defer deadline.Stop()
 	var lastErr error
 	for {
-		for _, sock := range sockets(x.r.host.RegistrarDir) {
+		for _, sock := range sockets(x.r.Host.RegistrarDir) {
 			cctx, cancel := context.WithTimeout(ctx, x.s.Connect)
 			d, err := kubeletsim.RegisterDRA(cctx, sock)
 			cancel()
@@ -626,8 +626,8 @@ func (x *draSession) cycle(ctx context.Context, n int, first bool, st *sizeTimes
 	defer x.deleteClaim(ctx, c)
 	uid := c.Metadata.UID
 	var ev0 map[string]string
-	if first && x.r.evidence != "" {
-		if ev0, err = evidence(x.r.evidence); err != nil {
+	if first && x.r.Evidence != "" {
+		if ev0, err = evidence(x.r.Evidence); err != nil {
 			return err
 		}
 	}
@@ -646,8 +646,8 @@ func (x *draSession) cycle(ctx context.Context, n int, first bool, st *sizeTimes
 	var ev1 map[string]string
 	if first {
 		x.resolve(cdiIDs(answer))
-		if x.r.evidence != "" {
-			if ev1, err = evidence(x.r.evidence); err != nil {
+		if x.r.Evidence != "" {
+			if ev1, err = evidence(x.r.Evidence); err != nil {
 				return err
 			}
 		}
@@ -689,7 +689,7 @@ func (x *draSession) cycle(ctx context.Context, n int, first bool, st *sizeTimes
 // stepsOnce checks that the second prepare left the steps' files as the
 // first one did (ev1), when the first one changed them (from ev0).
 func (x *draSession) stepsOnce(n int, ev0, ev1 map[string]string) error {
-	if x.r.evidence == "" {
+	if x.r.Evidence == "" {
 		x.res.skip("dra-steps-once", "no steps' files given")
 		return nil
 	}
@@ -699,7 +699,7 @@ func (x *draSession) stepsOnce(n int, ev0, ev1 map[string]string) error {
 		}
 		return nil
 	}
-	ev2, err := evidence(x.r.evidence)
+	ev2, err := evidence(x.r.Evidence)
 	if err != nil {
 		return err
 	}
@@ -716,7 +716,7 @@ func (x *draSession) resolve(ids []string) {
 	if _, ok := x.res.Checks["dra-cdi-resolve"]; ok && x.res.Checks["dra-cdi-resolve"].Status == Fail {
 		return
 	}
-	nodes, err := injectCDI(x.r.host.CDIDir, ids)
+	nodes, err := injectCDI(x.r.Host.CDIDir, ids)
 	if err != nil {
 		x.res.fail("dra-cdi-resolve", "%v", err)
 		return
@@ -779,10 +779,4 @@ func defsOf(dra bool) ([]checkDef, []metricDef) {
 		return draCheckDefs, draMetricDefs
 	}
 	return checkDefs, metricDefs
-}
-
-// isDRA reports whether the targets are DRA drivers (loadTargets keeps a
-// file to one kind).
-func isDRA(ts []Target) bool {
-	return slices.ContainsFunc(ts, func(t Target) bool { return t.DRA != nil })
 }

@@ -17,6 +17,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/apiclient"
+	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/target"
 )
 
 // TestBenchClaim: the claim asks for as many devices as it is allocated,
@@ -220,57 +221,6 @@ func TestPoolComplete(t *testing.T) {
 	}
 }
 
-// TestDRATargets: a DRA target names its driver and none of the device
-// plugin's fields; a file holds one kind of target; the templates give
-// the run's DRA directories and the cluster's kubeconfig and node.
-func TestDRATargets(t *testing.T) {
-	dir := t.TempDir()
-	for _, c := range []struct {
-		name, body, want string
-	}{
-		{"no driver", "targets:\n- name: a\n  command: [x]\n  dra: {devices: 8}\n", "dra.driver: empty"},
-		{"devices", "targets:\n- name: a\n  command: [x]\n  dra: {driver: d, devices: -1}\n", "dra.devices=-1"},
-		{"device plugin field", "targets:\n- name: a\n  command: [x]\n  ids: 8\n  dra: {driver: d}\n", "ids: not used for a DRA driver"},
-		{"mixed", "targets:\n- name: a\n  command: [x]\n  dra: {driver: d}\n- name: b\n  command: [x]\n", "targets[1]: DRA drivers and device plugins in one file"},
-	} {
-		t.Run(c.name, func(t *testing.T) {
-			p := filepath.Join(dir, strings.ReplaceAll(c.name, " ", "-")+".yaml")
-			if err := os.WriteFile(p, []byte(c.body), 0o644); err != nil {
-				t.Fatal(err)
-			}
-			_, err := loadTargets(p)
-			if err == nil || !strings.Contains(err.Error(), c.want) {
-				t.Fatalf("error %v, want it to contain %q", err, c.want)
-			}
-		})
-	}
-	ts, err := loadTargets("bench-dra.yaml")
-	if err != nil || !isDRA(ts) {
-		t.Fatalf("bench-dra.yaml: %v (DRA %v)", err, isDRA(ts))
-	}
-	tg := Target{Name: "d", Command: []string{"drv", "{{.RegistrarDir}}", "{{.PluginsDir}}", "{{.PodResources}}", "{{.Kubeconfig}}", "{{.NodeName}}"},
-		DRA: &DRATarget{Driver: "d.example.com", StepsEvidence: "{{.WorkDir}}/state/*"}}
-	if _, err := tg.prepare("", nil); err == nil {
-		t.Error("a DRA target prepared without a cluster")
-	}
-	r, err := tg.prepare("", &cluster{Kubeconfig: "/k/config", NodeName: "node-7"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer r.cleanup()
-	for _, d := range []string{r.argv[1], r.argv[2]} {
-		if fi, err := os.Stat(d); err != nil || !fi.IsDir() {
-			t.Errorf("%s: not made: %v", d, err)
-		}
-	}
-	if filepath.Dir(r.argv[3]) != r.host.SocketDir || r.argv[4] != "/k/config" || r.argv[5] != "node-7" {
-		t.Errorf("argv %q", r.argv)
-	}
-	if r.evidence != r.host.WorkDir+"/state/*" {
-		t.Errorf("evidence %q", r.evidence)
-	}
-}
-
 // TestDRAReport: DRA targets get their own checks, metrics and markers,
 // so that one file holds both kinds of tables; the comparison pairs by
 // group and names both sides where one peer meets several of ours.
@@ -283,11 +233,11 @@ func TestDRAReport(t *testing.T) {
 		r.Metrics["claim-get"] = Sample{Value: 7}
 		return r
 	}
-	dra := &DRATarget{Driver: "d"}
+	dra := &target.DRATarget{Driver: "d"}
 	rep := &Report{DRA: true, Compare: "ours", Runs: 1, Targets: []TargetReport{
-		summarize(Target{Name: "ours", Scenario: "8, steps", Group: "8", DRA: dra}, []*RunResult{run(300)}),
-		summarize(Target{Name: "ours", Scenario: "8, no steps", Group: "8", DRA: dra}, []*RunResult{run(200)}),
-		summarize(Target{Name: "peer", Scenario: "8", DRA: dra}, []*RunResult{run(100)}),
+		summarize(target.Target{Name: "ours", Scenario: "8, steps", Group: "8", DRA: dra}, []*RunResult{run(300)}),
+		summarize(target.Target{Name: "ours", Scenario: "8, no steps", Group: "8", DRA: dra}, []*RunResult{run(200)}),
+		summarize(target.Target{Name: "peer", Scenario: "8", DRA: dra}, []*RunResult{run(100)}),
 	}}
 	if f := rep.Targets[0].Runs[0].Failed(); !slices.Equal(f, []string{"dra-idempotent"}) {
 		t.Errorf("failed %v", f)

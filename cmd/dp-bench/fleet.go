@@ -22,6 +22,7 @@ import (
 	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/audit"
 	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/proc"
 	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/stats"
+	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/target"
 )
 
 // dp-bench -fleet N runs every DRA target of -targets on a fleet of N
@@ -191,7 +192,7 @@ func runFleet(ctx context.Context, o *options, fo *fleetOptions, args []string, 
 }
 
 // runFleetTarget runs one driver on the fleet.
-func runFleetTarget(ctx context.Context, t Target, o *options, fo *fleetOptions, stderr io.Writer) (FleetTarget, string) {
+func runFleetTarget(ctx context.Context, t target.Target, o *options, fo *fleetOptions, stderr io.Writer) (FleetTarget, string) {
 	ft := FleetTarget{Name: t.Label(), Driver: t.DRA.Driver}
 	fc, err := startFleetCluster(ctx, o.cp, fo)
 	if err != nil {
@@ -208,7 +209,7 @@ func runFleetTarget(ctx context.Context, t Target, o *options, fo *fleetOptions,
 
 // fleet is one driver's fleet in progress.
 type fleet struct {
-	t     Target
+	t     target.Target
 	o     *options
 	fo    *fleetOptions
 	fc    *fleetCluster
@@ -232,7 +233,7 @@ func (f *fleet) run(ctx context.Context) error {
 	if f.tpl, err = f.fc.driverObjects(ctx, f.t.DRA.Driver); err != nil {
 		return err
 	}
-	f.ft.Agent = baseName(f.t.Command[0])
+	f.ft.Agent = target.BaseName(f.t.Command[0])
 	if a, err := t0Expand(f.t); err == nil {
 		f.ft.Agent = a
 	}
@@ -310,20 +311,20 @@ func (f *fleet) run(ctx context.Context) error {
 
 // t0Expand is the user agent's product of the target: client-go's
 // default is the binary's base name.
-func t0Expand(t Target) (string, error) {
+func t0Expand(t target.Target) (string, error) {
 	if len(t.Command) == 0 {
 		return "", errors.New("no command")
 	}
 	v := t.Command[0]
 	if strings.Contains(v, "{{") {
-		r, err := t.prepare("", &cluster{})
+		r, err := t.Prepare("", &target.Cluster{})
 		if err != nil {
 			return "", err
 		}
-		defer r.cleanup()
-		v = r.argv[0]
+		defer r.Cleanup()
+		v = r.Argv[0]
 	}
-	return baseName(v), nil
+	return target.BaseName(v), nil
 }
 
 // createPods creates count pods named prefix-<i> at once (32 at a time)

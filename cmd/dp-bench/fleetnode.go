@@ -18,6 +18,7 @@ import (
 
 	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/apiclient"
 	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/proc"
+	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/target"
 	"github.com/cdi-device-plugin/cdi-device-plugin/internal/kubeletsim"
 )
 
@@ -26,8 +27,8 @@ import (
 // NodePrepareResources calls of the pods bound to it).
 type fleetNode struct {
 	name string
-	t    Target
-	r    *runDirs
+	t    target.Target
+	r    *target.Run
 	pr   *kubeletsim.PodResources
 
 	mu  sync.Mutex
@@ -38,14 +39,14 @@ type fleetNode struct {
 }
 
 // startFleetNode makes the node's directories and starts its driver.
-func startFleetNode(t Target, s Settings, kubeconfig, name string) (*fleetNode, error) {
-	r, err := t.prepare(s.TmpfsDir, &cluster{Kubeconfig: kubeconfig, NodeName: name})
+func startFleetNode(t target.Target, s target.Settings, kubeconfig, name string) (*fleetNode, error) {
+	r, err := t.Prepare(s.TmpfsDir, &target.Cluster{Kubeconfig: kubeconfig, NodeName: name})
 	if err != nil {
 		return nil, err
 	}
 	n := &fleetNode{name: name, t: t, r: r}
-	if n.pr, err = kubeletsim.ServePodResources(r.host.PodResources); err != nil {
-		r.cleanup()
+	if n.pr, err = kubeletsim.ServePodResources(r.Host.PodResources); err != nil {
+		r.Cleanup()
 		return nil, err
 	}
 	if err := n.start(); err != nil {
@@ -57,7 +58,7 @@ func startFleetNode(t Target, s Settings, kubeconfig, name string) (*fleetNode, 
 
 // start starts a driver process; the previous one has ended.
 func (n *fleetNode) start() error {
-	p, err := proc.Start(n.r.argv, n.r.env, nil, n.r.scratch)
+	p, err := proc.Start(n.r.Argv, n.r.Env, nil, n.r.Scratch)
 	if err != nil {
 		return err
 	}
@@ -83,7 +84,7 @@ func (n *fleetNode) register(ctx context.Context, timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
 	var last error
 	for {
-		for _, sock := range sockets(n.r.host.RegistrarDir) {
+		for _, sock := range sockets(n.r.Host.RegistrarDir) {
 			cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 			d, err := kubeletsim.RegisterDRA(cctx, sock)
 			cancel()
@@ -222,14 +223,14 @@ func (n *fleetNode) rss() int64 {
 // deviceNodes are the char device nodes in the node's DevDir: those a
 // driver of simulated devices made (none for a driver that makes none).
 func (n *fleetNode) deviceNodes() ([]string, error) {
-	ents, err := os.ReadDir(n.r.host.DevDir)
+	ents, err := os.ReadDir(n.r.Host.DevDir)
 	if err != nil {
 		return nil, err
 	}
 	var out []string
 	for _, e := range ents {
 		if e.Type()&os.ModeCharDevice != 0 {
-			out = append(out, filepath.Join(n.r.host.DevDir, e.Name()))
+			out = append(out, filepath.Join(n.r.Host.DevDir, e.Name()))
 		}
 	}
 	return out, nil
@@ -249,7 +250,7 @@ func (n *fleetNode) stop() {
 	if n.pr != nil {
 		n.pr.Stop()
 	}
-	n.r.cleanup()
+	n.r.Cleanup()
 }
 
 // claimPod is a pod of 1 device claimed from the template tpl, with a

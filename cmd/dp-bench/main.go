@@ -40,6 +40,7 @@ import (
 
 	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/controlplane"
 	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/proc"
+	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/target"
 )
 
 func main() {
@@ -54,8 +55,8 @@ func main() {
 
 // options are the parsed command line.
 type options struct {
-	targets  []Target
-	settings Settings
+	targets  []target.Target
+	settings target.Settings
 	cp       controlplane.Options
 	runs     int
 	jsonOut  string
@@ -80,10 +81,10 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 		fmt.Fprintf(stderr, "usage: dp-bench [flags] -- PLUGIN [ARG...]\n       dp-bench [flags] -targets FILE\n\nflags:\n")
 		fs.PrintDefaults()
 	}
-	def := DefaultSettings()
+	def := target.DefaultSettings()
 	var (
 		o       = &options{settings: def}
-		t       Target
+		t       target.Target
 		env     stringList
 		targets = fs.String("targets", "", "YAML or JSON file with several targets to run side by side (instead of -- PLUGIN ...)")
 		must    = fs.String("must-pass", "", "comma-separated target names whose checks must all pass for exit status 0 (default: every target)")
@@ -163,7 +164,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	case *targets != "" && fs.NArg() > 0:
 		return nil, fmt.Errorf("-targets=%q and a plugin command %q: give one of them", *targets, fs.Arg(0))
 	case *targets != "":
-		ts, err := loadTargets(*targets)
+		ts, err := target.Load(*targets)
 		if err != nil {
 			return nil, fmt.Errorf("-targets=%q: %w", *targets, err)
 		}
@@ -175,14 +176,14 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 		t.Command = fs.Args()
 		t.Env = env
 		if t.Name == "" {
-			t.Name = baseName(t.Command[0])
+			t.Name = target.BaseName(t.Command[0])
 		}
-		if err := t.validate(); err != nil {
+		if err := t.Validate(); err != nil {
 			return nil, fmt.Errorf("%w", flagErr(err))
 		}
-		o.targets = []Target{t}
+		o.targets = []target.Target{t}
 	}
-	if o.compare != "" && !slices.ContainsFunc(o.targets, func(t Target) bool { return t.Name == o.compare }) {
+	if o.compare != "" && !slices.ContainsFunc(o.targets, func(t target.Target) bool { return t.Name == o.compare }) {
 		return nil, fmt.Errorf("-compare=%q: no target of that name", o.compare)
 	}
 	for n := range o.mustPass {
@@ -203,13 +204,6 @@ func flagErr(err error) error {
 	return errors.New(r.Replace(err.Error()))
 }
 
-func baseName(p string) string {
-	if i := strings.LastIndexByte(p, '/'); i >= 0 {
-		return p[i+1:]
-	}
-	return p
-}
-
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	o, err := parseFlags(args, stderr)
 	if errors.Is(err, flag.ErrHelp) {
@@ -226,7 +220,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return runFleet(ctx, o, o.fleet, args, stdout, stderr)
 	}
 	rep := &Report{Command: "dp-bench " + strings.Join(args, " "), Machine: describeMachine(), Runs: o.runs, Settings: o.settings, Compare: o.compare,
-		DRA: isDRA(o.targets)}
+		DRA: target.IsDRA(o.targets)}
 	if o.goBench != "" {
 		if rep.GoBench, err = parseGoBench(o.goBench); err != nil {
 			fmt.Fprintf(stderr, "dp-bench: -gobench=%q: %v\n", o.goBench, err)

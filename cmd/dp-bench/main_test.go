@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/proc"
+	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/target"
 	"github.com/cdi-device-plugin/cdi-device-plugin/internal/testutil"
 )
 
@@ -44,13 +45,13 @@ func TestMain(m *testing.M) {
 
 // testSettings keep a run short; the windows are generous for a loaded
 // machine where they must pass and only as long as the faults need.
-func testSettings() Settings {
-	return Settings{Calls: 3, Prompt: time.Second, Register: 3 * time.Second, Restart: 2 * time.Second,
+func testSettings() target.Settings {
+	return target.Settings{Calls: 3, Prompt: time.Second, Register: 3 * time.Second, Restart: 2 * time.Second,
 		Change: 2 * time.Second, Settle: 300 * time.Millisecond, Connect: time.Second, Term: 5 * time.Second}
 }
 
-func testPlugin(fault string) Target {
-	return Target{
+func testPlugin(fault string) target.Target {
+	return target.Target{
 		Name:         "testplugin",
 		Command:      []string{bins.testplugin, "-dir", "{{.SocketDir}}", "-cdi-dir", "{{.CDIDir}}", "-dev-dir", "{{.DevDir}}", "-count", "4", "-fault", fault, "-late", "1500ms"},
 		DeviceFiles:  4,
@@ -60,8 +61,8 @@ func testPlugin(fault string) Target {
 	}
 }
 
-func ourPlugin() Target {
-	return Target{
+func ourPlugin() target.Target {
+	return target.Target{
 		Name: "cdi-device-plugin",
 		Command: []string{bins.ours, "--device-plugin-dir", "{{.SocketDir}}", "--cdi-dir", "{{.CDIDir}}",
 			"--dev-root", "{{.DevDir}}", "--state-dir", "{{.WorkDir}}/state", "--pod-resources-socket", "{{.PodResources}}", "--log-level", "warn"},
@@ -74,7 +75,7 @@ func ourPlugin() Target {
 
 // runAll runs the targets once each, concurrently (they mostly wait), and
 // returns their results in order.
-func runAll(t *testing.T, targets []Target) []*RunResult {
+func runAll(t *testing.T, targets []target.Target) []*RunResult {
 	t.Helper()
 	res := make([]*RunResult, len(targets))
 	errs := make([]error, len(targets))
@@ -122,7 +123,7 @@ func TestChecksCatchFaults(t *testing.T) {
 		{"double-register", []string{"kubelet-restart"}},
 		{"keep-socket", []string{"sigterm-socket"}},
 	}
-	var targets []Target
+	var targets []target.Target
 	for _, c := range cases {
 		targets = append(targets, testPlugin(c.fault))
 	}
@@ -167,7 +168,7 @@ func assertAllPass(t *testing.T, r *RunResult) {
 // check, and the run measured what it should.
 func TestOurPluginPassesAll(t *testing.T) {
 	testutil.NeedMknod(t)
-	r := runAll(t, []Target{ourPlugin()})[0]
+	r := runAll(t, []target.Target{ourPlugin()})[0]
 	assertAllPass(t, r)
 	for _, m := range []string{"start-registered", "start-listed", "ids", "rss", "allocate", "preferred", "prestart", "restart-registered", "removed-update"} {
 		if _, ok := r.Metrics[m]; !ok {
@@ -193,7 +194,7 @@ func TestPrivateMounts(t *testing.T) {
 	if err := os.Mkdir(tg.CDIDir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	r := runAll(t, []Target{tg})[0]
+	r := runAll(t, []target.Target{tg})[0]
 	assertAllPass(t, r)
 	if _, err := os.Stat(filepath.Join(base, "not")); !os.IsNotExist(err) {
 		t.Errorf("the bind target was created on the host: %v", err)
@@ -233,29 +234,6 @@ func TestFlags(t *testing.T) {
 	}
 }
 
-func TestTargetsFile(t *testing.T) {
-	dir := t.TempDir()
-	for _, c := range []struct {
-		name, body, want string
-	}{
-		{"unknown field", "targets:\n- name: a\n  command: [x]\n  sockDir: /x\n", `unknown field "sockDir"`},
-		{"no command", "targets:\n- name: a\n", "targets[0]: command: empty"},
-		{"file name", "targets:\n- name: a\n  command: [x]\n  files: {../x: y}\n", `files: "../x" must be a plain file name`},
-		{"empty", "targets: []\n", "no targets"},
-	} {
-		t.Run(c.name, func(t *testing.T) {
-			p := filepath.Join(dir, strings.ReplaceAll(c.name, " ", "-")+".yaml")
-			if err := os.WriteFile(p, []byte(c.body), 0o644); err != nil {
-				t.Fatal(err)
-			}
-			_, err := loadTargets(p)
-			if err == nil || !strings.Contains(err.Error(), c.want) {
-				t.Fatalf("error %v, want it to contain %q", err, c.want)
-			}
-		})
-	}
-}
-
 // TestSummarize: a check failed in any run fails; medians of values,
 // baselines and per-run ratios.
 func TestSummarize(t *testing.T) {
@@ -265,7 +243,7 @@ func TestSummarize(t *testing.T) {
 		r.measure("allocate", v, b)
 		return r
 	}
-	tr := summarize(Target{Name: "x"}, []*RunResult{mk(Pass, 10, 5), mk(Fail, 30, 10), mk(Pass, 20, 5)})
+	tr := summarize(target.Target{Name: "x"}, []*RunResult{mk(Pass, 10, 5), mk(Fail, 30, 10), mk(Pass, 20, 5)})
 	if c := tr.Checks["allocate"]; c.Status != Fail || c.Detail != "run 2: run" {
 		t.Errorf("check %+v", c)
 	}
@@ -278,7 +256,7 @@ func TestSummarize(t *testing.T) {
 // TestWriteMarkdownInto keeps what lies outside the markers.
 func TestWriteMarkdownInto(t *testing.T) {
 	p := filepath.Join(t.TempDir(), "b.md")
-	rep := &Report{Command: "dp-bench -runs 1", Runs: 1, Targets: []TargetReport{summarize(Target{Name: "x"}, []*RunResult{newRunResult()})}}
+	rep := &Report{Command: "dp-bench -runs 1", Runs: 1, Targets: []TargetReport{summarize(target.Target{Name: "x"}, []*RunResult{newRunResult()})}}
 	if err := os.WriteFile(p, []byte("# Title\n\nintro\n\n"+mdBegin+"\nold\n"+mdEnd+"\n\n## Notes\nkept\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -336,9 +314,9 @@ func TestComparison(t *testing.T) {
 		return r
 	}
 	rep := &Report{Compare: "ours", Targets: []TargetReport{
-		summarize(Target{Name: "ours", Scenario: "8"}, []*RunResult{run(10), run(40), run(12)}),
-		summarize(Target{Name: "peer", Scenario: "8"}, []*RunResult{run(20), run(20), run(12)}),
-		summarize(Target{Name: "other", Scenario: "2"}, []*RunResult{run(1), run(1), run(1)}),
+		summarize(target.Target{Name: "ours", Scenario: "8"}, []*RunResult{run(10), run(40), run(12)}),
+		summarize(target.Target{Name: "peer", Scenario: "8"}, []*RunResult{run(20), run(20), run(12)}),
+		summarize(target.Target{Name: "other", Scenario: "2"}, []*RunResult{run(1), run(1), run(1)}),
 	}}
 	ps := pairs(rep)
 	if len(ps) != 1 || ps[0].other.Target.Name != "peer" {

@@ -13,15 +13,16 @@ import (
 
 	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/proc"
 	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/stats"
+	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/target"
 )
 
 // Report is what dp-bench writes as JSON.
 type Report struct {
-	Command  string         `json:"command"`
-	Machine  Machine        `json:"machine"`
-	Runs     int            `json:"runs"`
-	Settings Settings       `json:"settings"`
-	Targets  []TargetReport `json:"targets"`
+	Command  string          `json:"command"`
+	Machine  Machine         `json:"machine"`
+	Runs     int             `json:"runs"`
+	Settings target.Settings `json:"settings"`
+	Targets  []TargetReport  `json:"targets"`
 	// Compare is the target name the others are compared with, run by run.
 	Compare string    `json:"compare,omitempty"`
 	GoBench []GoBench `json:"goBenchmarks,omitempty"`
@@ -47,7 +48,7 @@ type Machine struct {
 
 // TargetReport is a target over all runs.
 type TargetReport struct {
-	Target  Target                 `json:"target"`
+	Target  target.Target          `json:"target"`
 	Checks  map[string]CheckResult `json:"checks"`
 	Metrics map[string]Aggregate   `json:"metrics"`
 	Runs    []*RunResult           `json:"runs"`
@@ -68,7 +69,7 @@ type Aggregate struct {
 
 // summarize folds the runs of a target: a check fails if it failed in any
 // run, passes if it passed in every run that reached it, else is skipped.
-func summarize(t Target, runs []*RunResult) TargetReport {
+func summarize(t target.Target, runs []*RunResult) TargetReport {
 	tr := TargetReport{Target: t, Checks: map[string]CheckResult{}, Metrics: map[string]Aggregate{}, Runs: runs}
 	checks, metrics := defsOf(t.DRA != nil)
 	for _, c := range checks {
@@ -298,7 +299,7 @@ func pairs(rep *Report) []pair {
 		}
 		for j := range rep.Targets {
 			o := &rep.Targets[j]
-			if o.Target.Name != rep.Compare && o.Target.group() == ref.Target.group() && o.Err == "" && ref.Err == "" {
+			if o.Target.Name != rep.Compare && o.Target.CompareGroup() == ref.Target.CompareGroup() && o.Err == "" && ref.Err == "" {
 				ps = append(ps, pair{ref, o})
 			}
 		}

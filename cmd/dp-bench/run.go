@@ -21,48 +21,10 @@ import (
 
 	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/proc"
 	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/stats"
+	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/target"
 	"github.com/cdi-device-plugin/cdi-device-plugin/device/sysfs"
 	"github.com/cdi-device-plugin/cdi-device-plugin/internal/kubeletsim"
 )
-
-// Settings bound and size one run.
-type Settings struct {
-	// Calls is the number of timed calls per RPC (p50 over them).
-	Calls int
-	// Idle is the window in which CPU and wake-ups are measured with no
-	// kubelet activity (0: not measured).
-	Idle time.Duration
-	// Prompt bounds "at once": the first ListAndWatch list.
-	Prompt time.Duration
-	// Register bounds the first registration, Restart the one after a
-	// kubelet restart, Change a ListAndWatch update after a device file
-	// is removed or put back.
-	Register, Restart, Change time.Duration
-	// Settle is how long no further registration may arrive after the
-	// one that followed a kubelet restart.
-	Settle time.Duration
-	// Connect bounds the kubelet's call to the endpoint during Register.
-	Connect time.Duration
-	// Term bounds the exit after SIGTERM.
-	Term time.Duration
-	// TmpfsDir holds the runs' DevDir and CDIDir ("": TMPDIR).
-	TmpfsDir string
-	// DRACalls is the number of claims per size a DRA driver prepares
-	// (p50 over them).
-	DRACalls int
-	// APIInterval is the least time between two calls that make a DRA
-	// driver read a claim from the API server: above the interval of
-	// client-go's default limiter (5 a second), so that the limiter is
-	// not what is timed.
-	APIInterval time.Duration
-}
-
-// DefaultSettings suit a benchmark; tests shorten them.
-func DefaultSettings() Settings {
-	return Settings{Calls: 200, Idle: 10 * time.Second, Prompt: time.Second, Register: 30 * time.Second,
-		Restart: 30 * time.Second, Change: 15 * time.Second, Settle: time.Second, Connect: 2 * time.Second, Term: 10 * time.Second,
-		TmpfsDir: defaultTmpfsDir(), DRACalls: 20, APIInterval: 210 * time.Millisecond}
-}
 
 func sprintf(format string, args ...any) string {
 	if len(args) == 0 {
@@ -74,18 +36,18 @@ func sprintf(format string, args ...any) string {
 // runTarget runs t once: starts it against a fresh kubelet stand-in,
 // checks the contract, measures, and stops it. Only setup errors are
 // returned; failures of the plugin are results.
-func runTarget(ctx context.Context, t Target, s Settings) (*RunResult, error) {
-	r, err := t.prepare(s.TmpfsDir, nil)
+func runTarget(ctx context.Context, t target.Target, s target.Settings) (*RunResult, error) {
+	r, err := t.Prepare(s.TmpfsDir, nil)
 	if err != nil {
 		return nil, err
 	}
-	defer r.cleanup()
-	pr, err := kubeletsim.ServePodResources(r.host.PodResources)
+	defer r.Cleanup()
+	pr, err := kubeletsim.ServePodResources(r.Host.PodResources)
 	if err != nil {
 		return nil, err
 	}
 	defer pr.Stop()
-	k, err := kubeletsim.StartWith(r.host.SocketDir, kubeletsim.Options{ConnectTimeout: s.Connect})
+	k, err := kubeletsim.StartWith(r.Host.SocketDir, kubeletsim.Options{ConnectTimeout: s.Connect})
 	if err != nil {
 		return nil, err
 	}
@@ -94,7 +56,7 @@ func runTarget(ctx context.Context, t Target, s Settings) (*RunResult, error) {
 	if err != nil {
 		return nil, err
 	}
-	p, err := proc.Start(r.argv, r.env, r.binds, r.scratch)
+	p, err := proc.Start(r.Argv, r.Env, r.Binds, r.Scratch)
 	if err != nil {
 		return nil, err
 	}
@@ -115,9 +77,9 @@ func runTarget(ctx context.Context, t Target, s Settings) (*RunResult, error) {
 
 // session is one run in progress.
 type session struct {
-	t        Target
-	s        Settings
-	r        *runDirs
+	t        target.Target
+	s        target.Settings
+	r        *target.Run
 	k        *kubeletsim.Kubelet
 	p        *proc.Proc
 	res      *RunResult
@@ -277,7 +239,7 @@ func drain(ch chan kubeletsim.Registration) {
 // right after Register.
 func (x *session) watch(ctx context.Context) error {
 	x.closeStream()
-	c, err := kubeletsim.Dial(x.r.host.SocketDir, x.reg.Request.Endpoint)
+	c, err := kubeletsim.Dial(x.r.Host.SocketDir, x.reg.Request.Endpoint)
 	if err != nil {
 		return err
 	}
@@ -480,7 +442,7 @@ func (x *session) resolve(r *pluginapi.ContainerAllocateResponse) {
 		x.res.skip("cdi-resolve", "no CDI names returned")
 		return
 	}
-	n, err := injectCDI(x.r.host.CDIDir, names)
+	n, err := injectCDI(x.r.Host.CDIDir, names)
 	if err != nil {
 		x.res.fail("cdi-resolve", "%v", err)
 		return
@@ -620,7 +582,7 @@ func healthySet(u kubeletsim.Update) string {
 // change removes the device file, waits for a list with fewer healthy IDs,
 // puts the file back as it was and waits for the original list.
 func (x *session) change() error {
-	if x.r.remove == "" {
+	if x.r.Remove == "" {
 		x.res.skip("listandwatch-change", "no device file to remove given")
 		return nil
 	}
@@ -638,7 +600,7 @@ func (x *session) change() error {
 	}
 	before := healthySet(x.last)
 	var st unix.Stat_t
-	if err := unix.Lstat(x.r.remove, &st); err != nil {
+	if err := unix.Lstat(x.r.Remove, &st); err != nil {
 		return fmt.Errorf("removeDevice: %w", err)
 	}
 	w, err := fsnotify.NewWatcher()
@@ -646,37 +608,37 @@ func (x *session) change() error {
 		return err
 	}
 	defer w.Close()
-	if err := w.Add(filepath.Dir(x.r.remove)); err != nil {
+	if err := w.Add(filepath.Dir(x.r.Remove)); err != nil {
 		return err
 	}
 	t0 := time.Now()
-	if err := os.Remove(x.r.remove); err != nil {
+	if err := os.Remove(x.r.Remove); err != nil {
 		return err
 	}
-	raw, err := rawEvent(w, x.r.remove, t0)
+	raw, err := rawEvent(w, x.r.Remove, t0)
 	if err != nil {
 		return err
 	}
 	u, err := kubeletsim.WaitFor(x.updates, x.s.Change, func(u kubeletsim.Update) bool { return healthySet(u) != before })
 	if err != nil {
-		x.res.fail("listandwatch-change", "removal of %s not reported within %s", x.r.remove, x.s.Change)
+		x.res.fail("listandwatch-change", "removal of %s not reported within %s", x.r.Remove, x.s.Change)
 	} else {
 		x.res.measure("removed-update", ms(u.At.Sub(t0)), ms(raw))
 	}
 	// Put it back as it was.
 	if st.Mode&unix.S_IFMT == unix.S_IFREG {
-		err = os.WriteFile(x.r.remove, nil, os.FileMode(st.Mode&0o7777))
+		err = os.WriteFile(x.r.Remove, nil, os.FileMode(st.Mode&0o7777))
 	} else {
-		err = unix.Mknod(x.r.remove, st.Mode, int(st.Rdev))
+		err = unix.Mknod(x.r.Remove, st.Mode, int(st.Rdev))
 	}
 	if err != nil {
-		return fmt.Errorf("restore %s: %w", x.r.remove, err)
+		return fmt.Errorf("restore %s: %w", x.r.Remove, err)
 	}
 	if x.res.Checks["listandwatch-change"].Status == Fail {
 		return nil
 	}
 	if x.last, err = kubeletsim.WaitFor(x.updates, x.s.Change, func(u kubeletsim.Update) bool { return healthySet(u) == before }); err != nil {
-		x.res.fail("listandwatch-change", "return of %s not reported within %s", x.r.remove, x.s.Change)
+		x.res.fail("listandwatch-change", "return of %s not reported within %s", x.r.Remove, x.s.Change)
 		return nil
 	}
 	x.res.pass("listandwatch-change", "removal and return reported")
@@ -702,7 +664,7 @@ func (x *session) uevent(ctx context.Context) error {
 		}
 	}
 	before := healthySet(x.last)
-	if out, err := exec.Command("sh", "-c", x.r.change).CombinedOutput(); err != nil {
+	if out, err := exec.Command("sh", "-c", x.r.Change).CombinedOutput(); err != nil {
 		return fmt.Errorf("uevent.change: %w: %s", err, out)
 	}
 	got := make(chan time.Time, 16)
@@ -819,7 +781,7 @@ func (x *session) restart(ctx context.Context) error {
 		return err
 	}
 	defer w.Close()
-	if err := w.Add(x.r.host.SocketDir); err != nil {
+	if err := w.Add(x.r.Host.SocketDir); err != nil {
 		return err
 	}
 	drain(x.k.Calls)
@@ -872,7 +834,7 @@ func (x *session) restart(ctx context.Context) error {
 // sigterm stops the plugin with SIGTERM and checks its socket is gone.
 func (x *session) sigterm() {
 	x.closeStream()
-	sock := filepath.Join(x.r.host.SocketDir, x.reg.Request.Endpoint)
+	sock := filepath.Join(x.r.Host.SocketDir, x.reg.Request.Endpoint)
 	ok, err := x.p.Terminate(x.s.Term)
 	x.stopped = true
 	if !ok {

@@ -1,4 +1,9 @@
-package main
+// Package target is what dp-bench runs: a target (a plugin's or a
+// driver's command line and what it must do, from a targets file or the
+// flags), the settings that bound and size a run, and one run's fresh
+// directories, files and command line, made from the target's templates
+// (Prepare).
+package target
 
 import (
 	"bytes"
@@ -7,9 +12,11 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"text/template"
+	"time"
 
 	"golang.org/x/sys/unix"
 	"sigs.k8s.io/yaml"
@@ -21,7 +28,8 @@ import (
 // and measure. Command, Env, Files and RemoveDevice are templates over
 // Dirs (e.g. "{{.SocketDir}}") with a function env ("{{env "BIN"}}").
 // A target with DRA set is a DRA driver, driven as the kubelet drives one
-// (dra.go); the others are device plugins.
+// (package drasession); the others are device plugins (package
+// dpsession).
 type Target struct {
 	// Name labels the plugin in the tables, Scenario its size.
 	Name     string `json:"name"`
@@ -84,8 +92,8 @@ type UeventCheck struct {
 	Trigger string `json:"trigger"`
 }
 
-// group is the comparison group: Group, else the scenario.
-func (t Target) group() string {
+// CompareGroup is the comparison group: Group, else the scenario.
+func (t Target) CompareGroup() string {
 	if t.Group != "" {
 		return t.Group
 	}
@@ -120,8 +128,8 @@ type file struct {
 	Targets []Target `json:"targets"`
 }
 
-// loadTargets reads a targets file (YAML or JSON).
-func loadTargets(path string) ([]Target, error) {
+// Load reads a targets file (YAML or JSON).
+func Load(path string) ([]Target, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return nil, err
@@ -134,7 +142,7 @@ func loadTargets(path string) ([]Target, error) {
 		return nil, fmt.Errorf("%s: no targets", path)
 	}
 	for i := range f.Targets {
-		if err := f.Targets[i].validate(); err != nil {
+		if err := f.Targets[i].Validate(); err != nil {
 			return nil, fmt.Errorf("%s: targets[%d]: %w", path, i, err)
 		}
 		if (f.Targets[i].DRA != nil) != (f.Targets[0].DRA != nil) {
@@ -144,7 +152,9 @@ func loadTargets(path string) ([]Target, error) {
 	return f.Targets, nil
 }
 
-func (t Target) validate() error {
+// Validate checks a target's fields; errors name the field and the
+// value.
+func (t Target) Validate() error {
 	if t.Name == "" {
 		return errors.New("name: empty")
 	}
@@ -186,68 +196,74 @@ func (d *DRATarget) validate(t Target) error {
 	return nil
 }
 
-// runDirs are one run's directories on the host, and as the plugin sees them.
-type runDirs struct {
-	root      string
-	fastRoot  string // on a tmpfs: DevDir and CDIDir, as /dev and /run on a node
-	host      Dirs   // where dp-bench finds them
-	plugin    Dirs   // what the plugin is told
-	binds     []proc.Bind
-	argv, env []string
-	remove    string // host path of RemoveDevice
-	change    string // Uevent.Change, expanded
-	evidence  string // DRA.StepsEvidence, expanded
-	scratch   string // for the mount namespace's overlays
+// Run is one run's directories on the host, and as the plugin sees them,
+// and its command line. Cleanup removes the directories.
+type Run struct {
+	// Host is where dp-bench finds the directories, Plugin what the
+	// plugin is told.
+	Host, Plugin Dirs
+	// Binds are the directories bound where the plugin expects them.
+	Binds []proc.Bind
+	// Argv and Env are the expanded command line and environment.
+	Argv, Env []string
+	// Remove is the host path of RemoveDevice, Change the expanded
+	// Uevent.Change, Evidence the expanded DRA.StepsEvidence.
+	Remove, Change, Evidence string
+	// Scratch is an empty directory for the mount namespace's overlays.
+	Scratch string
+
+	root     string
+	fastRoot string // on a tmpfs: DevDir and CDIDir, as /dev and /run on a node
 }
 
-// cluster is what a DRA driver's run gets from the API server: its
+// Cluster is what a DRA driver's run gets from the API server: its
 // kubeconfig and the node's name.
-type cluster struct{ Kubeconfig, NodeName string }
+type Cluster struct{ Kubeconfig, NodeName string }
 
-// prepare makes the run's directories and files and expands the templates.
+// Prepare makes the run's directories and files and expands the templates.
 // DevDir and CDIDir are made in tmpfsDir (when not empty), the others in
 // TMPDIR: on a node /dev and /run are tmpfs, the kubelet's and the
 // plugin's state are on disk. A DRA driver's run gets c's kubeconfig and
 // node name, the registration and plugins directories and the
 // PodResources socket's path.
-func (t Target) prepare(tmpfsDir string, c *cluster) (*runDirs, error) {
+func (t Target) Prepare(tmpfsDir string, c *Cluster) (*Run, error) {
 	root, err := os.MkdirTemp("", "dpb")
 	if err != nil {
 		return nil, err
 	}
-	r := &runDirs{root: root, fastRoot: root, scratch: filepath.Join(root, "ns")}
+	r := &Run{root: root, fastRoot: root, Scratch: filepath.Join(root, "ns")}
 	if tmpfsDir != "" {
 		if r.fastRoot, err = os.MkdirTemp(tmpfsDir, "dpb"); err != nil {
-			r.cleanup()
+			r.Cleanup()
 			return nil, err
 		}
 	}
-	r.host = Dirs{SocketDir: filepath.Join(root, "s"), CDIDir: filepath.Join(r.fastRoot, "cdi"), DevDir: filepath.Join(r.fastRoot, "dev"), WorkDir: filepath.Join(root, "work")}
+	r.Host = Dirs{SocketDir: filepath.Join(root, "s"), CDIDir: filepath.Join(r.fastRoot, "cdi"), DevDir: filepath.Join(r.fastRoot, "dev"), WorkDir: filepath.Join(root, "work")}
 	// A device plugin's run: the kubelet's PodResources, served beside
-	// kubelet.sock (runTarget), outside the device plugin directory.
-	r.host.PodResources = filepath.Join(r.host.WorkDir, "pod-resources.sock")
-	mkdirs := []string{r.host.SocketDir, r.host.CDIDir, r.host.DevDir, r.host.WorkDir, r.scratch}
+	// kubelet.sock, outside the device plugin directory.
+	r.Host.PodResources = filepath.Join(r.Host.WorkDir, "pod-resources.sock")
+	mkdirs := []string{r.Host.SocketDir, r.Host.CDIDir, r.Host.DevDir, r.Host.WorkDir, r.Scratch}
 	if t.DRA != nil {
 		if c == nil {
-			r.cleanup()
+			r.Cleanup()
 			return nil, errors.New("a DRA driver needs the API server")
 		}
-		r.host.RegistrarDir, r.host.PluginsDir = filepath.Join(root, "reg"), filepath.Join(root, "plugins")
-		r.host.PodResources = filepath.Join(r.host.SocketDir, "pod-resources.sock")
-		r.host.Kubeconfig, r.host.NodeName = c.Kubeconfig, c.NodeName
-		mkdirs = append(mkdirs, r.host.RegistrarDir, r.host.PluginsDir)
+		r.Host.RegistrarDir, r.Host.PluginsDir = filepath.Join(root, "reg"), filepath.Join(root, "plugins")
+		r.Host.PodResources = filepath.Join(r.Host.SocketDir, "pod-resources.sock")
+		r.Host.Kubeconfig, r.Host.NodeName = c.Kubeconfig, c.NodeName
+		mkdirs = append(mkdirs, r.Host.RegistrarDir, r.Host.PluginsDir)
 	}
-	r.plugin = r.host
+	r.Plugin = r.Host
 	if t.SocketDir != "" {
-		r.plugin.SocketDir = t.SocketDir
-		r.binds = append(r.binds, proc.Bind{Src: r.host.SocketDir, Dst: t.SocketDir})
+		r.Plugin.SocketDir = t.SocketDir
+		r.Binds = append(r.Binds, proc.Bind{Src: r.Host.SocketDir, Dst: t.SocketDir})
 	}
 	if t.CDIDir != "" {
-		r.plugin.CDIDir = t.CDIDir
-		r.binds = append(r.binds, proc.Bind{Src: r.host.CDIDir, Dst: t.CDIDir})
+		r.Plugin.CDIDir = t.CDIDir
+		r.Binds = append(r.Binds, proc.Bind{Src: r.Host.CDIDir, Dst: t.CDIDir})
 	}
-	fail := func(err error) (*runDirs, error) {
-		r.cleanup()
+	fail := func(err error) (*Run, error) {
+		r.Cleanup()
 		return nil, err
 	}
 	for _, d := range mkdirs {
@@ -256,7 +272,7 @@ func (t Target) prepare(tmpfsDir string, c *cluster) (*runDirs, error) {
 		}
 	}
 	for i := 0; i < t.DeviceFiles; i++ {
-		p := filepath.Join(r.host.DevDir, fmt.Sprintf("dev-%d", i))
+		p := filepath.Join(r.Host.DevDir, fmt.Sprintf("dev-%d", i))
 		if err := unix.Mknod(p, unix.S_IFCHR|0o666, int(unix.Mkdev(1, 3))); err != nil {
 			return fail(fmt.Errorf("deviceFiles: mknod %s (needs root): %w", p, err))
 		}
@@ -267,7 +283,7 @@ func (t Target) prepare(tmpfsDir string, c *cluster) (*runDirs, error) {
 			return "", fmt.Errorf("%s: %w", field, err)
 		}
 		var b bytes.Buffer
-		if err := tpl.Execute(&b, r.plugin); err != nil {
+		if err := tpl.Execute(&b, r.Plugin); err != nil {
 			return "", fmt.Errorf("%s: %w", field, err)
 		}
 		return b.String(), nil
@@ -282,7 +298,7 @@ func (t Target) prepare(tmpfsDir string, c *cluster) (*runDirs, error) {
 		if err != nil {
 			return fail(err)
 		}
-		if err := os.WriteFile(filepath.Join(r.host.WorkDir, n), []byte(c), 0o644); err != nil {
+		if err := os.WriteFile(filepath.Join(r.Host.WorkDir, n), []byte(c), 0o644); err != nil {
 			return fail(err)
 		}
 	}
@@ -291,12 +307,12 @@ func (t Target) prepare(tmpfsDir string, c *cluster) (*runDirs, error) {
 		if err != nil {
 			return fail(err)
 		}
-		r.argv = append(r.argv, v)
+		r.Argv = append(r.Argv, v)
 	}
-	if r.argv[0] == "" {
+	if r.Argv[0] == "" {
 		return fail(fmt.Errorf("command[0]=%q: the plugin binary is not set", t.Command[0]))
 	}
-	r.env = []string{"PATH=" + os.Getenv("PATH")}
+	r.Env = []string{"PATH=" + os.Getenv("PATH")}
 	for i, e := range t.Env {
 		v, err := expand(fmt.Sprintf("env[%d]", i), e)
 		if err != nil {
@@ -305,7 +321,7 @@ func (t Target) prepare(tmpfsDir string, c *cluster) (*runDirs, error) {
 		if !strings.Contains(v, "=") {
 			return fail(fmt.Errorf("env[%d]=%q: want KEY=VALUE", i, v))
 		}
-		r.env = append(r.env, v)
+		r.Env = append(r.Env, v)
 	}
 	if t.Setup != "" {
 		v, err := expand("setup", t.Setup)
@@ -317,12 +333,12 @@ func (t Target) prepare(tmpfsDir string, c *cluster) (*runDirs, error) {
 		}
 	}
 	if t.Uevent != nil {
-		if r.change, err = expand("uevent.change", t.Uevent.Change); err != nil {
+		if r.Change, err = expand("uevent.change", t.Uevent.Change); err != nil {
 			return fail(err)
 		}
 	}
 	if t.DRA != nil && t.DRA.StepsEvidence != "" {
-		if r.evidence, err = expand("dra.stepsEvidence", t.DRA.StepsEvidence); err != nil {
+		if r.Evidence, err = expand("dra.stepsEvidence", t.DRA.StepsEvidence); err != nil {
 			return fail(err)
 		}
 	}
@@ -332,14 +348,14 @@ func (t Target) prepare(tmpfsDir string, c *cluster) (*runDirs, error) {
 			return fail(err)
 		}
 		// The plugin's view of a path below a bound directory.
-		r.remove = r.toHost(v)
+		r.Remove = r.toHost(v)
 	}
 	return r, nil
 }
 
 // toHost maps a path as the plugin sees it to the host.
-func (r *runDirs) toHost(p string) string {
-	for _, b := range r.binds {
+func (r *Run) toHost(p string) string {
+	for _, b := range r.Binds {
 		if rel, err := filepath.Rel(b.Dst, p); err == nil && !strings.HasPrefix(rel, "..") {
 			return filepath.Join(b.Src, rel)
 		}
@@ -347,11 +363,51 @@ func (r *runDirs) toHost(p string) string {
 	return p
 }
 
-func (r *runDirs) cleanup() {
+// Cleanup removes the run's directories.
+func (r *Run) Cleanup() {
 	_ = os.RemoveAll(r.root)
 	if r.fastRoot != "" && r.fastRoot != r.root {
 		_ = os.RemoveAll(r.fastRoot)
 	}
+}
+
+// Settings bound and size one run.
+type Settings struct {
+	// Calls is the number of timed calls per RPC (p50 over them).
+	Calls int
+	// Idle is the window in which CPU and wake-ups are measured with no
+	// kubelet activity (0: not measured).
+	Idle time.Duration
+	// Prompt bounds "at once": the first ListAndWatch list.
+	Prompt time.Duration
+	// Register bounds the first registration, Restart the one after a
+	// kubelet restart, Change a ListAndWatch update after a device file
+	// is removed or put back.
+	Register, Restart, Change time.Duration
+	// Settle is how long no further registration may arrive after the
+	// one that followed a kubelet restart.
+	Settle time.Duration
+	// Connect bounds the kubelet's call to the endpoint during Register.
+	Connect time.Duration
+	// Term bounds the exit after SIGTERM.
+	Term time.Duration
+	// TmpfsDir holds the runs' DevDir and CDIDir ("": TMPDIR).
+	TmpfsDir string
+	// DRACalls is the number of claims per size a DRA driver prepares
+	// (p50 over them).
+	DRACalls int
+	// APIInterval is the least time between two calls that make a DRA
+	// driver read a claim from the API server: above the interval of
+	// client-go's default limiter (5 a second), so that the limiter is
+	// not what is timed.
+	APIInterval time.Duration
+}
+
+// DefaultSettings suit a benchmark; tests shorten them.
+func DefaultSettings() Settings {
+	return Settings{Calls: 200, Idle: 10 * time.Second, Prompt: time.Second, Register: 30 * time.Second,
+		Restart: 30 * time.Second, Change: 15 * time.Second, Settle: time.Second, Connect: 2 * time.Second, Term: 10 * time.Second,
+		TmpfsDir: defaultTmpfsDir(), DRACalls: 20, APIInterval: 210 * time.Millisecond}
 }
 
 // defaultTmpfsDir is /dev/shm when it is a tmpfs, else "" (TMPDIR).
@@ -361,4 +417,19 @@ func defaultTmpfsDir() string {
 		return "/dev/shm"
 	}
 	return ""
+}
+
+// IsDRA reports whether the targets are DRA drivers (Load keeps a file to
+// one kind).
+func IsDRA(ts []Target) bool {
+	return slices.ContainsFunc(ts, func(t Target) bool { return t.DRA != nil })
+}
+
+// BaseName is the last element of the path p (the whole of p without a
+// slash).
+func BaseName(p string) string {
+	if i := strings.LastIndexByte(p, '/'); i >= 0 {
+		return p[i+1:]
+	}
+	return p
 }
