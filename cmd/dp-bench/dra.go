@@ -21,6 +21,7 @@ import (
 	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/apiclient"
 	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/controlplane"
 	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/proc"
+	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/report"
 	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/stats"
 	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/target"
 	"github.com/cdi-device-plugin/cdi-device-plugin/internal/kubeletsim"
@@ -35,38 +36,6 @@ import (
 // endpoint (kubeletsim.RegisterDRA). The API server is a private one
 // (ControlPlane) shared by all runs; every run has a Node object of its
 // own and a PodResources stand-in on its socket.
-
-// The DRA driver's contract, in the order the checks run.
-var draCheckDefs = []checkDef{
-	{"dra-register", "registers through the registration socket as a DRA plugin (GetInfo: type, v1 service, endpoint; the expected name)"},
-	{"dra-slices", "publishes its devices in ResourceSlices of the node's pools"},
-	{"dra-prepare", "NodePrepareResources answers every allocated device with its request and CDI IDs (1 and 8 devices)"},
-	{"dra-cdi-resolve", "returned CDI IDs resolve (fresh CDI cache + InjectDevices, as containerd)"},
-	{"dra-idempotent", "a second NodePrepareResources of a prepared claim gives the same answer"},
-	{"dra-steps-once", "a second NodePrepareResources of a prepared claim runs no step again (the steps' files unchanged)"},
-	{"dra-unprepare", "NodeUnprepareResources succeeds, and again for the same claim"},
-	{"dra-unprepare-unknown", "NodeUnprepareResources of a claim it never prepared succeeds"},
-	{"dra-refuse-unknown", "NodePrepareResources of a claim allocated to a device it does not publish answers an error"},
-}
-
-const (
-	emptyRPC = "NodeUnprepareResources p50, no claims (empty RPC)"
-)
-
-// What is measured in every run of a DRA driver.
-var draMetricDefs = []metricDef{
-	{"start-registered", "process start → registered (GetInfo, NotifyRegistrationStatus answered)", "ms", "start → exit of a Go binary that exits at once"},
-	{"start-sliced", "process start → all its devices in ResourceSlices (watch event)", "ms", "dp-bench's own ResourceSlice: create → watch event"},
-	{"dra-devices", "devices published", "", ""},
-	{"prepare-1", "NodePrepareResources p50, new claim, 1 device", "µs", emptyRPC},
-	{"prepare-8", "NodePrepareResources p50, new claim, 8 devices", "µs", emptyRPC},
-	{"prepare-again-1", "NodePrepareResources p50, claim prepared already, 1 device", "µs", emptyRPC},
-	{"prepare-again-8", "NodePrepareResources p50, claim prepared already, 8 devices", "µs", emptyRPC},
-	{"unprepare-1", "NodeUnprepareResources p50, 1 device", "µs", emptyRPC},
-	{"unprepare-8", "NodeUnprepareResources p50, 8 devices", "µs", emptyRPC},
-	{"dra-rss", "resident memory (after the calls)", "MiB", "an idle Go process"},
-	{"claim-get", "GET of a claim by dp-bench, p50 (what every NodePrepareResources does first, in the helper)", "µs", ""},
-}
 
 // draSizes are the claim sizes the calls are timed at.
 var draSizes = []int{1, 8}
@@ -106,7 +75,7 @@ func (cl *draCluster) stop() { cl.cp.Stop() }
 // PodResources stand-in and the shared API server. Only setup errors are
 // returned; failures of the driver are results; logf takes what happens
 // to the run's watch.
-func runDRATarget(ctx context.Context, t target.Target, s target.Settings, cl *draCluster, logf func(string, ...any)) (*RunResult, error) {
+func runDRATarget(ctx context.Context, t target.Target, s target.Settings, cl *draCluster, logf func(string, ...any)) (*report.RunResult, error) {
 	nodeName := fmt.Sprintf("dp-bench-node-%d", cl.nodes.Add(1))
 	r, err := t.Prepare(s.TmpfsDir, &target.Cluster{Kubeconfig: cl.cp.Kubeconfig, NodeName: nodeName})
 	if err != nil {
@@ -163,7 +132,7 @@ func runDRATarget(ctx context.Context, t target.Target, s target.Settings, cl *d
 	if err != nil {
 		return nil, err
 	}
-	res := newRunResult()
+	res := report.NewRunResult()
 	x := &draSession{t: t, s: s, r: r, p: p, res: res, api: api, cl: cl, node: nodeName, events: events, fsw: fw,
 		execBase: execBase, apiBase: apiBase, idle: idle}
 	err = x.run(ctx)
@@ -219,7 +188,7 @@ type draSession struct {
 	s      target.Settings
 	r      *target.Run
 	p      *proc.Proc
-	res    *RunResult
+	res    *report.RunResult
 	api    *apiclient.Client
 	cl     *draCluster
 	node   string
@@ -244,13 +213,7 @@ func (x *draSession) stop() {
 }
 
 func (x *draSession) run(ctx context.Context) error {
-	skipRest := func(err error) {
-		for _, c := range draCheckDefs {
-			if _, ok := x.res.Checks[c.ID]; !ok {
-				x.res.skip(c.ID, "not reached: %v", err)
-			}
-		}
-	}
+	skipRest := func(err error) { x.res.SkipRest(report.DRAChecks, err) }
 	if err := x.register(ctx); err != nil {
 		x.res.Err = err.Error()
 		skipRest(err)
@@ -280,7 +243,7 @@ func (x *draSession) run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	x.res.measure("dra-rss", mib(ps.RSS), mib(bs.RSS))
+	x.res.Measure("dra-rss", report.MiB(ps.RSS), report.MiB(bs.RSS))
 	return nil
 }
 
@@ -301,15 +264,15 @@ func (x *draSession) register(ctx context.Context) error {
 			switch {
 			case err == nil:
 				x.dra = d
-				x.res.measure("start-registered", ms(at.Sub(x.p.Start)), ms(x.execBase))
+				x.res.Measure("start-registered", report.Ms(at.Sub(x.p.Start)), report.Ms(x.execBase))
 				if d.Info.Name != x.t.DRA.Driver {
-					x.res.fail("dra-register", "registered as %q, want %q", d.Info.Name, x.t.DRA.Driver)
+					x.res.Fail("dra-register", "registered as %q, want %q", d.Info.Name, x.t.DRA.Driver)
 				} else {
-					x.res.pass("dra-register", "%s, services %v, socket %s", d.Info.Name, d.Info.SupportedVersions, filepath.Base(sock))
+					x.res.Pass("dra-register", "%s, services %v, socket %s", d.Info.Name, d.Info.SupportedVersions, filepath.Base(sock))
 				}
 				return nil
 			case errors.Is(err, kubeletsim.ErrRefused):
-				x.res.fail("dra-register", "%v", err)
+				x.res.Fail("dra-register", "%v", err)
 				return err
 			}
 			lastErr = err
@@ -320,10 +283,10 @@ func (x *draSession) register(ctx context.Context) error {
 			return err
 		case <-time.After(2 * time.Millisecond): // a socket made, not served yet
 		case <-x.p.Done():
-			x.res.fail("dra-register", "exited before it registered: %v", x.p.Err())
+			x.res.Fail("dra-register", "exited before it registered: %v", x.p.Err())
 			return fmt.Errorf("the driver exited before it registered: %w", x.p.Err())
 		case <-deadline.C:
-			x.res.fail("dra-register", "no registration within %s (last: %v)", x.s.Register, lastErr)
+			x.res.Fail("dra-register", "no registration within %s (last: %v)", x.s.Register, lastErr)
 			return errNotRegistered
 		case <-ctx.Done():
 			return ctx.Err()
@@ -447,24 +410,24 @@ func (x *draSession) slices(ctx context.Context) error {
 			if !ok || (x.t.DRA.Devices > 0 && len(devs) < x.t.DRA.Devices) {
 				continue
 			}
-			x.res.measure("start-sliced", ms(ev.At.Sub(x.p.Start)), ms(x.apiBase))
-			x.res.count("dra-devices", float64(len(devs)))
+			x.res.Measure("start-sliced", report.Ms(ev.At.Sub(x.p.Start)), report.Ms(x.apiBase))
+			x.res.Count("dra-devices", float64(len(devs)))
 			x.devices = devs
 			if x.t.DRA.Devices > 0 && len(devs) != x.t.DRA.Devices {
-				x.res.fail("dra-slices", "%d devices, want %d", len(devs), x.t.DRA.Devices)
+				x.res.Fail("dra-slices", "%d devices, want %d", len(devs), x.t.DRA.Devices)
 			} else {
-				x.res.pass("dra-slices", "%d devices in %d slice(s) of pool(s) %s", len(devs), n, pl.names())
+				x.res.Pass("dra-slices", "%d devices in %d slice(s) of pool(s) %s", len(devs), n, pl.names())
 			}
 			if len(devs) == 0 {
 				return errors.New("no device published")
 			}
 			return nil
 		case <-x.p.Done():
-			x.res.fail("dra-slices", "exited: %v", x.p.Err())
+			x.res.Fail("dra-slices", "exited: %v", x.p.Err())
 			return fmt.Errorf("the driver exited: %w", x.p.Err())
 		case <-timeout.C:
 			devs, n, _ := pl.complete()
-			x.res.fail("dra-slices", "within %s: %d devices in %d slices of pool(s) %s of node %s (other pools: %v)", x.s.Register, len(devs), n, pl.names(), x.node, others)
+			x.res.Fail("dra-slices", "within %s: %d devices in %d slices of pool(s) %s of node %s (other pools: %v)", x.s.Register, len(devs), n, pl.names(), x.node, others)
 			return errors.New("its devices were not published")
 		case <-ctx.Done():
 			return ctx.Err()
@@ -586,7 +549,7 @@ func (x *draSession) calls(ctx context.Context) error {
 	failed := map[string]bool{}
 	fail := func(id, format string, args ...any) {
 		failed[id] = true
-		x.res.fail(id, format, args...)
+		x.res.Fail(id, format, args...)
 	}
 	for _, n := range sizes {
 		var st sizeTimes
@@ -595,21 +558,21 @@ func (x *draSession) calls(ctx context.Context) error {
 				return err
 			}
 		}
-		base := us(stats.Quantile(st.empty, 0.5))
+		base := report.Us(stats.Quantile(st.empty, 0.5))
 		for id, ds := range map[string][]time.Duration{"prepare": st.prepare, "prepare-again": st.again, "unprepare": st.unprepare} {
 			if len(ds) > 0 {
-				x.res.measure(fmt.Sprintf("%s-%d", id, n), us(stats.Quantile(ds, 0.5)), base)
+				x.res.Measure(fmt.Sprintf("%s-%d", id, n), report.Us(stats.Quantile(ds, 0.5)), base)
 			}
 		}
 		gets = append(gets, st.get...)
 	}
 	if len(gets) > 0 {
-		x.res.Metrics["claim-get"] = Sample{Value: us(stats.Quantile(gets, 0.5))}
+		x.res.Metrics["claim-get"] = report.Sample{Value: report.Us(stats.Quantile(gets, 0.5))}
 	}
 	desc := fmt.Sprintf("claims of %v devices, %d each", sizes, x.s.DRACalls)
 	for _, id := range []string{"dra-prepare", "dra-idempotent", "dra-unprepare"} {
 		if !failed[id] {
-			x.res.pass(id, "%s", desc)
+			x.res.Pass(id, "%s", desc)
 		}
 	}
 	return nil
@@ -690,12 +653,12 @@ func (x *draSession) cycle(ctx context.Context, n int, first bool, st *sizeTimes
 // first one did (ev1), when the first one changed them (from ev0).
 func (x *draSession) stepsOnce(n int, ev0, ev1 map[string]string) error {
 	if x.r.Evidence == "" {
-		x.res.skip("dra-steps-once", "no steps' files given")
+		x.res.Skip("dra-steps-once", "no steps' files given")
 		return nil
 	}
 	if len(changedFiles(ev0, ev1)) == 0 {
 		if _, ok := x.res.Checks["dra-steps-once"]; !ok {
-			x.res.skip("dra-steps-once", "the first preparation changed none of %s", x.t.DRA.StepsEvidence)
+			x.res.Skip("dra-steps-once", "the first preparation changed none of %s", x.t.DRA.StepsEvidence)
 		}
 		return nil
 	}
@@ -704,24 +667,24 @@ func (x *draSession) stepsOnce(n int, ev0, ev1 map[string]string) error {
 		return err
 	}
 	if ch := changedFiles(ev1, ev2); len(ch) > 0 {
-		x.res.fail("dra-steps-once", "%d devices: %d file(s) written again: %s", n, len(ch), strings.Join(ch, ", "))
+		x.res.Fail("dra-steps-once", "%d devices: %d file(s) written again: %s", n, len(ch), strings.Join(ch, ", "))
 		return nil
 	}
-	x.res.pass("dra-steps-once", "%d file(s) written by the first preparation, none by the second", len(changedFiles(ev0, ev1)))
+	x.res.Pass("dra-steps-once", "%d file(s) written by the first preparation, none by the second", len(changedFiles(ev0, ev1)))
 	return nil
 }
 
 // resolve injects the CDI IDs as containerd does.
 func (x *draSession) resolve(ids []string) {
-	if _, ok := x.res.Checks["dra-cdi-resolve"]; ok && x.res.Checks["dra-cdi-resolve"].Status == Fail {
+	if _, ok := x.res.Checks["dra-cdi-resolve"]; ok && x.res.Checks["dra-cdi-resolve"].Status == report.Fail {
 		return
 	}
 	nodes, err := injectCDI(x.r.Host.CDIDir, ids)
 	if err != nil {
-		x.res.fail("dra-cdi-resolve", "%v", err)
+		x.res.Fail("dra-cdi-resolve", "%v", err)
 		return
 	}
-	x.res.pass("dra-cdi-resolve", "%d IDs, %d device nodes injected", len(ids), nodes)
+	x.res.Pass("dra-cdi-resolve", "%d IDs, %d device nodes injected", len(ids), nodes)
 }
 
 // unknown checks that an unknown claim is unprepared without an error and
@@ -734,9 +697,9 @@ func (x *draSession) unknown(ctx context.Context) error {
 	}
 	ur, err := x.dra.Unprepare(ctx, &drav1.Claim{Namespace: benchNamespace, Name: "dp-bench-never-prepared", Uid: uid})
 	if err := unprepareErr(ur, err, uid); err != nil {
-		x.res.fail("dra-unprepare-unknown", "%v", err)
+		x.res.Fail("dra-unprepare-unknown", "%v", err)
 	} else {
-		x.res.pass("dra-unprepare-unknown", "answered without an error")
+		x.res.Pass("dra-unprepare-unknown", "answered without an error")
 	}
 	c, err := x.createClaim(ctx, []string{"dp-bench-no-such-device"})
 	if err != nil {
@@ -750,13 +713,13 @@ func (x *draSession) unknown(ctx context.Context) error {
 	}
 	switch {
 	case err != nil:
-		x.res.pass("dra-refuse-unknown", "call failed: %v", err)
+		x.res.Pass("dra-refuse-unknown", "call failed: %v", err)
 	case got == nil:
-		x.res.fail("dra-refuse-unknown", "claim not answered")
+		x.res.Fail("dra-refuse-unknown", "claim not answered")
 	case got.GetError() != "":
-		x.res.pass("dra-refuse-unknown", "%s", got.GetError())
+		x.res.Pass("dra-refuse-unknown", "%s", got.GetError())
 	default:
-		x.res.fail("dra-refuse-unknown", "prepared: %s", answerKey(got))
+		x.res.Fail("dra-refuse-unknown", "prepared: %s", answerKey(got))
 	}
 	_, _ = x.dra.Unprepare(ctx, kubeletClaim(c))
 	return nil
@@ -771,12 +734,4 @@ func randomUID() (string, error) {
 	b[6] = b[6]&0x0f | 0x40
 	b[8] = b[8]&0x3f | 0x80
 	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:]), nil
-}
-
-// defsOf are the checks and metrics of a report's kind.
-func defsOf(dra bool) ([]checkDef, []metricDef) {
-	if dra {
-		return draCheckDefs, draMetricDefs
-	}
-	return checkDefs, metricDefs
 }

@@ -17,7 +17,6 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/apiclient"
-	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/target"
 )
 
 // TestBenchClaim: the claim asks for as many devices as it is allocated,
@@ -218,62 +217,6 @@ func TestPoolComplete(t *testing.T) {
 	pl["c"] = sl("c", 2, 1, "d9")
 	if devs, _, ok := pl.complete(); !ok || !slices.Equal(devs, []string{"d9"}) {
 		t.Fatalf("newer generation: complete %v, devices %v", ok, devs)
-	}
-}
-
-// TestDRAReport: DRA targets get their own checks, metrics and markers,
-// so that one file holds both kinds of tables; the comparison pairs by
-// group and names both sides where one peer meets several of ours.
-func TestDRAReport(t *testing.T) {
-	run := func(v float64) *RunResult {
-		r := newRunResult()
-		r.pass("dra-register", "ok")
-		r.fail("dra-idempotent", "changed")
-		r.measure("prepare-8", v, 100)
-		r.Metrics["claim-get"] = Sample{Value: 7}
-		return r
-	}
-	dra := &target.DRATarget{Driver: "d"}
-	rep := &Report{DRA: true, Compare: "ours", Runs: 1, Targets: []TargetReport{
-		summarize(target.Target{Name: "ours", Scenario: "8, steps", Group: "8", DRA: dra}, []*RunResult{run(300)}),
-		summarize(target.Target{Name: "ours", Scenario: "8, no steps", Group: "8", DRA: dra}, []*RunResult{run(200)}),
-		summarize(target.Target{Name: "peer", Scenario: "8", DRA: dra}, []*RunResult{run(100)}),
-	}}
-	if f := rep.Targets[0].Runs[0].Failed(); !slices.Equal(f, []string{"dra-idempotent"}) {
-		t.Errorf("failed %v", f)
-	}
-	var b bytes.Buffer
-	writeMarkdown(&b, rep)
-	s := b.String()
-	for _, want := range []string{
-		"| registers through the registration socket as a DRA plugin",
-		"| a second NodePrepareResources of a prepared claim gives the same answer | **FAIL**: changed |",
-		"| NodePrepareResources p50, new claim, 8 devices (µs) | NodeUnprepareResources p50, no claims (empty RPC) | 300 (100, ×3.00) | 200 (100, ×2.00) | 100 (100, ×1.00) |",
-		"| GET of a claim by dp-bench, p50 (what every NodePrepareResources does first, in the helper) (µs) |  | 7.00 | 7.00 | 7.00 |",
-		"| metric | ours (8, steps) ÷ peer (8) | ours (8, no steps) ÷ peer (8) |",
-		"| NodePrepareResources p50, new claim, 8 devices | 3.00 | 2.00 |",
-	} {
-		if !strings.Contains(s, want) {
-			t.Errorf("missing %q in:\n%s", want, s)
-		}
-	}
-	for _, absent := range []string{"Allocate", "| GET of a claim by dp-bench, p50 (what every NodePrepareResources does first, in the helper) | 1.00"} {
-		if strings.Contains(s, absent) {
-			t.Errorf("%q in:\n%s", absent, s)
-		}
-	}
-	// Both kinds of tables in one file, each between its markers.
-	p := filepath.Join(t.TempDir(), "b.md")
-	if err := os.WriteFile(p, []byte("intro\n"+mdBegin+"\nplugins\n"+mdEnd+"\nmiddle\n"+mdBeginDRA+"\nold\n"+mdEndDRA+"\nend\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if err := writeMarkdownInto(p, rep); err != nil {
-		t.Fatal(err)
-	}
-	got, _ := os.ReadFile(p)
-	if !strings.HasPrefix(string(got), "intro\n"+mdBegin+"\nplugins\n"+mdEnd+"\nmiddle\n"+mdBeginDRA+"\nGenerated") ||
-		!strings.HasSuffix(string(got), mdEndDRA+"\nend\n") || strings.Contains(string(got), "\nold\n") {
-		t.Errorf("file:\n%s", got)
 	}
 }
 

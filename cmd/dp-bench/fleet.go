@@ -21,6 +21,7 @@ import (
 	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/apiclient"
 	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/audit"
 	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/proc"
+	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/report"
 	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/stats"
 	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/target"
 )
@@ -84,13 +85,13 @@ func (fo *fleetOptions) check() error {
 
 // FleetReport is what -fleet measured.
 type FleetReport struct {
-	Command   string        `json:"command"`
-	Machine   Machine       `json:"machine"`
-	N         int           `json:"nodes"`
-	APIServer string        `json:"apiServer"`
-	Steady    string        `json:"steady"`
-	Storm     string        `json:"storm"`
-	Targets   []FleetTarget `json:"targets"`
+	Command   string         `json:"command"`
+	Machine   report.Machine `json:"machine"`
+	N         int            `json:"nodes"`
+	APIServer string         `json:"apiServer"`
+	Steady    string         `json:"steady"`
+	Storm     string         `json:"storm"`
+	Targets   []FleetTarget  `json:"targets"`
 }
 
 // FleetTarget is one driver's figures on the fleet.
@@ -137,7 +138,7 @@ type FleetTarget struct {
 
 // runFleet runs every DRA target on a fleet and writes the report.
 func runFleet(ctx context.Context, o *options, fo *fleetOptions, args []string, stdout, stderr io.Writer) int {
-	rep := &FleetReport{Command: "dp-bench " + strings.Join(args, " "), Machine: describeMachine(), N: fo.N,
+	rep := &FleetReport{Command: "dp-bench " + strings.Join(args, " "), Machine: report.DescribeMachine(), N: fo.N,
 		Steady: fo.Steady.String(), Storm: fmt.Sprintf("%s at %d/s", fo.Storm, fo.StormRate)}
 	// Every driver process of ours holds 2 inotify instances; the kernel
 	// allows fs.inotify.max_user_instances per user (128 by default), for
@@ -169,10 +170,10 @@ func runFleet(ctx context.Context, o *options, fo *fleetOptions, args []string, 
 			return 1
 		}
 	}
-	rep.Machine.LoadAfter = loadavg()
+	rep.Machine.LoadAfter = report.Loadavg()
 	writeFleetMarkdown(stdout, rep)
 	if fo.JSON != "" {
-		if err := writeJSON(fo.JSON, rep); err != nil {
+		if err := report.WriteJSON(fo.JSON, rep); err != nil {
 			fmt.Fprintln(stderr, "dp-bench: -fleet-json:", err)
 			return 1
 		}
@@ -180,7 +181,7 @@ func runFleet(ctx context.Context, o *options, fo *fleetOptions, args []string, 
 	if fo.MD != "" {
 		var gen bytes.Buffer
 		writeFleetMarkdown(&gen, rep)
-		if err := replaceBetween(fo.MD, mdBeginFleet, mdEndFleet, gen.Bytes()); err != nil {
+		if err := report.WriteBetween(fo.MD, mdBeginFleet, mdEndFleet, "", gen.Bytes()); err != nil {
 			fmt.Fprintln(stderr, "dp-bench: -fleet-md:", err)
 			return 1
 		}
@@ -391,9 +392,8 @@ func (f *fleet) schedule(ctx context.Context) error {
 		binds := audit.BindTimes(ws, names)
 		rd.BoundPerS, rd.PreparedPerS, missed = f.k.rates(names, binds)
 		b2p, calls := f.k.latencies(names, binds)
-		ms := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
-		rd.BindToPreparedP50Ms, rd.BindToPreparedP99Ms = ms(stats.Quantile(b2p, 0.5)), ms(stats.Quantile(b2p, 0.99))
-		rd.PrepareCallP50Ms, rd.PrepareCallP99Ms = ms(stats.Quantile(calls, 0.5)), ms(stats.Quantile(calls, 0.99))
+		rd.BindToPreparedP50Ms, rd.BindToPreparedP99Ms = report.Ms(stats.Quantile(b2p, 0.5)), report.Ms(stats.Quantile(b2p, 0.99))
+		rd.PrepareCallP50Ms, rd.PrepareCallP99Ms = report.Ms(stats.Quantile(calls, 0.5)), report.Ms(stats.Quantile(calls, 0.99))
 		if missed > 0 {
 			f.logf("round %d: %d bindings not in the audit log: the watch's times taken for them", r+1, missed)
 		}
@@ -450,11 +450,11 @@ func (f *fleet) waitNoClaims(ctx context.Context, timeout time.Duration) error {
 func (f *fleet) memory() {
 	var rss []float64
 	for _, n := range f.nodes {
-		rss = append(rss, mib(n.rss()))
+		rss = append(rss, report.MiB(n.rss()))
 	}
 	f.ft.DriverRSSMiB = stats.Median(rss)
 	f.ft.DriverRSSMaxMiB = slices.Max(rss)
-	f.ft.APIServerRSSMiB = mib(f.fc.apiserverRSS())
+	f.ft.APIServerRSSMiB = report.MiB(f.fc.apiserverRSS())
 }
 
 // window runs during, waits until d has passed since it began, and
@@ -649,27 +649,6 @@ const (
 	mdEndFleet   = "<!-- dp-bench-fleet:end -->"
 )
 
-// replaceBetween writes gen between begin and end in path, keeping the
-// rest; a file without the markers gets them at its end.
-func replaceBetween(path, begin, end string, gen []byte) error {
-	old, err := os.ReadFile(path)
-	if err != nil && !os.IsNotExist(err) {
-		return err
-	}
-	block := begin + "\n" + string(gen) + end + "\n"
-	s := string(old)
-	i, j := strings.Index(s, begin), strings.Index(s, end)
-	switch {
-	case i >= 0 && j > i:
-		s = s[:i] + block + strings.TrimPrefix(s[j+len(end):], "\n")
-	case i >= 0 || j >= 0:
-		return fmt.Errorf("%s: one fleet marker without the other", path)
-	default:
-		s += "\n" + block
-	}
-	return os.WriteFile(path, []byte(s), 0o644)
-}
-
 // writeFleetMarkdown writes the fleet's tables, the targets side by side.
 func writeFleetMarkdown(w io.Writer, rep *FleetReport) {
 	fmt.Fprintf(w, "Generated by `%s` on %s (%s, %d CPUs, %d GiB; load %s before, %s after), kube-apiserver %s, %d nodes of 8 simulated devices per driver, each driver on a fresh control plane.\n\n",
@@ -683,7 +662,7 @@ func writeFleetMarkdown(w io.Writer, rep *FleetReport) {
 		fmt.Fprintf(w, "| %s | %s |", name, goal)
 		for _, t := range rep.Targets {
 			if t.Err != "" && t.Pods == 0 {
-				fmt.Fprintf(w, " not run: %s |", mdEscape(proc.Tail(t.Err, 120)))
+				fmt.Fprintf(w, " not run: %s |", report.MDEscape(proc.Tail(t.Err, 120)))
 				continue
 			}
 			fmt.Fprintf(w, " %s |", cell(t))
@@ -734,7 +713,7 @@ func writeFleetMarkdown(w io.Writer, rep *FleetReport) {
 	row("kube-apiserver resident memory after scheduling", "reported", func(t FleetTarget) string { return fmt.Sprintf("%.0f MiB", t.APIServerRSSMiB) })
 	for _, t := range rep.Targets {
 		if t.Err != "" {
-			fmt.Fprintf(w, "\n%s stopped: %s\n", t.Name, mdEscape(t.Err))
+			fmt.Fprintf(w, "\n%s stopped: %s\n", t.Name, report.MDEscape(t.Err))
 		}
 	}
 }
@@ -764,5 +743,3 @@ func kinds(m map[string]int) string {
 	}
 	return ": " + strings.Join(parts, ", ")
 }
-
-func mdEscape(s string) string { return strings.NewReplacer("|", `\|`, "\n", " ").Replace(s) }

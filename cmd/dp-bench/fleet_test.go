@@ -4,6 +4,8 @@ import (
 	"os"
 	"strings"
 	"testing"
+
+	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/report"
 )
 
 func TestFleetFlags(t *testing.T) {
@@ -28,10 +30,10 @@ func TestFleetFlags(t *testing.T) {
 
 func TestReplaceBetween(t *testing.T) {
 	path := t.TempDir() + "/fleet.md"
-	if err := replaceBetween(path, mdBeginFleet, mdEndFleet, []byte("one\n")); err != nil {
+	if err := report.WriteBetween(path, mdBeginFleet, mdEndFleet, "", []byte("one\n")); err != nil {
 		t.Fatal(err)
 	}
-	if err := replaceBetween(path, mdBeginFleet, mdEndFleet, []byte("two\n")); err != nil {
+	if err := report.WriteBetween(path, mdBeginFleet, mdEndFleet, "", []byte("two\n")); err != nil {
 		t.Fatal(err)
 	}
 	b, _ := readFileString(path)

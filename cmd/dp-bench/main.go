@@ -40,6 +40,7 @@ import (
 
 	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/controlplane"
 	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/proc"
+	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/report"
 	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/target"
 )
 
@@ -219,15 +220,15 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if o.fleet.N > 0 {
 		return runFleet(ctx, o, o.fleet, args, stdout, stderr)
 	}
-	rep := &Report{Command: "dp-bench " + strings.Join(args, " "), Machine: describeMachine(), Runs: o.runs, Settings: o.settings, Compare: o.compare,
+	rep := &report.Report{Command: "dp-bench " + strings.Join(args, " "), Machine: report.DescribeMachine(), Runs: o.runs, Settings: o.settings, Compare: o.compare,
 		DRA: target.IsDRA(o.targets)}
 	if o.goBench != "" {
-		if rep.GoBench, err = parseGoBench(o.goBench); err != nil {
+		if rep.GoBench, err = report.ParseGoBench(o.goBench); err != nil {
 			fmt.Fprintf(stderr, "dp-bench: -gobench=%q: %v\n", o.goBench, err)
 			return 2
 		}
 	}
-	results := make([][]*RunResult, len(o.targets))
+	results := make([][]*report.RunResult, len(o.targets))
 	setupErr := make([]error, len(o.targets))
 	var cl *draCluster
 	if rep.DRA {
@@ -248,7 +249,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			if setupErr[j] != nil || ctx.Err() != nil {
 				continue
 			}
-			var res *RunResult
+			var res *report.RunResult
 			if t.DRA != nil {
 				res, err = runDRATarget(ctx, *t, o.settings, cl, func(format string, a ...any) {
 					fmt.Fprintf(stderr, "dp-bench: %s: "+format+"\n", append([]any{t.Label()}, a...)...)
@@ -269,11 +270,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "dp-bench: interrupted")
 		return 1
 	}
-	rep.Machine.LoadAfter = loadavg()
+	rep.Machine.LoadAfter = report.Loadavg()
 	ok := true
 	for j := range o.targets {
 		t := &o.targets[j]
-		tr := summarize(*t, results[j])
+		tr := report.Summarize(*t, results[j])
 		if setupErr[j] != nil {
 			tr.Err = setupErr[j].Error()
 		}
@@ -282,15 +283,15 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			ok = ok && tr.Err == "" && !anyFailed(tr)
 		}
 	}
-	writeMarkdown(stdout, rep)
+	report.WriteMarkdown(stdout, rep)
 	if o.jsonOut != "" {
-		if err := writeJSON(o.jsonOut, rep); err != nil {
+		if err := report.WriteJSON(o.jsonOut, rep); err != nil {
 			fmt.Fprintln(stderr, "dp-bench: -json:", err)
 			return 1
 		}
 	}
 	if o.mdOut != "" {
-		if err := writeMarkdownInto(o.mdOut, rep); err != nil {
+		if err := report.WriteInto(o.mdOut, rep); err != nil {
 			fmt.Fprintln(stderr, "dp-bench: -md:", err)
 			return 1
 		}
@@ -305,7 +306,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 // render prints the tables of a JSON report and writes them to -md.
 func render(o *options, stdout, stderr io.Writer) int {
 	b, err := os.ReadFile(o.render)
-	var rep Report
+	var rep report.Report
 	if err == nil {
 		err = json.Unmarshal(b, &rep)
 	}
@@ -313,9 +314,9 @@ func render(o *options, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "dp-bench: -render=%q: %v\n", o.render, err)
 		return 2
 	}
-	writeMarkdown(stdout, &rep)
+	report.WriteMarkdown(stdout, &rep)
 	if o.mdOut != "" {
-		if err := writeMarkdownInto(o.mdOut, &rep); err != nil {
+		if err := report.WriteInto(o.mdOut, &rep); err != nil {
 			fmt.Fprintln(stderr, "dp-bench: -md:", err)
 			return 1
 		}
@@ -323,16 +324,16 @@ func render(o *options, stdout, stderr io.Writer) int {
 	return 0
 }
 
-func anyFailed(tr TargetReport) bool {
+func anyFailed(tr report.TargetReport) bool {
 	for _, c := range tr.Checks {
-		if c.Status == Fail {
+		if c.Status == report.Fail {
 			return true
 		}
 	}
 	return false
 }
 
-func progress(r *RunResult) string {
+func progress(r *report.RunResult) string {
 	var parts []string
 	if s, ok := r.Metrics["start-registered"]; ok {
 		parts = append(parts, fmt.Sprintf("registered %.1f ms after start", s.Value))
@@ -347,14 +348,4 @@ func progress(r *RunResult) string {
 		return "ok"
 	}
 	return strings.Join(parts, "; ")
-}
-
-// writeJSON writes v, indented, to the file path (the -json and
-// -fleet-json reports).
-func writeJSON(path string, v any) error {
-	b, err := json.MarshalIndent(v, "", "  ")
-	if err != nil {
-		return err
-	}
-	return os.WriteFile(path, append(b, '\n'), 0o644)
 }

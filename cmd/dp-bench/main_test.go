@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/proc"
+	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/report"
 	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/target"
 	"github.com/cdi-device-plugin/cdi-device-plugin/internal/testutil"
 )
@@ -75,9 +76,9 @@ func ourPlugin() target.Target {
 
 // runAll runs the targets once each, concurrently (they mostly wait), and
 // returns their results in order.
-func runAll(t *testing.T, targets []target.Target) []*RunResult {
+func runAll(t *testing.T, targets []target.Target) []*report.RunResult {
 	t.Helper()
-	res := make([]*RunResult, len(targets))
+	res := make([]*report.RunResult, len(targets))
 	errs := make([]error, len(targets))
 	var wg sync.WaitGroup
 	for i := range targets {
@@ -148,14 +149,14 @@ func TestChecksCatchFaults(t *testing.T) {
 	}
 }
 
-func assertAllPass(t *testing.T, r *RunResult) {
+func assertAllPass(t *testing.T, r *report.RunResult) {
 	t.Helper()
-	for _, c := range checkDefs {
+	for _, c := range report.PluginChecks {
 		got, ok := r.Checks[c.ID]
 		if !ok && c.ID == "uevent-change" {
 			continue // only for targets that configure it (make bench's PCI target)
 		}
-		if got.Status != Pass {
+		if got.Status != report.Pass {
 			t.Errorf("%s: %s %s", c.ID, got.Status, got.Detail)
 		}
 	}
@@ -231,103 +232,5 @@ func TestFlags(t *testing.T) {
 				t.Fatalf("error %v, want it to contain %q", err, c.want)
 			}
 		})
-	}
-}
-
-// TestSummarize: a check failed in any run fails; medians of values,
-// baselines and per-run ratios.
-func TestSummarize(t *testing.T) {
-	mk := func(s Status, v, b float64) *RunResult {
-		r := newRunResult()
-		r.set("allocate", s, "run")
-		r.measure("allocate", v, b)
-		return r
-	}
-	tr := summarize(target.Target{Name: "x"}, []*RunResult{mk(Pass, 10, 5), mk(Fail, 30, 10), mk(Pass, 20, 5)})
-	if c := tr.Checks["allocate"]; c.Status != Fail || c.Detail != "run 2: run" {
-		t.Errorf("check %+v", c)
-	}
-	a := tr.Metrics["allocate"]
-	if a.N != 3 || a.Median != 20 || a.Baseline != 5 || a.Ratio != 3 || a.Min != 10 || a.Max != 30 {
-		t.Errorf("aggregate %+v", a)
-	}
-}
-
-// TestWriteMarkdownInto keeps what lies outside the markers.
-func TestWriteMarkdownInto(t *testing.T) {
-	p := filepath.Join(t.TempDir(), "b.md")
-	rep := &Report{Command: "dp-bench -runs 1", Runs: 1, Targets: []TargetReport{summarize(target.Target{Name: "x"}, []*RunResult{newRunResult()})}}
-	if err := os.WriteFile(p, []byte("# Title\n\nintro\n\n"+mdBegin+"\nold\n"+mdEnd+"\n\n## Notes\nkept\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if err := writeMarkdownInto(p, rep); err != nil {
-		t.Fatal(err)
-	}
-	b, _ := os.ReadFile(p)
-	s := string(b)
-	for _, want := range []string{"# Title\n\nintro\n\n" + mdBegin + "\n", "dp-bench -runs 1", "| check | x |", mdEnd + "\n\n## Notes\nkept\n"} {
-		if !strings.Contains(s, want) {
-			t.Errorf("missing %q in:\n%s", want, s)
-		}
-	}
-	if strings.Contains(s, "\nold\n") {
-		t.Errorf("old block kept:\n%s", s)
-	}
-}
-
-func TestReadGoBench(t *testing.T) {
-	out := `goos: linux
-pkg: example.com/m/plugin
-BenchmarkAllocate8-2   	  200	      4000 ns/op	    3528 B/op	      41 allocs/op
-BenchmarkAllocate8-2   	  200	      5000 ns/op	    3528 B/op	      41 allocs/op
-BenchmarkAllocate8-2   	  200	      9000 ns/op	    3528 B/op	      41 allocs/op
-BenchmarkPreferredAllocation/8dev-2   	  200	      2902 ns/op
-PASS
-pkg: example.com/m/cdi
-BenchmarkBuildSpec10000-2   	  20	   8712491 ns/op	 6799467 B/op	  119905 allocs/op
-`
-	got, err := readGoBench(strings.NewReader(out))
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := []GoBench{
-		{Package: "example.com/m/plugin", Name: "BenchmarkAllocate8", N: 3, NsPerOp: 5000, BPerOp: 3528, AllocsOp: 41},
-		{Package: "example.com/m/plugin", Name: "BenchmarkPreferredAllocation/8dev", N: 1, NsPerOp: 2902},
-		{Package: "example.com/m/cdi", Name: "BenchmarkBuildSpec10000", N: 1, NsPerOp: 8712491, BPerOp: 6799467, AllocsOp: 119905},
-	}
-	if !slices.Equal(got, want) {
-		t.Fatalf("got %+v\nwant %+v", got, want)
-	}
-	var b bytes.Buffer
-	writeGoBench(&b, got)
-	if !strings.Contains(b.String(), "| BuildSpec10000 | cdi | 8.71ms | 6799467 | 119905 | 1 |") {
-		t.Errorf("table:\n%s", b.String())
-	}
-}
-
-// TestComparison: the ratio of the compared target to a peer is taken run
-// by run, only between targets of the same scenario.
-func TestComparison(t *testing.T) {
-	run := func(v float64) *RunResult {
-		r := newRunResult()
-		r.measure("start-registered", v, 1)
-		return r
-	}
-	rep := &Report{Compare: "ours", Targets: []TargetReport{
-		summarize(target.Target{Name: "ours", Scenario: "8"}, []*RunResult{run(10), run(40), run(12)}),
-		summarize(target.Target{Name: "peer", Scenario: "8"}, []*RunResult{run(20), run(20), run(12)}),
-		summarize(target.Target{Name: "other", Scenario: "2"}, []*RunResult{run(1), run(1), run(1)}),
-	}}
-	ps := pairs(rep)
-	if len(ps) != 1 || ps[0].other.Target.Name != "peer" {
-		t.Fatalf("pairs %+v", ps)
-	}
-	if r, ok := runRatio(ps[0], "start-registered"); !ok || r != 1 {
-		t.Fatalf("ratio %v %v, want the median of 0.5, 2, 1", r, ok)
-	}
-	var b bytes.Buffer
-	writeComparison(&b, rep)
-	if !strings.Contains(b.String(), "| process start → Register call | 1.00 |") {
-		t.Errorf("table:\n%s", b.String())
 	}
 }

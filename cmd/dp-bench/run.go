@@ -20,23 +20,17 @@ import (
 	cdiapi "tags.cncf.io/container-device-interface/pkg/cdi"
 
 	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/proc"
+	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/report"
 	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/stats"
 	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/target"
 	"github.com/cdi-device-plugin/cdi-device-plugin/device/sysfs"
 	"github.com/cdi-device-plugin/cdi-device-plugin/internal/kubeletsim"
 )
 
-func sprintf(format string, args ...any) string {
-	if len(args) == 0 {
-		return format
-	}
-	return fmt.Sprintf(format, args...)
-}
-
 // runTarget runs t once: starts it against a fresh kubelet stand-in,
 // checks the contract, measures, and stops it. Only setup errors are
 // returned; failures of the plugin are results.
-func runTarget(ctx context.Context, t target.Target, s target.Settings) (*RunResult, error) {
+func runTarget(ctx context.Context, t target.Target, s target.Settings) (*report.RunResult, error) {
 	r, err := t.Prepare(s.TmpfsDir, nil)
 	if err != nil {
 		return nil, err
@@ -60,7 +54,7 @@ func runTarget(ctx context.Context, t target.Target, s target.Settings) (*RunRes
 	if err != nil {
 		return nil, err
 	}
-	res := newRunResult()
+	res := report.NewRunResult()
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	sess := &session{t: t, s: s, r: r, k: k, p: p, res: res, execBase: execBase}
@@ -82,7 +76,7 @@ type session struct {
 	r        *target.Run
 	k        *kubeletsim.Kubelet
 	p        *proc.Proc
-	res      *RunResult
+	res      *report.RunResult
 	execBase time.Duration
 
 	reg     kubeletsim.Registration // the accepted registration in use
@@ -121,11 +115,7 @@ func (x *session) run(ctx context.Context) error {
 	if err := x.register(ctx); err != nil {
 		x.res.Err = err.Error()
 		// What cannot be checked without a registration is skipped.
-		for _, c := range checkDefs {
-			if _, ok := x.res.Checks[c.ID]; !ok {
-				x.res.skip(c.ID, "not reached: %v", err)
-			}
-		}
+		x.res.SkipRest(report.PluginChecks, err)
 		return nil
 	}
 	if err := x.watch(ctx); err != nil {
@@ -172,25 +162,25 @@ func (x *session) register(ctx context.Context) error {
 	case <-time.After(x.s.Register):
 		return fmt.Errorf("no Register call within %s", x.s.Register)
 	}
-	x.res.measure("start-registered", ms(first.At.Sub(x.p.Start)), ms(x.execBase))
+	x.res.Measure("start-registered", report.Ms(first.At.Sub(x.p.Start)), report.Ms(x.execBase))
 	req := first.Request
 	if slices.Contains(pluginapi.SupportedVersions[:], req.Version) {
-		x.res.pass("register-version", "%s", req.Version)
+		x.res.Pass("register-version", "%s", req.Version)
 	} else {
-		x.res.fail("register-version", "version %q, supported %v", req.Version, pluginapi.SupportedVersions)
+		x.res.Fail("register-version", "version %q, supported %v", req.Version, pluginapi.SupportedVersions)
 	}
 	switch {
 	case !kubeletsim.IsExtendedResourceName(req.ResourceName):
-		x.res.fail("register-resource", "%q is not an extended resource name", req.ResourceName)
+		x.res.Fail("register-resource", "%q is not an extended resource name", req.ResourceName)
 	case x.t.Resource != "" && req.ResourceName != x.t.Resource:
-		x.res.fail("register-resource", "%q, want %q", req.ResourceName, x.t.Resource)
+		x.res.Fail("register-resource", "%q, want %q", req.ResourceName, x.t.Resource)
 	default:
-		x.res.pass("register-resource", "%s", req.ResourceName)
+		x.res.Pass("register-resource", "%s", req.ResourceName)
 	}
 	if first.Err != nil && strings.Contains(first.Err.Error(), "not served") {
-		x.res.fail("serves-before-register", "%v", first.Err)
+		x.res.Fail("serves-before-register", "%v", first.Err)
 	} else if first.Err == nil {
-		x.res.pass("serves-before-register", "answered GetDevicePluginOptions during Register")
+		x.res.Pass("serves-before-register", "answered GetDevicePluginOptions during Register")
 	}
 	x.reg = first
 	if first.Err != nil {
@@ -206,14 +196,14 @@ func (x *session) register(ctx context.Context) error {
 		<-x.k.Regs // the same call
 	}
 	if _, ok := x.res.Checks["serves-before-register"]; !ok {
-		x.res.pass("serves-before-register", "answered GetDevicePluginOptions during Register")
+		x.res.Pass("serves-before-register", "answered GetDevicePluginOptions during Register")
 	}
 	drain(x.k.Calls)
 	got, want := optionsOf(x.reg.Request.Options), optionsOf(x.reg.Options)
 	if got == want {
-		x.res.pass("register-options", "%s", got)
+		x.res.Pass("register-options", "%s", got)
 	} else {
-		x.res.fail("register-options", "Register says %s, GetDevicePluginOptions says %s (the kubelet acts on the latter)", got, want)
+		x.res.Fail("register-options", "Register says %s, GetDevicePluginOptions says %s (the kubelet acts on the latter)", got, want)
 	}
 	return nil
 }
@@ -258,19 +248,19 @@ func (x *session) listInitial() error {
 	opened := time.Now()
 	u, err := kubeletsim.WaitFor(x.updates, x.s.Prompt, func(kubeletsim.Update) bool { return true })
 	if err != nil {
-		x.res.fail("listandwatch-initial", "no list within %s of opening the stream", x.s.Prompt)
+		x.res.Fail("listandwatch-initial", "no list within %s of opening the stream", x.s.Prompt)
 		// Keep going with a late list, if any, to check the rest.
 		if u, err = kubeletsim.WaitFor(x.updates, x.s.Register, func(kubeletsim.Update) bool { return true }); err != nil {
 			return fmt.Errorf("ListAndWatch sent nothing: %w", err)
 		}
 	}
 	x.last = u
-	x.res.measure("start-listed", ms(u.At.Sub(x.p.Start)), ms(x.execBase))
-	x.res.count("ids", float64(len(u.Devices)))
+	x.res.Measure("start-listed", report.Ms(u.At.Sub(x.p.Start)), report.Ms(x.execBase))
+	x.res.Count("ids", float64(len(u.Devices)))
 	seen := map[string]bool{}
 	for _, d := range u.Devices {
 		if seen[d.ID] {
-			x.res.fail("listandwatch-initial", "device ID %q listed twice", d.ID)
+			x.res.Fail("listandwatch-initial", "device ID %q listed twice", d.ID)
 		}
 		seen[d.ID] = true
 		if d.Health == pluginapi.Healthy {
@@ -279,11 +269,11 @@ func (x *session) listInitial() error {
 	}
 	switch {
 	case len(u.Devices) == 0:
-		x.res.fail("listandwatch-initial", "empty list")
+		x.res.Fail("listandwatch-initial", "empty list")
 	case x.t.IDs > 0 && len(u.Devices) != x.t.IDs:
-		x.res.fail("listandwatch-initial", "%d device IDs, want %d", len(u.Devices), x.t.IDs)
+		x.res.Fail("listandwatch-initial", "%d device IDs, want %d", len(u.Devices), x.t.IDs)
 	default:
-		x.res.pass("listandwatch-initial", "%d IDs (%d healthy) %s after the stream opened", len(u.Devices), len(x.healthy), u.At.Sub(opened).Round(time.Microsecond))
+		x.res.Pass("listandwatch-initial", "%d IDs (%d healthy) %s after the stream opened", len(u.Devices), len(x.healthy), u.At.Sub(opened).Round(time.Microsecond))
 	}
 	if len(x.healthy) == 0 {
 		return errors.New("no healthy device listed")
@@ -373,9 +363,9 @@ func (x *session) allocate(ctx context.Context, ids []string) error {
 		}
 	}
 	if len(problems) > 0 {
-		x.res.fail("allocate", "%s", strings.Join(problems, "; "))
+		x.res.Fail("allocate", "%s", strings.Join(problems, "; "))
 	} else {
-		x.res.pass("allocate", "%d IDs alone and together, 2 containers", len(ids))
+		x.res.Pass("allocate", "%d IDs alone and together, 2 containers", len(ids))
 	}
 
 	const unknown = "dp-bench-no-such-device"
@@ -386,16 +376,16 @@ func (x *session) allocate(ctx context.Context, ids []string) error {
 		}
 	}
 	if len(accepted) > 0 {
-		x.res.fail("allocate-unknown", "accepted %s", strings.Join(accepted, " and "))
+		x.res.Fail("allocate-unknown", "accepted %s", strings.Join(accepted, " and "))
 	} else {
 		_, err := x.c.Allocate(ctx, allocReq([]string{unknown}))
-		x.res.pass("allocate-unknown", "refused: %s", status.Code(err))
+		x.res.Pass("allocate-unknown", "refused: %s", status.Code(err))
 	}
 
 	if got != nil {
 		x.resolve(got)
 	} else {
-		x.res.skip("cdi-resolve", "no Allocate answer")
+		x.res.Skip("cdi-resolve", "no Allocate answer")
 	}
 
 	req := allocReq(ids)
@@ -403,7 +393,7 @@ func (x *session) allocate(ctx context.Context, ids []string) error {
 	if err != nil {
 		return fmt.Errorf("the Allocate call: %w", err)
 	}
-	x.res.measure("allocate", us(a), us(b))
+	x.res.Measure("allocate", report.Us(a), report.Us(b))
 	return nil
 }
 
@@ -434,20 +424,20 @@ func (x *session) resolve(r *pluginapi.ContainerAllocateResponse) {
 	}
 	ann, _, err := cdiapi.ParseAnnotations(r.Annotations)
 	if err != nil {
-		x.res.fail("cdi-resolve", "CDI annotations: %v", err)
+		x.res.Fail("cdi-resolve", "CDI annotations: %v", err)
 		return
 	}
 	names = append(names, ann...)
 	if len(names) == 0 {
-		x.res.skip("cdi-resolve", "no CDI names returned")
+		x.res.Skip("cdi-resolve", "no CDI names returned")
 		return
 	}
 	n, err := injectCDI(x.r.Host.CDIDir, names)
 	if err != nil {
-		x.res.fail("cdi-resolve", "%v", err)
+		x.res.Fail("cdi-resolve", "%v", err)
 		return
 	}
-	x.res.pass("cdi-resolve", "%d names, %d device nodes injected", len(names), n)
+	x.res.Pass("cdi-resolve", "%d names, %d device nodes injected", len(names), n)
 }
 
 // injectCDI resolves CDI device names as containerd does: a fresh cache
@@ -469,11 +459,11 @@ func injectCDI(dir string, names []string) (int, error) {
 // on every other ID, and times it.
 func (x *session) preferred(ctx context.Context) error {
 	if !x.reg.Options.GetPreferredAllocationAvailable {
-		x.res.skip("preferred-allocation", "not advertised")
+		x.res.Skip("preferred-allocation", "not advertised")
 		return nil
 	}
 	if len(x.healthy) < 2 {
-		x.res.skip("preferred-allocation", "fewer than 2 healthy devices")
+		x.res.Skip("preferred-allocation", "fewer than 2 healthy devices")
 		return nil
 	}
 	var alternate []string
@@ -507,9 +497,9 @@ func (x *session) preferred(ctx context.Context) error {
 		}
 	}
 	if len(problems) > 0 {
-		x.res.fail("preferred-allocation", "%s", strings.Join(problems, "; "))
+		x.res.Fail("preferred-allocation", "%s", strings.Join(problems, "; "))
 	} else {
-		x.res.pass("preferred-allocation", "%d cases", len(cases))
+		x.res.Pass("preferred-allocation", "%d cases", len(cases))
 	}
 	req := &pluginapi.PreferredAllocationRequest{ContainerRequests: []*pluginapi.ContainerPreferredAllocationRequest{{
 		AvailableDeviceIDs: x.healthy, AllocationSize: int32(min(4, len(x.healthy)))}}}
@@ -517,7 +507,7 @@ func (x *session) preferred(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("GetPreferredAllocation: %w", err)
 	}
-	x.res.measure("preferred", us(a), us(b))
+	x.res.Measure("preferred", report.Us(a), report.Us(b))
 	return nil
 }
 
@@ -550,20 +540,20 @@ func checkPreferred(got, available, must []string, size int) string {
 
 func (x *session) prestart(ctx context.Context, ids []string) error {
 	if !x.reg.Options.PreStartRequired {
-		x.res.skip("prestart", "not advertised")
+		x.res.Skip("prestart", "not advertised")
 		return nil
 	}
 	req := &pluginapi.PreStartContainerRequest{DevicesIds: ids}
 	if _, err := x.c.PreStartContainer(ctx, req); err != nil {
-		x.res.fail("prestart", "%d IDs: %v", len(ids), err)
+		x.res.Fail("prestart", "%d IDs: %v", len(ids), err)
 		return nil
 	}
-	x.res.pass("prestart", "%d IDs", len(ids))
+	x.res.Pass("prestart", "%d IDs", len(ids))
 	a, b, err := x.timed(ctx, func() error { _, err := x.c.PreStartContainer(ctx, req); return err })
 	if err != nil {
 		return fmt.Errorf("PreStartContainer: %w", err)
 	}
-	x.res.measure("prestart", us(a), us(b))
+	x.res.Measure("prestart", report.Us(a), report.Us(b))
 	return nil
 }
 
@@ -583,7 +573,7 @@ func healthySet(u kubeletsim.Update) string {
 // puts the file back as it was and waits for the original list.
 func (x *session) change() error {
 	if x.r.Remove == "" {
-		x.res.skip("listandwatch-change", "no device file to remove given")
+		x.res.Skip("listandwatch-change", "no device file to remove given")
 		return nil
 	}
 	// Lists that arrived since are the current state.
@@ -621,9 +611,9 @@ func (x *session) change() error {
 	}
 	u, err := kubeletsim.WaitFor(x.updates, x.s.Change, func(u kubeletsim.Update) bool { return healthySet(u) != before })
 	if err != nil {
-		x.res.fail("listandwatch-change", "removal of %s not reported within %s", x.r.Remove, x.s.Change)
+		x.res.Fail("listandwatch-change", "removal of %s not reported within %s", x.r.Remove, x.s.Change)
 	} else {
-		x.res.measure("removed-update", ms(u.At.Sub(t0)), ms(raw))
+		x.res.Measure("removed-update", report.Ms(u.At.Sub(t0)), report.Ms(raw))
 	}
 	// Put it back as it was.
 	if st.Mode&unix.S_IFMT == unix.S_IFREG {
@@ -634,14 +624,14 @@ func (x *session) change() error {
 	if err != nil {
 		return fmt.Errorf("restore %s: %w", x.r.Remove, err)
 	}
-	if x.res.Checks["listandwatch-change"].Status == Fail {
+	if x.res.Checks["listandwatch-change"].Status == report.Fail {
 		return nil
 	}
 	if x.last, err = kubeletsim.WaitFor(x.updates, x.s.Change, func(u kubeletsim.Update) bool { return healthySet(u) == before }); err != nil {
-		x.res.fail("listandwatch-change", "return of %s not reported within %s", x.r.Remove, x.s.Change)
+		x.res.Fail("listandwatch-change", "return of %s not reported within %s", x.r.Remove, x.s.Change)
 		return nil
 	}
-	x.res.pass("listandwatch-change", "removal and return reported")
+	x.res.Pass("listandwatch-change", "removal and return reported")
 	return nil
 }
 
@@ -675,13 +665,13 @@ func (x *session) uevent(ctx context.Context) error {
 		}
 	})
 	if err != nil {
-		x.res.skip("uevent-change", "no uevent socket: %v", err)
+		x.res.Skip("uevent-change", "no uevent socket: %v", err)
 		return nil
 	}
 	defer l.Close()
 	t0 := time.Now()
 	if err := os.WriteFile(x.t.Uevent.Trigger, []byte("change"), 0); err != nil {
-		x.res.skip("uevent-change", "cannot trigger a uevent through %s: %v", x.t.Uevent.Trigger, err)
+		x.res.Skip("uevent-change", "cannot trigger a uevent through %s: %v", x.t.Uevent.Trigger, err)
 		return nil
 	}
 	var raw time.Duration
@@ -689,17 +679,17 @@ func (x *session) uevent(ctx context.Context) error {
 	case at := <-got:
 		raw = at.Sub(t0)
 	case <-time.After(5 * time.Second):
-		x.res.fail("uevent-change", "no uevent within 5s of writing %s", x.t.Uevent.Trigger)
+		x.res.Fail("uevent-change", "no uevent within 5s of writing %s", x.t.Uevent.Trigger)
 		return nil
 	}
 	u, err := kubeletsim.WaitFor(x.updates, x.s.Change, func(u kubeletsim.Update) bool { return healthySet(u) != before })
 	if err != nil {
-		x.res.fail("uevent-change", "the change was not reported within %s of the uevent", x.s.Change)
+		x.res.Fail("uevent-change", "the change was not reported within %s of the uevent", x.s.Change)
 		return nil
 	}
 	x.last = u
-	x.res.measure("uevent-update", ms(u.At.Sub(t0)), ms(raw))
-	x.res.pass("uevent-change", "a change seen only through a kernel uevent reported")
+	x.res.Measure("uevent-update", report.Ms(u.At.Sub(t0)), report.Ms(raw))
+	x.res.Pass("uevent-change", "a change seen only through a kernel uevent reported")
 	return nil
 }
 
@@ -757,8 +747,8 @@ func (x *session) idle(ctx context.Context) error {
 			return err
 		}
 		perMin := float64(time.Minute) / float64(time.Since(t0))
-		x.res.measure("idle-cpu", ms(p1.CPU-p0.CPU)*perMin, ms(b1.CPU-b0.CPU)*perMin)
-		x.res.measure("idle-wakeups", float64(p1.Switches-p0.Switches)*perMin, float64(b1.Switches-b0.Switches)*perMin)
+		x.res.Measure("idle-cpu", report.Ms(p1.CPU-p0.CPU)*perMin, report.Ms(b1.CPU-b0.CPU)*perMin)
+		x.res.Measure("idle-wakeups", float64(p1.Switches-p0.Switches)*perMin, float64(b1.Switches-b0.Switches)*perMin)
 	}
 	ps, err := proc.Read(x.p.Pid())
 	if err != nil {
@@ -768,7 +758,7 @@ func (x *session) idle(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	x.res.measure("rss", mib(ps.RSS), mib(bs.RSS))
+	x.res.Measure("rss", report.MiB(ps.RSS), report.MiB(bs.RSS))
 	return nil
 }
 
@@ -798,36 +788,36 @@ func (x *session) restart(ctx context.Context) error {
 	select {
 	case first = <-x.k.Calls:
 	case <-x.p.Done():
-		x.res.fail("kubelet-restart", "the plugin exited: %v", x.p.Err())
+		x.res.Fail("kubelet-restart", "the plugin exited: %v", x.p.Err())
 		x.stopped = true
 		return nil
 	case <-ctx.Done():
 		return ctx.Err()
 	case <-time.After(x.s.Restart):
-		x.res.fail("kubelet-restart", "no registration within %s", x.s.Restart)
+		x.res.Fail("kubelet-restart", "no registration within %s", x.s.Restart)
 		return nil
 	}
 	if first.Err != nil {
-		x.res.fail("kubelet-restart", "registration refused: %v", first.Err)
+		x.res.Fail("kubelet-restart", "registration refused: %v", first.Err)
 		return nil
 	}
-	x.res.measure("restart-registered", ms(first.At.Sub(served)), ms(raw))
+	x.res.Measure("restart-registered", report.Ms(first.At.Sub(served)), report.Ms(raw))
 	x.reg = first
 	select {
 	case extra := <-x.k.Calls:
-		x.res.fail("kubelet-restart", "registered again %s later (endpoint %s)", extra.At.Sub(first.At).Round(time.Microsecond), extra.Request.Endpoint)
+		x.res.Fail("kubelet-restart", "registered again %s later (endpoint %s)", extra.At.Sub(first.At).Round(time.Microsecond), extra.Request.Endpoint)
 		return nil
 	case <-time.After(x.s.Settle):
 	}
 	if err := x.watch(ctx); err != nil {
-		x.res.fail("kubelet-restart", "new endpoint: %v", err)
+		x.res.Fail("kubelet-restart", "new endpoint: %v", err)
 		return nil
 	}
 	if _, err := kubeletsim.WaitFor(x.updates, x.s.Prompt, func(kubeletsim.Update) bool { return true }); err != nil {
-		x.res.fail("kubelet-restart", "no list on the new endpoint within %s", x.s.Prompt)
+		x.res.Fail("kubelet-restart", "no list on the new endpoint within %s", x.s.Prompt)
 		return nil
 	}
-	x.res.pass("kubelet-restart", "one registration, listed on %s", first.Request.Endpoint)
+	x.res.Pass("kubelet-restart", "one registration, listed on %s", first.Request.Endpoint)
 	return nil
 }
 
@@ -838,14 +828,14 @@ func (x *session) sigterm() {
 	ok, err := x.p.Terminate(x.s.Term)
 	x.stopped = true
 	if !ok {
-		x.res.fail("sigterm-socket", "still running %s after SIGTERM", x.s.Term)
+		x.res.Fail("sigterm-socket", "still running %s after SIGTERM", x.s.Term)
 		return
 	}
 	if _, serr := os.Lstat(sock); serr == nil {
-		x.res.fail("sigterm-socket", "%s left behind (exit: %v)", x.reg.Request.Endpoint, exitText(err))
+		x.res.Fail("sigterm-socket", "%s left behind (exit: %v)", x.reg.Request.Endpoint, exitText(err))
 		return
 	}
-	x.res.pass("sigterm-socket", "removed (exit: %s)", exitText(err))
+	x.res.Pass("sigterm-socket", "removed (exit: %s)", exitText(err))
 }
 
 func exitText(err error) string {
@@ -854,7 +844,3 @@ func exitText(err error) string {
 	}
 	return err.Error()
 }
-
-func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
-func us(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
-func mib(b int64) float64        { return float64(b) / (1 << 20) }

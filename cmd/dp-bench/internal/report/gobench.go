@@ -1,4 +1,4 @@
-package main
+package report
 
 import (
 	"bufio"
@@ -25,9 +25,9 @@ type GoBench struct {
 
 var benchLine = regexp.MustCompile(`^(Benchmark\S+?)(?:-\d+)?\s+\d+\s+([\d.]+) ns/op(?:\s+([\d.]+) B/op\s+([\d.]+) allocs/op)?`)
 
-// parseGoBench reads `go test -bench` output and takes the median of every
-// benchmark's runs.
-func parseGoBench(path string) ([]GoBench, error) {
+// ParseGoBench reads `go test -bench` output and takes the Median of
+// every benchmark's runs.
+func ParseGoBench(path string) ([]GoBench, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, err
