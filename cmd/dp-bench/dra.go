@@ -8,14 +8,12 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
-	"os"
 	"path/filepath"
 	"sort"
 	"strings"
 	"sync/atomic"
 	"time"
 
-	"github.com/fsnotify/fsnotify"
 	drav1 "k8s.io/kubelet/pkg/apis/dra/v1"
 
 	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/apiclient"
@@ -107,14 +105,6 @@ func runDRATarget(ctx context.Context, t target.Target, s target.Settings, cl *d
 		return nil, fmt.Errorf("watching ResourceSlices: %w", err)
 	}
 	defer func() { cancel(); w.Wait() }()
-	fw, err := fsnotify.NewWatcher()
-	if err != nil {
-		return nil, err
-	}
-	defer fw.Close()
-	if err := fw.Add(r.Host.RegistrarDir); err != nil {
-		return nil, err
-	}
 	execBase, err := proc.ExitBaseline()
 	if err != nil {
 		return nil, err
@@ -133,7 +123,7 @@ func runDRATarget(ctx context.Context, t target.Target, s target.Settings, cl *d
 		return nil, err
 	}
 	res := report.NewRunResult()
-	x := &draSession{t: t, s: s, r: r, p: p, res: res, api: api, cl: cl, node: nodeName, events: events, fsw: fw,
+	x := &draSession{t: t, s: s, r: r, p: p, res: res, api: api, cl: cl, node: nodeName, events: events,
 		execBase: execBase, apiBase: apiBase, idle: idle}
 	err = x.run(ctx)
 	x.stop()
@@ -193,7 +183,6 @@ type draSession struct {
 	cl     *draCluster
 	node   string
 	events <-chan apiclient.Event
-	fsw    *fsnotify.Watcher
 	idle   *proc.Proc
 
 	execBase, apiBase time.Duration
@@ -249,64 +238,33 @@ func (x *draSession) run(ctx context.Context) error {
 
 // register waits for a socket in the registration directory and
 // registers the driver through it, as the kubelet's plugin watcher does
-// (retrying at once, where the kubelet retries within a second, so that
-// the time is the driver's).
+// (trying again at once when the directory changes, and every 2 ms, where
+// the kubelet tries again within a second, so that the time is the
+// driver's).
 func (x *draSession) register(ctx context.Context) error {
-	deadline := time.NewTimer(x.s.Register)
-	defer deadline.Stop()
-	var lastErr error
-	for {
-		for _, sock := range sockets(x.r.Host.RegistrarDir) {
-			cctx, cancel := context.WithTimeout(ctx, x.s.Connect)
-			d, err := kubeletsim.RegisterDRA(cctx, sock)
-			cancel()
-			at := time.Now()
-			switch {
-			case err == nil:
-				x.dra = d
-				x.res.Measure("start-registered", report.Ms(at.Sub(x.p.Start)), report.Ms(x.execBase))
-				if d.Info.Name != x.t.DRA.Driver {
-					x.res.Fail("dra-register", "registered as %q, want %q", d.Info.Name, x.t.DRA.Driver)
-				} else {
-					x.res.Pass("dra-register", "%s, services %v, socket %s", d.Info.Name, d.Info.SupportedVersions, filepath.Base(sock))
-				}
-				return nil
-			case errors.Is(err, kubeletsim.ErrRefused):
-				x.res.Fail("dra-register", "%v", err)
-				return err
-			}
-			lastErr = err
+	w := kubeletsim.PluginWatcher{Connect: x.s.Connect, Poll: 2 * time.Millisecond, Inotify: true, Exited: x.p.Done()}
+	d, sock, err := w.Await(ctx, x.r.Host.RegistrarDir, x.s.Register)
+	at := time.Now()
+	switch {
+	case err == nil:
+		x.dra = d
+		x.res.Measure("start-registered", report.Ms(at.Sub(x.p.Start)), report.Ms(x.execBase))
+		if d.Info.Name != x.t.DRA.Driver {
+			x.res.Fail("dra-register", "registered as %q, want %q", d.Info.Name, x.t.DRA.Driver)
+		} else {
+			x.res.Pass("dra-register", "%s, services %v, socket %s", d.Info.Name, d.Info.SupportedVersions, filepath.Base(sock))
 		}
-		select {
-		case <-x.fsw.Events:
-		case err := <-x.fsw.Errors:
-			return err
-		case <-time.After(2 * time.Millisecond): // a socket made, not served yet
-		case <-x.p.Done():
-			x.res.Fail("dra-register", "exited before it registered: %v", x.p.Err())
-			return fmt.Errorf("the driver exited before it registered: %w", x.p.Err())
-		case <-deadline.C:
-			x.res.Fail("dra-register", "no registration within %s (last: %v)", x.s.Register, lastErr)
-			return errNotRegistered
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-	}
-}
-
-// sockets are the unix sockets in dir.
-func sockets(dir string) []string {
-	ents, err := os.ReadDir(dir)
-	if err != nil {
 		return nil
+	case errors.Is(err, kubeletsim.ErrExited):
+		x.res.Fail("dra-register", "exited before it registered: %v", x.p.Err())
+		return fmt.Errorf("%w: %w", kubeletsim.ErrExited, x.p.Err())
+	case errors.Is(err, kubeletsim.ErrNotRegistered):
+		x.res.Fail("dra-register", "%v", err)
+		return kubeletsim.ErrNotRegistered
+	case errors.Is(err, kubeletsim.ErrRefused):
+		x.res.Fail("dra-register", "%v", err)
 	}
-	var out []string
-	for _, e := range ents {
-		if e.Type()&os.ModeSocket != 0 {
-			out = append(out, filepath.Join(dir, e.Name()))
-		}
-	}
-	return out
+	return err
 }
 
 // pool is the driver's slices of one pool of the node, as the watch shows

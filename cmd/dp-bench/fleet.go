@@ -8,14 +8,15 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"os"
 	"slices"
 	"sort"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
+	"golang.org/x/sync/errgroup"
 	"golang.org/x/sys/unix"
 
 	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/apiclient"
@@ -24,13 +25,14 @@ import (
 	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/report"
 	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/stats"
 	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/target"
+	"github.com/cdi-device-plugin/cdi-device-plugin/internal/kubeletsim"
 )
 
 // dp-bench -fleet N runs every DRA target of -targets on a fleet of N
 // nodes, one target after the other, each with a fresh private control
 // plane (fleetCluster): etcd, kube-apiserver, kube-scheduler and
 // kube-controller-manager. One driver process per node, with a kubelet
-// stand-in per node (fleetNode, kubelet): the scheduler allocates the
+// stand-in per node (fleetNode, kubeletsim.Pods): the scheduler allocates the
 // claims of real pods from the drivers' ResourceSlices, and the stand-in
 // prepares them. The targets run apart, not side by side: at N=100 two
 // fleets at once would share two cores and one API server, and each
@@ -210,18 +212,19 @@ func runFleetTarget(ctx context.Context, t target.Target, o *options, fo *fleetO
 
 // fleet is one driver's fleet in progress.
 type fleet struct {
-	t     target.Target
-	o     *options
-	fo    *fleetOptions
-	fc    *fleetCluster
-	ft    *FleetTarget
-	log   io.Writer
-	nodes []*fleetNode
-	names []string
-	k     *kubelet
-	st    *sliceTracker
-	tpl   string
-	pods  int
+	t        target.Target
+	o        *options
+	fo       *fleetOptions
+	fc       *fleetCluster
+	ft       *FleetTarget
+	log      io.Writer
+	nodes    []*fleetNode
+	names    []string
+	k        *kubeletsim.Pods
+	podWatch *apiclient.Watcher // the stand-in's watch of the pods
+	st       *sliceTracker
+	tpl      string
+	pods     int
 }
 
 func (f *fleet) logf(format string, a ...any) {
@@ -241,7 +244,12 @@ func (f *fleet) run(ctx context.Context) error {
 	for i := range f.fo.N {
 		f.names = append(f.names, fleetNodeName(i))
 	}
-	if err := parallel(f.fo.N, 16, func(i int) error { return f.fc.makeNode(ctx, f.names[i]) }); err != nil {
+	var made errgroup.Group
+	made.SetLimit(16)
+	for _, name := range f.names {
+		made.Go(func() error { return f.fc.makeNode(ctx, name) })
+	}
+	if err := made.Wait(); err != nil {
 		return err
 	}
 	wctx, cancel := context.WithCancel(ctx)
@@ -255,38 +263,41 @@ func (f *fleet) run(ctx context.Context) error {
 	// Start: every driver at once.
 	start := time.Now()
 	f.nodes = make([]*fleetNode, f.fo.N)
-	var mu sync.Mutex
-	err = parallel(f.fo.N, 16, func(i int) error {
-		kc, err := f.fc.nodeKubeconfig(f.names[i])
-		if err != nil {
-			return err
-		}
-		n, err := startFleetNode(f.t, f.o.settings, kc, f.names[i])
-		if err != nil {
-			return err
-		}
-		mu.Lock()
-		f.nodes[i] = n
-		mu.Unlock()
-		return nil
-	})
-	defer func() {
-		_ = parallel(len(f.nodes), 16, func(i int) error {
-			if f.nodes[i] != nil {
-				f.nodes[i].stop()
+	var started errgroup.Group
+	started.SetLimit(16)
+	for i, name := range f.names {
+		started.Go(func() error {
+			kc, err := f.fc.nodeKubeconfig(name)
+			if err != nil {
+				return err
 			}
-			return nil
+			f.nodes[i], err = startFleetNode(f.t, f.o.settings, kc, name)
+			return err
 		})
+	}
+	err = started.Wait()
+	defer func() {
+		var stopped errgroup.Group
+		stopped.SetLimit(16)
+		for _, n := range f.nodes {
+			if n != nil {
+				stopped.Go(func() error { n.stop(); return nil })
+			}
+		}
+		_ = stopped.Wait()
 	}()
 	if err != nil {
 		return err
 	}
-	f.k = newKubelet(api, f.nodes, f.logf)
-	if err := f.k.run(wctx); err != nil {
+	if err := f.standIn(wctx); err != nil {
 		return err
 	}
-	defer func() { cancel(); f.k.wait() }()
-	if err := parallel(f.fo.N, f.fo.N, func(i int) error { return f.nodes[i].register(ctx, 2*time.Minute) }); err != nil {
+	defer func() { cancel(); f.k.Wait(); f.podWatch.Wait() }()
+	var registered errgroup.Group
+	for _, n := range f.nodes {
+		registered.Go(func() error { return n.register(ctx, 2*time.Minute) })
+	}
+	if err := registered.Wait(); err != nil {
 		return err
 	}
 	last, err := f.st.waitClean(ctx, f.names, 2*time.Minute)
@@ -308,6 +319,28 @@ func (f *fleet) run(ctx context.Context) error {
 		return err
 	}
 	return f.rollout(ctx)
+}
+
+// standIn starts the kubelet stand-in of every node: one watch of the
+// fleet's pods, dispatched by node (kubeletsim.Pods).
+func (f *fleet) standIn(ctx context.Context) error {
+	nodes := make(map[string]kubeletsim.NodeDriver, len(f.nodes))
+	for _, n := range f.nodes {
+		nodes[n.name] = n
+	}
+	api := f.fc.cp.Client
+	f.k = kubeletsim.NewPods(podAPI{api}, fleetNamespace, nodes, f.logf)
+	w, err := api.Watch(ctx, apiclient.PathPods(fleetNamespace), url.Values{}, func(ev apiclient.Event) {
+		if p, ok := podOf(ev); ok {
+			f.k.Observe(p, ev.At)
+		}
+	}, f.logf)
+	if err != nil {
+		return fmt.Errorf("watching pods: %w", err)
+	}
+	f.podWatch = w
+	f.k.Run(ctx)
+	return nil
 }
 
 // t0Expand is the user agent's product of the target: client-go's
@@ -335,11 +368,15 @@ func (f *fleet) createPods(ctx context.Context, prefix string, count int) ([]str
 	for i := range names {
 		names[i] = fmt.Sprintf("%s-%d", prefix, i)
 	}
-	err := parallel(count, 32, func(i int) error {
-		f.k.created(names[i], time.Now())
-		return f.fc.cp.Client.Do(ctx, http.MethodPost, apiclient.PathPods(fleetNamespace), claimPod(names[i], f.tpl), nil)
-	})
-	return names, err
+	var g errgroup.Group
+	g.SetLimit(32)
+	for _, name := range names {
+		g.Go(func() error {
+			f.k.Created(name, time.Now())
+			return f.fc.cp.Client.Do(ctx, http.MethodPost, apiclient.PathPods(fleetNamespace), claimPod(name, f.tpl), nil)
+		})
+	}
+	return names, g.Wait()
 }
 
 // schedRound is one scheduling round's rates, pods per second from the
@@ -365,8 +402,8 @@ type schedRound struct {
 
 // schedule: Fill of the devices claimed by pods created at once, Rounds
 // times; between two rounds the pods are deleted and their claims
-// unprepared and deleted (kubelet.finish). The last round's pods stay (the rollout needs
-// them).
+// unprepared and deleted (kubeletsim.Pods.Finish). The last round's pods
+// stay (the rollout needs them).
 func (f *fleet) schedule(ctx context.Context) error {
 	count := int(f.fo.Fill * float64(f.ft.Devices))
 	for r := range f.fo.Rounds {
@@ -376,7 +413,7 @@ func (f *fleet) schedule(ctx context.Context) error {
 			return fmt.Errorf("round %d: creating pods: %w", r+1, err)
 		}
 		f.pods = count
-		if err := f.k.waitPods(ctx, names, time.Minute+time.Duration(count)*200*time.Millisecond); err != nil {
+		if err := f.k.WaitPrepared(ctx, names, time.Minute+time.Duration(count)*200*time.Millisecond); err != nil {
 			if e := f.fc.alive(); e != nil {
 				return e
 			}
@@ -390,8 +427,8 @@ func (f *fleet) schedule(ctx context.Context) error {
 		}
 		var missed int
 		binds := audit.BindTimes(ws, names)
-		rd.BoundPerS, rd.PreparedPerS, missed = f.k.rates(names, binds)
-		b2p, calls := f.k.latencies(names, binds)
+		rd.BoundPerS, rd.PreparedPerS, missed = f.k.Rates(names, binds)
+		b2p, calls := f.k.Latencies(names, binds)
 		rd.BindToPreparedP50Ms, rd.BindToPreparedP99Ms = report.Ms(stats.Quantile(b2p, 0.5)), report.Ms(stats.Quantile(b2p, 0.99))
 		rd.PrepareCallP50Ms, rd.PrepareCallP99Ms = report.Ms(stats.Quantile(calls, 0.5)), report.Ms(stats.Quantile(calls, 0.99))
 		if missed > 0 {
@@ -404,7 +441,7 @@ func (f *fleet) schedule(ctx context.Context) error {
 		if r == f.fo.Rounds-1 {
 			break
 		}
-		if err := f.k.finish(ctx, names); err != nil {
+		if err := f.k.Finish(ctx, names); err != nil {
 			return fmt.Errorf("round %d: %w", r+1, err)
 		}
 		if err := f.waitNoClaims(ctx, 2*time.Minute); err != nil {
@@ -417,13 +454,13 @@ func (f *fleet) schedule(ctx context.Context) error {
 	f.ft.Pods = count
 	f.ft.BoundPerS = roundsMedian(f.ft.Rounds, func(r schedRound) float64 { return r.BoundPerS })
 	f.ft.PreparedPerS = roundsMedian(f.ft.Rounds, func(r schedRound) float64 { return r.PreparedPerS })
-	f.ft.PrepareErrors = f.k.errors.Load()
+	f.ft.PrepareErrors = f.k.Errors()
 	f.logf("%d rounds of %d pods: medians %.1f/s bound, %.1f/s prepared", f.fo.Rounds, count, f.ft.BoundPerS, f.ft.PreparedPerS)
 	return nil
 }
 
 // waitNoClaims waits until the fleet's namespace has no ResourceClaim
-// (kubelet.finish deleted them; the resourceclaim controller deallocates
+// (the stand-in's Finish deleted them; the resourceclaim controller deallocates
 // each and lets it go): the devices are free.
 func (f *fleet) waitNoClaims(ctx context.Context, timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
@@ -602,15 +639,13 @@ func (f *fleet) rollout(ctx context.Context) error {
 	var names []string
 	var rolled time.Time
 	during := func(ctx context.Context) error {
-		errc := make(chan error, 1)
-		go func() {
-			errc <- parallel(len(f.nodes), len(f.nodes), func(i int) error {
-				return f.nodes[i].restart(ctx, f.o.settings.Term, 2*time.Minute)
-			})
-		}()
+		var restarts errgroup.Group
+		for _, n := range f.nodes {
+			restarts.Go(func() error { return n.restart(ctx, f.o.settings.Term, 2*time.Minute) })
+		}
 		var err error
 		names, err = f.createPods(ctx, "rollout", extra)
-		if rerr := <-errc; rerr != nil {
+		if rerr := restarts.Wait(); rerr != nil {
 			return rerr
 		}
 		if err != nil {
@@ -619,7 +654,7 @@ func (f *fleet) rollout(ctx context.Context) error {
 		if _, err := f.st.waitClean(ctx, f.names, 2*time.Minute); err != nil {
 			return err
 		}
-		if err := f.k.waitPods(ctx, names, 5*time.Minute); err != nil {
+		if err := f.k.WaitPrepared(ctx, names, 5*time.Minute); err != nil {
 			return fmt.Errorf("pods created during the rollout: %w", err)
 		}
 		rolled = time.Now()
@@ -634,7 +669,7 @@ func (f *fleet) rollout(ctx context.Context) error {
 	f.ft.RolloutS = rolled.Sub(from).Seconds()
 	f.ft.RolloutPerNode = float64(tally.Total) / float64(f.fo.N)
 	f.ft.RolloutPods = extra
-	f.ft.RolloutFailed = f.k.failures()
+	f.ft.RolloutFailed = f.k.Failures()
 	f.logf("rollout: done in %.1f s; %d slice writes (%.2f per node, at most %d), %d pods created during it, %d pods failed %v",
 		f.ft.RolloutS, tally.Total, f.ft.RolloutPerNode, tally.MaxNode, extra, len(f.ft.RolloutFailed), tally.ByKind)
 	if len(f.ft.RolloutFailed) > 0 {

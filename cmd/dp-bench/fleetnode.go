@@ -6,12 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"net/url"
 	"os"
 	"path/filepath"
-	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	drav1 "k8s.io/kubelet/pkg/apis/dra/v1"
@@ -81,36 +78,23 @@ func (n *fleetNode) register(ctx context.Context, timeout time.Duration) error {
 	n.mu.Lock()
 	p, done := n.p, n.registered
 	n.mu.Unlock()
-	deadline := time.Now().Add(timeout)
-	var last error
-	for {
-		for _, sock := range sockets(n.r.Host.RegistrarDir) {
-			cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-			d, err := kubeletsim.RegisterDRA(cctx, sock)
-			cancel()
-			if err == nil {
-				n.mu.Lock()
-				old := n.dra
-				n.dra = d
-				n.mu.Unlock()
-				if old != nil {
-					_ = old.Close()
-				}
-				close(done)
-				return nil
-			}
-			last = err
-		}
-		switch {
-		case p.Exited():
-			return fmt.Errorf("node %s: the driver exited: %w: %s", n.name, p.Err(), p.LogTail(600))
-		case time.Now().After(deadline):
-			return fmt.Errorf("node %s: not registered within %s (last: %w): %s", n.name, timeout, last, p.LogTail(600))
-		}
-		if err := proc.Sleep(ctx, 50*time.Millisecond); err != nil {
-			return err
-		}
+	w := kubeletsim.PluginWatcher{Connect: 5 * time.Second, Poll: 50 * time.Millisecond, Exited: p.Done()}
+	d, _, err := w.Await(ctx, n.r.Host.RegistrarDir, timeout)
+	switch {
+	case errors.Is(err, kubeletsim.ErrExited):
+		return fmt.Errorf("node %s: the driver exited: %w: %s", n.name, p.Err(), p.LogTail(600))
+	case err != nil:
+		return fmt.Errorf("node %s: %w: %s", n.name, err, p.LogTail(600))
 	}
+	n.mu.Lock()
+	old := n.dra
+	n.dra = d
+	n.mu.Unlock()
+	if old != nil {
+		_ = old.Close()
+	}
+	close(done)
+	return nil
 }
 
 // restart ends the driver with SIGTERM and starts it again at once, as
@@ -155,28 +139,49 @@ func (n *fleetNode) driver(ctx context.Context) (*kubeletsim.DRA, error) {
 	return d, nil
 }
 
-// prepare calls NodePrepareResources for the claim of a pod, as the
+// Prepare calls NodePrepareResources for the claim of a pod, as the
 // kubelet does before it starts the pod's containers; it waits for the
-// driver to be registered.
-func (n *fleetNode) prepare(ctx context.Context, c *drav1.Claim) error {
+// driver to be registered. The claim must be answered with its 1 device.
+func (n *fleetNode) Prepare(ctx context.Context, c *drav1.Claim) error {
+	return n.call(ctx, func(ctx context.Context, d *kubeletsim.DRA) error {
+		resp, err := d.Prepare(ctx, c)
+		if err != nil {
+			return err
+		}
+		got, ok := resp.GetClaims()[c.Uid]
+		if err := claimAnswer(c, ok, got.GetError()); err != nil {
+			return err
+		}
+		if len(got.GetDevices()) != 1 {
+			return fmt.Errorf("claim %s: %d devices answered, want 1", c.Name, len(got.GetDevices()))
+		}
+		return nil
+	})
+}
+
+// Unprepare calls NodeUnprepareResources for a claim, as the kubelet does
+// once the pod that held it is gone.
+func (n *fleetNode) Unprepare(ctx context.Context, c *drav1.Claim) error {
+	return n.call(ctx, func(ctx context.Context, d *kubeletsim.DRA) error {
+		resp, err := d.Unprepare(ctx, c)
+		if err != nil {
+			return err
+		}
+		got, ok := resp.GetClaims()[c.Uid]
+		return claimAnswer(c, ok, got.GetError())
+	})
+}
+
+// call calls f with the current driver, once it registered, and the
+// kubelet's timeout.
+func (n *fleetNode) call(ctx context.Context, f func(context.Context, *kubeletsim.DRA) error) error {
 	d, err := n.driver(ctx)
 	if err != nil {
 		return err
 	}
 	cctx, cancel := context.WithTimeout(ctx, kubeletCallTimeout)
 	defer cancel()
-	resp, err := d.Prepare(cctx, c)
-	if err != nil {
-		return err
-	}
-	got, ok := resp.GetClaims()[c.Uid]
-	if err := claimAnswer(c, ok, got.GetError()); err != nil {
-		return err
-	}
-	if len(got.GetDevices()) != 1 {
-		return fmt.Errorf("claim %s: %d devices answered, want 1", c.Name, len(got.GetDevices()))
-	}
-	return nil
+	return f(cctx, d)
 }
 
 // kubeletCallTimeout bounds each call to a driver, as the kubelet's does.
@@ -192,23 +197,6 @@ func claimAnswer(c *drav1.Claim, ok bool, msg string) error {
 		return fmt.Errorf("claim %s: %s", c.Name, msg)
 	}
 	return nil
-}
-
-// unprepare calls NodeUnprepareResources for a claim, as the kubelet does
-// once the pod that held it is gone.
-func (n *fleetNode) unprepare(ctx context.Context, c *drav1.Claim) error {
-	d, err := n.driver(ctx)
-	if err != nil {
-		return err
-	}
-	cctx, cancel := context.WithTimeout(ctx, kubeletCallTimeout)
-	defer cancel()
-	resp, err := d.Unprepare(cctx, c)
-	if err != nil {
-		return err
-	}
-	got, ok := resp.GetClaims()[c.Uid]
-	return claimAnswer(c, ok, got.GetError())
 }
 
 // rss is the driver's resident memory, bytes (0 when gone).
@@ -267,403 +255,51 @@ func claimPod(name, tpl string) map[string]any {
 		}}
 }
 
-// podTimes are when a pod was created (POST answered), bound (the watch
-// showed its node) and prepared (NodePrepareResources answered).
-type podTimes struct {
-	created, bound, prepared time.Time
-	node                     string
-	failed                   string        // why the pod failed: evicted, deleted
-	claim                    *drav1.Claim  // the claim prepared, once it is
-	released                 bool          // ended by finish: its deletion is no failure
-	call                     time.Duration // the NodePrepareResources call that succeeded
-	tries                    int           // failed NodePrepareResources (or claim GET) calls
-	lastErr                  string        // the last one's error
-	// claims are the claim names the pod's status gave, in turn: more
-	// than one when the resourceclaim controller named another claim
-	// after the pod was bound. The latest is prepared, as the kubelet
-	// takes it from the pod it syncs.
-	claims []string
-}
-
-// lastClaim is the claim the pod's status names now ("" for none yet).
-func (t *podTimes) lastClaim() string {
-	if len(t.claims) == 0 {
-		return ""
-	}
-	return t.claims[len(t.claims)-1]
-}
-
-// kubelet is the kubelet stand-in of every node: one watch of the fleet's
-// pods (one per node would cost the API server N watches for the same
-// events), dispatched by node; each node prepares its pods' claims one at
-// a time, retrying a failed call every 200 ms as the kubelet retries a
-// pod's sync.
-type kubelet struct {
-	api   *apiclient.Client
-	logf  func(string, ...any)
-	nodes map[string]*fleetNode
-
-	mu      sync.Mutex
-	pods    map[string]*podTimes
-	queued  map[string]bool
-	errors  atomic.Int64 // failed NodePrepareResources calls
-	changed chan struct{}
-
-	work map[string]chan prepareWork
-	wg   sync.WaitGroup
-	w    *apiclient.Watcher
-}
-
-type prepareWork struct {
-	pod string
-}
-
-func newKubelet(api *apiclient.Client, nodes []*fleetNode, logf func(string, ...any)) *kubelet {
-	k := &kubelet{api: api, logf: logf, nodes: map[string]*fleetNode{}, pods: map[string]*podTimes{}, queued: map[string]bool{},
-		changed: make(chan struct{}, 1), work: map[string]chan prepareWork{}}
-	for _, n := range nodes {
-		k.nodes[n.name] = n
-		k.work[n.name] = make(chan prepareWork, 1024)
-	}
-	return k
-}
-
-// run watches the pods and prepares them until ctx is done.
-func (k *kubelet) run(ctx context.Context) error {
-	w, err := k.api.Watch(ctx, apiclient.PathPods(fleetNamespace), url.Values{}, k.event, k.logf)
-	if err != nil {
-		return fmt.Errorf("watching pods: %w", err)
-	}
-	k.w = w
-	for name, ch := range k.work {
-		n := k.nodes[name]
-		k.wg.Add(1)
-		go func() {
-			defer k.wg.Done()
-			k.worker(ctx, n, ch)
-		}()
-	}
-	return nil
-}
-
-// wait joins the goroutines and the watch (after ctx is done).
-func (k *kubelet) wait() {
-	k.wg.Wait()
-	if k.w != nil {
-		k.w.Wait()
-	}
-}
-
-// created records a pod's creation.
-func (k *kubelet) created(name string, at time.Time) {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	if k.pods[name] == nil {
-		k.pods[name] = &podTimes{}
-	}
-	k.pods[name].created = at
-}
-
-func (k *kubelet) event(ev apiclient.Event) {
+// podOf is what the kubelet stand-in reads of a pod's watch event (false
+// for an event that is not a pod's).
+func podOf(ev apiclient.Event) (kubeletsim.Pod, bool) {
 	var p apiclient.Pod
 	if ev.Type == apiclient.Error || json.Unmarshal(ev.Object, &p) != nil {
-		return
+		return kubeletsim.Pod{}, false
 	}
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	t := k.pods[p.Metadata.Name]
-	if t == nil {
-		t = &podTimes{}
-		k.pods[p.Metadata.Name] = t
-	}
-	defer k.notify()
-	if ev.Type == apiclient.Deleted {
-		if !t.released {
-			t.failed = "deleted"
-		}
-		return
-	}
+	out := kubeletsim.Pod{Name: p.Metadata.Name, Node: p.Spec.NodeName, Deleted: ev.Type == apiclient.Deleted}
 	for _, c := range p.Status.Conditions {
 		if c.Type == "DisruptionTarget" && c.Status == "True" {
-			t.failed = "DisruptionTarget (evicted)"
+			out.Failed = "DisruptionTarget (evicted)"
 		}
 	}
 	if p.Status.Phase == "Failed" {
-		t.failed = "phase Failed"
+		out.Failed = "phase Failed"
 	}
-	if p.Spec.NodeName == "" {
-		return
-	}
-	if t.bound.IsZero() {
-		t.bound, t.node = ev.At, p.Spec.NodeName
-	}
-	var claim string
 	for _, s := range p.Status.ResourceClaimStatuses {
 		if s.ResourceClaimName != nil {
-			claim = *s.ResourceClaimName
+			out.Claim = *s.ResourceClaimName
 		}
 	}
-	if claim == "" {
-		return
-	}
-	if last := t.lastClaim(); last != claim {
-		if last != "" {
-			k.logf("pod %s on %s: its status names claim %s now, after %s", p.Metadata.Name, p.Spec.NodeName, claim, last)
-		}
-		t.claims = append(t.claims, claim)
-	}
-	ch := k.work[p.Spec.NodeName]
-	if k.queued[p.Metadata.Name] || ch == nil {
-		return
-	}
-	k.queued[p.Metadata.Name] = true
-	ch <- prepareWork{pod: p.Metadata.Name}
+	return out, true
 }
 
-func (k *kubelet) notify() {
-	select {
-	case k.changed <- struct{}{}:
-	default:
-	}
+// podAPI is the stand-in's API server: the fleet's namespace.
+type podAPI struct{ api *apiclient.Client }
+
+func (a podAPI) ClaimUID(ctx context.Context, name string) (string, error) {
+	var c apiclient.ResourceClaim
+	err := a.api.Do(ctx, http.MethodGet, apiclient.PathClaims(fleetNamespace)+"/"+name, nil, &c)
+	return c.Metadata.UID, err
 }
 
-// worker prepares the node's pods in turn.
-func (k *kubelet) worker(ctx context.Context, n *fleetNode, ch <-chan prepareWork) {
-	for {
-		var w prepareWork
-		select {
-		case <-ctx.Done():
-			return
-		case w = <-ch:
-		}
-		var claim *drav1.Claim
-		var call time.Duration
-		for {
-			// The claim the pod's status names at this try.
-			k.mu.Lock()
-			name := k.pods[w.pod].lastClaim()
-			k.mu.Unlock()
-			var c apiclient.ResourceClaim
-			err := k.api.Do(ctx, http.MethodGet, apiclient.PathClaims(fleetNamespace)+"/"+name, nil, &c)
-			if err == nil {
-				claim = &drav1.Claim{Namespace: fleetNamespace, Name: name, Uid: c.Metadata.UID}
-				start := time.Now()
-				err = n.prepare(ctx, claim)
-				call = time.Since(start)
-			}
-			if err == nil {
-				break
-			}
-			if ctx.Err() != nil {
-				return
-			}
-			k.errors.Add(1)
-			k.mu.Lock()
-			t := k.pods[w.pod]
-			t.tries++
-			t.lastErr = err.Error()
-			tries := t.tries
-			k.mu.Unlock()
-			if tries == 1 || tries%50 == 0 {
-				k.logf("node %s, pod %s: preparing claim %s (try %d): %v", n.name, w.pod, name, tries, err)
-			}
-			if proc.Sleep(ctx, 200*time.Millisecond) != nil {
-				return
-			}
-		}
-		k.mu.Lock()
-		t := k.pods[w.pod]
-		t.prepared, t.claim, t.call = time.Now(), claim, call
-		k.mu.Unlock()
-		k.notify()
-	}
+func (a podAPI) DeletePod(ctx context.Context, name string) error {
+	return a.deleted(a.api.Do(ctx, http.MethodDelete, apiclient.PathPods(fleetNamespace)+"/"+name+"?gracePeriodSeconds=0", nil, nil))
 }
 
-// finish ends the pods named as their kubelets and the garbage
-// collector would once the pods are deleted: each pod is deleted, its
-// claim unprepared (the kubelet), then deleted (the garbage collector,
-// which the fleet does not run, deletes a claim whose owning pod is gone;
-// the resourceclaim controller leaves that to it). The resourceclaim
-// controller then deallocates the claims and lets them go. A pod ended
-// as Succeeded instead is no good: the controller deletes the claim of a
-// pod that is done, and creates it again for the pod, over and over.
-func (k *kubelet) finish(ctx context.Context, names []string) error {
-	k.mu.Lock()
-	for _, name := range names {
-		if t := k.pods[name]; t != nil {
-			t.released = true
-		}
-	}
-	k.mu.Unlock()
-	return parallel(len(names), 16, func(i int) error {
-		if err := k.api.Do(ctx, http.MethodDelete, apiclient.PathNamespaces+"/"+fleetNamespace+"/pods/"+names[i]+"?gracePeriodSeconds=0", nil, nil); err != nil && !apiclient.IsNotFound(err) {
-			return fmt.Errorf("deleting pod %s: %w", names[i], err)
-		}
-		k.mu.Lock()
-		t := k.pods[names[i]]
-		var c *drav1.Claim
-		var n *fleetNode
-		if t != nil {
-			c, n = t.claim, k.nodes[t.node]
-		}
-		k.mu.Unlock()
-		if c == nil || n == nil {
-			return nil
-		}
-		if err := n.unprepare(ctx, c); err != nil {
-			return fmt.Errorf("pod %s: unpreparing %w", names[i], err)
-		}
-		if err := k.api.Do(ctx, http.MethodDelete, apiclient.PathClaims(fleetNamespace)+"/"+c.Name, nil, nil); err != nil && !apiclient.IsNotFound(err) {
-			return fmt.Errorf("pod %s: deleting claim %s: %w", names[i], c.Name, err)
-		}
+func (a podAPI) DeleteClaim(ctx context.Context, name string) error {
+	return a.deleted(a.api.Do(ctx, http.MethodDelete, apiclient.PathClaims(fleetNamespace)+"/"+name, nil, nil))
+}
+
+// deleted is a deletion's error: none when the object was gone already.
+func (podAPI) deleted(err error) error {
+	if apiclient.IsNotFound(err) {
 		return nil
-	})
-}
-
-// count returns how many of the pods named are bound and prepared, and
-// how many failed.
-func (k *kubelet) count(names []string) (bound, prepared, failed int) {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	for _, name := range names {
-		t := k.pods[name]
-		if t == nil {
-			continue
-		}
-		if !t.bound.IsZero() {
-			bound++
-		}
-		if !t.prepared.IsZero() {
-			prepared++
-		}
-		if t.failed != "" {
-			failed++
-		}
 	}
-	return bound, prepared, failed
-}
-
-// waitPods waits until every pod named is prepared (or one failed).
-func (k *kubelet) waitPods(ctx context.Context, names []string, timeout time.Duration) error {
-	deadline := time.NewTimer(timeout)
-	defer deadline.Stop()
-	for {
-		b, p, f := k.count(names)
-		switch {
-		case f > 0:
-			return fmt.Errorf("%d of %d pods failed", f, len(names))
-		case p == len(names):
-			return nil
-		}
-		select {
-		case <-k.changed:
-		case <-deadline.C:
-			return fmt.Errorf("%d of %d pods bound, %d prepared within %s; not prepared: %s", b, len(names), p, timeout, k.pending(names, 5))
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-	}
-}
-
-// pending describes at most most of the pods named that are not
-// prepared: bound to which node, queued, and the last error.
-func (k *kubelet) pending(names []string, most int) string {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	var out []string
-	left := 0
-	for _, name := range names {
-		t := k.pods[name]
-		if t != nil && !t.prepared.IsZero() {
-			continue
-		}
-		left++
-		if len(out) == most {
-			continue
-		}
-		switch {
-		case t == nil || t.bound.IsZero():
-			out = append(out, name+" (not seen bound)")
-		default:
-			out = append(out, fmt.Sprintf("%s (node %s, queued %v, claims in its status %s, %d failed tries, last: %s)", name, t.node, k.queued[name], strings.Join(t.claims, " then "), t.tries, t.lastErr))
-		}
-	}
-	return fmt.Sprintf("%d: %s", left, strings.Join(out, "; "))
-}
-
-// rates are pods per second from the first creation to the last
-// binding, taken from binds (the audit log's) where it has the pod and
-// from the pod watch where not (missed counts those), and to the last
-// preparation.
-func (k *kubelet) rates(names []string, binds map[string]time.Time) (bound, prepared float64, missed int) {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	var first, lastB, lastP time.Time
-	for _, name := range names {
-		t := k.pods[name]
-		if t == nil {
-			continue
-		}
-		if first.IsZero() || t.created.Before(first) {
-			first = t.created
-		}
-		b, ok := boundAt(name, t, binds)
-		if !ok {
-			missed++
-		}
-		if b.After(lastB) {
-			lastB = b
-		}
-		if t.prepared.After(lastP) {
-			lastP = t.prepared
-		}
-	}
-	rate := func(last time.Time) float64 {
-		if d := last.Sub(first); d > 0 {
-			return float64(len(names)) / d.Seconds()
-		}
-		return 0
-	}
-	return rate(lastB), rate(lastP), missed
-}
-
-// boundAt is when pod name was bound: the audit log's binding (ok) where
-// binds has it, else when the pod watch showed it bound.
-func boundAt(name string, t *podTimes, binds map[string]time.Time) (at time.Time, ok bool) {
-	if at, ok = binds[name]; ok {
-		return at, true
-	}
-	return t.bound, false
-}
-
-// latencies are, for each of the pods named that was prepared, the time
-// from its binding (from binds, the audit log's, else the watch's) to its
-// preparation, and how long its NodePrepareResources call took.
-func (k *kubelet) latencies(names []string, binds map[string]time.Time) (bindToPrepared, calls []time.Duration) {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	for _, name := range names {
-		t := k.pods[name]
-		if t == nil || t.prepared.IsZero() {
-			continue
-		}
-		if b, _ := boundAt(name, t, binds); !b.IsZero() {
-			bindToPrepared = append(bindToPrepared, t.prepared.Sub(b))
-		}
-		calls = append(calls, t.call)
-	}
-	return bindToPrepared, calls
-}
-
-// failures lists the pods that failed.
-func (k *kubelet) failures() []string {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	var out []string
-	for name, t := range k.pods {
-		if t.failed != "" {
-			out = append(out, name+": "+t.failed)
-		}
-	}
-	return out
+	return err
 }

@@ -108,9 +108,6 @@ func (x *session) closeStream() {
 	}
 }
 
-// errNotRegistered ends a run in which the plugin never registered.
-var errNotRegistered = errors.New("no accepted registration")
-
 func (x *session) run(ctx context.Context) error {
 	if err := x.register(ctx); err != nil {
 		x.res.Err = err.Error()
@@ -190,7 +187,7 @@ func (x *session) register(ctx context.Context) error {
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-time.After(x.s.Register):
-			return errNotRegistered
+			return kubeletsim.ErrNotRegistered
 		}
 	} else {
 		<-x.k.Regs // the same call

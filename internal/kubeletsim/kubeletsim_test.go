@@ -183,6 +183,94 @@ func TestRegisterDRA(t *testing.T) {
 	}
 }
 
+// serveReg serves a registration service answering info on sock until
+// the test ends.
+func serveReg(t *testing.T, sock string, info *registerapi.PluginInfo) {
+	t.Helper()
+	lis, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &regServer{status: make(chan *registerapi.RegistrationStatus, 16)}
+	s.info.Store(info)
+	srv := grpc.NewServer()
+	registerapi.RegisterRegistrationServer(srv, s)
+	done := make(chan struct{})
+	go func() { defer close(done); _ = srv.Serve(lis) }()
+	t.Cleanup(func() { srv.Stop(); <-done })
+}
+
+// TestAwait: the plugin watcher registers a driver whose socket appears
+// while it waits, woken by inotify or by its poll; it stops at once on a
+// refusal or when the driver's process ended, and says what it last saw
+// when no driver registered in time.
+func TestAwait(t *testing.T) {
+	info := func(dir string, typ string) *registerapi.PluginInfo {
+		return &registerapi.PluginInfo{Type: typ, Name: "d.example.com", Endpoint: filepath.Join(dir, "dra.sock"),
+			SupportedVersions: []string{drav1.DRAPluginService}}
+	}
+	for _, c := range []struct {
+		name string
+		w    kubeletsim.PluginWatcher
+	}{
+		{"inotify", kubeletsim.PluginWatcher{Connect: time.Second, Poll: time.Hour, Inotify: true}},
+		{"poll", kubeletsim.PluginWatcher{Connect: time.Second, Poll: 10 * time.Millisecond}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			dir := testutil.ShortDir(t)
+			type result struct {
+				d    *kubeletsim.DRA
+				sock string
+				err  error
+			}
+			got := make(chan result, 1)
+			go func() {
+				d, sock, err := c.w.Await(context.Background(), dir, 10*time.Second)
+				got <- result{d, sock, err}
+			}()
+			time.Sleep(100 * time.Millisecond) // Await waits on an empty directory
+			serveReg(t, filepath.Join(dir, "d-reg.sock"), info(dir, registerapi.DRAPlugin))
+			r := <-got
+			if r.err != nil {
+				t.Fatal(r.err)
+			}
+			defer r.d.Close()
+			if r.d.Info.Name != "d.example.com" || filepath.Base(r.sock) != "d-reg.sock" {
+				t.Errorf("registered %q through %s", r.d.Info.Name, r.sock)
+			}
+		})
+	}
+	t.Run("refused", func(t *testing.T) {
+		dir := testutil.ShortDir(t)
+		serveReg(t, filepath.Join(dir, "d-reg.sock"), info(dir, registerapi.DevicePlugin))
+		start := time.Now()
+		_, _, err := kubeletsim.PluginWatcher{Connect: time.Second, Poll: 10 * time.Millisecond}.Await(context.Background(), dir, 10*time.Second)
+		if !errors.Is(err, kubeletsim.ErrRefused) || time.Since(start) > 5*time.Second {
+			t.Errorf("error %v after %s, want ErrRefused at once", err, time.Since(start))
+		}
+	})
+	t.Run("exited", func(t *testing.T) {
+		exited := make(chan struct{})
+		close(exited)
+		_, _, err := kubeletsim.PluginWatcher{Connect: time.Second, Poll: time.Hour, Exited: exited}.Await(context.Background(), t.TempDir(), 10*time.Second)
+		if !errors.Is(err, kubeletsim.ErrExited) {
+			t.Errorf("error %v, want ErrExited", err)
+		}
+	})
+	t.Run("not registered", func(t *testing.T) {
+		dir := testutil.ShortDir(t)
+		mute, err := net.Listen("unix", filepath.Join(dir, "mute-reg.sock")) // accepts, never answers
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer mute.Close()
+		_, _, err = kubeletsim.PluginWatcher{Connect: 20 * time.Millisecond, Poll: 10 * time.Millisecond}.Await(context.Background(), dir, 200*time.Millisecond)
+		if !errors.Is(err, kubeletsim.ErrNotRegistered) || !strings.Contains(err.Error(), "within 200ms (last: GetInfo on ") {
+			t.Errorf("error %v, want ErrNotRegistered with the last attempt's error", err)
+		}
+	})
+}
+
 // TestPodResources: List answers the pods last set, and counts the calls.
 func TestPodResources(t *testing.T) {
 	sock := filepath.Join(testutil.ShortDir(t), "podres.sock")
