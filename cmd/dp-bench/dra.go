@@ -17,6 +17,7 @@ import (
 	drav1 "k8s.io/kubelet/pkg/apis/dra/v1"
 
 	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/apiclient"
+	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/cdiresolve"
 	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/controlplane"
 	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/proc"
 	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/report"
@@ -637,7 +638,7 @@ func (x *draSession) resolve(ids []string) {
 	if _, ok := x.res.Checks["dra-cdi-resolve"]; ok && x.res.Checks["dra-cdi-resolve"].Status == report.Fail {
 		return
 	}
-	nodes, err := injectCDI(x.r.Host.CDIDir, ids)
+	nodes, err := cdiresolve.Inject(x.r.Host.CDIDir, ids)
 	if err != nil {
 		x.res.Fail("dra-cdi-resolve", "%v", err)
 		return

@@ -39,6 +39,7 @@ import (
 	"time"
 
 	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/controlplane"
+	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/dpsession"
 	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/proc"
 	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/report"
 	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/target"
@@ -255,7 +256,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 					fmt.Fprintf(stderr, "dp-bench: %s: "+format+"\n", append([]any{t.Label()}, a...)...)
 				})
 			} else {
-				res, err = runTarget(ctx, *t, o.settings)
+				res, err = dpsession.Run(ctx, *t, o.settings)
 			}
 			if err != nil {
 				setupErr[j] = err

@@ -1,4 +1,14 @@
-package main
+// Package dpsession plays the kubelet against a device plugin for one
+// run (Run): it starts the plugin in fresh directories against a kubelet
+// stand-in on real unix sockets (internal/kubeletsim), checks the
+// kubelet's contract (report.PluginChecks: serving before registering,
+// the registration, ListAndWatch, Allocate, GetPreferredAllocation,
+// PreStartContainer, a device file removed and a kernel uevent, a kubelet
+// restart, SIGTERM, CDI names resolved as containerd resolves them) and
+// measures start-up, memory, RPC latency against an empty RPC, reaction
+// times and idle CPU (report.PluginMetrics), each next to a baseline taken
+// in the same run.
+package dpsession
 
 import (
 	"context"
@@ -13,12 +23,12 @@ import (
 	"time"
 
 	"github.com/fsnotify/fsnotify"
-	oci "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/status"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 	cdiapi "tags.cncf.io/container-device-interface/pkg/cdi"
 
+	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/cdiresolve"
 	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/proc"
 	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/report"
 	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/stats"
@@ -27,10 +37,10 @@ import (
 	"github.com/cdi-device-plugin/cdi-device-plugin/internal/kubeletsim"
 )
 
-// runTarget runs t once: starts it against a fresh kubelet stand-in,
-// checks the contract, measures, and stops it. Only setup errors are
-// returned; failures of the plugin are results.
-func runTarget(ctx context.Context, t target.Target, s target.Settings) (*report.RunResult, error) {
+// Run runs t once: starts it against a fresh kubelet stand-in, checks
+// the contract, measures, and stops it. Only setup errors are returned;
+// failures of the plugin are results.
+func Run(ctx context.Context, t target.Target, s target.Settings) (*report.RunResult, error) {
 	r, err := t.Prepare(s.TmpfsDir, nil)
 	if err != nil {
 		return nil, err
@@ -429,27 +439,12 @@ func (x *session) resolve(r *pluginapi.ContainerAllocateResponse) {
 		x.res.Skip("cdi-resolve", "no CDI names returned")
 		return
 	}
-	n, err := injectCDI(x.r.Host.CDIDir, names)
+	n, err := cdiresolve.Inject(x.r.Host.CDIDir, names)
 	if err != nil {
 		x.res.Fail("cdi-resolve", "%v", err)
 		return
 	}
 	x.res.Pass("cdi-resolve", "%d names, %d device nodes injected", len(names), n)
-}
-
-// injectCDI resolves CDI device names as containerd does: a fresh cache
-// over dir, InjectDevices into an empty OCI spec. It returns the number
-// of device nodes injected.
-func injectCDI(dir string, names []string) (int, error) {
-	cache, err := cdiapi.NewCache(cdiapi.WithSpecDirs(dir), cdiapi.WithAutoRefresh(false))
-	if err != nil {
-		return 0, fmt.Errorf("CDI cache of %s: %w", dir, err)
-	}
-	spec := &oci.Spec{Process: &oci.Process{}, Linux: &oci.Linux{}}
-	if unresolved, err := cache.InjectDevices(spec, names...); err != nil {
-		return 0, fmt.Errorf("InjectDevices %v: unresolved %v: %w", names, unresolved, err)
-	}
-	return len(spec.Linux.Devices), nil
 }
 
 // preferred checks GetPreferredAllocation, when advertised, on all IDs and
@@ -554,6 +549,23 @@ func (x *session) prestart(ctx context.Context, ids []string) error {
 	return nil
 }
 
+// catchUp takes the lists that arrived since the last one read: they are
+// the current state.
+func (x *session) catchUp() error {
+	for more := true; more; {
+		select {
+		case u, ok := <-x.updates:
+			if !ok {
+				return errors.New("ListAndWatch stream ended")
+			}
+			x.last = u
+		default:
+			more = false
+		}
+	}
+	return nil
+}
+
 // healthySet is the sorted healthy IDs of u.
 func healthySet(u kubeletsim.Update) string {
 	var ids []string
@@ -573,17 +585,8 @@ func (x *session) change() error {
 		x.res.Skip("listandwatch-change", "no device file to remove given")
 		return nil
 	}
-	// Lists that arrived since are the current state.
-	for more := true; more; {
-		select {
-		case u, ok := <-x.updates:
-			if !ok {
-				return errors.New("ListAndWatch stream ended")
-			}
-			x.last = u
-		default:
-			more = false
-		}
+	if err := x.catchUp(); err != nil {
+		return err
 	}
 	before := healthySet(x.last)
 	var st unix.Stat_t
@@ -639,16 +642,8 @@ func (x *session) uevent(ctx context.Context) error {
 	if x.t.Uevent == nil {
 		return nil // not checked: the tables say n/a
 	}
-	for more := true; more; { // lists that arrived since are the current state
-		select {
-		case u, ok := <-x.updates:
-			if !ok {
-				return errors.New("ListAndWatch stream ended")
-			}
-			x.last = u
-		default:
-			more = false
-		}
+	if err := x.catchUp(); err != nil {
+		return err
 	}
 	before := healthySet(x.last)
 	if out, err := exec.Command("sh", "-c", x.r.Change).CombinedOutput(); err != nil {
