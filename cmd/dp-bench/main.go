@@ -40,6 +40,7 @@ import (
 
 	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/controlplane"
 	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/dpsession"
+	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/drasession"
 	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/proc"
 	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/report"
 	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/target"
@@ -231,17 +232,17 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	results := make([][]*report.RunResult, len(o.targets))
 	setupErr := make([]error, len(o.targets))
-	var cl *draCluster
+	var cl *drasession.Cluster
 	if rep.DRA {
 		fmt.Fprintln(stderr, "dp-bench: starting etcd and kube-apiserver")
-		if cl, err = startCluster(ctx, o.cp); err != nil {
+		if cl, err = drasession.StartCluster(ctx, o.cp); err != nil {
 			for j := range o.targets {
-				setupErr[j] = fmt.Errorf("%w: %w", errNoControlPlane, err)
+				setupErr[j] = fmt.Errorf("%w: %w", drasession.ErrNoControlPlane, err)
 			}
 			fmt.Fprintf(stderr, "dp-bench: DRA drivers not run: %v\n", setupErr[0])
 		} else {
-			defer cl.stop()
-			rep.APIServer = cl.cp.Version
+			defer cl.Stop()
+			rep.APIServer = cl.Version()
 		}
 	}
 	for i := 0; i < o.runs && ctx.Err() == nil; i++ {
@@ -252,7 +253,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			}
 			var res *report.RunResult
 			if t.DRA != nil {
-				res, err = runDRATarget(ctx, *t, o.settings, cl, func(format string, a ...any) {
+				res, err = drasession.Run(ctx, *t, o.settings, cl, func(format string, a ...any) {
 					fmt.Fprintf(stderr, "dp-bench: %s: "+format+"\n", append([]any{t.Label()}, a...)...)
 				})
 			} else {

@@ -70,12 +70,7 @@ func Run(ctx context.Context, t target.Target, s target.Settings) (*report.RunRe
 	sess := &session{t: t, s: s, r: r, k: k, p: p, res: res, execBase: execBase}
 	err = sess.run(ctx)
 	sess.stop()
-	if err != nil {
-		res.Err = err.Error()
-	}
-	if res.Err != "" || len(res.Failed()) > 0 {
-		res.Log = p.Log()
-	}
+	res.End(err, p.Log())
 	return res, nil
 }
 

@@ -174,6 +174,17 @@ func (r *RunResult) SkipRest(checks []CheckDef, why error) {
 	}
 }
 
+// End records why the run stopped early (err, if not nil) and, when it
+// did or a check failed, log: the tail of the plugin's output.
+func (r *RunResult) End(err error, log string) {
+	if err != nil {
+		r.Err = err.Error()
+	}
+	if r.Err != "" || len(r.Failed()) > 0 {
+		r.Log = log
+	}
+}
+
 // Failed lists the IDs of failed checks, in check order.
 func (r *RunResult) Failed() []string {
 	var ids []string

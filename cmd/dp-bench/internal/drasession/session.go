@@ -1,4 +1,15 @@
-package main
+// Package drasession drives a DRA driver for one run (Run) as the kubelet
+// drives one: it watches the plugin registration directory and registers
+// the driver through its socket (GetInfo, NotifyRegistrationStatus), waits
+// for its devices in ResourceSlices of the node's pools, then, as the
+// scheduler and the kubelet would, writes the allocation of fresh
+// ResourceClaims and calls NodePrepareResources and NodeUnprepareResources
+// on the driver's endpoint (kubeletsim). It checks the contract
+// (report.DRAChecks) and times the calls next to an empty RPC
+// (report.DRAMetrics). The API server is a private one (Cluster) shared
+// by all runs; every run has a Node object of its own and a PodResources
+// stand-in on its socket.
+package drasession
 
 import (
 	"context"
@@ -26,40 +37,30 @@ import (
 	"github.com/cdi-device-plugin/cdi-device-plugin/internal/kubeletsim"
 )
 
-// A DRA driver is driven as the kubelet drives one: dp-bench watches the
-// plugin registration directory and registers the driver through its
-// socket (GetInfo, NotifyRegistrationStatus), waits for its devices in
-// ResourceSlices of the node's pools, then, as the scheduler and the
-// kubelet would, writes the allocation of fresh ResourceClaims and calls
-// NodePrepareResources and NodeUnprepareResources on the driver's
-// endpoint (kubeletsim.RegisterDRA). The API server is a private one
-// (ControlPlane) shared by all runs; every run has a Node object of its
-// own and a PodResources stand-in on its socket.
-
 // draSizes are the claim sizes the calls are timed at.
 var draSizes = []int{1, 8}
 
-// errNoControlPlane marks targets that need the API server when it could
+// ErrNoControlPlane marks targets that need the API server when it could
 // not be started.
-var errNoControlPlane = errors.New("no API server")
+var ErrNoControlPlane = errors.New("no API server")
 
 // benchNamespace holds the claims dp-bench makes.
 const benchNamespace = "dp-bench"
 
-// draCluster is the API server all DRA runs share.
-type draCluster struct {
+// Cluster is the API server all DRA runs share.
+type Cluster struct {
 	cp     *controlplane.ControlPlane
 	nodes  atomic.Int64
 	claims atomic.Int64
 }
 
-// startCluster starts the control plane and makes the claims' namespace.
-func startCluster(ctx context.Context, o controlplane.Options) (*draCluster, error) {
+// StartCluster starts the control plane and makes the claims' namespace.
+func StartCluster(ctx context.Context, o controlplane.Options) (*Cluster, error) {
 	cp, err := controlplane.Start(ctx, o)
 	if err != nil {
 		return nil, err
 	}
-	cl := &draCluster{cp: cp}
+	cl := &Cluster{cp: cp}
 	ns := &apiclient.Namespace{TypeMeta: apiclient.TypeMeta{APIVersion: "v1", Kind: "Namespace"}, Metadata: apiclient.ObjectMeta{Name: benchNamespace}}
 	if err := cp.Client.Do(ctx, http.MethodPost, apiclient.PathNamespaces, ns, nil); err != nil && !apiclient.IsAlreadyExists(err) {
 		cp.Stop()
@@ -68,13 +69,17 @@ func startCluster(ctx context.Context, o controlplane.Options) (*draCluster, err
 	return cl, nil
 }
 
-func (cl *draCluster) stop() { cl.cp.Stop() }
+// Stop stops the control plane.
+func (cl *Cluster) Stop() { cl.cp.Stop() }
 
-// runDRATarget runs the DRA driver t once against a fresh Node object, a
+// Version is the API server's version ("" when unknown).
+func (cl *Cluster) Version() string { return cl.cp.Version }
+
+// Run runs the DRA driver t once against a fresh Node object, a
 // PodResources stand-in and the shared API server. Only setup errors are
 // returned; failures of the driver are results; logf takes what happens
 // to the run's watch.
-func runDRATarget(ctx context.Context, t target.Target, s target.Settings, cl *draCluster, logf func(string, ...any)) (*report.RunResult, error) {
+func Run(ctx context.Context, t target.Target, s target.Settings, cl *Cluster, logf func(string, ...any)) (*report.RunResult, error) {
 	nodeName := fmt.Sprintf("dp-bench-node-%d", cl.nodes.Add(1))
 	r, err := t.Prepare(s.TmpfsDir, &target.Cluster{Kubeconfig: cl.cp.Kubeconfig, NodeName: nodeName})
 	if err != nil {
@@ -128,12 +133,7 @@ func runDRATarget(ctx context.Context, t target.Target, s target.Settings, cl *d
 		execBase: execBase, apiBase: apiBase, idle: idle}
 	err = x.run(ctx)
 	x.stop()
-	if err != nil {
-		res.Err = err.Error()
-	}
-	if res.Err != "" || len(res.Failed()) > 0 {
-		res.Log = p.Log()
-	}
+	res.End(err, p.Log())
 	return res, nil
 }
 
@@ -181,7 +181,7 @@ type draSession struct {
 	p      *proc.Proc
 	res    *report.RunResult
 	api    *apiclient.Client
-	cl     *draCluster
+	cl     *Cluster
 	node   string
 	events <-chan apiclient.Event
 	idle   *proc.Proc

@@ -1,11 +1,8 @@
-package main
+package drasession
 
 import (
-	"bytes"
-	"context"
 	"encoding/json"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -220,44 +217,7 @@ func TestPoolComplete(t *testing.T) {
 	}
 }
 
-// TestDRANoAPIServer: without the API server's binaries the DRA targets
-// are reported as not run, with the reason, and nothing is started.
-func TestDRANoAPIServer(t *testing.T) {
-	var stdout, stderr bytes.Buffer
-	code := run(context.Background(), []string{"-targets", "bench-dra.yaml", "-runs", "1", "-etcd", "/nonexistent/etcd"}, &stdout, &stderr)
-	if code != 1 {
-		t.Errorf("exit %d, want 1 (targets must pass)", code)
-	}
-	for _, want := range []string{"| publishes its devices in ResourceSlices of the node's pools | not run | not run | not run |",
-		"- cdi-dra-driver (8 devices, no steps, no metadata): not run: no API server: -kube-apiserver: not given"} {
-		if !strings.Contains(stdout.String(), want) {
-			t.Errorf("missing %q in:\n%s\nstderr:\n%s", want, stdout.String(), stderr.String())
-		}
-	}
-}
-
-// TestLinksNoKubeClient: dp-bench links neither client-go nor k8s.io/api:
-// every baseline process is dp-bench itself, and they would double its
-// start-up and triple its memory (apiclient.go).
-func TestLinksNoKubeClient(t *testing.T) {
-	goBin, err := exec.LookPath("go")
-	if err != nil {
-		t.Skipf("no go in PATH: %v", err)
-	}
-	out, err := exec.Command(goBin, "list", "-deps", ".").CombinedOutput()
-	if err != nil {
-		t.Skipf("go list: %v: %s", err, out)
-	}
-	for _, dep := range strings.Fields(string(out)) {
-		for _, banned := range []string{"k8s.io/client-go/", "k8s.io/api/", "k8s.io/apimachinery/pkg/apis/", "k8s.io/apimachinery/pkg/runtime/"} {
-			if strings.HasPrefix(dep+"/", banned) {
-				t.Errorf("dp-bench links %s", dep)
-			}
-		}
-	}
-}
-
-// TestNodePools (issue 27, item 10): the driver's pools of the node are
+// TestNodePools: the driver's pools of the node are
 // the pool named after it and those named <node>/<resource>; they are
 // complete when every one of them is, devices by pool name as
 // <pool>/<device>, which a claim's allocation takes apart again.

@@ -1,4 +1,4 @@
-package main
+package drasession
 
 import (
 	"crypto/sha256"
