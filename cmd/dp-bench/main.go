@@ -41,6 +41,7 @@ import (
 	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/controlplane"
 	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/dpsession"
 	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/drasession"
+	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/fleet"
 	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/proc"
 	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/report"
 	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/target"
@@ -68,7 +69,7 @@ type options struct {
 	compare  string
 	render   string
 	mustPass map[string]bool // target names whose checks must pass; nil: all
-	fleet    *fleetOptions   // -fleet (fleet.go); N 0: no fleet
+	fleet    *fleet.Options  // -fleet; N 0: no fleet
 }
 
 type stringList []string
@@ -123,12 +124,12 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.compare, "compare", "", "a target name: add its per-round ratios to every other target of the same group (a target's group, else its scenario)")
 	fs.StringVar(&o.goBench, "gobench", "", "add the medians of this `go test -bench` output to the report")
 	fs.StringVar(&o.mdOut, "md", "", "write the tables into this Markdown file, between dp-bench's markers (the rest of the file is kept)")
-	o.fleet = addFleetFlags(fs)
+	o.fleet = fleet.AddFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
 	if o.fleet.N != 0 {
-		if err := o.fleet.check(); err != nil {
+		if err := o.fleet.Check(); err != nil {
 			return nil, err
 		}
 	}
@@ -220,7 +221,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return render(o, stdout, stderr)
 	}
 	if o.fleet.N > 0 {
-		return runFleet(ctx, o, o.fleet, args, stdout, stderr)
+		return fleet.Run(ctx, &fleet.Config{Options: *o.fleet, Command: "dp-bench " + strings.Join(args, " "), Targets: o.targets,
+			Settings: o.settings, ControlPlane: o.cp, MustPass: o.mustPass}, stdout, stderr)
 	}
 	rep := &report.Report{Command: "dp-bench " + strings.Join(args, " "), Machine: report.DescribeMachine(), Runs: o.runs, Settings: o.settings, Compare: o.compare,
 		DRA: target.IsDRA(o.targets)}

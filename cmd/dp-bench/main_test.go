@@ -74,3 +74,23 @@ func TestLinksNoKubeClient(t *testing.T) {
 		}
 	}
 }
+
+func TestFleetFlags(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"-fleet", "-1"}, "-fleet=-1"},
+		{[]string{"-fleet", "2", "-fleet-fill", "1.5"}, "-fleet-fill=1.5"},
+		{[]string{"-fleet", "2", "-fleet-steady", "0s"}, "-fleet-steady=0s"},
+		{[]string{"-fleet", "2", "-fleet-storm-rate", "0"}, "-fleet-storm-rate=0"},
+		{[]string{"-fleet", "2", "-fleet-rounds", "0"}, "-fleet-rounds=0"},
+	} {
+		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
+			_, err := parseFlags(append(tc.args, "-targets", "fleet.yaml"), &strings.Builder{})
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("error %v, want one naming %s", err, tc.want)
+			}
+		})
+	}
+}

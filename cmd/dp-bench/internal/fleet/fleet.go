@@ -1,4 +1,17 @@
-package main
+// Package fleet is dp-bench -fleet N: it runs every DRA target of
+// -targets on a fleet of N nodes, one target after the other, each with a
+// fresh private control plane (fleetCluster): etcd, kube-apiserver,
+// kube-scheduler and kube-controller-manager. One driver process per
+// node, with a kubelet stand-in per node (fleetNode, kubeletsim.Pods): the
+// scheduler allocates the claims of real pods from the drivers'
+// ResourceSlices, and the stand-in prepares them. It counts the drivers'
+// API writes (package audit), their CPU and memory, through scheduling
+// rounds, a steady window, a health storm and a rollout, and writes the
+// table of docs/fleet.md. The targets run apart, not side by side: at
+// N=100 two fleets at once would share two cores and one API server, and
+// each figure (the API server's memory above all) would be the sum of
+// both.
+package fleet
 
 import (
 	"bytes"
@@ -11,7 +24,6 @@ import (
 	"net/url"
 	"os"
 	"slices"
-	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -21,6 +33,7 @@ import (
 
 	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/apiclient"
 	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/audit"
+	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/controlplane"
 	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/proc"
 	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/report"
 	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/stats"
@@ -28,18 +41,8 @@ import (
 	"github.com/cdi-device-plugin/cdi-device-plugin/internal/kubeletsim"
 )
 
-// dp-bench -fleet N runs every DRA target of -targets on a fleet of N
-// nodes, one target after the other, each with a fresh private control
-// plane (fleetCluster): etcd, kube-apiserver, kube-scheduler and
-// kube-controller-manager. One driver process per node, with a kubelet
-// stand-in per node (fleetNode, kubeletsim.Pods): the scheduler allocates the
-// claims of real pods from the drivers' ResourceSlices, and the stand-in
-// prepares them. The targets run apart, not side by side: at N=100 two
-// fleets at once would share two cores and one API server, and each
-// figure (the API server's memory above all) would be the sum of both.
-
-// fleetOptions are the -fleet flags.
-type fleetOptions struct {
+// Options are the -fleet flags.
+type Options struct {
 	N, Rounds                    int
 	Fill                         float64
 	Steady, Storm, Settle        time.Duration
@@ -48,9 +51,10 @@ type fleetOptions struct {
 	MD, JSON                     string
 }
 
-func addFleetFlags(fs *flag.FlagSet) *fleetOptions {
-	fo := &fleetOptions{}
-	fs.IntVar(&fo.N, "fleet", 0, "run the DRA targets on a fleet of this many nodes (fleet.go; 0: no fleet)")
+// AddFlags defines the -fleet flags on fs.
+func AddFlags(fs *flag.FlagSet) *Options {
+	fo := &Options{}
+	fs.IntVar(&fo.N, "fleet", 0, "run the DRA targets on a fleet of this many nodes (0: no fleet; docs/fleet.md)")
 	fs.Float64Var(&fo.Fill, "fleet-fill", 0.8, "fleet: the share of the fleet's devices claimed by pods created at once")
 	fs.IntVar(&fo.Rounds, "fleet-rounds", 3, "fleet: scheduling rounds (pods created, bound, prepared, then deleted and unprepared but the last); the medians are reported")
 	fs.DurationVar(&fo.Steady, "fleet-steady", 5*time.Minute, "fleet: the steady-state window (nothing changes; the drivers' writes are counted)")
@@ -64,8 +68,8 @@ func addFleetFlags(fs *flag.FlagSet) *fleetOptions {
 	return fo
 }
 
-// check validates the fleet flags; errors name the flag and the value.
-func (fo *fleetOptions) check() error {
+// Check validates the fleet flags; errors name the flag and the value.
+func (fo *Options) Check() error {
 	switch {
 	case fo.N < 1:
 		return fmt.Errorf("-fleet=%d: must be at least 1", fo.N)
@@ -85,62 +89,25 @@ func (fo *fleetOptions) check() error {
 	return nil
 }
 
-// FleetReport is what -fleet measured.
-type FleetReport struct {
-	Command   string         `json:"command"`
-	Machine   report.Machine `json:"machine"`
-	N         int            `json:"nodes"`
-	APIServer string         `json:"apiServer"`
-	Steady    string         `json:"steady"`
-	Storm     string         `json:"storm"`
-	Targets   []FleetTarget  `json:"targets"`
+// Config is what a fleet runs: the -fleet flags, and the targets, their
+// settings and the control plane's binaries of dp-bench's flags.
+type Config struct {
+	Options
+	// Command is dp-bench's command line, for the report.
+	Command      string
+	Targets      []target.Target
+	Settings     target.Settings
+	ControlPlane controlplane.Options
+	// MustPass names the targets that must run to the end for exit
+	// status 0 (nil: all).
+	MustPass map[string]bool
 }
 
-// FleetTarget is one driver's figures on the fleet.
-type FleetTarget struct {
-	Name   string `json:"name"`
-	Driver string `json:"driver"`
-	Agent  string `json:"agent"`
-	Err    string `json:"error,omitempty"`
-
-	Devices          int          `json:"devices"`
-	StartSlicesS     float64      `json:"startSlicesS"`
-	Pods             int          `json:"pods"`
-	BoundPerS        float64      `json:"boundPerS"`    // the rounds' median
-	PreparedPerS     float64      `json:"preparedPerS"` // the rounds' median
-	Rounds           []schedRound `json:"rounds"`
-	PrepareErrors    int64        `json:"prepareErrors"`
-	SteadyPerNodeMin float64      `json:"steadyWritesPerNodeMin"`
-	Steady           audit.Tally  `json:"steadyWrites"`
-	// SteadyCPUMsPerNodeMin is each driver's on-CPU time in the steady
-	// window, milliseconds per minute (the mean over the nodes).
-	SteadyCPUMsPerNodeMin float64 `json:"steadyDriverCPUMsPerNodeMin"`
-	// SteadyAll is apiserver_request_total's writes in the steady window,
-	// all clients (the control plane's own included).
-	SteadyAll map[string]float64 `json:"steadyAllClients,omitempty"`
-
-	StormNA    string `json:"stormNA,omitempty"`
-	StormFlips int    `json:"stormFlips"`
-	// StormPerNodeS counts the storm and the second after it (the last
-	// state's publish); StormDuringPerNodeS the storm alone.
-	StormPerNodeS       float64     `json:"stormSliceWritesPerNodeS"`
-	Storm               audit.Tally `json:"stormSliceWrites"`
-	StormDuringPerNodeS float64     `json:"stormDuringSliceWritesPerNodeS"`
-	StormDuring         int         `json:"stormDuringSliceWrites"`
-	StormLastS          float64     `json:"stormLastPublishedS"`
-	RolloutPerNode      float64     `json:"rolloutSliceWritesPerNode"`
-	Rollout             audit.Tally `json:"rolloutSliceWrites"`
-	RolloutS            float64     `json:"rolloutS"`
-	RolloutPods         int         `json:"rolloutPods"`
-	RolloutFailed       []string    `json:"rolloutFailed,omitempty"`
-	DriverRSSMiB        float64     `json:"driverRSSMiB"`
-	DriverRSSMaxMiB     float64     `json:"driverRSSMaxMiB"`
-	APIServerRSSMiB     float64     `json:"apiServerRSSMiB"`
-}
-
-// runFleet runs every DRA target on a fleet and writes the report.
-func runFleet(ctx context.Context, o *options, fo *fleetOptions, args []string, stdout, stderr io.Writer) int {
-	rep := &FleetReport{Command: "dp-bench " + strings.Join(args, " "), Machine: report.DescribeMachine(), N: fo.N,
+// Run runs every DRA target of c on a fleet, writes the report, and
+// returns dp-bench's exit status.
+func Run(ctx context.Context, c *Config, stdout, stderr io.Writer) int {
+	fo := &c.Options
+	rep := &Report{Command: c.Command, Machine: report.DescribeMachine(), N: fo.N,
 		Steady: fo.Steady.String(), Storm: fmt.Sprintf("%s at %d/s", fo.Storm, fo.StormRate)}
 	// Every driver process of ours holds 2 inotify instances; the kernel
 	// allows fs.inotify.max_user_instances per user (128 by default), for
@@ -151,18 +118,18 @@ func runFleet(ctx context.Context, o *options, fo *fleetOptions, args []string, 
 		}
 	}
 	ok := true
-	for _, t := range o.targets {
+	for _, t := range c.Targets {
 		if t.DRA == nil {
 			continue
 		}
 		fmt.Fprintf(stderr, "dp-bench: fleet of %d: %s\n", fo.N, t.Label())
-		ft, version := runFleetTarget(ctx, t, o, fo, stderr)
+		ft, version := runTarget(ctx, t, c, stderr)
 		if version != "" {
 			rep.APIServer = version
 		}
 		if ft.Err != "" {
 			fmt.Fprintf(stderr, "dp-bench: fleet: %s: %s\n", t.Label(), ft.Err)
-			if o.mustPass == nil || o.mustPass[t.Name] {
+			if c.MustPass == nil || c.MustPass[t.Name] {
 				ok = false
 			}
 		}
@@ -173,7 +140,7 @@ func runFleet(ctx context.Context, o *options, fo *fleetOptions, args []string, 
 		}
 	}
 	rep.Machine.LoadAfter = report.Loadavg()
-	writeFleetMarkdown(stdout, rep)
+	writeMarkdown(stdout, rep)
 	if fo.JSON != "" {
 		if err := report.WriteJSON(fo.JSON, rep); err != nil {
 			fmt.Fprintln(stderr, "dp-bench: -fleet-json:", err)
@@ -182,7 +149,7 @@ func runFleet(ctx context.Context, o *options, fo *fleetOptions, args []string, 
 	}
 	if fo.MD != "" {
 		var gen bytes.Buffer
-		writeFleetMarkdown(&gen, rep)
+		writeMarkdown(&gen, rep)
 		if err := report.WriteBetween(fo.MD, mdBeginFleet, mdEndFleet, "", gen.Bytes()); err != nil {
 			fmt.Fprintln(stderr, "dp-bench: -fleet-md:", err)
 			return 1
@@ -194,16 +161,16 @@ func runFleet(ctx context.Context, o *options, fo *fleetOptions, args []string, 
 	return 0
 }
 
-// runFleetTarget runs one driver on the fleet.
-func runFleetTarget(ctx context.Context, t target.Target, o *options, fo *fleetOptions, stderr io.Writer) (FleetTarget, string) {
-	ft := FleetTarget{Name: t.Label(), Driver: t.DRA.Driver}
-	fc, err := startFleetCluster(ctx, o.cp, fo)
+// runTarget runs one driver on the fleet.
+func runTarget(ctx context.Context, t target.Target, c *Config, stderr io.Writer) (TargetReport, string) {
+	ft := TargetReport{Name: t.Label(), Driver: t.DRA.Driver}
+	fc, err := startFleetCluster(ctx, c.ControlPlane, &c.Options)
 	if err != nil {
 		ft.Err = err.Error()
 		return ft, ""
 	}
 	defer fc.stop()
-	f := &fleet{t: t, o: o, fo: fo, fc: fc, ft: &ft, log: stderr}
+	f := &fleet{t: t, c: c, fc: fc, ft: &ft, log: stderr}
 	if err := f.run(ctx); err != nil {
 		ft.Err = err.Error()
 	}
@@ -213,10 +180,9 @@ func runFleetTarget(ctx context.Context, t target.Target, o *options, fo *fleetO
 // fleet is one driver's fleet in progress.
 type fleet struct {
 	t        target.Target
-	o        *options
-	fo       *fleetOptions
+	c        *Config
 	fc       *fleetCluster
-	ft       *FleetTarget
+	ft       *TargetReport
 	log      io.Writer
 	nodes    []*fleetNode
 	names    []string
@@ -241,7 +207,7 @@ func (f *fleet) run(ctx context.Context) error {
 	if a, err := t0Expand(f.t); err == nil {
 		f.ft.Agent = a
 	}
-	for i := range f.fo.N {
+	for i := range f.c.N {
 		f.names = append(f.names, fleetNodeName(i))
 	}
 	var made errgroup.Group
@@ -262,7 +228,7 @@ func (f *fleet) run(ctx context.Context) error {
 
 	// Start: every driver at once.
 	start := time.Now()
-	f.nodes = make([]*fleetNode, f.fo.N)
+	f.nodes = make([]*fleetNode, f.c.N)
 	var started errgroup.Group
 	started.SetLimit(16)
 	for i, name := range f.names {
@@ -271,7 +237,7 @@ func (f *fleet) run(ctx context.Context) error {
 			if err != nil {
 				return err
 			}
-			f.nodes[i], err = startFleetNode(f.t, f.o.settings, kc, name)
+			f.nodes[i], err = startFleetNode(f.t, f.c.Settings, kc, name)
 			return err
 		})
 	}
@@ -305,8 +271,8 @@ func (f *fleet) run(ctx context.Context) error {
 		return err
 	}
 	f.ft.StartSlicesS = last.Sub(start).Seconds()
-	f.ft.Devices = f.fo.N * want
-	f.logf("%d nodes registered, %d devices published %.1f s after the start", f.fo.N, f.ft.Devices, f.ft.StartSlicesS)
+	f.ft.Devices = f.c.N * want
+	f.logf("%d nodes registered, %d devices published %.1f s after the start", f.c.N, f.ft.Devices, f.ft.StartSlicesS)
 
 	if err := f.schedule(ctx); err != nil {
 		return err
@@ -379,34 +345,13 @@ func (f *fleet) createPods(ctx context.Context, prefix string, count int) ([]str
 	return names, g.Wait()
 }
 
-// schedRound is one scheduling round's rates, pods per second from the
-// first pod's creation to the last binding (the API server's stamp in the
-// audit log) and to the last NodePrepareResources answered.
-type schedRound struct {
-	BoundPerS    float64 `json:"boundPerS"`
-	PreparedPerS float64 `json:"preparedPerS"`
-	// Per pod: from its binding to its preparation (the stand-in's
-	// queue, the claim GET and the call), and the NodePrepareResources
-	// call alone; milliseconds.
-	BindToPreparedP50Ms float64 `json:"bindToPreparedP50Ms"`
-	BindToPreparedP99Ms float64 `json:"bindToPreparedP99Ms"`
-	PrepareCallP50Ms    float64 `json:"prepareCallP50Ms"`
-	PrepareCallP99Ms    float64 `json:"prepareCallP99Ms"`
-	// On-CPU time from the first pod's creation to the last pod prepared
-	// (fleetcpu.go): all the drivers', per pod; the control plane's and
-	// the stand-in's (dp-bench), seconds.
-	DriverCPUPerPodMs float64 `json:"driverCPUPerPodMs"`
-	ControlPlaneCPUS  float64 `json:"controlPlaneCPUS"`
-	StandInCPUS       float64 `json:"standInCPUS"`
-}
-
 // schedule: Fill of the devices claimed by pods created at once, Rounds
 // times; between two rounds the pods are deleted and their claims
 // unprepared and deleted (kubeletsim.Pods.Finish). The last round's pods
 // stay (the rollout needs them).
 func (f *fleet) schedule(ctx context.Context) error {
-	count := int(f.fo.Fill * float64(f.ft.Devices))
-	for r := range f.fo.Rounds {
+	count := int(f.c.Fill * float64(f.ft.Devices))
+	for r := range f.c.Rounds {
 		cpu0 := f.cpu()
 		names, err := f.createPods(ctx, fmt.Sprintf("sched%d", r), count)
 		if err != nil {
@@ -438,7 +383,7 @@ func (f *fleet) schedule(ctx context.Context) error {
 		f.logf("round %d: %d pods: %.1f/s bound, %.1f/s prepared; per pod, binding to prepared p50 %.0f ms, p99 %.0f ms; NodePrepareResources p50 %.1f ms, p99 %.1f ms; CPU: drivers %.1f ms a pod, control plane %.1f s, stand-in %.1f s",
 			r+1, count, rd.BoundPerS, rd.PreparedPerS, rd.BindToPreparedP50Ms, rd.BindToPreparedP99Ms, rd.PrepareCallP50Ms, rd.PrepareCallP99Ms,
 			rd.DriverCPUPerPodMs, rd.ControlPlaneCPUS, rd.StandInCPUS)
-		if r == f.fo.Rounds-1 {
+		if r == f.c.Rounds-1 {
 			break
 		}
 		if err := f.k.Finish(ctx, names); err != nil {
@@ -447,7 +392,7 @@ func (f *fleet) schedule(ctx context.Context) error {
 		if err := f.waitNoClaims(ctx, 2*time.Minute); err != nil {
 			return fmt.Errorf("round %d: %w", r+1, err)
 		}
-		if err := proc.Sleep(ctx, f.fo.Settle); err != nil {
+		if err := proc.Sleep(ctx, f.c.Settle); err != nil {
 			return err
 		}
 	}
@@ -455,7 +400,7 @@ func (f *fleet) schedule(ctx context.Context) error {
 	f.ft.BoundPerS = roundsMedian(f.ft.Rounds, func(r schedRound) float64 { return r.BoundPerS })
 	f.ft.PreparedPerS = roundsMedian(f.ft.Rounds, func(r schedRound) float64 { return r.PreparedPerS })
 	f.ft.PrepareErrors = f.k.Errors()
-	f.logf("%d rounds of %d pods: medians %.1f/s bound, %.1f/s prepared", f.fo.Rounds, count, f.ft.BoundPerS, f.ft.PreparedPerS)
+	f.logf("%d rounds of %d pods: medians %.1f/s bound, %.1f/s prepared", f.c.Rounds, count, f.ft.BoundPerS, f.ft.PreparedPerS)
 	return nil
 }
 
@@ -522,7 +467,7 @@ func (f *fleet) flushedAudit(ctx context.Context) ([]audit.Write, error) {
 
 // steady: nothing changes for Steady; every write of the drivers counts.
 func (f *fleet) steady(ctx context.Context) error {
-	if err := proc.Sleep(ctx, f.fo.Settle); err != nil {
+	if err := proc.Sleep(ctx, f.c.Settle); err != nil {
 		return err
 	}
 	before, err := f.fc.metrics(ctx)
@@ -530,17 +475,17 @@ func (f *fleet) steady(ctx context.Context) error {
 		return err
 	}
 	cpu0 := f.cpu()
-	ws, from, to, err := f.window(ctx, f.fo.Steady, nil)
+	ws, from, to, err := f.window(ctx, f.c.Steady, nil)
 	if err != nil {
 		return err
 	}
-	f.ft.SteadyCPUMsPerNodeMin = perNodeMinuteMs(f.cpu().sub(cpu0).Drivers, f.fo.N, to.Sub(from))
+	f.ft.SteadyCPUMsPerNodeMin = perNodeMinuteMs(f.cpu().sub(cpu0).Drivers, f.c.N, to.Sub(from))
 	tally := audit.TallyWrites(ws, f.ft.Agent, "", from, to)
 	if after, err := f.fc.metrics(ctx); err == nil {
 		f.ft.SteadyAll = audit.RequestWrites(before, after)
 	}
 	f.ft.Steady = tally
-	f.ft.SteadyPerNodeMin = float64(tally.Total) / float64(f.fo.N) / to.Sub(from).Minutes()
+	f.ft.SteadyPerNodeMin = float64(tally.Total) / float64(f.c.N) / to.Sub(from).Minutes()
 	f.logf("steady %s: %d driver writes (%.2f per node per minute) %v; driver CPU %.2f ms per node per minute", to.Sub(from).Round(time.Second), tally.Total, f.ft.SteadyPerNodeMin, tally.ByKind, f.ft.SteadyCPUMsPerNodeMin)
 	return nil
 }
@@ -550,7 +495,7 @@ func (f *fleet) steady(ctx context.Context) error {
 // the second after it, and when the last state (all healthy) was
 // published.
 func (f *fleet) storm(ctx context.Context) error {
-	if f.fo.Storm == 0 {
+	if f.c.Storm == 0 {
 		f.ft.StormNA = "not run (-fleet-storm=0)"
 		return nil
 	}
@@ -589,9 +534,9 @@ func (f *fleet) storm(ctx context.Context) error {
 	}
 	var end time.Time
 	during := func(ctx context.Context) error {
-		tick := time.NewTicker(time.Second / time.Duration(2*f.fo.StormRate))
+		tick := time.NewTicker(time.Second / time.Duration(2*f.c.StormRate))
 		defer tick.Stop()
-		stop := time.Now().Add(f.fo.Storm)
+		stop := time.Now().Add(f.c.Storm)
 		up := true
 		for time.Now().Before(stop) {
 			select {
@@ -610,11 +555,11 @@ func (f *fleet) storm(ctx context.Context) error {
 		end = time.Now()
 		return nil
 	}
-	ws, from, to, err := f.window(ctx, f.fo.Storm+time.Second, during)
+	ws, from, to, err := f.window(ctx, f.c.Storm+time.Second, during)
 	if err != nil {
 		return err
 	}
-	c := audit.StormRates(ws, f.ft.Agent, f.fo.N, from, end, to)
+	c := audit.StormRates(ws, f.ft.Agent, f.c.N, from, end, to)
 	last, err := f.st.waitClean(ctx, f.names, time.Minute)
 	if err != nil {
 		return fmt.Errorf("after the storm: %w", err)
@@ -632,7 +577,7 @@ func (f *fleet) storm(ctx context.Context) error {
 // prepared; pods created during the rollout on the remaining devices
 // must be scheduled and prepared, and no pod may fail.
 func (f *fleet) rollout(ctx context.Context) error {
-	if err := proc.Sleep(ctx, f.fo.Settle); err != nil {
+	if err := proc.Sleep(ctx, f.c.Settle); err != nil {
 		return err
 	}
 	extra := max(1, (f.ft.Devices-f.pods)/2)
@@ -641,7 +586,7 @@ func (f *fleet) rollout(ctx context.Context) error {
 	during := func(ctx context.Context) error {
 		var restarts errgroup.Group
 		for _, n := range f.nodes {
-			restarts.Go(func() error { return n.restart(ctx, f.o.settings.Term, 2*time.Minute) })
+			restarts.Go(func() error { return n.restart(ctx, f.c.Settings.Term, 2*time.Minute) })
 		}
 		var err error
 		names, err = f.createPods(ctx, "rollout", extra)
@@ -658,7 +603,7 @@ func (f *fleet) rollout(ctx context.Context) error {
 			return fmt.Errorf("pods created during the rollout: %w", err)
 		}
 		rolled = time.Now()
-		return proc.Sleep(ctx, f.fo.Settle)
+		return proc.Sleep(ctx, f.c.Settle)
 	}
 	ws, from, to, err := f.window(ctx, 0, during)
 	if err != nil {
@@ -667,7 +612,7 @@ func (f *fleet) rollout(ctx context.Context) error {
 	tally := audit.TallyWrites(ws, f.ft.Agent, "resourceslices", from, to)
 	f.ft.Rollout = tally
 	f.ft.RolloutS = rolled.Sub(from).Seconds()
-	f.ft.RolloutPerNode = float64(tally.Total) / float64(f.fo.N)
+	f.ft.RolloutPerNode = float64(tally.Total) / float64(f.c.N)
 	f.ft.RolloutPods = extra
 	f.ft.RolloutFailed = f.k.Failures()
 	f.logf("rollout: done in %.1f s; %d slice writes (%.2f per node, at most %d), %d pods created during it, %d pods failed %v",
@@ -676,105 +621,4 @@ func (f *fleet) rollout(ctx context.Context) error {
 		return fmt.Errorf("rollout: pods failed: %s", strings.Join(f.ft.RolloutFailed, "; "))
 	}
 	return nil
-}
-
-// Markers of the fleet's tables in -fleet-md.
-const (
-	mdBeginFleet = "<!-- dp-bench-fleet:begin (generated by dp-bench -fleet; edit outside these markers) -->"
-	mdEndFleet   = "<!-- dp-bench-fleet:end -->"
-)
-
-// writeFleetMarkdown writes the fleet's tables, the targets side by side.
-func writeFleetMarkdown(w io.Writer, rep *FleetReport) {
-	fmt.Fprintf(w, "Generated by `%s` on %s (%s, %d CPUs, %d GiB; load %s before, %s after), kube-apiserver %s, %d nodes of 8 simulated devices per driver, each driver on a fresh control plane.\n\n",
-		rep.Command, rep.Machine.Date, rep.Machine.CPU, rep.Machine.CPUs, rep.Machine.MemoryGiB, rep.Machine.LoadBefore, rep.Machine.LoadAfter, rep.APIServer, rep.N)
-	fmt.Fprintf(w, "| figure | goal |")
-	for _, t := range rep.Targets {
-		fmt.Fprintf(w, " %s |", t.Name)
-	}
-	fmt.Fprintf(w, "\n| --- | --- |%s\n", strings.Repeat(" ---: |", len(rep.Targets)))
-	row := func(name, goal string, cell func(t FleetTarget) string) {
-		fmt.Fprintf(w, "| %s | %s |", name, goal)
-		for _, t := range rep.Targets {
-			if t.Err != "" && t.Pods == 0 {
-				fmt.Fprintf(w, " not run: %s |", report.MDEscape(proc.Tail(t.Err, 120)))
-				continue
-			}
-			fmt.Fprintf(w, " %s |", cell(t))
-		}
-		fmt.Fprintln(w)
-	}
-	row("start: every driver at once → all devices in ResourceSlices", "", func(t FleetTarget) string { return fmt.Sprintf("%.1f s", t.StartSlicesS) })
-	row("claim pods (1 device each), created at once", "", func(t FleetTarget) string { return fmt.Sprintf("%d of %d devices", t.Pods, t.Devices) })
-	row("scheduling: pods/s, creation → bound", "≥ the peer's", func(t FleetTarget) string { return fmt.Sprintf("%.1f", t.BoundPerS) })
-	row("scheduling: pods/s, creation → prepared", "≥ the peer's", func(t FleetTarget) string { return fmt.Sprintf("%.1f", t.PreparedPerS) })
-	row("per pod: binding → prepared, p50 / p99 (median of the rounds)", "", func(t FleetTarget) string {
-		return fmt.Sprintf("%.0f / %.0f ms", roundsMedian(t.Rounds, func(r schedRound) float64 { return r.BindToPreparedP50Ms }),
-			roundsMedian(t.Rounds, func(r schedRound) float64 { return r.BindToPreparedP99Ms }))
-	})
-	row("per pod: the NodePrepareResources call, p50 / p99 (median of the rounds)", "", func(t FleetTarget) string {
-		return fmt.Sprintf("%.1f / %.1f ms", roundsMedian(t.Rounds, func(r schedRound) float64 { return r.PrepareCallP50Ms }),
-			roundsMedian(t.Rounds, func(r schedRound) float64 { return r.PrepareCallP99Ms }))
-	})
-	row("scheduling, CPU a round (median): all drivers per pod prepared; control plane (etcd, kube-apiserver, -scheduler, -controller-manager); dp-bench (the stand-in)", "reported", func(t FleetTarget) string {
-		return fmt.Sprintf("%.1f ms; %.1f s; %.1f s", roundsMedian(t.Rounds, func(r schedRound) float64 { return r.DriverCPUPerPodMs }),
-			roundsMedian(t.Rounds, func(r schedRound) float64 { return r.ControlPlaneCPUS }), roundsMedian(t.Rounds, func(r schedRound) float64 { return r.StandInCPUS }))
-	})
-	row(fmt.Sprintf("steady state (%s): driver API writes per node per minute", rep.Steady), "0", func(t FleetTarget) string {
-		return fmt.Sprintf("%.2f (%d)%s", t.SteadyPerNodeMin, t.Steady.Total, kinds(t.Steady.ByKind))
-	})
-	row("steady state: driver CPU per node per minute", "reported", func(t FleetTarget) string { return fmt.Sprintf("%.2f ms", t.SteadyCPUMsPerNodeMin) })
-	row(fmt.Sprintf("health storm (%s): slice writes per node per second", rep.Storm), "≤ 1", func(t FleetTarget) string {
-		if t.StormNA != "" {
-			return t.StormNA
-		}
-		return fmt.Sprintf("%.2f, with the second after it (%.2f in the storm alone; at most %d of a node in any 1 s)", t.StormPerNodeS, t.StormDuringPerNodeS, t.Storm.MaxNodeSecond)
-	})
-	row("health storm: last state published after its end", "≤ 1 s", func(t FleetTarget) string {
-		if t.StormNA != "" {
-			return "n/a"
-		}
-		return fmt.Sprintf("%.2f s", t.StormLastS)
-	})
-	row("rollout (every driver restarted at once): slice writes per node", "≤ 2", func(t FleetTarget) string {
-		return fmt.Sprintf("%.2f (at most %d)%s", t.RolloutPerNode, t.Rollout.MaxNode, kinds(t.Rollout.ByKind))
-	})
-	row("rollout: pods failed (of those prepared, and those created during it)", "0", func(t FleetTarget) string {
-		return fmt.Sprintf("%d (%d created during it; all prepared %.1f s after the restart)", len(t.RolloutFailed), t.RolloutPods, t.RolloutS)
-	})
-	row("driver resident memory per node, median (max)", "reported", func(t FleetTarget) string {
-		return fmt.Sprintf("%.1f MiB (%.1f)", t.DriverRSSMiB, t.DriverRSSMaxMiB)
-	})
-	row("kube-apiserver resident memory after scheduling", "reported", func(t FleetTarget) string { return fmt.Sprintf("%.0f MiB", t.APIServerRSSMiB) })
-	for _, t := range rep.Targets {
-		if t.Err != "" {
-			fmt.Fprintf(w, "\n%s stopped: %s\n", t.Name, report.MDEscape(t.Err))
-		}
-	}
-}
-
-// roundsMedian is the median of a figure over the rounds (0 for none).
-func roundsMedian(rs []schedRound, f func(schedRound) float64) float64 {
-	v := make([]float64, len(rs))
-	for i, r := range rs {
-		v[i] = f(r)
-	}
-	return stats.Median(v)
-}
-
-// kinds is " — verb resource n, ..." for a tally's kinds.
-func kinds(m map[string]int) string {
-	if len(m) == 0 {
-		return ""
-	}
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	var parts []string
-	for _, k := range keys {
-		parts = append(parts, fmt.Sprintf("%s %d", k, m[k]))
-	}
-	return ": " + strings.Join(parts, ", ")
 }

@@ -1,4 +1,4 @@
-package main
+package fleet
 
 import (
 	"bytes"
@@ -53,7 +53,7 @@ func TestFleetCPU(t *testing.T) {
 	}
 
 	var b bytes.Buffer
-	writeFleetMarkdown(&b, &FleetReport{N: 2, Targets: []FleetTarget{{Name: "d", Pods: 1, SteadyCPUMsPerNodeMin: 12.34, Rounds: []schedRound{
+	writeMarkdown(&b, &Report{N: 2, Targets: []TargetReport{{Name: "d", Pods: 1, SteadyCPUMsPerNodeMin: 12.34, Rounds: []schedRound{
 		{DriverCPUPerPodMs: 4, ControlPlaneCPUS: 30, StandInCPUS: 2},
 		{DriverCPUPerPodMs: 9, ControlPlaneCPUS: 10, StandInCPUS: 1},
 		{DriverCPUPerPodMs: 5, ControlPlaneCPUS: 20, StandInCPUS: 3},

@@ -1,4 +1,4 @@
-package main
+package fleet
 
 import (
 	"context"
@@ -40,7 +40,7 @@ type fleetCluster struct {
 const fleetNamespace = "fleet"
 
 // startFleetCluster starts the control plane with fo's binaries.
-func startFleetCluster(ctx context.Context, cpo controlplane.Options, fo *fleetOptions) (*fleetCluster, error) {
+func startFleetCluster(ctx context.Context, cpo controlplane.Options, fo *Options) (*fleetCluster, error) {
 	dir, err := os.MkdirTemp("", "dpb-fleet")
 	if err != nil {
 		return nil, err
