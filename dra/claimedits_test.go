@@ -20,7 +20,7 @@ func TestClaimEdits(t *testing.T) {
 	ttys := simDevices(1, "n1")
 	ttys.Devices[0].Identity = device.Identity{USBBus: 1, USBDevice: 4}
 	mount := cdi.Mount{HostPath: "/opt/lib", ContainerPath: "/usr/local/lib", ReadOnly: true}
-	d := &Driver{}
+	d := &Driver{devs: &devices{}}
 	for _, r := range []struct {
 		res  Resource
 		snap *device.Snapshot
@@ -31,7 +31,7 @@ func TestClaimEdits(t *testing.T) {
 	} {
 		res := &running{Resource: r.res}
 		res.snap.Store(r.snap)
-		d.res = append(d.res, res)
+		d.devs.res = append(d.devs.res, res)
 	}
 	dev := func(res, id string) PreparedDevice { return PreparedDevice{Resource: res, ID: id} }
 	for _, c := range []struct {

@@ -133,7 +133,7 @@ type Driver struct {
 	opts      Options
 	log       *logrus.Entry
 	claimKind cdi.Kind
-	res       []*running
+	devs      *devices
 
 	// changed: a resource published a snapshot; nodes: the node's
 	// reported resources (latest); polled: a PodResources poll's result.
@@ -155,28 +155,6 @@ type Driver struct {
 	podres *podResources
 	// status writes the claims' status.devices (status.go).
 	status *statusQueue
-}
-
-// running is a Resource running: its follower publishes to it.
-type running struct {
-	Resource
-	d        *Driver
-	follower *resource.Follower
-	// pool is the pool of its devices (PoolName).
-	pool string
-	// snap is what the spec describes now (resource.Gate).
-	snap     atomic.Pointer[device.Snapshot]
-	firmware string
-}
-
-// Update takes a snapshot from the follower (resource.Publisher).
-func (r *running) Update(s *device.Snapshot) error {
-	r.snap.Store(s)
-	select {
-	case r.d.changed <- struct{}{}:
-	default:
-	}
-	return nil
 }
 
 // ErrOptions is returned by New for options it cannot run with.
@@ -228,9 +206,10 @@ func New(o Options) (*Driver, error) {
 		changed: make(chan struct{}, 1), nodes: make(chan nodeReport, 1), polled: make(chan pollResult, 1),
 		fatal: make(chan error, 1), pings: make(chan chan struct{}), podres: &podResources{socket: o.PodResources}}
 	d.health.Store(&healthView{changed: make(chan struct{})})
+	d.devs = &devices{node: o.NodeName}
 	d.status = newStatusQueue(d)
 	for _, rc := range o.Resources {
-		r := &running{Resource: rc, d: d, pool: PoolName(o.NodeName, rc.IDPrefix)}
+		r := &running{Resource: rc, changed: d.changed, pool: PoolName(o.NodeName, rc.IDPrefix)}
 		if err := checkPoolName(r.pool); err != nil {
 			return nil, fmt.Errorf("%w: %s: %w", ErrOptions, rc.Name, err)
 		}
@@ -241,7 +220,7 @@ func New(o Options) (*Driver, error) {
 		} else {
 			r.firmware = sha
 		}
-		d.res = append(d.res, r)
+		d.devs.res = append(d.devs.res, r)
 	}
 	return d, nil
 }
@@ -254,7 +233,7 @@ func New(o Options) (*Driver, error) {
 func (d *Driver) Run(ctx context.Context) error {
 	ctx = klog.NewContext(ctx, Logger(d.log))
 	// Spec first, then the devices are published.
-	for _, r := range d.res {
+	for _, r := range d.devs.res {
 		if err := r.follower.Start(); err != nil {
 			return fmt.Errorf("%s: %w", r.Name, err)
 		}
@@ -279,7 +258,7 @@ func (d *Driver) Run(ctx context.Context) error {
 	d.helper.Store(helper)
 	d.log.WithField("registrar", d.opts.RegistrarDir).WithField("plugin dir", d.opts.PluginDir).Info("serving the kubelet")
 	g, gctx := errgroup.WithContext(ctx)
-	for _, r := range d.res {
+	for _, r := range d.devs.res {
 		g.Go(func() error { return r.follower.Run(gctx) })
 		g.Go(func() error { return r.Runner.Run(gctx) })
 	}
@@ -373,7 +352,7 @@ func (d *Driver) Alive(ctx context.Context) error {
 	case <-ctx.Done():
 		return fmt.Errorf("the slice loop does not answer: %w", ctx.Err())
 	}
-	for _, r := range d.res {
+	for _, r := range d.devs.res {
 		if err := r.follower.Alive(ctx); err != nil {
 			return fmt.Errorf("%s: %w", r.Name, err)
 		}
@@ -402,7 +381,7 @@ func (d *Driver) Ready() error {
 // the devices containers hold change, and asks PodResources while a guard
 // is up.
 func (d *Driver) loop(ctx context.Context, helper *kubeletplugin.Helper) error {
-	g := newGuards(d.res, d.log)
+	g := newGuards(d.devs.names(), d.log)
 	poll := time.NewTimer(0) // the first look at once
 	defer poll.Stop()
 	armed, polling := true, false
@@ -411,7 +390,7 @@ func (d *Driver) loop(ctx context.Context, helper *kubeletplugin.Helper) error {
 	var last map[string]resourceslice.Pool
 	co := newCoalescer(d.opts.Clock, d.opts.PublishInterval)
 	publish := func() error {
-		cur := d.current(g)
+		cur := d.devs.published(g.up)
 		pools := Pools(d.opts.DriverName, d.opts.NodeName, cur)
 		if (last == nil || !reflect.DeepEqual(pools, last)) && co.ready() {
 			if last == nil {
@@ -476,48 +455,6 @@ func (d *Driver) loop(ctx context.Context, helper *kubeletplugin.Helper) error {
 			return err
 		}
 	}
-}
-
-// current is every resource's devices as they are to be published now.
-func (d *Driver) current(g *guards) []Published {
-	out := make([]Published, len(d.res))
-	for i, r := range d.res {
-		out[i] = Published{Resource: r.Name, Kind: r.Kind, IDPrefix: r.IDPrefix, Snapshot: r.snap.Load(), Handover: g.up(i), FirmwareSHA256: r.firmware, Shares: r.Replicas}
-	}
-	return out
-}
-
-// lookup finds the device an allocation names: its pool and its name.
-// The pool is its resource's (PoolName); the node's name is taken too,
-// the one pool of the driver's versions before a pool per resource, so
-// that a claim allocated before an upgrade is still prepared (the device
-// names are unique across the resources either way).
-func (d *Driver) lookup(pool, name string) (*running, device.Device, bool) {
-	for _, r := range d.res {
-		if pool != r.pool && pool != d.opts.NodeName {
-			continue
-		}
-		s := r.snap.Load()
-		if s == nil {
-			continue
-		}
-		for _, dv := range s.Devices {
-			if DeviceName(r.IDPrefix, dv.Index) == name {
-				return r, dv, true
-			}
-		}
-	}
-	return nil, device.Device{}, false
-}
-
-// byName is the resource named name.
-func (d *Driver) byName(name string) *running {
-	for _, r := range d.res {
-		if r.Name == name {
-			return r
-		}
-	}
-	return nil
 }
 
 // restoreClaimSpecs writes again the claim specs of prepared claims that

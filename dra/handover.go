@@ -58,12 +58,8 @@ type guards struct {
 	noPodResources bool
 }
 
-func newGuards(res []*running, log *logrus.Entry) *guards {
-	gs := &guards{g: make([]guard, len(res)), log: log}
-	for _, r := range res {
-		gs.names = append(gs.names, r.Name)
-	}
-	return gs
+func newGuards(names []string, log *logrus.Entry) *guards {
+	return &guards{names: names, g: make([]guard, len(names)), log: log}
 }
 
 func (gs *guards) up(i int) bool { return gs.g[i].isUp() }
@@ -156,7 +152,7 @@ func (d *Driver) pollHolders(ctx context.Context) pollResult {
 // resources.
 func (d *Driver) reported(n *corev1.Node) nodeReport {
 	out := nodeReport{}
-	for _, r := range d.res {
+	for _, r := range d.devs.res {
 		name := corev1.ResourceName(r.Name)
 		a, c := n.Status.Allocatable[name], n.Status.Capacity[name]
 		out[r.Name] = !a.IsZero() || !c.IsZero()

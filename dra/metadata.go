@@ -96,7 +96,7 @@ func (d *Driver) addMetadata(out map[types.UID]kubeletplugin.PrepareResult) {
 // resource with prestart steps, AttrStateDir. Nil for a device the driver
 // does not know.
 func (d *Driver) deviceMetadata(pool, name string) *kubeletplugin.DeviceMetadata {
-	r, dv, ok := d.lookup(pool, name)
+	r, dv, ok := d.devs.lookup(pool, name)
 	if !ok {
 		return nil
 	}

@@ -153,7 +153,7 @@ func (d *Driver) prepare(ctx context.Context, claims []*resourceapi.ResourceClai
 		return nil, errs
 	}
 	// The steps, per resource, on the devices of every claim prepared now.
-	for _, r := range d.res {
+	for _, r := range d.devs.res {
 		var devs []device.Device
 		for _, p := range plans {
 			devs = append(devs, p.devs[r]...)
@@ -307,7 +307,7 @@ func (d *Driver) plan(c *resourceapi.ResourceClaim, cp map[types.UID]PreparedCla
 		if res.Driver != d.opts.DriverName {
 			continue
 		}
-		r, dv, ok := d.lookup(res.Pool, res.Device)
+		r, dv, ok := d.devs.lookup(res.Pool, res.Device)
 		if !ok {
 			return nil, fmt.Errorf("device %s/%s: %w", res.Pool, res.Device, ErrUnknownDevice)
 		}
@@ -369,7 +369,7 @@ func (d *Driver) refuseDevicePluginHeld(ctx context.Context, plans []*planned, e
 // (their bus:device numbers); the resources' mounts.
 func (d *Driver) claimEdits(uid types.UID, pc PreparedClaim) cdi.Claim {
 	c := cdi.Claim{UID: string(uid), Namespace: pc.Namespace, Name: pc.Name}
-	for _, r := range d.res {
+	for _, r := range d.devs.res {
 		var ids []string
 		for _, dv := range pc.Devices {
 			if dv.Resource == r.Name && !slices.Contains(ids, dv.ID) {
@@ -392,23 +392,6 @@ func (d *Driver) claimEdits(uid types.UID, pc PreparedClaim) cdi.Claim {
 		}
 	}
 	return c
-}
-
-// identityEnv is the variable that tells a container which bus devices
-// of the resource it got (device.IdentityEnv, as Allocate gives it), for
-// the devices ids.
-func (r *running) identityEnv(ids []string) (string, string) {
-	s := r.snap.Load()
-	if s == nil {
-		return "", ""
-	}
-	var idts []device.Identity
-	for _, id := range ids {
-		if i := slices.IndexFunc(s.Devices, func(x device.Device) bool { return x.Name == id }); i >= 0 {
-			idts = append(idts, s.Devices[i].Identity)
-		}
-	}
-	return device.IdentityEnv(r.Name, idts)
 }
 
 // writeClaimSpec writes the claim's spec, when it has something to give,
@@ -492,7 +475,7 @@ func (d *Driver) unprepare(ctx context.Context, uid types.UID) error {
 	mark.Devices = slices.Clone(pc.Devices)
 	for i := range mark.Devices {
 		dv := &mark.Devices[i]
-		if r := d.byName(dv.Resource); r != nil && slices.ContainsFunc(byRes[r], func(x device.Device) bool { return x.Name == dv.ID }) {
+		if r := d.devs.byName(dv.Resource); r != nil && slices.ContainsFunc(byRes[r], func(x device.Device) bool { return x.Name == dv.ID }) {
 			dv.Reset = true
 		}
 	}
@@ -554,7 +537,7 @@ func (d *Driver) toReset(log *logrus.Entry, pc PreparedClaim, others map[types.U
 	}
 	byRes := map[*running][]device.Device{}
 	for _, dv := range pc.Devices {
-		r := d.byName(dv.Resource)
+		r := d.devs.byName(dv.Resource)
 		if dv.AdminAccess || r == nil || !r.Runner.HasReset() || held[dv.Resource+"\x00"+dv.ID] {
 			continue
 		}

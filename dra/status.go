@@ -368,7 +368,7 @@ func (d *Driver) outcome(c *resourceapi.ResourceClaim, r kubeletplugin.PrepareRe
 // failed with err: its own step's failure, else the claim's cause. A
 // device whose steps ran while another device's failed is NotPrepared.
 func (d *Driver) failureReason(res resourceapi.DeviceRequestAllocationResult, err error, steps map[string]*prestart.StepError) (ReadyReason, string) {
-	if _, dv, ok := d.lookup(res.Pool, res.Device); ok {
+	if _, dv, ok := d.devs.lookup(res.Pool, res.Device); ok {
 		if se, failed := steps[dv.Name]; failed {
 			return StepReason(se.Step), se.Error()
 		}
@@ -418,7 +418,7 @@ func stepErrors(err error) map[string]*prestart.StepError {
 // of it now.
 func (d *Driver) statusData(ds deviceStatus) StatusData {
 	out := StatusData{NUMANode: device.NoNUMA, CDIDeviceIDs: ds.CDIDeviceIDs}
-	r, dv, ok := d.lookup(ds.Pool, ds.Device)
+	r, dv, ok := d.devs.lookup(ds.Pool, ds.Device)
 	if !ok {
 		return out
 	}
