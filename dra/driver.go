@@ -146,7 +146,7 @@ type Driver struct {
 
 	helper    atomic.Pointer[kubeletplugin.Helper]
 	published atomic.Bool
-	health    atomic.Pointer[healthView]
+	health    *healthStream
 
 	// prepMu serialises Prepare and Unprepare (the helper does too, but
 	// the checkpoint must not depend on that).
@@ -205,9 +205,9 @@ func New(o Options) (*Driver, error) {
 	d := &Driver{opts: o, log: o.Log.WithField("driver", o.DriverName), claimKind: k,
 		changed: make(chan struct{}, 1), nodes: make(chan nodeReport, 1), polled: make(chan pollResult, 1),
 		fatal: make(chan error, 1), pings: make(chan chan struct{}), podres: &podResources{socket: o.PodResources}}
-	d.health.Store(&healthView{changed: make(chan struct{})})
+	d.health = newHealthStream(o.HealthResend)
 	d.devs = &devices{node: o.NodeName}
-	d.status = newStatusQueue(d)
+	d.status = newStatusQueue(o.DriverName, o.StatusClient, d.devs, o.NoDeviceStatus, d.log)
 	for _, rc := range o.Resources {
 		r := &running{Resource: rc, changed: d.changed, pool: PoolName(o.NodeName, rc.IDPrefix)}
 		if err := checkPoolName(r.pool); err != nil {
@@ -324,6 +324,12 @@ func (d *Driver) taintOnStop() {
 	d.log.WithField("devices", n).Info("stopping: the devices carry the handover taint until the driver publishes them again")
 }
 
+// WatchHealthStatus streams the devices' health to the kubelet
+// (healthStream.watch) until ctx is done.
+func (d *Driver) WatchHealthStatus(ctx context.Context, reports chan<- kubeletplugin.DeviceHealthReport) error {
+	return d.health.watch(ctx, reports)
+}
+
 // HandleError is called by the helper for errors in the background
 // (publishing slices, gRPC servers): logged, and a fatal one ends Run.
 func (d *Driver) HandleError(_ context.Context, err error, msg string) {
@@ -411,7 +417,7 @@ func (d *Driver) loop(ctx context.Context, helper *kubeletplugin.Helper) error {
 			last = pools
 			d.published.Store(true)
 		}
-		d.setHealth(cur)
+		d.health.set(deviceHealth(d.opts.NodeName, cur))
 		return nil
 	}
 	if err := publish(); err != nil {
