@@ -5,20 +5,15 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"reflect"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/sirupsen/logrus"
 	"golang.org/x/sync/errgroup"
-	resourceapi "k8s.io/api/resource/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
-	"k8s.io/dynamic-resource-allocation/resourceslice"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
 
@@ -144,9 +139,9 @@ type Driver struct {
 	fatal chan error
 	pings chan chan struct{}
 
-	helper    atomic.Pointer[kubeletplugin.Helper]
-	published atomic.Bool
-	health    *healthStream
+	helper atomic.Pointer[kubeletplugin.Helper]
+	slices *slicePublisher
+	health *healthStream
 
 	// prepMu serialises Prepare and Unprepare (the helper does too, but
 	// the checkpoint must not depend on that).
@@ -206,6 +201,7 @@ func New(o Options) (*Driver, error) {
 		changed: make(chan struct{}, 1), nodes: make(chan nodeReport, 1), polled: make(chan pollResult, 1),
 		fatal: make(chan error, 1), pings: make(chan chan struct{}), podres: &podResources{socket: o.PodResources}}
 	d.health = newHealthStream(o.HealthResend)
+	d.slices = &slicePublisher{driver: o.DriverName, node: o.NodeName, client: o.Client, log: d.log, co: newCoalescer(o.Clock, o.PublishInterval)}
 	d.devs = &devices{node: o.NodeName}
 	d.status = newStatusQueue(o.DriverName, o.StatusClient, d.devs, o.NoDeviceStatus, d.log)
 	for _, rc := range o.Resources {
@@ -269,65 +265,13 @@ func (d *Driver) Run(ctx context.Context) error {
 	err = g.Wait()
 	helper.Stop() // its slice controller too: nothing publishes after this
 	d.podres.close()
-	d.taintOnStop()
+	d.slices.taintOnStop()
 	if ctx.Err() != nil && errors.Is(err, context.Canceled) {
 		// Stopped while starting (the slice informer not yet synced,
 		// say): a shutdown, not a failure.
 		return nil
 	}
 	return err
-}
-
-// stopTaintTimeout bounds the slice updates of a driver that stops.
-const stopTaintTimeout = 5 * time.Second
-
-// taintOnStop puts the handover taint on every device of the node's
-// slices as the driver stops. The kubelet wipes a gone driver's slices
-// only 30 s after it unregistered; meanwhile the scheduler would still
-// allocate their devices to pods that no driver can prepare (a node
-// switched back to the device plugin, whose pods asking for the extended
-// resource would go through DRA). A driver that starts again publishes its
-// devices as they are. Best effort: a failure is logged.
-func (d *Driver) taintOnStop() {
-	ctx, cancel := context.WithTimeout(context.Background(), stopTaintTimeout)
-	defer cancel()
-	taint := resourceapi.DeviceTaint{Key: d.opts.DriverName + "/" + TaintHandover, Effect: resourceapi.DeviceTaintEffectNoSchedule}
-	list, err := d.opts.Client.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{
-		FieldSelector: "spec.driver=" + d.opts.DriverName + ",spec.nodeName=" + d.opts.NodeName})
-	if err != nil {
-		d.log.WithError(err).Warn("stopping: could not list the ResourceSlices to taint their devices")
-		return
-	}
-	n := 0
-	for i := range list.Items {
-		s := list.Items[i].DeepCopy()
-		// The field selector is the API server's; a fake client ignores it.
-		if s.Spec.Driver != d.opts.DriverName || s.Spec.NodeName == nil || *s.Spec.NodeName != d.opts.NodeName {
-			continue
-		}
-		changed := false
-		for j := range s.Spec.Devices {
-			dv := &s.Spec.Devices[j]
-			if !slices.ContainsFunc(dv.Taints, func(t resourceapi.DeviceTaint) bool { return t.Key == taint.Key }) {
-				dv.Taints = append(dv.Taints, taint)
-				changed = true
-				n++
-			}
-		}
-		if !changed {
-			continue
-		}
-		if _, err := d.opts.Client.ResourceV1().ResourceSlices().Update(ctx, s, metav1.UpdateOptions{}); err != nil {
-			d.log.WithError(err).WithField("slice", s.Name).Warn("stopping: could not taint the devices of a ResourceSlice")
-		}
-	}
-	d.log.WithField("devices", n).Info("stopping: the devices carry the handover taint until the driver publishes them again")
-}
-
-// WatchHealthStatus streams the devices' health to the kubelet
-// (healthStream.watch) until ctx is done.
-func (d *Driver) WatchHealthStatus(ctx context.Context, reports chan<- kubeletplugin.DeviceHealthReport) error {
-	return d.health.watch(ctx, reports)
 }
 
 // HandleError is called by the helper for errors in the background
@@ -376,91 +320,10 @@ func (d *Driver) Ready() error {
 	if st := h.RegistrationStatus(); st == nil || !st.PluginRegistered {
 		return errors.New("not registered with the kubelet")
 	}
-	if !d.published.Load() {
+	if !d.slices.published.Load() {
 		return errors.New("no ResourceSlice published yet")
 	}
 	return nil
-}
-
-// loop owns the handover guards and what was published: it publishes the
-// slices and the health again whenever a resource's devices, the node or
-// the devices containers hold change, and asks PodResources while a guard
-// is up.
-func (d *Driver) loop(ctx context.Context, helper *kubeletplugin.Helper) error {
-	g := newGuards(d.devs.names(), d.log)
-	poll := time.NewTimer(0) // the first look at once
-	defer poll.Stop()
-	armed, polling := true, false
-	var wg sync.WaitGroup
-	defer wg.Wait()
-	var last map[string]resourceslice.Pool
-	co := newCoalescer(d.opts.Clock, d.opts.PublishInterval)
-	publish := func() error {
-		cur := d.devs.published(g.up)
-		pools := Pools(d.opts.DriverName, d.opts.NodeName, cur)
-		if (last == nil || !reflect.DeepEqual(pools, last)) && co.ready() {
-			if last == nil {
-				d.publishAtOnce(ctx, pools) // not a second later (firstpublish.go)
-			}
-			co.published()
-			if err := helper.PublishResources(ctx, resourceslice.DriverResources{Pools: pools}); err != nil {
-				return fmt.Errorf("publish the ResourceSlices: %w", err)
-			}
-			n, ns := 0, 0
-			for _, p := range pools {
-				ns += len(p.Slices)
-				for _, s := range p.Slices {
-					n += len(s.Devices)
-				}
-			}
-			d.log.WithField("devices", n).WithField("slices", ns).WithField("pools", len(pools)).Debug("ResourceSlices published")
-			last = pools
-			d.published.Store(true)
-		}
-		d.health.set(deviceHealth(d.opts.NodeName, cur))
-		return nil
-	}
-	if err := publish(); err != nil {
-		return err
-	}
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case err := <-d.fatal:
-			return err
-		case reply := <-d.pings:
-			close(reply)
-			continue
-		case <-d.changed:
-		case <-co.C(): // the trailing publish of a coalesced change
-			co.fired()
-		case n := <-d.nodes:
-			g.node(n)
-		case <-poll.C:
-			armed, polling = false, true
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				res := d.pollHolders(ctx)
-				select {
-				case d.polled <- res:
-				case <-ctx.Done():
-				}
-			}()
-			continue
-		case res := <-d.polled:
-			polling = false
-			g.held(res)
-		}
-		if g.anyUp() && !polling && !armed {
-			poll.Reset(d.opts.PollInterval)
-			armed = true
-		}
-		if err := publish(); err != nil {
-			return err
-		}
-	}
 }
 
 // restoreClaimSpecs writes again the claim specs of prepared claims that

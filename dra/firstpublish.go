@@ -71,18 +71,18 @@ func firstSlices(driver, node string, nodeUID types.UID, name string, pool resou
 // Best effort: on any error it stops and leaves the rest to the
 // controller, which creates what is missing and adopts what was created.
 // It returns how many slices it created.
-func (d *Driver) publishAtOnce(ctx context.Context, pools map[string]resourceslice.Pool) int {
-	api := d.opts.Client.ResourceV1().ResourceSlices()
-	list, err := api.List(ctx, metav1.ListOptions{FieldSelector: resourceapi.ResourceSliceSelectorDriver + "=" + d.opts.DriverName +
-		"," + resourceapi.ResourceSliceSelectorNodeName + "=" + d.opts.NodeName})
+func (p *slicePublisher) publishAtOnce(ctx context.Context, pools map[string]resourceslice.Pool) int {
+	api := p.client.ResourceV1().ResourceSlices()
+	list, err := api.List(ctx, metav1.ListOptions{FieldSelector: resourceapi.ResourceSliceSelectorDriver + "=" + p.driver +
+		"," + resourceapi.ResourceSliceSelectorNodeName + "=" + p.node})
 	if err != nil {
-		d.log.WithError(err).Debug("listing the node's ResourceSlices; the ResourceSlice controller publishes them")
+		p.log.WithError(err).Debug("listing the node's ResourceSlices; the ResourceSlice controller publishes them")
 		return 0
 	}
 	have := map[string]bool{}
 	for i := range list.Items {
 		s := &list.Items[i]
-		if s.Spec.Driver == d.opts.DriverName && ptr.Deref(s.Spec.NodeName, "") == d.opts.NodeName {
+		if s.Spec.Driver == p.driver && ptr.Deref(s.Spec.NodeName, "") == p.node {
 			have[s.Spec.Pool.Name] = true
 		}
 	}
@@ -93,16 +93,16 @@ func (d *Driver) publishAtOnce(ctx context.Context, pools map[string]resourcesli
 			continue // the controller reconciles what exists
 		}
 		if nodeUID == "" {
-			nd, err := d.opts.Client.CoreV1().Nodes().Get(ctx, d.opts.NodeName, metav1.GetOptions{})
+			nd, err := p.client.CoreV1().Nodes().Get(ctx, p.node, metav1.GetOptions{})
 			if err != nil {
-				d.log.WithError(err).Debug("reading the node (the slices' owner); the ResourceSlice controller publishes the slices")
+				p.log.WithError(err).Debug("reading the node (the slices' owner); the ResourceSlice controller publishes the slices")
 				return n
 			}
 			nodeUID = nd.UID
 		}
-		for _, s := range firstSlices(d.opts.DriverName, d.opts.NodeName, nodeUID, name, pools[name]) {
+		for _, s := range firstSlices(p.driver, p.node, nodeUID, name, pools[name]) {
 			if _, err := api.Create(ctx, s, metav1.CreateOptions{}); err != nil {
-				d.log.WithError(err).WithField("pool", name).Debug("creating a ResourceSlice; the ResourceSlice controller publishes it")
+				p.log.WithError(err).WithField("pool", name).Debug("creating a ResourceSlice; the ResourceSlice controller publishes it")
 				return n
 			}
 			n++

@@ -108,8 +108,8 @@ func TestFirstPublishAdopted(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
 		if atOnce {
-			d := &Driver{opts: Options{DriverName: testDriver, NodeName: node, Client: client}, log: logs.Discard()}
-			if n := d.publishAtOnce(ctx, pools); n != 3 {
+			p := &slicePublisher{driver: testDriver, node: node, client: client, log: logs.Discard()}
+			if n := p.publishAtOnce(ctx, pools); n != 3 {
 				t.Fatalf("publishAtOnce created %d slices, want 3", n)
 			}
 		}
