@@ -259,7 +259,9 @@ func (d *Driver) Run(ctx context.Context) error {
 		g.Go(func() error { return r.Runner.Run(gctx) })
 	}
 	g.Go(func() error { return d.watchNode(gctx) })
-	g.Go(func() error { return d.cleanup(gctx) })
+	cleaner := &staleCleaner{claims: d.opts.Checkpoint.Claims, api: d.opts.Client.ResourceV1(), clock: d.opts.Clock,
+		interval: d.opts.CleanupInterval, grace: d.opts.CleanupGrace, log: d.log, drop: d.dropStale}
+	g.Go(func() error { return cleaner.run(gctx) })
 	g.Go(func() error { return d.status.run(gctx) })
 	g.Go(func() error { return d.loop(gctx, helper) })
 	err = g.Wait()

@@ -597,3 +597,27 @@ func (d *Driver) spareDevicePluginHeld(ctx context.Context, log *logrus.Entry, b
 	}
 	return out
 }
+
+// dropStale unprepares the claim uid, gone from the API for longer than
+// the grace, unless the kubelet did meanwhile.
+func (d *Driver) dropStale(ctx context.Context, uid types.UID, log *logrus.Entry) {
+	d.prepMu.Lock()
+	defer d.prepMu.Unlock()
+	pc, ok := d.opts.Checkpoint.Claims()[uid]
+	if !ok {
+		return
+	}
+	log.WithField("grace", d.opts.CleanupGrace).Warn("dropping a prepared claim gone from the API for longer than the grace period; its devices are released as Unprepare releases them")
+	// Its queued status and its device metadata go first, while the
+	// checkpoint still holds the claim: a driver stopped in between finds
+	// the claim again at its next start and drops it then, so nothing is
+	// left behind for good (the other way round, metadata left after the
+	// checkpoint let go of the claim would never be removed).
+	d.status.forget(uid)
+	if err := d.removeMetadata(pc.Namespace, pc.Name, uid); err != nil {
+		log.WithError(err).Warn("removing the device metadata of a dropped claim")
+	}
+	if err := d.unprepare(ctx, uid); err != nil {
+		log.WithError(err).Error("dropping a prepared claim gone from the API")
+	}
+}
