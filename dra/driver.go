@@ -130,11 +130,9 @@ type Driver struct {
 	claimKind cdi.Kind
 	devs      *devices
 
-	// changed: a resource published a snapshot; nodes: the node's
-	// reported resources (latest); polled: a PodResources poll's result.
+	// changed: a resource published a snapshot.
 	changed chan struct{}
-	nodes   chan nodeReport
-	polled  chan pollResult
+	guard   *handoverGuard
 	// fatal: an error that ends Run (HandleError).
 	fatal chan error
 	pings chan chan struct{}
@@ -198,8 +196,8 @@ func New(o Options) (*Driver, error) {
 		o.StatusClient = o.Client
 	}
 	d := &Driver{opts: o, log: o.Log.WithField("driver", o.DriverName), claimKind: k,
-		changed: make(chan struct{}, 1), nodes: make(chan nodeReport, 1), polled: make(chan pollResult, 1),
-		fatal: make(chan error, 1), pings: make(chan chan struct{}), podres: &podResources{socket: o.PodResources}}
+		changed: make(chan struct{}, 1),
+		fatal:   make(chan error, 1), pings: make(chan chan struct{}), podres: &podResources{socket: o.PodResources}}
 	d.health = newHealthStream(o.HealthResend)
 	d.slices = &slicePublisher{driver: o.DriverName, node: o.NodeName, client: o.Client, log: d.log, co: newCoalescer(o.Clock, o.PublishInterval)}
 	d.devs = &devices{node: o.NodeName}
@@ -218,6 +216,9 @@ func New(o Options) (*Driver, error) {
 		}
 		d.devs.res = append(d.devs.res, r)
 	}
+	d.guard = newHandoverGuard(d.devs.names(), o.NodeName, o.Client, func(ctx context.Context) (map[string][]string, error) {
+		return metrics.HeldByResource(ctx, o.PodResources)
+	}, d.log)
 	return d, nil
 }
 
@@ -258,7 +259,7 @@ func (d *Driver) Run(ctx context.Context) error {
 		g.Go(func() error { return r.follower.Run(gctx) })
 		g.Go(func() error { return r.Runner.Run(gctx) })
 	}
-	g.Go(func() error { return d.watchNode(gctx) })
+	g.Go(func() error { return d.guard.watchNode(gctx) })
 	cleaner := &staleCleaner{claims: d.opts.Checkpoint.Claims, api: d.opts.Client.ResourceV1(), clock: d.opts.Clock,
 		interval: d.opts.CleanupInterval, grace: d.opts.CleanupGrace, log: d.log, drop: d.dropStale}
 	g.Go(func() error { return cleaner.run(gctx) })

@@ -11,7 +11,7 @@ import (
 // the devices containers hold change, and asks PodResources while a guard
 // is up.
 func (d *Driver) loop(ctx context.Context, helper resourcePublisher) error {
-	g := newGuards(d.devs.names(), d.log)
+	g := d.guard
 	poll := time.NewTimer(0) // the first look at once
 	defer poll.Stop()
 	armed, polling := true, false
@@ -40,21 +40,21 @@ func (d *Driver) loop(ctx context.Context, helper resourcePublisher) error {
 		case <-d.changed:
 		case <-d.slices.due(): // the trailing publish of a coalesced change
 			d.slices.fired()
-		case n := <-d.nodes:
+		case n := <-g.nodes:
 			g.node(n)
 		case <-poll.C:
 			armed, polling = false, true
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				res := d.pollHolders(ctx)
+				res := g.poll(ctx)
 				select {
-				case d.polled <- res:
+				case g.polled <- res:
 				case <-ctx.Done():
 				}
 			}()
 			continue
-		case res := <-d.polled:
+		case res := <-g.polled:
 			polling = false
 			g.held(res)
 		}
