@@ -20,7 +20,7 @@ func TestClaimEdits(t *testing.T) {
 	ttys := simDevices(1, "n1")
 	ttys.Devices[0].Identity = device.Identity{USBBus: 1, USBDevice: 4}
 	mount := cdi.Mount{HostPath: "/opt/lib", ContainerPath: "/usr/local/lib", ReadOnly: true}
-	d := &Driver{devs: &devices{}}
+	d := &claimSpecs{devs: &devices{}}
 	for _, r := range []struct {
 		res  Resource
 		snap *device.Snapshot
@@ -48,7 +48,7 @@ func TestClaimEdits(t *testing.T) {
 		{"nothing of ours", nil, "[]", 0},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			got := d.claimEdits("u1", PreparedClaim{Namespace: "ns", Name: "c", Devices: c.devices})
+			got := d.edits("u1", PreparedClaim{Namespace: "ns", Name: "c", Devices: c.devices})
 			if fmt.Sprint(got.Env) != c.env || len(got.Mounts) != c.mounts || got.UID != "u1" || got.Name != "c" {
 				t.Fatalf("env %v mounts %v, want %s and %d mounts", got.Env, got.Mounts, c.env, c.mounts)
 			}

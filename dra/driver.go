@@ -5,13 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/sirupsen/logrus"
 	"golang.org/x/sync/errgroup"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/klog/v2"
@@ -119,20 +119,23 @@ type Options struct {
 	// which a large fleet's API server may want more than the status.
 	NoDeviceStatus bool
 	// DeviceMetadata: the helper writes each prepared claim's device
-	// metadata (KEP-5304) for its containers (metadataOptions).
+	// metadata (KEP-5304) for its containers (metadataFiles).
 	DeviceMetadata bool
 }
 
 // Driver is the DRA kubelet plugin of the configured resources.
 type Driver struct {
-	opts      Options
-	log       *logrus.Entry
-	claimKind cdi.Kind
-	devs      *devices
+	opts Options
+	log  *logrus.Entry
+	// specs are the per-claim CDI specs.
+	specs *claimSpecs
+	devs  *devices
 
 	// changed: a resource published a snapshot.
 	changed chan struct{}
 	guard   *handoverGuard
+	// metadata: the claims' device metadata files.
+	metadata *metadataFiles
 	// fatal: an error that ends Run (HandleError).
 	fatal chan error
 	pings chan chan struct{}
@@ -195,7 +198,7 @@ func New(o Options) (*Driver, error) {
 	if o.StatusClient == nil {
 		o.StatusClient = o.Client
 	}
-	d := &Driver{opts: o, log: o.Log.WithField("driver", o.DriverName), claimKind: k,
+	d := &Driver{opts: o, log: o.Log.WithField("driver", o.DriverName),
 		changed: make(chan struct{}, 1),
 		fatal:   make(chan error, 1), pings: make(chan chan struct{}), podres: &podResources{socket: o.PodResources}}
 	d.health = newHealthStream(o.HealthResend)
@@ -216,6 +219,9 @@ func New(o Options) (*Driver, error) {
 		}
 		d.devs.res = append(d.devs.res, r)
 	}
+	d.specs = &claimSpecs{writer: o.Writer, kind: k, devs: d.devs, log: d.log}
+	d.metadata = &metadataFiles{enabled: o.DeviceMetadata, driver: o.DriverName, pluginDir: o.PluginDir,
+		cdiDir: filepath.Dir(o.Writer.Path(k)), devs: d.devs}
 	d.guard = newHandoverGuard(d.devs.names(), o.NodeName, o.Client, func(ctx context.Context) (map[string][]string, error) {
 		return metrics.HeldByResource(ctx, o.PodResources)
 	}, d.log)
@@ -235,7 +241,7 @@ func (d *Driver) Run(ctx context.Context) error {
 			return fmt.Errorf("%s: %w", r.Name, err)
 		}
 	}
-	d.restoreClaimSpecs()
+	d.specs.restore(d.opts.Checkpoint)
 	for _, dir := range []string{d.opts.RegistrarDir, d.opts.PluginDir} {
 		if err := os.MkdirAll(dir, 0o750); err != nil {
 			return fmt.Errorf("kubelet plugin directory: %w", err)
@@ -248,7 +254,7 @@ func (d *Driver) Run(ctx context.Context) error {
 		kubeletplugin.RegistrarDirectoryPath(d.opts.RegistrarDir),
 		kubeletplugin.PluginDataDirectoryPath(d.opts.PluginDir),
 		kubeletplugin.GRPCInterceptor(d.prefetchHeld),
-	}, d.metadataOptions()...)...)
+	}, d.metadata.options()...)...)
 	if err != nil {
 		return fmt.Errorf("start the kubelet plugin: %w", err)
 	}
@@ -327,54 +333,4 @@ func (d *Driver) Ready() error {
 		return errors.New("no ResourceSlice published yet")
 	}
 	return nil
-}
-
-// restoreClaimSpecs writes again the claim specs of prepared claims that
-// are missing, and marks those claims to be prepared again: the CDI dir
-// was emptied (a reboot empties /var/run/cdi; the kubelet may start a
-// container of such a claim before it prepares the claim again, and its
-// CDI IDs must resolve meanwhile). It removes the specs of claims not
-// prepared (a driver killed between writing a claim's spec and its
-// checkpoint). A claim whose Unprepare was under way when the driver
-// stopped is left as it is: its spec is gone because Unprepare removed
-// it, not because of a reboot; the retried Unprepare completes it.
-func (d *Driver) restoreClaimSpecs() {
-	claims := d.opts.Checkpoint.Claims()
-	removed, err := d.opts.Writer.RemoveStaleClaimSpecs(d.claimKind, func(uid string) bool {
-		pc, ok := claims[types.UID(uid)]
-		return ok && pc.ClaimSpec != ""
-	})
-	for _, p := range removed {
-		d.log.WithField("spec", p).Info("removed the CDI spec of a claim not prepared")
-	}
-	if err != nil {
-		d.log.WithError(err).Warn("removing the CDI specs of claims not prepared")
-	}
-	lost := false
-	for uid, pc := range claims {
-		if pc.Unpreparing {
-			// Its spec may be gone: Unprepare removed it. No reboot.
-			d.log.WithField("claim", pc.Namespace+"/"+pc.Name).Info("an Unprepare of the claim was under way when the driver stopped; " +
-				"it completes when the kubelet asks again (its devices reset already are not reset again)")
-			continue
-		}
-		if pc.ClaimSpec == "" {
-			continue
-		}
-		if _, err := os.Stat(pc.ClaimSpec); err == nil {
-			continue
-		}
-		log := d.log.WithField("claim", pc.Namespace+"/"+pc.Name)
-		if _, _, err := d.opts.Writer.WriteClaimSpec(d.claimKind, d.claimEdits(uid, pc)); err != nil {
-			log.WithError(err).Error("writing the CDI spec of a prepared claim again")
-		}
-		pc.PrepareAgain, lost = true, true
-		claims[uid] = pc
-		log.Info("the CDI spec of a prepared claim was gone (a reboot): written again; its devices are prepared again when the kubelet asks")
-	}
-	if lost {
-		if err := d.opts.Checkpoint.Save(claims); err != nil {
-			d.log.WithError(err).Error("recording the claims to prepare again")
-		}
-	}
 }

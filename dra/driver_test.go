@@ -499,15 +499,15 @@ func TestPrepareAgainAfterReboot(t *testing.T) {
 			// A claim spec of a claim not prepared (a driver killed between
 			// the spec and the checkpoint) is removed at start.
 			w := cdi.NewWriter(h.cdiDir, "x", 1)
-			if _, _, err := w.WriteClaimSpec(h.driver.claimKind, cdi.Claim{UID: "uid-stale", Env: []string{"SIM_DEVICES=sim-n1-0"}}); err != nil {
+			if _, _, err := w.WriteClaimSpec(h.driver.specs.kind, cdi.Claim{UID: "uid-stale", Env: []string{"SIM_DEVICES=sim-n1-0"}}); err != nil {
 				t.Fatal(err)
 			}
 			h.boot = c.boot
 			h.start()
-			if _, err := os.Stat(w.ClaimSpecPath(h.driver.claimKind, cl.Uid)); err != nil {
+			if _, err := os.Stat(w.ClaimSpecPath(h.driver.specs.kind, cl.Uid)); err != nil {
 				t.Fatalf("claim spec not restored at start: %v", err)
 			}
-			if _, err := os.Stat(w.ClaimSpecPath(h.driver.claimKind, "uid-stale")); !errors.Is(err, os.ErrNotExist) {
+			if _, err := os.Stat(w.ClaimSpecPath(h.driver.specs.kind, "uid-stale")); !errors.Is(err, os.ErrNotExist) {
 				t.Fatalf("claim spec of a claim not prepared left: %v", err)
 			}
 			r := h.prepare(cl)[cl.Uid]

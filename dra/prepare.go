@@ -4,19 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"slices"
 	"strings"
 	"time"
 
-	"github.com/sirupsen/logrus"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 
-	"github.com/cdi-device-plugin/cdi-device-plugin/cdi"
 	"github.com/cdi-device-plugin/cdi-device-plugin/device"
-	"github.com/cdi-device-plugin/cdi-device-plugin/metrics"
 	"github.com/cdi-device-plugin/cdi-device-plugin/prestart"
 )
 
@@ -80,7 +76,7 @@ func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceap
 		}
 		out[c.UID] = kubeletplugin.PrepareResult{Err: err}
 	}
-	d.addMetadata(out)
+	d.metadata.add(out)
 	d.status.prepared(claims, out, errs)
 	log := d.log.WithField("claims", names(claims)).WithField("took", time.Since(start))
 	if len(errs) > 0 {
@@ -189,7 +185,7 @@ func (d *Driver) prepare(ctx context.Context, claims []*resourceapi.ResourceClai
 	var written []types.UID
 	undo := func() {
 		for _, uid := range written {
-			if err := d.opts.Writer.RemoveClaimSpec(d.claimKind, string(uid)); err != nil {
+			if err := d.specs.remove(uid); err != nil {
 				d.log.WithError(err).Warn("removing the CDI spec of a claim not prepared")
 			}
 		}
@@ -198,11 +194,11 @@ func (d *Driver) prepare(ctx context.Context, claims []*resourceapi.ResourceClai
 	added := false
 	for _, p := range plans {
 		if p.again {
-			d.ensureClaimSpec(p)
+			d.specs.ensure(p.claim.UID, p.entry)
 			continue
 		}
 		added = true
-		if err := d.writeClaimSpec(p); err != nil {
+		if err := d.specs.write(p.claim.UID, &p.entry); err != nil {
 			errs[p.claim.UID] = fmt.Errorf("claim %s/%s: %w", p.claim.Namespace, p.claim.Name, err)
 			undo()
 			return nil, errs
@@ -359,265 +355,5 @@ func (d *Driver) refuseDevicePluginHeld(ctx context.Context, plans []*planned, e
 				}
 			}
 		}
-	}
-}
-
-// claimEdits is what the claim's spec gives its containers, as the device
-// plugin's Allocate gives a container: per resource with an env prefix,
-// <prefix>_DEVICES=<its device IDs>; for devices found by identity
-// PCI_RESOURCE_<RESOURCE> (their PCI addresses) or USB_RESOURCE_<RESOURCE>
-// (their bus:device numbers); the resources' mounts.
-func (d *Driver) claimEdits(uid types.UID, pc PreparedClaim) cdi.Claim {
-	c := cdi.Claim{UID: string(uid), Namespace: pc.Namespace, Name: pc.Name}
-	for _, r := range d.devs.res {
-		var ids []string
-		for _, dv := range pc.Devices {
-			if dv.Resource == r.Name && !slices.Contains(ids, dv.ID) {
-				ids = append(ids, dv.ID)
-			}
-		}
-		if len(ids) == 0 {
-			continue
-		}
-		if r.EnvPrefix != "" {
-			c.Env = append(c.Env, r.EnvPrefix+"_DEVICES="+strings.Join(ids, ","))
-		}
-		if k, v := r.identityEnv(ids); k != "" {
-			c.Env = append(c.Env, k+"="+v)
-		}
-		for _, m := range r.Mounts {
-			if !slices.ContainsFunc(c.Mounts, func(x cdi.Mount) bool { return x.ContainerPath == m.ContainerPath }) {
-				c.Mounts = append(c.Mounts, m)
-			}
-		}
-	}
-	return c
-}
-
-// writeClaimSpec writes the claim's spec, when it has something to give,
-// and adds its CDI ID to the first device of each request.
-func (d *Driver) writeClaimSpec(p *planned) error {
-	c := d.claimEdits(p.claim.UID, p.entry)
-	if len(c.Env)+len(c.Mounts) == 0 {
-		return nil
-	}
-	name, path, err := d.opts.Writer.WriteClaimSpec(d.claimKind, c)
-	if err != nil {
-		return err
-	}
-	p.entry.ClaimSpec = path
-	seen := map[string]bool{}
-	for i := range p.entry.Devices {
-		dv := &p.entry.Devices[i]
-		if r := dv.Requests[0]; !seen[r] {
-			seen[r] = true
-			dv.CDIDeviceIDs = append(dv.CDIDeviceIDs, name)
-		}
-	}
-	return nil
-}
-
-// ensureClaimSpec writes again the spec of a claim prepared before when it
-// is missing (removed by someone): its CDI ID must resolve.
-func (d *Driver) ensureClaimSpec(p *planned) {
-	if p.entry.ClaimSpec == "" {
-		return
-	}
-	if _, err := os.Stat(p.entry.ClaimSpec); err == nil {
-		return
-	}
-	if _, _, err := d.opts.Writer.WriteClaimSpec(d.claimKind, d.claimEdits(p.claim.UID, p.entry)); err != nil {
-		d.log.WithError(err).WithField("claim", p.entry.Namespace+"/"+p.entry.Name).Error("writing the missing CDI spec of a prepared claim")
-	}
-}
-
-// UnprepareResourceClaims undoes Prepare for each claim (unprepare): a
-// claim not prepared (unknown UID) is done already.
-func (d *Driver) UnprepareResourceClaims(ctx context.Context, claims []kubeletplugin.NamespacedObject) (map[types.UID]error, error) {
-	d.prepMu.Lock()
-	defer d.prepMu.Unlock()
-	out := make(map[types.UID]error, len(claims))
-	for _, c := range claims {
-		out[c.UID] = d.unprepare(ctx, c.UID)
-		d.status.forget(c.UID)
-	}
-	return out, nil
-}
-
-// unprepare undoes Prepare for the claim uid, with prepMu held: the reset
-// step, when the resource has one, on its devices that no other prepared
-// claim holds, no device-plugin container holds (PodResources: none when
-// it cannot tell), and that an earlier, interrupted Unprepare did not
-// reset already; its spec removed; its checkpoint entry dropped. Before a
-// device is reset or the spec removed, the entry records, durably, that
-// the claim is being unprepared and which devices are reset: a driver that
-// stops in between neither takes the missing spec for a reboot at its
-// next start nor resets a device twice. A claim with no device to reset
-// needs no such mark: one checkpoint write (dropClaim). A reset that fails makes the
-// device unhealthy (as a failed preparation does) but does not keep the
-// claim: the kubelet could never release it.
-func (d *Driver) unprepare(ctx context.Context, uid types.UID) error {
-	cp := d.opts.Checkpoint.Claims()
-	pc, ok := cp[uid]
-	if !ok {
-		return nil
-	}
-	name := pc.Namespace + "/" + pc.Name
-	log := d.log.WithField("claim", name)
-	delete(cp, uid)
-	byRes := d.toReset(log, pc, cp)
-	byRes = d.spareDevicePluginHeld(ctx, log, byRes)
-	if len(byRes) == 0 {
-		return d.dropClaim(log, uid, pc, cp)
-	}
-	mark := pc
-	mark.Unpreparing = true
-	mark.Devices = slices.Clone(pc.Devices)
-	for i := range mark.Devices {
-		dv := &mark.Devices[i]
-		if r := d.devs.byName(dv.Resource); r != nil && slices.ContainsFunc(byRes[r], func(x device.Device) bool { return x.Name == dv.ID }) {
-			dv.Reset = true
-		}
-	}
-	cp[uid] = mark
-	if err := d.opts.Checkpoint.Save(cp); err != nil {
-		return fmt.Errorf("claim %s: recording its unprepare: %w", name, err)
-	}
-	pc = mark
-	for r, devs := range byRes {
-		if err := r.Runner.Reset(ctx, devs); err != nil {
-			log.WithError(err).WithField("resource", r.Name).Warn("resetting the devices of an unprepared claim failed")
-		}
-	}
-	if pc.ClaimSpec != "" {
-		if err := d.opts.Writer.RemoveClaimSpec(d.claimKind, string(uid)); err != nil {
-			return fmt.Errorf("claim %s: %w", name, err)
-		}
-	}
-	delete(cp, uid)
-	if err := d.opts.Checkpoint.Save(cp); err != nil {
-		return fmt.Errorf("claim %s: %w", name, err)
-	}
-	log.Info("claim unprepared")
-	return nil
-}
-
-// dropClaim unprepares claim uid (pc) when none of its devices is to be
-// reset: its entry dropped from the checkpoint (others, without it),
-// durably, then its spec removed: one checkpoint write. No mark is needed
-// first: a driver stopped between the two finds at its next start the
-// spec of a claim it does not hold and removes it (restoreClaimSpecs), and
-// there is no reset to keep from running twice. A spec that cannot be
-// removed is logged: the claim is unprepared all the same, and the next
-// start removes it.
-func (d *Driver) dropClaim(log *logrus.Entry, uid types.UID, pc PreparedClaim, others map[types.UID]PreparedClaim) error {
-	if err := d.opts.Checkpoint.Save(others); err != nil {
-		return fmt.Errorf("claim %s/%s: %w", pc.Namespace, pc.Name, err)
-	}
-	if pc.ClaimSpec != "" {
-		if err := d.opts.Writer.RemoveClaimSpec(d.claimKind, string(uid)); err != nil {
-			log.WithError(err).Warn("the claim is unprepared, but its CDI spec could not be removed; the driver's next start removes it")
-		}
-	}
-	log.Info("claim unprepared")
-	return nil
-}
-
-// toReset is the devices of pc to reset, by resource: those of a resource
-// with a reset step, without admin access, that the claims in others do
-// not hold and that an interrupted Unprepare of pc did not reset already.
-func (d *Driver) toReset(log *logrus.Entry, pc PreparedClaim, others map[types.UID]PreparedClaim) map[*running][]device.Device {
-	held := map[string]bool{}
-	for _, o := range others {
-		for _, dv := range o.Devices {
-			if !dv.AdminAccess {
-				held[dv.Resource+"\x00"+dv.ID] = true
-			}
-		}
-	}
-	byRes := map[*running][]device.Device{}
-	for _, dv := range pc.Devices {
-		r := d.devs.byName(dv.Resource)
-		if dv.AdminAccess || r == nil || !r.Runner.HasReset() || held[dv.Resource+"\x00"+dv.ID] {
-			continue
-		}
-		if dv.Reset {
-			log.WithField("device", dv.ID).Info("the device was reset by an Unprepare of the claim that the driver's stop interrupted: not reset again")
-			continue
-		}
-		s := r.snap.Load()
-		if s == nil {
-			continue
-		}
-		if i := slices.IndexFunc(s.Devices, func(x device.Device) bool { return x.Name == dv.ID }); i >= 0 &&
-			!slices.ContainsFunc(byRes[r], func(x device.Device) bool { return x.Name == dv.ID }) {
-			byRes[r] = append(byRes[r], s.Devices[i])
-		}
-	}
-	return byRes
-}
-
-// spareDevicePluginHeld is byRes without the devices that a container
-// holds through the device plugin (the kubelet's PodResources): during a
-// switch of the node between the APIs, such a container may hold a
-// device that a claim held until now. When PodResources cannot tell, no
-// device of the resource is left (fail closed). Each device spared is
-// logged, with its holders.
-func (d *Driver) spareDevicePluginHeld(ctx context.Context, log *logrus.Entry, byRes map[*running][]device.Device) map[*running][]device.Device {
-	out := map[*running][]device.Device{}
-	for r, devs := range byRes {
-		held, ok, err := metrics.DeviceHolders(ctx, d.opts.PodResources, r.Name)
-		if err == nil && !ok {
-			err = fmt.Errorf("no PodResources socket at %s", d.opts.PodResources)
-		}
-		if err != nil {
-			var ids []string
-			for _, dv := range devs {
-				ids = append(ids, dv.Name)
-			}
-			log.WithError(err).WithField("resource", r.Name).WithField("devices", strings.Join(ids, ",")).
-				Warn("PodResources cannot tell whether device-plugin containers hold the devices: not reset (the claim is unprepared all the same)")
-			continue
-		}
-		for _, dv := range devs {
-			var holders []string
-			for id, hs := range held {
-				if device.HeldBy(dv.Name, []string{id}) {
-					holders = append(holders, hs...)
-				}
-			}
-			if len(holders) > 0 {
-				slices.Sort(holders)
-				log.WithField("resource", r.Name).WithField("device", dv.Name).WithField("holder", strings.Join(holders, ",")).
-					Warn("a device-plugin container holds the device: not reset")
-				continue
-			}
-			out[r] = append(out[r], dv)
-		}
-	}
-	return out
-}
-
-// dropStale unprepares the claim uid, gone from the API for longer than
-// the grace, unless the kubelet did meanwhile.
-func (d *Driver) dropStale(ctx context.Context, uid types.UID, log *logrus.Entry) {
-	d.prepMu.Lock()
-	defer d.prepMu.Unlock()
-	pc, ok := d.opts.Checkpoint.Claims()[uid]
-	if !ok {
-		return
-	}
-	log.WithField("grace", d.opts.CleanupGrace).Warn("dropping a prepared claim gone from the API for longer than the grace period; its devices are released as Unprepare releases them")
-	// Its queued status and its device metadata go first, while the
-	// checkpoint still holds the claim: a driver stopped in between finds
-	// the claim again at its next start and drops it then, so nothing is
-	// left behind for good (the other way round, metadata left after the
-	// checkpoint let go of the claim would never be removed).
-	d.status.forget(uid)
-	if err := d.removeMetadata(pc.Namespace, pc.Name, uid); err != nil {
-		log.WithError(err).Warn("removing the device metadata of a dropped claim")
-	}
-	if err := d.unprepare(ctx, uid); err != nil {
-		log.WithError(err).Error("dropping a prepared claim gone from the API")
 	}
 }
