@@ -131,14 +131,10 @@ type Driver struct {
 	specs *claimSpecs
 	devs  *devices
 
-	// changed: a resource published a snapshot.
-	changed chan struct{}
-	guard   *handoverGuard
+	guard *handoverGuard
+	loop  *sliceLoop
 	// metadata: the claims' device metadata files.
 	metadata *metadataFiles
-	// fatal: an error that ends Run (HandleError).
-	fatal chan error
-	pings chan chan struct{}
 
 	helper atomic.Pointer[kubeletplugin.Helper]
 	slices *slicePublisher
@@ -198,15 +194,14 @@ func New(o Options) (*Driver, error) {
 	if o.StatusClient == nil {
 		o.StatusClient = o.Client
 	}
-	d := &Driver{opts: o, log: o.Log.WithField("driver", o.DriverName),
-		changed: make(chan struct{}, 1),
-		fatal:   make(chan error, 1), pings: make(chan chan struct{}), podres: &podResources{socket: o.PodResources}}
+	d := &Driver{opts: o, log: o.Log.WithField("driver", o.DriverName), podres: &podResources{socket: o.PodResources}}
 	d.health = newHealthStream(o.HealthResend)
 	d.slices = &slicePublisher{driver: o.DriverName, node: o.NodeName, client: o.Client, log: d.log, co: newCoalescer(o.Clock, o.PublishInterval)}
 	d.devs = &devices{node: o.NodeName}
+	changed := make(chan struct{}, 1)
 	d.status = newStatusQueue(o.DriverName, o.StatusClient, d.devs, o.NoDeviceStatus, d.log)
 	for _, rc := range o.Resources {
-		r := &running{Resource: rc, changed: d.changed, pool: PoolName(o.NodeName, rc.IDPrefix)}
+		r := &running{Resource: rc, changed: changed, pool: PoolName(o.NodeName, rc.IDPrefix)}
 		if err := checkPoolName(r.pool); err != nil {
 			return nil, fmt.Errorf("%w: %s: %w", ErrOptions, rc.Name, err)
 		}
@@ -225,6 +220,7 @@ func New(o Options) (*Driver, error) {
 	d.guard = newHandoverGuard(d.devs.names(), o.NodeName, o.Client, func(ctx context.Context) (map[string][]string, error) {
 		return metrics.HeldByResource(ctx, o.PodResources)
 	}, d.log)
+	d.loop = newSliceLoop(o.DriverName, o.NodeName, d.devs, changed, d.guard, d.slices, d.health, o.PollInterval)
 	return d, nil
 }
 
@@ -270,7 +266,7 @@ func (d *Driver) Run(ctx context.Context) error {
 		interval: d.opts.CleanupInterval, grace: d.opts.CleanupGrace, log: d.log, drop: d.dropStale}
 	g.Go(func() error { return cleaner.run(gctx) })
 	g.Go(func() error { return d.status.run(gctx) })
-	g.Go(func() error { return d.loop(gctx, helper) })
+	g.Go(func() error { return d.loop.run(gctx, helper) })
 	err = g.Wait()
 	helper.Stop() // its slice controller too: nothing publishes after this
 	d.podres.close()
@@ -291,25 +287,14 @@ func (d *Driver) HandleError(_ context.Context, err error, msg string) {
 		return
 	}
 	d.log.WithError(err).Error(msg)
-	select {
-	case d.fatal <- fmt.Errorf("%s: %w", msg, err):
-	default:
-	}
+	d.loop.fail(fmt.Errorf("%s: %w", msg, err))
 }
 
 // Alive reports whether the driver's loops (the slice loop, every
 // resource's spec loop) answer within ctx.
 func (d *Driver) Alive(ctx context.Context) error {
-	reply := make(chan struct{})
-	select {
-	case d.pings <- reply:
-	case <-ctx.Done():
-		return fmt.Errorf("the slice loop does not answer: %w", ctx.Err())
-	}
-	select {
-	case <-reply:
-	case <-ctx.Done():
-		return fmt.Errorf("the slice loop does not answer: %w", ctx.Err())
+	if err := d.loop.alive(ctx); err != nil {
+		return err
 	}
 	for _, r := range d.devs.res {
 		if err := r.follower.Alive(ctx); err != nil {

@@ -16,27 +16,6 @@ import (
 	"github.com/cdi-device-plugin/cdi-device-plugin/prestart"
 )
 
-// Why a claim is not prepared.
-var (
-	// ErrUnknownDevice: the allocation names a device this driver does not
-	// publish on this node.
-	ErrUnknownDevice = errors.New("not a device of this driver on this node")
-	// ErrUnhealthy: the device is not healthy.
-	ErrUnhealthy = errors.New("device unhealthy")
-	// ErrHeld: another prepared claim, or a container through the device
-	// plugin, holds the device.
-	ErrHeld = errors.New("device held")
-	// ErrCannotTell: the kubelet's PodResources cannot tell whether a
-	// device-plugin container holds the device.
-	ErrCannotTell = errors.New("cannot tell whether a device-plugin container holds the device")
-	// ErrCallFailed: another claim of the same call failed; none of the
-	// call's claims is prepared.
-	ErrCallFailed = errors.New("another claim of the same call failed")
-	// ErrAllocationChanged: the checkpoint knows the claim's UID, prepared
-	// with other devices than its allocation names now.
-	ErrAllocationChanged = errors.New("the claim's allocation differs from the one prepared")
-)
-
 // PrepareResourceClaims prepares the devices of the claims of one kubelet
 // call: all claims, or none. A claim already prepared (in this boot, and
 // its spec not lost since) gets what it got then, and its steps do not run
@@ -291,7 +270,7 @@ func (d *Driver) plan(c *resourceapi.ResourceClaim, cp map[types.UID]PreparedCla
 	if c.Status.Allocation == nil {
 		return nil, errors.New("not allocated")
 	}
-	if err := d.checkOpaqueConfig(c); err != nil {
+	if err := checkOpaqueConfig(d.opts.DriverName, c); err != nil {
 		return nil, err
 	}
 	p := &planned{claim: c, devs: map[*running][]device.Device{},
@@ -308,7 +287,7 @@ func (d *Driver) plan(c *resourceapi.ResourceClaim, cp map[types.UID]PreparedCla
 			return nil, fmt.Errorf("device %s/%s: %w", res.Pool, res.Device, ErrUnknownDevice)
 		}
 		admin := res.AdminAccess != nil && *res.AdminAccess
-		shares := d.sharesOf(r, res)
+		shares := sharesOf(d.opts.DriverName, r, res)
 		if !admin {
 			if !dv.Healthy {
 				return nil, fmt.Errorf("device %s (%s): %w: %s", res.Device, dv.Name, ErrUnhealthy, dv.Problem)
