@@ -8,7 +8,7 @@ import (
 	"github.com/cdi-device-plugin/cdi-device-plugin/device"
 )
 
-// TestClaimEdits (issue 21): what a claim's spec gives its containers is
+// TestClaimEdits: what a claim's spec gives its containers is
 // what the device plugin's Allocate gives a container with those devices:
 // <ENV>_DEVICES with the claim's device IDs per resource, the bus
 // identities of devices found by PCI or USB identity, and the resources'
