@@ -248,7 +248,7 @@ func build(cfg *config.Config, i int, writer *cdi.Writer, owners *device.Owners,
 		// A device a DRA claim holds (a node switched back from the DRA
 		// driver) is in use: no background re-preparation resets it, and
 		// a vanished one is not forgotten.
-		Holders: guard.Held, Uevents: openUevents, Owners: owners})
+		Holders: guard.Held, Uevents: openUevents, Owners: owners, PodResources: podres})
 	if err != nil {
 		return nil, err
 	}
