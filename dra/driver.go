@@ -26,6 +26,7 @@ import (
 	"github.com/cdi-device-plugin/cdi-device-plugin/device"
 	"github.com/cdi-device-plugin/cdi-device-plugin/internal/logs"
 	"github.com/cdi-device-plugin/cdi-device-plugin/metrics"
+	"github.com/cdi-device-plugin/cdi-device-plugin/podresources"
 	"github.com/cdi-device-plugin/cdi-device-plugin/resource"
 )
 
@@ -151,8 +152,9 @@ type Driver struct {
 	// prepMu serialises Prepare and Unprepare (the helper does too, but
 	// the checkpoint must not depend on that).
 	prepMu sync.Mutex
-	// podres asks PodResources in Prepare, over a kept connection.
-	podres *podResources
+	// podres asks the kubelet's PodResources (Prepare, Unprepare and the
+	// handover poll), over one connection kept between calls.
+	podres *podresources.Client
 	// status writes the claims' status.devices (status.go).
 	status *statusQueue
 }
@@ -226,7 +228,7 @@ func New(o Options) (*Driver, error) {
 	}
 	d := &Driver{opts: o, log: o.Log.WithField("driver", o.DriverName), claimKind: k,
 		changed: make(chan struct{}, 1), nodes: make(chan nodeReport, 1), polled: make(chan pollResult, 1),
-		fatal: make(chan error, 1), pings: make(chan chan struct{}), podres: &podResources{socket: o.PodResources}}
+		fatal: make(chan error, 1), pings: make(chan chan struct{}), podres: podresources.New(o.PodResources)}
 	d.health.Store(&healthView{changed: make(chan struct{})})
 	d.status = newStatusQueue(d)
 	for _, rc := range o.Resources {
@@ -289,7 +291,7 @@ func (d *Driver) Run(ctx context.Context) error {
 	g.Go(func() error { return d.loop(gctx, helper) })
 	err = g.Wait()
 	helper.Stop() // its slice controller too: nothing publishes after this
-	d.podres.close()
+	_ = d.podres.Close()
 	d.taintOnStop()
 	if ctx.Err() != nil && errors.Is(err, context.Canceled) {
 		// Stopped while starting (the slice informer not yet synced,

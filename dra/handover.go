@@ -13,7 +13,6 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/cdi-device-plugin/cdi-device-plugin/internal/latest"
-	"github.com/cdi-device-plugin/cdi-device-plugin/metrics"
 )
 
 // The handover guard. While the node still reports a resource as an
@@ -141,7 +140,7 @@ func (gs *guards) logChanges() {
 // pollHolders asks PodResources which resources device-plugin containers
 // hold devices of.
 func (d *Driver) pollHolders(ctx context.Context) pollResult {
-	held, err := metrics.HeldByResource(ctx, d.opts.PodResources)
+	held, err := d.listHeld(ctx)
 	if err != nil {
 		return pollResult{err: err}
 	}
