@@ -33,7 +33,12 @@ func (m *Metrics) WatchPodResources(socket string, resources func() []string) {
 	if m == nil {
 		return
 	}
-	p := &podResources{
+	p := newPodResources(socket, resources)
+	m.reg.MustRegister(p, p.errors)
+}
+
+func newPodResources(socket string, resources func() []string) *podResources {
+	return &podResources{
 		socket: socket, resources: resources,
 		desc: prometheus.NewDesc(Namespace+"_pod_device_assignment",
 			"1 for each device a container holds, from the kubelet's PodResources API.",
@@ -43,7 +48,6 @@ func (m *Metrics) WatchPodResources(socket string, resources func() []string) {
 			Help: "Failed reads of the kubelet's PodResources API.",
 		}),
 	}
-	m.reg.MustRegister(p, p.errors)
 }
 
 func (p *podResources) Describe(ch chan<- *prometheus.Desc) { ch <- p.desc }
