@@ -153,7 +153,7 @@ func serve(ctx context.Context, cfg *config.Config, driverName string, load func
 		return err
 	}
 	if server != nil {
-		m.WatchPodResources(cfg.PodResourcesSocket, s.servedResources)
+		m.WatchPodResources(s.podres, s.servedResources)
 		ln, err := net.Listen("tcp", cfg.MetricsAddress)
 		if err != nil {
 			s.stopAll()
