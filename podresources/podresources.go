@@ -25,11 +25,11 @@ import (
 const DefaultTimeout = 5 * time.Second
 
 var (
-	// ErrNoSocket: the socket is not there (no kubelet yet, or the API is
-	// not mounted into the container). Nothing is known then; some callers
-	// treat that apart from a List that fails.
+	// ErrNoSocket is a List's error when the socket is not there (no
+	// kubelet yet, or the API is not mounted into the container). Nothing
+	// is known then; some callers treat that apart from a List that fails.
 	ErrNoSocket = errors.New("no PodResources socket")
-	// ErrClosed: the client was closed.
+	// ErrClosed is a List's error after Close.
 	ErrClosed = errors.New("PodResources client closed")
 )
 
