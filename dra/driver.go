@@ -21,6 +21,7 @@ import (
 	"github.com/cdi-device-plugin/cdi-device-plugin/device"
 	"github.com/cdi-device-plugin/cdi-device-plugin/internal/logs"
 	"github.com/cdi-device-plugin/cdi-device-plugin/metrics"
+	"github.com/cdi-device-plugin/cdi-device-plugin/podresources"
 	"github.com/cdi-device-plugin/cdi-device-plugin/resource"
 )
 
@@ -143,8 +144,9 @@ type Driver struct {
 	// prepMu serialises Prepare and Unprepare (the helper does too, but
 	// the checkpoint must not depend on that).
 	prepMu sync.Mutex
-	// podres asks PodResources in Prepare, over a kept connection.
-	podres *podResources
+	// podres asks the kubelet's PodResources (Prepare, Unprepare and the
+	// handover poll), over one connection kept between calls.
+	podres *podresources.Client
 	// status writes the claims' status.devices (status.go).
 	status *statusQueue
 }
@@ -194,7 +196,7 @@ func New(o Options) (*Driver, error) {
 	if o.StatusClient == nil {
 		o.StatusClient = o.Client
 	}
-	d := &Driver{opts: o, log: o.Log.WithField("driver", o.DriverName), podres: &podResources{socket: o.PodResources}}
+	d := &Driver{opts: o, log: o.Log.WithField("driver", o.DriverName), podres: podresources.New(o.PodResources)}
 	d.health = newHealthStream(o.HealthResend)
 	d.slices = &slicePublisher{driver: o.DriverName, node: o.NodeName, client: o.Client, log: d.log, co: newCoalescer(o.Clock, o.PublishInterval)}
 	d.devs = &devices{node: o.NodeName}
@@ -217,9 +219,7 @@ func New(o Options) (*Driver, error) {
 	d.specs = &claimSpecs{writer: o.Writer, kind: k, devs: d.devs, log: d.log}
 	d.metadata = &metadataFiles{enabled: o.DeviceMetadata, driver: o.DriverName, pluginDir: o.PluginDir,
 		cdiDir: filepath.Dir(o.Writer.Path(k)), devs: d.devs}
-	d.guard = newHandoverGuard(d.devs.names(), o.NodeName, o.Client, func(ctx context.Context) (map[string][]string, error) {
-		return metrics.HeldByResource(ctx, o.PodResources)
-	}, d.log)
+	d.guard = newHandoverGuard(d.devs.names(), o.NodeName, o.Client, d.listHeld, d.log)
 	d.loop = newSliceLoop(o.DriverName, o.NodeName, d.devs, changed, d.guard, d.slices, d.health, o.PollInterval)
 	return d, nil
 }
@@ -269,7 +269,7 @@ func (d *Driver) Run(ctx context.Context) error {
 	g.Go(func() error { return d.loop.run(gctx, helper) })
 	err = g.Wait()
 	helper.Stop() // its slice controller too: nothing publishes after this
-	d.podres.close()
+	_ = d.podres.Close()
 	d.slices.taintOnStop()
 	if ctx.Err() != nil && errors.Is(err, context.Canceled) {
 		// Stopped while starting (the slice informer not yet synced,

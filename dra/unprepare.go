@@ -7,7 +7,6 @@ import (
 	"strings"
 
 	"github.com/cdi-device-plugin/cdi-device-plugin/device"
-	"github.com/cdi-device-plugin/cdi-device-plugin/metrics"
 	"github.com/sirupsen/logrus"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
@@ -144,14 +143,14 @@ func (d *Driver) toReset(log *logrus.Entry, pc PreparedClaim, others map[types.U
 // switch of the node between the APIs, such a container may hold a
 // device that a claim held until now. When PodResources cannot tell, no
 // device of the resource is left (fail closed). Each device spared is
-// logged, with its holders.
+// logged, with its holders. One List answers for every resource.
 func (d *Driver) spareDevicePluginHeld(ctx context.Context, log *logrus.Entry, byRes map[*running][]device.Device) map[*running][]device.Device {
 	out := map[*running][]device.Device{}
+	if len(byRes) == 0 {
+		return out
+	}
+	res, err := d.podres.List(ctx)
 	for r, devs := range byRes {
-		held, ok, err := metrics.DeviceHolders(ctx, d.opts.PodResources, r.Name)
-		if err == nil && !ok {
-			err = fmt.Errorf("no PodResources socket at %s", d.opts.PodResources)
-		}
 		if err != nil {
 			var ids []string
 			for _, dv := range devs {
@@ -161,6 +160,7 @@ func (d *Driver) spareDevicePluginHeld(ctx context.Context, log *logrus.Entry, b
 				Warn("PodResources cannot tell whether device-plugin containers hold the devices: not reset (the claim is unprepared all the same)")
 			continue
 		}
+		held := res.Holders(r.Name)
 		for _, dv := range devs {
 			var holders []string
 			for id, hs := range held {
