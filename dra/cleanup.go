@@ -94,7 +94,7 @@ func (c *staleCleaner) pass(ctx context.Context, gone map[types.UID]time.Time) {
 		if now.Sub(since) < c.grace {
 			continue
 		}
-		c.drop(ctx, uid, log)
+		c.drop(ctx, uid, log.WithField("grace", c.grace))
 		delete(gone, uid)
 	}
 }

@@ -1,12 +1,47 @@
 package dra
 
 import (
+	"context"
 	"slices"
 	"sync/atomic"
 
+	"github.com/cdi-device-plugin/cdi-device-plugin/cdi"
 	"github.com/cdi-device-plugin/cdi-device-plugin/device"
 	"github.com/cdi-device-plugin/cdi-device-plugin/resource"
 )
+
+// Runner prepares and resets devices (prestart.Runner), and recovers
+// failed ones in the background (Run).
+type Runner interface {
+	Prepare(ctx context.Context, devs []device.Device) error
+	Reset(ctx context.Context, devs []device.Device) error
+	HasReset() bool
+	FirmwareSHA256() (string, error)
+	Run(ctx context.Context) error
+}
+
+// Resource is one configured resource as the driver serves it: the same
+// device source, spec and prestart runner as the device plugin's (see
+// resource.Build).
+type Resource struct {
+	// Name is the extended resource name, Kind the CDI kind of its devices.
+	Name string
+	Kind cdi.Kind
+	// IDPrefix names its devices in the slice (DeviceName).
+	IDPrefix string
+	// EnvPrefix, when set, gives a claim's containers
+	// <EnvPrefix>_DEVICES=<the claim's device IDs of the resource>.
+	EnvPrefix string
+	// Mounts are given to a claim's containers.
+	Mounts []cdi.Mount
+	Source resource.DeviceSource
+	Spec   resource.SpecFile
+	Runner Runner
+
+	// Replicas, above 1, makes each device shareable by that many claims
+	// at once (Published.Shares; see shares.go).
+	Replicas int
+}
 
 // running is a Resource running: its follower publishes the snapshots
 // that its spec describes to it.

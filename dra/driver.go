@@ -6,19 +6,19 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/sirupsen/logrus"
 	"golang.org/x/sync/errgroup"
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
 
 	"github.com/cdi-device-plugin/cdi-device-plugin/cdi"
-	"github.com/cdi-device-plugin/cdi-device-plugin/device"
 	"github.com/cdi-device-plugin/cdi-device-plugin/internal/logs"
 	"github.com/cdi-device-plugin/cdi-device-plugin/metrics"
 	"github.com/cdi-device-plugin/cdi-device-plugin/podresources"
@@ -41,39 +41,6 @@ const (
 	// from the API before it is dropped and its devices released.
 	DefaultCleanupGrace = 5 * time.Minute
 )
-
-// Runner prepares and resets devices (prestart.Runner), and recovers
-// failed ones in the background (Run).
-type Runner interface {
-	Prepare(ctx context.Context, devs []device.Device) error
-	Reset(ctx context.Context, devs []device.Device) error
-	HasReset() bool
-	FirmwareSHA256() (string, error)
-	Run(ctx context.Context) error
-}
-
-// Resource is one configured resource as the driver serves it: the same
-// device source, spec and prestart runner as the device plugin's (see
-// resource.Build).
-type Resource struct {
-	// Name is the extended resource name, Kind the CDI kind of its devices.
-	Name string
-	Kind cdi.Kind
-	// IDPrefix names its devices in the slice (DeviceName).
-	IDPrefix string
-	// EnvPrefix, when set, gives a claim's containers
-	// <EnvPrefix>_DEVICES=<the claim's device IDs of the resource>.
-	EnvPrefix string
-	// Mounts are given to a claim's containers.
-	Mounts []cdi.Mount
-	Source resource.DeviceSource
-	Spec   resource.SpecFile
-	Runner Runner
-
-	// Replicas, above 1, makes each device shareable by that many claims
-	// at once (Published.Shares; see shares.go).
-	Replicas int
-}
 
 // Options configure the driver.
 type Options struct {
@@ -124,31 +91,33 @@ type Options struct {
 	DeviceMetadata bool
 }
 
-// Driver is the DRA kubelet plugin of the configured resources.
+// Driver is the DRA kubelet plugin of the configured resources. It
+// composes its parts and serves the kubelet: the devices (devices.go),
+// the preparer of claims (prepare.go, unprepare.go) with the claim
+// checkpoint and shares (checkpoint.go, shares.go), the claims' CDI specs
+// (claimspecs.go) and device metadata (metadata.go), the status writer
+// (status.go), the PodResources view (podresources.go), the slice loop
+// (loop.go) with the slice publisher (publisher.go), the handover guard
+// (handover.go) and the health stream (health.go), and the stale-claim
+// cleaner (cleanup.go). No part calls back into the Driver.
 type Driver struct {
 	opts Options
 	log  *logrus.Entry
-	// specs are the per-claim CDI specs.
-	specs *claimSpecs
-	devs  *devices
 
-	guard *handoverGuard
-	loop  *sliceLoop
-	// metadata: the claims' device metadata files.
+	devs     *devices
+	prep     *preparer
+	specs    *claimSpecs
 	metadata *metadataFiles
-
-	helper atomic.Pointer[kubeletplugin.Helper]
-	slices *slicePublisher
-	health *healthStream
-
-	// prepMu serialises Prepare and Unprepare (the helper does too, but
-	// the checkpoint must not depend on that).
-	prepMu sync.Mutex
-	// podres asks the kubelet's PodResources (Prepare, Unprepare and the
-	// handover poll), over one connection kept between calls.
+	status   *statusQueue
+	guard    *handoverGuard
+	slices   *slicePublisher
+	health   *healthStream
+	loop     *sliceLoop
+	// podres is the client of the kubelet's PodResources (Prepare,
+	// Unprepare and the handover poll), closed when Run ends.
 	podres *podresources.Client
-	// status writes the claims' status.devices (status.go).
-	status *statusQueue
+	// helper is the kubeletplugin helper, once Run started it.
+	helper atomic.Pointer[kubeletplugin.Helper]
 }
 
 // ErrOptions is returned by New for options it cannot run with.
@@ -219,7 +188,10 @@ func New(o Options) (*Driver, error) {
 	d.specs = &claimSpecs{writer: o.Writer, kind: k, devs: d.devs, log: d.log}
 	d.metadata = &metadataFiles{enabled: o.DeviceMetadata, driver: o.DriverName, pluginDir: o.PluginDir,
 		cdiDir: filepath.Dir(o.Writer.Path(k)), devs: d.devs}
-	d.guard = newHandoverGuard(d.devs.names(), o.NodeName, o.Client, d.listHeld, d.log)
+	holders := &holdersView{client: d.podres, checkpoint: o.Checkpoint, boot: o.BootID}
+	d.prep = &preparer{driver: o.DriverName, boot: o.BootID, devs: d.devs, checkpoint: o.Checkpoint, specs: d.specs,
+		metadata: d.metadata, status: d.status, holders: holders, log: d.log}
+	d.guard = newHandoverGuard(d.devs.names(), o.NodeName, o.Client, holders.heldNow, d.log)
 	d.loop = newSliceLoop(o.DriverName, o.NodeName, d.devs, changed, d.guard, d.slices, d.health, o.PollInterval)
 	return d, nil
 }
@@ -249,7 +221,7 @@ func (d *Driver) Run(ctx context.Context) error {
 		kubeletplugin.KubeClient(d.opts.Client),
 		kubeletplugin.RegistrarDirectoryPath(d.opts.RegistrarDir),
 		kubeletplugin.PluginDataDirectoryPath(d.opts.PluginDir),
-		kubeletplugin.GRPCInterceptor(d.prefetchHeld),
+		kubeletplugin.GRPCInterceptor(d.prep.holders.intercept),
 	}, d.metadata.options()...)...)
 	if err != nil {
 		return fmt.Errorf("start the kubelet plugin: %w", err)
@@ -263,7 +235,7 @@ func (d *Driver) Run(ctx context.Context) error {
 	}
 	g.Go(func() error { return d.guard.watchNode(gctx) })
 	cleaner := &staleCleaner{claims: d.opts.Checkpoint.Claims, api: d.opts.Client.ResourceV1(), clock: d.opts.Clock,
-		interval: d.opts.CleanupInterval, grace: d.opts.CleanupGrace, log: d.log, drop: d.dropStale}
+		interval: d.opts.CleanupInterval, grace: d.opts.CleanupGrace, log: d.log, drop: d.prep.dropStale}
 	g.Go(func() error { return cleaner.run(gctx) })
 	g.Go(func() error { return d.status.run(gctx) })
 	g.Go(func() error { return d.loop.run(gctx, helper) })
@@ -277,6 +249,24 @@ func (d *Driver) Run(ctx context.Context) error {
 		return nil
 	}
 	return err
+}
+
+// PrepareResourceClaims prepares the devices of the claims of one kubelet
+// call, all or none (preparer.prepareClaims).
+func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceapi.ResourceClaim) (map[types.UID]kubeletplugin.PrepareResult, error) {
+	return d.prep.prepareClaims(ctx, claims)
+}
+
+// UnprepareResourceClaims undoes Prepare for each claim
+// (preparer.unprepareClaims).
+func (d *Driver) UnprepareResourceClaims(ctx context.Context, claims []kubeletplugin.NamespacedObject) (map[types.UID]error, error) {
+	return d.prep.unprepareClaims(ctx, claims)
+}
+
+// WatchHealthStatus streams the devices' health to the kubelet
+// (healthStream.watch) until ctx is done.
+func (d *Driver) WatchHealthStatus(ctx context.Context, reports chan<- kubeletplugin.DeviceHealthReport) error {
+	return d.health.watch(ctx, reports)
 }
 
 // HandleError is called by the helper for errors in the background

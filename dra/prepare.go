@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	resourceapi "k8s.io/api/resource/v1"
@@ -14,9 +15,31 @@ import (
 
 	"github.com/cdi-device-plugin/cdi-device-plugin/device"
 	"github.com/cdi-device-plugin/cdi-device-plugin/prestart"
+	"github.com/sirupsen/logrus"
 )
 
-// PrepareResourceClaims prepares the devices of the claims of one kubelet
+// preparer prepares and unprepares the claims of the kubelet's calls, and
+// releases those the stale-claim clean-up drops: one at a time (mu),
+// through the claim checkpoint, the resources' runners, the claims' CDI
+// specs and device metadata, the status writer and the PodResources view.
+type preparer struct {
+	// driver names the driver, boot is the kernel's boot ID.
+	driver, boot string
+	devs         *devices
+	checkpoint   *Checkpoint
+	specs        *claimSpecs
+	metadata     *metadataFiles
+	status       *statusQueue
+	holders      *holdersView
+	log          *logrus.Entry
+
+	// mu serialises Prepare, Unprepare and the release of stale claims
+	// (the helper serialises the kubelet's calls too, but the checkpoint
+	// must not depend on that).
+	mu sync.Mutex
+}
+
+// prepareClaims prepares the devices of the claims of one kubelet
 // call: all claims, or none. A claim already prepared (in this boot, and
 // its spec not lost since) gets what it got then, and its steps do not run
 // again, once its allocation now is found the one it was prepared with
@@ -35,11 +58,11 @@ import (
 // set (metadata.go), and each claim's outcome is handed to the status
 // queue (status.go), which writes it to the claim's status.devices after
 // the call: the answer never waits for, or depends on, that write.
-func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceapi.ResourceClaim) (map[types.UID]kubeletplugin.PrepareResult, error) {
-	d.prepMu.Lock()
-	defer d.prepMu.Unlock()
+func (pr *preparer) prepareClaims(ctx context.Context, claims []*resourceapi.ResourceClaim) (map[types.UID]kubeletplugin.PrepareResult, error) {
+	pr.mu.Lock()
+	defer pr.mu.Unlock()
 	start := time.Now()
-	devs, errs := d.prepare(ctx, claims)
+	devs, errs := pr.prepare(ctx, claims)
 	out := make(map[types.UID]kubeletplugin.PrepareResult, len(claims))
 	var failed []string
 	for _, c := range claims {
@@ -55,9 +78,9 @@ func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceap
 		}
 		out[c.UID] = kubeletplugin.PrepareResult{Err: err}
 	}
-	d.metadata.add(out)
-	d.status.prepared(claims, out, errs)
-	log := d.log.WithField("claims", names(claims)).WithField("took", time.Since(start))
+	pr.metadata.add(out)
+	pr.status.prepared(claims, out, errs)
+	log := pr.log.WithField("claims", names(claims)).WithField("took", time.Since(start))
 	if len(errs) > 0 {
 		log.WithError(joined(errs, claims)).WithField("failed", strings.Join(failed, ",")).Warn("claims not prepared")
 	} else {
@@ -98,23 +121,23 @@ type planned struct {
 
 // prepare prepares claims, all or none; errs holds the claims that
 // failed, each with its cause (the others are not prepared either).
-func (d *Driver) prepare(ctx context.Context, claims []*resourceapi.ResourceClaim) (map[types.UID][]kubeletplugin.Device, map[types.UID]error) {
-	cp := d.opts.Checkpoint.Claims()
-	holders := heldShares(cp, d.opts.BootID)
+func (pr *preparer) prepare(ctx context.Context, claims []*resourceapi.ResourceClaim) (map[types.UID][]kubeletplugin.Device, map[types.UID]error) {
+	cp := pr.checkpoint.Claims()
+	holders := heldShares(cp, pr.boot)
 	errs := map[types.UID]error{}
 	var plans []*planned
 	for _, c := range claims {
 		if pc, ok := cp[c.UID]; ok && !pc.Unpreparing {
-			if err := d.sameAllocation(c, pc); err != nil {
+			if err := pr.sameAllocation(c, pc); err != nil {
 				errs[c.UID] = fmt.Errorf("claim %s/%s: %w", c.Namespace, c.Name, err)
 				continue
 			}
-			if pc.BootID == d.opts.BootID && !pc.PrepareAgain {
+			if pc.BootID == pr.boot && !pc.PrepareAgain {
 				plans = append(plans, &planned{claim: c, entry: pc, again: true})
 				continue
 			}
 		}
-		p, err := d.plan(c, cp, holders)
+		p, err := pr.plan(c, cp, holders)
 		if err != nil {
 			errs[c.UID] = fmt.Errorf("claim %s/%s: %w", c.Namespace, c.Name, err)
 			continue
@@ -122,13 +145,13 @@ func (d *Driver) prepare(ctx context.Context, claims []*resourceapi.ResourceClai
 		plans = append(plans, p)
 	}
 	if len(errs) == 0 {
-		d.refuseDevicePluginHeld(ctx, plans, errs)
+		pr.refuseDevicePluginHeld(ctx, plans, errs)
 	}
 	if len(errs) > 0 {
 		return nil, errs
 	}
 	// The steps, per resource, on the devices of every claim prepared now.
-	for _, r := range d.devs.res {
+	for _, r := range pr.devs.res {
 		var devs []device.Device
 		for _, p := range plans {
 			devs = append(devs, p.devs[r]...)
@@ -164,8 +187,8 @@ func (d *Driver) prepare(ctx context.Context, claims []*resourceapi.ResourceClai
 	var written []types.UID
 	undo := func() {
 		for _, uid := range written {
-			if err := d.specs.remove(uid); err != nil {
-				d.log.WithError(err).Warn("removing the CDI spec of a claim not prepared")
+			if err := pr.specs.remove(uid); err != nil {
+				pr.log.WithError(err).Warn("removing the CDI spec of a claim not prepared")
 			}
 		}
 	}
@@ -173,11 +196,11 @@ func (d *Driver) prepare(ctx context.Context, claims []*resourceapi.ResourceClai
 	added := false
 	for _, p := range plans {
 		if p.again {
-			d.specs.ensure(p.claim.UID, p.entry)
+			pr.specs.ensure(p.claim.UID, p.entry)
 			continue
 		}
 		added = true
-		if err := d.specs.write(p.claim.UID, &p.entry); err != nil {
+		if err := pr.specs.write(p.claim.UID, &p.entry); err != nil {
 			errs[p.claim.UID] = fmt.Errorf("claim %s/%s: %w", p.claim.Namespace, p.claim.Name, err)
 			undo()
 			return nil, errs
@@ -192,7 +215,7 @@ func (d *Driver) prepare(ctx context.Context, claims []*resourceapi.ResourceClai
 	if !added {
 		return answer(plans), nil
 	}
-	if err := d.opts.Checkpoint.Save(next); err != nil {
+	if err := pr.checkpoint.Save(next); err != nil {
 		undo()
 		for _, p := range plans {
 			errs[p.claim.UID] = fmt.Errorf("claim %s/%s: %w", p.claim.Namespace, p.claim.Name, err)
@@ -205,11 +228,11 @@ func (d *Driver) prepare(ctx context.Context, claims []*resourceapi.ResourceClai
 // sameAllocation checks that claim c's allocation now names the devices
 // that pc was prepared with: for each result of this driver its pool,
 // device and request.
-func (d *Driver) sameAllocation(c *resourceapi.ResourceClaim, pc PreparedClaim) error {
+func (pr *preparer) sameAllocation(c *resourceapi.ResourceClaim, pc PreparedClaim) error {
 	var now, was []string
 	if c.Status.Allocation != nil {
 		for _, res := range c.Status.Allocation.Devices.Results {
-			if res.Driver == d.opts.DriverName {
+			if res.Driver == pr.driver {
 				now = append(now, res.Pool+"/"+res.Device+shareKey(shareIDOf(res))+" (request "+res.Request+")")
 			}
 		}
@@ -266,28 +289,28 @@ func stepFailures(err error) map[string]error {
 // the call gives two claims is refused for the second, unless it has
 // shares for both: holdings.take). Only the devices no other claim holds
 // in this boot are to be prepared (the first share of a shared device).
-func (d *Driver) plan(c *resourceapi.ResourceClaim, cp map[types.UID]PreparedClaim, holders holdings) (*planned, error) {
+func (pr *preparer) plan(c *resourceapi.ResourceClaim, cp map[types.UID]PreparedClaim, holders holdings) (*planned, error) {
 	if c.Status.Allocation == nil {
 		return nil, errors.New("not allocated")
 	}
-	if err := checkOpaqueConfig(d.opts.DriverName, c); err != nil {
+	if err := checkOpaqueConfig(pr.driver, c); err != nil {
 		return nil, err
 	}
 	p := &planned{claim: c, devs: map[*running][]device.Device{},
-		entry: PreparedClaim{Namespace: c.Namespace, Name: c.Name, BootID: d.opts.BootID}}
+		entry: PreparedClaim{Namespace: c.Namespace, Name: c.Name, BootID: pr.boot}}
 	// Prepared before (another boot): its allocation's holds replace
 	// those it has.
 	holders.release(c.UID)
 	for _, res := range c.Status.Allocation.Devices.Results {
-		if res.Driver != d.opts.DriverName {
+		if res.Driver != pr.driver {
 			continue
 		}
-		r, dv, ok := d.devs.lookup(res.Pool, res.Device)
+		r, dv, ok := pr.devs.lookup(res.Pool, res.Device)
 		if !ok {
 			return nil, fmt.Errorf("device %s/%s: %w", res.Pool, res.Device, ErrUnknownDevice)
 		}
 		admin := res.AdminAccess != nil && *res.AdminAccess
-		shares := sharesOf(d.opts.DriverName, r, res)
+		shares := sharesOf(pr.driver, r, res)
 		if !admin {
 			if !dv.Healthy {
 				return nil, fmt.Errorf("device %s (%s): %w: %s", res.Device, dv.Name, ErrUnhealthy, dv.Problem)
@@ -313,7 +336,7 @@ func (d *Driver) plan(c *resourceapi.ResourceClaim, cp map[types.UID]PreparedCla
 // refuseDevicePluginHeld fails the claims whose devices a container holds
 // through the device plugin (PodResources), or all of those to be
 // prepared when PodResources cannot tell.
-func (d *Driver) refuseDevicePluginHeld(ctx context.Context, plans []*planned, errs map[types.UID]error) {
+func (pr *preparer) refuseDevicePluginHeld(ctx context.Context, plans []*planned, errs map[types.UID]error) {
 	need := false
 	for _, p := range plans {
 		need = need || len(p.devs) > 0
@@ -321,7 +344,7 @@ func (d *Driver) refuseDevicePluginHeld(ctx context.Context, plans []*planned, e
 	if !need {
 		return
 	}
-	held, err := d.heldByResource(ctx)
+	held, err := pr.holders.heldByResource(ctx)
 	for _, p := range plans {
 		for r, devs := range p.devs {
 			for _, dv := range devs {

@@ -12,7 +12,6 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/dynamic-resource-allocation/resourceslice"
 )
 
@@ -46,7 +45,7 @@ func (p *slicePublisher) publish(ctx context.Context, helper resourcePublisher, 
 		return nil
 	}
 	if p.last == nil {
-		p.publishAtOnce(ctx, pools) // not a second later (firstpublish.go)
+		publishAtOnce(ctx, p.client, p.driver, p.node, p.log, pools) // not a second later (firstpublish.go)
 	}
 	p.co.published()
 	if err := helper.PublishResources(ctx, resourceslice.DriverResources{Pools: pools}); err != nil {
@@ -116,10 +115,4 @@ func (p *slicePublisher) taintOnStop() {
 		}
 	}
 	p.log.WithField("devices", n).Info("stopping: the devices carry the handover taint until the driver publishes them again")
-}
-
-// WatchHealthStatus streams the devices' health to the kubelet
-// (healthStream.watch) until ctx is done.
-func (d *Driver) WatchHealthStatus(ctx context.Context, reports chan<- kubeletplugin.DeviceHealthReport) error {
-	return d.health.watch(ctx, reports)
 }

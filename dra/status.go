@@ -27,26 +27,6 @@ const (
 	statusCallTimeout = 10 * time.Second
 )
 
-// deviceStatus is what the driver reports for one allocated device.
-type deviceStatus struct {
-	Pool, Device string
-	// ShareID of the allocation ("" for none).
-	ShareID      string
-	CDIDeviceIDs []string
-	Ready        bool
-	Reason       ReadyReason
-	Message      string
-	// Since is when the condition took its status (LastTransitionTime).
-	Since time.Time
-}
-
-// claimStatus is what the driver reports for one claim.
-type claimStatus struct {
-	Namespace, Name string
-	UID             types.UID
-	Devices         []deviceStatus
-}
-
 type statusItem struct {
 	st        claimStatus
 	attempt   int
@@ -67,16 +47,11 @@ type statusItem struct {
 // restarts, and again and again for a claim that fails). A failure is
 // logged and never changes the answer to the kubelet.
 type statusQueue struct {
-	// driver names the driver (the entries' driver, the field manager);
-	// client writes (Options.StatusClient); devs are looked the devices
-	// up in for their data; off: nothing is written
-	// (Options.NoDeviceStatus).
-	driver string
-	client kubernetes.Interface
-	devs   *devices
-	off    bool
-	log    *logrus.Entry
-	clock  clock.Clock
+	rep statusReporter
+	// off: nothing is written (Options.NoDeviceStatus).
+	off   bool
+	log   *logrus.Entry
+	clock clock.Clock
 
 	mu      sync.Mutex
 	pending map[types.UID]*statusItem
@@ -90,7 +65,7 @@ type statusQueue struct {
 }
 
 func newStatusQueue(driver string, client kubernetes.Interface, devs *devices, off bool, log *logrus.Entry) *statusQueue {
-	return &statusQueue{driver: driver, client: client, devs: devs, off: off, log: log.WithField("part", "claim status"), clock: clock.RealClock{},
+	return &statusQueue{rep: statusReporter{driver: driver, client: client, devs: devs}, off: off, log: log.WithField("part", "claim status"), clock: clock.RealClock{},
 		pending: map[types.UID]*statusItem{}, written: map[types.UID]claimStatus{}, wake: make(chan struct{}, 1)}
 }
 
@@ -102,7 +77,7 @@ func (q *statusQueue) prepared(claims []*resourceapi.ResourceClaim, out map[type
 	}
 	now := q.clock.Now()
 	for _, c := range claims {
-		st, ok := q.outcome(c, out[c.UID], own[c.UID])
+		st, ok := q.rep.outcome(c, out[c.UID], own[c.UID])
 		if !ok {
 			continue
 		}
@@ -207,7 +182,7 @@ func (q *statusQueue) run(ctx context.Context) error {
 func (q *statusQueue) write(ctx context.Context, it *statusItem) {
 	log := q.log.WithField("claim", it.st.Namespace+"/"+it.st.Name)
 	cctx, cancel := context.WithTimeout(ctx, statusCallTimeout)
-	err := q.apply(cctx, it.st)
+	err := q.rep.apply(cctx, it.st)
 	cancel()
 	q.mu.Lock()
 	defer q.mu.Unlock()

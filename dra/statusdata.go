@@ -6,13 +6,16 @@ import (
 	"errors"
 	"slices"
 	"strings"
+	"time"
 	"unicode/utf8"
 
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	metav1apply "k8s.io/client-go/applyconfigurations/meta/v1"
 	resourceapply "k8s.io/client-go/applyconfigurations/resource/v1"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 
 	"github.com/cdi-device-plugin/cdi-device-plugin/device"
@@ -91,10 +94,40 @@ type StatusData struct {
 // bytes; a Ready condition needs far less).
 const maxStatusMessage = 1024
 
+// deviceStatus is what the driver reports for one allocated device.
+type deviceStatus struct {
+	Pool, Device string
+	// ShareID of the allocation ("" for none).
+	ShareID      string
+	CDIDeviceIDs []string
+	Ready        bool
+	Reason       ReadyReason
+	Message      string
+	// Since is when the condition took its status (LastTransitionTime).
+	Since time.Time
+}
+
+// claimStatus is what the driver reports for one claim.
+type claimStatus struct {
+	Namespace, Name string
+	UID             types.UID
+	Devices         []deviceStatus
+}
+
+// statusReporter is what the status writer knows of the claims' devices
+// and how it writes their status: the driver's name (the entries'
+// driver, the field manager), the client it writes with
+// (Options.StatusClient) and the devices their data comes from.
+type statusReporter struct {
+	driver string
+	client kubernetes.Interface
+	devs   *devices
+}
+
 // outcome is claim c's status from its answer r (own: its own error, nil
 // when only another claim of the call failed); false when the claim has no
 // device of the driver.
-func (q *statusQueue) outcome(c *resourceapi.ResourceClaim, r kubeletplugin.PrepareResult, own error) (claimStatus, bool) {
+func (q statusReporter) outcome(c *resourceapi.ResourceClaim, r kubeletplugin.PrepareResult, own error) (claimStatus, bool) {
 	st := claimStatus{Namespace: c.Namespace, Name: c.Name, UID: c.UID}
 	if c.Status.Allocation == nil {
 		return st, false
@@ -134,7 +167,7 @@ func (q *statusQueue) outcome(c *resourceapi.ResourceClaim, r kubeletplugin.Prep
 // failureReason is the reason and message of a device of a claim that
 // failed with err: its own step's failure, else the claim's cause. A
 // device whose steps ran while another device's failed is NotPrepared.
-func (q *statusQueue) failureReason(res resourceapi.DeviceRequestAllocationResult, err error, steps map[string]*prestart.StepError) (ReadyReason, string) {
+func (q statusReporter) failureReason(res resourceapi.DeviceRequestAllocationResult, err error, steps map[string]*prestart.StepError) (ReadyReason, string) {
 	if _, dv, ok := q.devs.lookup(res.Pool, res.Device); ok {
 		if se, failed := steps[dv.Name]; failed {
 			return StepReason(se.Step), se.Error()
@@ -183,7 +216,7 @@ func stepErrors(err error) map[string]*prestart.StepError {
 
 // statusData is the data of device ds (StatusData): what the driver knows
 // of it now.
-func (q *statusQueue) statusData(ds deviceStatus) StatusData {
+func (q statusReporter) statusData(ds deviceStatus) StatusData {
 	out := StatusData{NUMANode: device.NoNUMA, CDIDeviceIDs: ds.CDIDeviceIDs}
 	r, dv, ok := q.devs.lookup(ds.Pool, ds.Device)
 	if !ok {
@@ -208,7 +241,7 @@ type stateDirs interface {
 // apply writes the claim's status.devices entries of the driver by
 // server-side apply under the driver's name as field manager: the entries
 // of other drivers, and the rest of the status, are not touched.
-func (q *statusQueue) apply(ctx context.Context, st claimStatus) error {
+func (q statusReporter) apply(ctx context.Context, st claimStatus) error {
 	status := resourceapply.ResourceClaimStatus()
 	for _, ds := range st.Devices {
 		data, err := json.Marshal(q.statusData(ds))

@@ -12,20 +12,20 @@ import (
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 )
 
-// UnprepareResourceClaims undoes Prepare for each claim (unprepare): a
+// unprepareClaims undoes Prepare for each claim (unprepare): a
 // claim not prepared (unknown UID) is done already.
-func (d *Driver) UnprepareResourceClaims(ctx context.Context, claims []kubeletplugin.NamespacedObject) (map[types.UID]error, error) {
-	d.prepMu.Lock()
-	defer d.prepMu.Unlock()
+func (pr *preparer) unprepareClaims(ctx context.Context, claims []kubeletplugin.NamespacedObject) (map[types.UID]error, error) {
+	pr.mu.Lock()
+	defer pr.mu.Unlock()
 	out := make(map[types.UID]error, len(claims))
 	for _, c := range claims {
-		out[c.UID] = d.unprepare(ctx, c.UID)
-		d.status.forget(c.UID)
+		out[c.UID] = pr.unprepare(ctx, c.UID)
+		pr.status.forget(c.UID)
 	}
 	return out, nil
 }
 
-// unprepare undoes Prepare for the claim uid, with prepMu held: the reset
+// unprepare undoes Prepare for the claim uid, with mu held: the reset
 // step, when the resource has one, on its devices that no other prepared
 // claim holds, no device-plugin container holds (PodResources: none when
 // it cannot tell), and that an earlier, interrupted Unprepare did not
@@ -37,31 +37,31 @@ func (d *Driver) UnprepareResourceClaims(ctx context.Context, claims []kubeletpl
 // needs no such mark: one checkpoint write (dropClaim). A reset that fails makes the
 // device unhealthy (as a failed preparation does) but does not keep the
 // claim: the kubelet could never release it.
-func (d *Driver) unprepare(ctx context.Context, uid types.UID) error {
-	cp := d.opts.Checkpoint.Claims()
+func (pr *preparer) unprepare(ctx context.Context, uid types.UID) error {
+	cp := pr.checkpoint.Claims()
 	pc, ok := cp[uid]
 	if !ok {
 		return nil
 	}
 	name := pc.Namespace + "/" + pc.Name
-	log := d.log.WithField("claim", name)
+	log := pr.log.WithField("claim", name)
 	delete(cp, uid)
-	byRes := d.toReset(log, pc, cp)
-	byRes = d.spareDevicePluginHeld(ctx, log, byRes)
+	byRes := pr.toReset(log, pc, cp)
+	byRes = pr.spareDevicePluginHeld(ctx, log, byRes)
 	if len(byRes) == 0 {
-		return d.dropClaim(log, uid, pc, cp)
+		return pr.dropClaim(log, uid, pc, cp)
 	}
 	mark := pc
 	mark.Unpreparing = true
 	mark.Devices = slices.Clone(pc.Devices)
 	for i := range mark.Devices {
 		dv := &mark.Devices[i]
-		if r := d.devs.byName(dv.Resource); r != nil && slices.ContainsFunc(byRes[r], func(x device.Device) bool { return x.Name == dv.ID }) {
+		if r := pr.devs.byName(dv.Resource); r != nil && slices.ContainsFunc(byRes[r], func(x device.Device) bool { return x.Name == dv.ID }) {
 			dv.Reset = true
 		}
 	}
 	cp[uid] = mark
-	if err := d.opts.Checkpoint.Save(cp); err != nil {
+	if err := pr.checkpoint.Save(cp); err != nil {
 		return fmt.Errorf("claim %s: recording its unprepare: %w", name, err)
 	}
 	pc = mark
@@ -71,12 +71,12 @@ func (d *Driver) unprepare(ctx context.Context, uid types.UID) error {
 		}
 	}
 	if pc.ClaimSpec != "" {
-		if err := d.specs.remove(uid); err != nil {
+		if err := pr.specs.remove(uid); err != nil {
 			return fmt.Errorf("claim %s: %w", name, err)
 		}
 	}
 	delete(cp, uid)
-	if err := d.opts.Checkpoint.Save(cp); err != nil {
+	if err := pr.checkpoint.Save(cp); err != nil {
 		return fmt.Errorf("claim %s: %w", name, err)
 	}
 	log.Info("claim unprepared")
@@ -91,12 +91,12 @@ func (d *Driver) unprepare(ctx context.Context, uid types.UID) error {
 // there is no reset to keep from running twice. A spec that cannot be
 // removed is logged: the claim is unprepared all the same, and the next
 // start removes it.
-func (d *Driver) dropClaim(log *logrus.Entry, uid types.UID, pc PreparedClaim, others map[types.UID]PreparedClaim) error {
-	if err := d.opts.Checkpoint.Save(others); err != nil {
+func (pr *preparer) dropClaim(log *logrus.Entry, uid types.UID, pc PreparedClaim, others map[types.UID]PreparedClaim) error {
+	if err := pr.checkpoint.Save(others); err != nil {
 		return fmt.Errorf("claim %s/%s: %w", pc.Namespace, pc.Name, err)
 	}
 	if pc.ClaimSpec != "" {
-		if err := d.specs.remove(uid); err != nil {
+		if err := pr.specs.remove(uid); err != nil {
 			log.WithError(err).Warn("the claim is unprepared, but its CDI spec could not be removed; the driver's next start removes it")
 		}
 	}
@@ -107,7 +107,7 @@ func (d *Driver) dropClaim(log *logrus.Entry, uid types.UID, pc PreparedClaim, o
 // toReset is the devices of pc to reset, by resource: those of a resource
 // with a reset step, without admin access, that the claims in others do
 // not hold and that an interrupted Unprepare of pc did not reset already.
-func (d *Driver) toReset(log *logrus.Entry, pc PreparedClaim, others map[types.UID]PreparedClaim) map[*running][]device.Device {
+func (pr *preparer) toReset(log *logrus.Entry, pc PreparedClaim, others map[types.UID]PreparedClaim) map[*running][]device.Device {
 	held := map[string]bool{}
 	for _, o := range others {
 		for _, dv := range o.Devices {
@@ -118,7 +118,7 @@ func (d *Driver) toReset(log *logrus.Entry, pc PreparedClaim, others map[types.U
 	}
 	byRes := map[*running][]device.Device{}
 	for _, dv := range pc.Devices {
-		r := d.devs.byName(dv.Resource)
+		r := pr.devs.byName(dv.Resource)
 		if dv.AdminAccess || r == nil || !r.Runner.HasReset() || held[dv.Resource+"\x00"+dv.ID] {
 			continue
 		}
@@ -144,12 +144,12 @@ func (d *Driver) toReset(log *logrus.Entry, pc PreparedClaim, others map[types.U
 // device that a claim held until now. When PodResources cannot tell, no
 // device of the resource is left (fail closed). Each device spared is
 // logged, with its holders. One List answers for every resource.
-func (d *Driver) spareDevicePluginHeld(ctx context.Context, log *logrus.Entry, byRes map[*running][]device.Device) map[*running][]device.Device {
+func (pr *preparer) spareDevicePluginHeld(ctx context.Context, log *logrus.Entry, byRes map[*running][]device.Device) map[*running][]device.Device {
 	out := map[*running][]device.Device{}
 	if len(byRes) == 0 {
 		return out
 	}
-	res, err := d.podres.List(ctx)
+	res, err := pr.holders.list(ctx)
 	for r, devs := range byRes {
 		if err != nil {
 			var ids []string
@@ -182,24 +182,24 @@ func (d *Driver) spareDevicePluginHeld(ctx context.Context, log *logrus.Entry, b
 
 // dropStale unprepares the claim uid, gone from the API for longer than
 // the grace, unless the kubelet did meanwhile.
-func (d *Driver) dropStale(ctx context.Context, uid types.UID, log *logrus.Entry) {
-	d.prepMu.Lock()
-	defer d.prepMu.Unlock()
-	pc, ok := d.opts.Checkpoint.Claims()[uid]
+func (pr *preparer) dropStale(ctx context.Context, uid types.UID, log *logrus.Entry) {
+	pr.mu.Lock()
+	defer pr.mu.Unlock()
+	pc, ok := pr.checkpoint.Claims()[uid]
 	if !ok {
 		return
 	}
-	log.WithField("grace", d.opts.CleanupGrace).Warn("dropping a prepared claim gone from the API for longer than the grace period; its devices are released as Unprepare releases them")
+	log.Warn("dropping a prepared claim gone from the API for longer than the grace period; its devices are released as Unprepare releases them")
 	// Its queued status and its device metadata go first, while the
 	// checkpoint still holds the claim: a driver stopped in between finds
 	// the claim again at its next start and drops it then, so nothing is
 	// left behind for good (the other way round, metadata left after the
 	// checkpoint let go of the claim would never be removed).
-	d.status.forget(uid)
-	if err := d.metadata.remove(pc.Namespace, pc.Name, uid); err != nil {
+	pr.status.forget(uid)
+	if err := pr.metadata.remove(pc.Namespace, pc.Name, uid); err != nil {
 		log.WithError(err).Warn("removing the device metadata of a dropped claim")
 	}
-	if err := d.unprepare(ctx, uid); err != nil {
+	if err := pr.unprepare(ctx, uid); err != nil {
 		log.WithError(err).Error("dropping a prepared claim gone from the API")
 	}
 }
