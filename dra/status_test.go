@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -315,8 +316,8 @@ func TestClaimStatusOffTheCall(t *testing.T) {
 
 // syncCounter counts calls by name.
 type syncCounter struct {
-	syncBuffer
-	n map[string]int
+	mu sync.Mutex
+	n  map[string]int
 }
 
 func (c *syncCounter) add(name string) int {
