@@ -2,9 +2,10 @@ package dra
 
 import (
 	"context"
-	"fmt"
 	"sync"
 	"time"
+
+	"github.com/cdi-device-plugin/cdi-device-plugin/internal/ping"
 )
 
 // sliceLoop owns the handover guards and what was published: it
@@ -46,18 +47,7 @@ func (l *sliceLoop) fail(err error) {
 
 // alive reports whether the loop answers within ctx.
 func (l *sliceLoop) alive(ctx context.Context) error {
-	reply := make(chan struct{})
-	select {
-	case l.pings <- reply:
-	case <-ctx.Done():
-		return fmt.Errorf("the slice loop does not answer: %w", ctx.Err())
-	}
-	select {
-	case <-reply:
-	case <-ctx.Done():
-		return fmt.Errorf("the slice loop does not answer: %w", ctx.Err())
-	}
-	return nil
+	return ping.Ask(ctx, l.pings, "the slice loop")
 }
 
 // run runs the loop until ctx is done or an error is fatal, publishing
