@@ -12,7 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 )
 
-// TestCheckpoint (issue 21): saved claims read back after a "restart" (a
+// TestCheckpoint: saved claims read back after a "restart" (a
 // new Checkpoint on the file), with mode 0600 and no temp file left; a
 // missing file is empty; a file of another version, or not JSON, is
 // refused with ErrCheckpoint rather than read as empty.
@@ -55,7 +55,7 @@ func TestCheckpoint(t *testing.T) {
 	}
 }
 
-// TestCheckpointDriverName (issue 27, item 7): the checkpoint records the
+// TestCheckpointDriverName: the checkpoint records the
 // driver name its claims were prepared by. A version-1 file (no name) is
 // read with every entry and taken over by the driver that starts; so is a
 // file of another name that holds no claim. One of another name that

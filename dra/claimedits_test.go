@@ -8,7 +8,7 @@ import (
 	"github.com/cdi-device-plugin/cdi-device-plugin/device"
 )
 
-// TestClaimEdits (issue 21): what a claim's spec gives its containers is
+// TestClaimEdits: what a claim's spec gives its containers is
 // what the device plugin's Allocate gives a container with those devices:
 // <ENV>_DEVICES with the claim's device IDs per resource, the bus
 // identities of devices found by PCI or USB identity, and the resources'
@@ -20,7 +20,7 @@ func TestClaimEdits(t *testing.T) {
 	ttys := simDevices(1, "n1")
 	ttys.Devices[0].Identity = device.Identity{USBBus: 1, USBDevice: 4}
 	mount := cdi.Mount{HostPath: "/opt/lib", ContainerPath: "/usr/local/lib", ReadOnly: true}
-	d := &Driver{}
+	d := &claimSpecs{devs: &devices{}}
 	for _, r := range []struct {
 		res  Resource
 		snap *device.Snapshot
@@ -31,7 +31,7 @@ func TestClaimEdits(t *testing.T) {
 	} {
 		res := &running{Resource: r.res}
 		res.snap.Store(r.snap)
-		d.res = append(d.res, res)
+		d.devs.res = append(d.devs.res, res)
 	}
 	dev := func(res, id string) PreparedDevice { return PreparedDevice{Resource: res, ID: id} }
 	for _, c := range []struct {
@@ -48,7 +48,7 @@ func TestClaimEdits(t *testing.T) {
 		{"nothing of ours", nil, "[]", 0},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			got := d.claimEdits("u1", PreparedClaim{Namespace: "ns", Name: "c", Devices: c.devices})
+			got := d.edits("u1", PreparedClaim{Namespace: "ns", Name: "c", Devices: c.devices})
 			if fmt.Sprint(got.Env) != c.env || len(got.Mounts) != c.mounts || got.UID != "u1" || got.Name != "c" {
 				t.Fatalf("env %v mounts %v, want %s and %d mounts", got.Env, got.Mounts, c.env, c.mounts)
 			}

@@ -8,6 +8,8 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	resourcev1 "k8s.io/client-go/kubernetes/typed/resource/v1"
+	"k8s.io/utils/clock"
 )
 
 // staleNotice is logged once for a checkpointed claim found gone from the
@@ -15,21 +17,36 @@ import (
 const staleNotice = "the prepared claim is gone from the API (deleted, or its name taken by another claim): " +
 	"its devices are released after the grace period unless the kubelet unprepares it first"
 
-// cleanup looks the checkpointed claims up in the API at start and every
-// Options.CleanupInterval until ctx is done: a claim that stays gone (not
-// found, or its namespace and name taken by a claim of another UID) for
-// Options.CleanupGrace is dropped and its devices released as Unprepare
-// releases them (unprepare: no device a device-plugin container holds is
-// reset). The kubelet unprepares a claim whose pods are gone, but not
-// always: a claim deleted while the driver was down, or under another
-// driver name, would hold its devices forever. The grace leaves the
-// kubelet its turn first. An API that cannot answer drops nothing.
-func (d *Driver) cleanup(ctx context.Context) error {
-	t := d.opts.Clock.NewTicker(d.opts.CleanupInterval)
+// staleCleaner is the stale-claim clean-up: it looks the checkpointed
+// claims up in the API at start and every interval until ctx is done; a
+// claim that stays gone (not found, or its namespace and name taken by a
+// claim of another UID) for grace is handed to drop, which releases its
+// devices as Unprepare releases them (no device a device-plugin container
+// holds is reset). The kubelet unprepares a claim whose pods are gone,
+// but not always: a claim deleted while the driver was down, or under
+// another driver name, would hold its devices forever. The grace leaves
+// the kubelet its turn first. An API that cannot answer drops nothing.
+type staleCleaner struct {
+	// claims are the checkpointed claims (Checkpoint.Claims), api where
+	// they are looked up.
+	claims          func() map[types.UID]PreparedClaim
+	api             resourcev1.ResourceClaimsGetter
+	clock           clock.WithTicker
+	interval, grace time.Duration
+	log             *logrus.Entry
+	// drop releases a claim gone for longer than grace, unless the
+	// kubelet unprepared it meanwhile.
+	drop func(ctx context.Context, uid types.UID, log *logrus.Entry)
+}
+
+// run looks at the claims at once, then every interval, until ctx is
+// done.
+func (c *staleCleaner) run(ctx context.Context) error {
+	t := c.clock.NewTicker(c.interval)
 	defer t.Stop()
 	gone := map[types.UID]time.Time{}
 	for {
-		d.cleanupPass(ctx, gone)
+		c.pass(ctx, gone)
 		select {
 		case <-ctx.Done():
 			return nil
@@ -38,11 +55,11 @@ func (d *Driver) cleanup(ctx context.Context) error {
 	}
 }
 
-// cleanupPass is one look at the checkpointed claims; gone holds when
-// each claim was first seen gone.
-func (d *Driver) cleanupPass(ctx context.Context, gone map[types.UID]time.Time) {
-	now := d.opts.Clock.Now()
-	claims := d.opts.Checkpoint.Claims()
+// pass is one look at the checkpointed claims; gone holds when each
+// claim was first seen gone.
+func (c *staleCleaner) pass(ctx context.Context, gone map[types.UID]time.Time) {
+	now := c.clock.Now()
+	claims := c.claims()
 	for uid := range gone {
 		if _, ok := claims[uid]; !ok {
 			delete(gone, uid)
@@ -52,8 +69,8 @@ func (d *Driver) cleanupPass(ctx context.Context, gone map[types.UID]time.Time) 
 		if ctx.Err() != nil {
 			return
 		}
-		log := d.log.WithField("claim", pc.Namespace+"/"+pc.Name)
-		obj, err := d.opts.Client.ResourceV1().ResourceClaims(pc.Namespace).Get(ctx, pc.Name, metav1.GetOptions{})
+		log := c.log.WithField("claim", pc.Namespace+"/"+pc.Name)
+		obj, err := c.api.ResourceClaims(pc.Namespace).Get(ctx, pc.Name, metav1.GetOptions{})
 		switch {
 		case apierrors.IsNotFound(err):
 		case err != nil:
@@ -71,37 +88,13 @@ func (d *Driver) cleanupPass(ctx context.Context, gone map[types.UID]time.Time) 
 		since, seen := gone[uid]
 		if !seen {
 			gone[uid] = now
-			log.WithField("grace", d.opts.CleanupGrace).Info(staleNotice)
+			log.WithField("grace", c.grace).Info(staleNotice)
 			continue
 		}
-		if now.Sub(since) < d.opts.CleanupGrace {
+		if now.Sub(since) < c.grace {
 			continue
 		}
-		d.dropStale(ctx, uid, log)
+		c.drop(ctx, uid, log.WithField("grace", c.grace))
 		delete(gone, uid)
-	}
-}
-
-// dropStale unprepares the claim uid, gone from the API for longer than
-// the grace, unless the kubelet did meanwhile.
-func (d *Driver) dropStale(ctx context.Context, uid types.UID, log *logrus.Entry) {
-	d.prepMu.Lock()
-	defer d.prepMu.Unlock()
-	pc, ok := d.opts.Checkpoint.Claims()[uid]
-	if !ok {
-		return
-	}
-	log.WithField("grace", d.opts.CleanupGrace).Warn("dropping a prepared claim gone from the API for longer than the grace period; its devices are released as Unprepare releases them")
-	// Its queued status and its device metadata go first, while the
-	// checkpoint still holds the claim: a driver stopped in between finds
-	// the claim again at its next start and drops it then, so nothing is
-	// left behind for good (the other way round, metadata left after the
-	// checkpoint let go of the claim would never be removed).
-	d.status.forget(uid)
-	if err := d.removeMetadata(pc.Namespace, pc.Name, uid); err != nil {
-		log.WithError(err).Warn("removing the device metadata of a dropped claim")
-	}
-	if err := d.unprepare(ctx, uid); err != nil {
-		log.WithError(err).Error("dropping a prepared claim gone from the API")
 	}
 }

@@ -79,7 +79,7 @@ func TestCoalescer(t *testing.T) {
 	}
 }
 
-// TestHealthStormCoalesced (issue 29): a device's health flipping 20
+// TestHealthStormCoalesced: a device's health flipping 20
 // times a second for 2 s costs at most one ResourceSlice write a second
 // (plus the leading one: ceil(storm seconds)+1), and the last state (healthy) is published
 // within a second of the storm's end.

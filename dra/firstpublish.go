@@ -7,9 +7,11 @@ import (
 	"slices"
 	"strconv"
 
+	"github.com/sirupsen/logrus"
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/dynamic-resource-allocation/resourceslice"
 	"k8s.io/utils/ptr"
 )
@@ -66,23 +68,23 @@ func firstSlices(driver, node string, nodeUID types.UID, name string, pool resou
 	return out
 }
 
-// publishAtOnce creates the slices of the pools that have none in the API
-// (see "The first publish" above), before the first PublishResources.
-// Best effort: on any error it stops and leaves the rest to the
-// controller, which creates what is missing and adopts what was created.
-// It returns how many slices it created.
-func (d *Driver) publishAtOnce(ctx context.Context, pools map[string]resourceslice.Pool) int {
-	api := d.opts.Client.ResourceV1().ResourceSlices()
-	list, err := api.List(ctx, metav1.ListOptions{FieldSelector: resourceapi.ResourceSliceSelectorDriver + "=" + d.opts.DriverName +
-		"," + resourceapi.ResourceSliceSelectorNodeName + "=" + d.opts.NodeName})
+// publishAtOnce creates the slices of driver's pools on node that have
+// none in the API (see "The first publish" above), before the first
+// PublishResources. Best effort: on any error it stops and leaves the rest
+// to the controller, which creates what is missing and adopts what was
+// created. It returns how many slices it created.
+func publishAtOnce(ctx context.Context, client kubernetes.Interface, driver, node string, log *logrus.Entry, pools map[string]resourceslice.Pool) int {
+	api := client.ResourceV1().ResourceSlices()
+	list, err := api.List(ctx, metav1.ListOptions{FieldSelector: resourceapi.ResourceSliceSelectorDriver + "=" + driver +
+		"," + resourceapi.ResourceSliceSelectorNodeName + "=" + node})
 	if err != nil {
-		d.log.WithError(err).Debug("listing the node's ResourceSlices; the ResourceSlice controller publishes them")
+		log.WithError(err).Debug("listing the node's ResourceSlices; the ResourceSlice controller publishes them")
 		return 0
 	}
 	have := map[string]bool{}
 	for i := range list.Items {
 		s := &list.Items[i]
-		if s.Spec.Driver == d.opts.DriverName && ptr.Deref(s.Spec.NodeName, "") == d.opts.NodeName {
+		if s.Spec.Driver == driver && ptr.Deref(s.Spec.NodeName, "") == node {
 			have[s.Spec.Pool.Name] = true
 		}
 	}
@@ -93,16 +95,16 @@ func (d *Driver) publishAtOnce(ctx context.Context, pools map[string]resourcesli
 			continue // the controller reconciles what exists
 		}
 		if nodeUID == "" {
-			nd, err := d.opts.Client.CoreV1().Nodes().Get(ctx, d.opts.NodeName, metav1.GetOptions{})
+			nd, err := client.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
 			if err != nil {
-				d.log.WithError(err).Debug("reading the node (the slices' owner); the ResourceSlice controller publishes the slices")
+				log.WithError(err).Debug("reading the node (the slices' owner); the ResourceSlice controller publishes the slices")
 				return n
 			}
 			nodeUID = nd.UID
 		}
-		for _, s := range firstSlices(d.opts.DriverName, d.opts.NodeName, nodeUID, name, pools[name]) {
+		for _, s := range firstSlices(driver, node, nodeUID, name, pools[name]) {
 			if _, err := api.Create(ctx, s, metav1.CreateOptions{}); err != nil {
-				d.log.WithError(err).WithField("pool", name).Debug("creating a ResourceSlice; the ResourceSlice controller publishes it")
+				log.WithError(err).WithField("pool", name).Debug("creating a ResourceSlice; the ResourceSlice controller publishes it")
 				return n
 			}
 			n++

@@ -22,7 +22,7 @@ import (
 	"github.com/cdi-device-plugin/cdi-device-plugin/internal/logs"
 )
 
-// TestFirstPublishAtOnce (issue 28, item 5): the driver's slices are in
+// TestFirstPublishAtOnce: the driver's slices are in
 // the API before the ResourceSlice controller's informer starts its
 // watch, so before that informer can have synced: the helper's controller
 // looks at its sync once a second, and every slice it writes itself comes
@@ -71,7 +71,7 @@ func (q *doneQueue) Done(item string) {
 	}
 }
 
-// TestFirstPublishAdopted (issue 28, item 5): the slices publishAtOnce
+// TestFirstPublishAdopted: the slices publishAtOnce
 // creates are those the ResourceSlice controller (the real one, v0.37.2,
 // on the fake clientset) creates for the same pools (name prefix, owner,
 // pool, spec), and a controller started after them adopts them: its first
@@ -108,8 +108,7 @@ func TestFirstPublishAdopted(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
 		if atOnce {
-			d := &Driver{opts: Options{DriverName: testDriver, NodeName: node, Client: client}, log: logs.Discard()}
-			if n := d.publishAtOnce(ctx, pools); n != 3 {
+			if n := publishAtOnce(ctx, client, testDriver, node, logs.Discard(), pools); n != 3 {
 				t.Fatalf("publishAtOnce created %d slices, want 3", n)
 			}
 		}

@@ -10,10 +10,10 @@ import (
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/cdi-device-plugin/cdi-device-plugin/internal/latest"
-	"github.com/cdi-device-plugin/cdi-device-plugin/metrics"
 )
 
 // The handover guard. While the node still reports a resource as an
@@ -49,6 +49,29 @@ type guard struct {
 
 func (g *guard) isUp() bool { return !g.nodeKnown || !g.heldKnown || g.node || g.held }
 
+// handoverGuard is the handover guard of the driver's resources: their
+// guards' state (owned by the slice loop), what the node reports of them
+// (watchNode, on nodes) and what PodResources says device-plugin
+// containers hold (poll, whose result the loop hands to held).
+type handoverGuard struct {
+	*guards
+	nodeName string
+	client   kubernetes.Interface
+	// holders is, by resource name, the device IDs device-plugin
+	// containers hold (the kubelet's PodResources).
+	holders func(context.Context) (map[string][]string, error)
+	// nodes: the node's reported resources (latest); polled: a poll's
+	// result.
+	nodes  chan nodeReport
+	polled chan pollResult
+}
+
+func newHandoverGuard(names []string, node string, client kubernetes.Interface,
+	holders func(context.Context) (map[string][]string, error), log *logrus.Entry) *handoverGuard {
+	return &handoverGuard{guards: newGuards(names, log), nodeName: node, client: client, holders: holders,
+		nodes: make(chan nodeReport, 1), polled: make(chan pollResult, 1)}
+}
+
 // guards are the guards of the driver's resources, owned by its loop.
 type guards struct {
 	names []string
@@ -58,12 +81,8 @@ type guards struct {
 	noPodResources bool
 }
 
-func newGuards(res []*running, log *logrus.Entry) *guards {
-	gs := &guards{g: make([]guard, len(res)), log: log}
-	for _, r := range res {
-		gs.names = append(gs.names, r.Name)
-	}
-	return gs
+func newGuards(names []string, log *logrus.Entry) *guards {
+	return &guards{names: names, g: make([]guard, len(names)), log: log}
 }
 
 func (gs *guards) up(i int) bool { return gs.g[i].isUp() }
@@ -138,10 +157,10 @@ func (gs *guards) logChanges() {
 	}
 }
 
-// pollHolders asks PodResources which resources device-plugin containers
-// hold devices of.
-func (d *Driver) pollHolders(ctx context.Context) pollResult {
-	held, err := metrics.HeldByResource(ctx, d.opts.PodResources)
+// poll asks PodResources which resources device-plugin containers hold
+// devices of.
+func (h *handoverGuard) poll(ctx context.Context) pollResult {
+	held, err := h.holders(ctx)
 	if err != nil {
 		return pollResult{err: err}
 	}
@@ -154,21 +173,21 @@ func (d *Driver) pollHolders(ctx context.Context) pollResult {
 
 // reported is which of the resources the node reports as extended
 // resources.
-func (d *Driver) reported(n *corev1.Node) nodeReport {
+func (h *handoverGuard) reported(n *corev1.Node) nodeReport {
 	out := nodeReport{}
-	for _, r := range d.res {
-		name := corev1.ResourceName(r.Name)
+	for _, r := range h.names {
+		name := corev1.ResourceName(r)
 		a, c := n.Status.Allocatable[name], n.Status.Capacity[name]
-		out[r.Name] = !a.IsZero() || !c.IsZero()
+		out[r] = !a.IsZero() || !c.IsZero()
 	}
 	return out
 }
 
 // watchNode watches the driver's own Node (a field-selected list and
 // watch) and hands the loop which resources it reports, until ctx is done.
-func (d *Driver) watchNode(ctx context.Context) error {
-	sel := fields.OneTermEqualSelector("metadata.name", d.opts.NodeName).String()
-	nodes := d.opts.Client.CoreV1().Nodes()
+func (h *handoverGuard) watchNode(ctx context.Context) error {
+	sel := fields.OneTermEqualSelector("metadata.name", h.nodeName).String()
+	nodes := h.client.CoreV1().Nodes()
 	lw := &cache.ListWatch{
 		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
 			o.FieldSelector = sel
@@ -180,17 +199,17 @@ func (d *Driver) watchNode(ctx context.Context) error {
 		},
 	}
 	send := func(obj any) {
-		if n, ok := obj.(*corev1.Node); ok && n.Name == d.opts.NodeName {
-			latest.Send(d.nodes, d.reported(n))
+		if n, ok := obj.(*corev1.Node); ok && n.Name == h.nodeName {
+			latest.Send(h.nodes, h.reported(n))
 		}
 	}
 	_, ctrl := cache.NewInformerWithOptions(cache.InformerOptions{
-		ListerWatcher: cache.ToListWatcherWithWatchListSemantics(lw, d.opts.Client),
+		ListerWatcher: cache.ToListWatcherWithWatchListSemantics(lw, h.client),
 		ObjectType:    &corev1.Node{},
 		Handler: cache.ResourceEventHandlerFuncs{
 			AddFunc:    send,
 			UpdateFunc: func(_, n any) { send(n) },
-			DeleteFunc: func(any) { latest.Send(d.nodes, nodeReport{}) },
+			DeleteFunc: func(any) { latest.Send(h.nodes, nodeReport{}) },
 		},
 	})
 	ctrl.RunWithContext(ctx)

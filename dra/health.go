@@ -3,6 +3,7 @@ package dra
 import (
 	"context"
 	"reflect"
+	"sync/atomic"
 	"time"
 
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
@@ -17,9 +18,25 @@ type healthView struct {
 	changed chan struct{}
 }
 
-// setHealth publishes the health of the devices in cur (those the slices
-// list) to the health streams, when it changed.
-func (d *Driver) setHealth(cur []Published) {
+// healthStream is the devices' health as the kubelet's health streams
+// send it: the slice loop sets it, every stream (WatchHealthStatus) reads
+// it and wakes when it changes.
+type healthStream struct {
+	// resend is how often a stream sends the health again when nothing
+	// changed (Options.HealthResend).
+	resend time.Duration
+	view   atomic.Pointer[healthView]
+}
+
+func newHealthStream(resend time.Duration) *healthStream {
+	h := &healthStream{resend: resend}
+	h.view.Store(&healthView{changed: make(chan struct{})})
+	return h
+}
+
+// deviceHealth is the health of the devices in cur (those the slices
+// list) of the node.
+func deviceHealth(node string, cur []Published) []kubeletplugin.DeviceHealth {
 	var devs []kubeletplugin.DeviceHealth
 	for _, p := range cur {
 		if p.Snapshot == nil {
@@ -29,42 +46,47 @@ func (d *Driver) setHealth(cur []Published) {
 			if dv.Problem.Cause == device.CauseNotInSpec {
 				continue // not in the slice
 			}
-			h := kubeletplugin.DeviceHealth{PoolName: PoolName(d.opts.NodeName, p.IDPrefix), DeviceName: DeviceName(p.IDPrefix, dv.Index), Health: kubeletplugin.HealthStatusHealthy}
+			h := kubeletplugin.DeviceHealth{PoolName: PoolName(node, p.IDPrefix), DeviceName: DeviceName(p.IDPrefix, dv.Index), Health: kubeletplugin.HealthStatusHealthy}
 			if !dv.Healthy {
 				h.Health, h.Message = kubeletplugin.HealthStatusUnhealthy, dv.Problem.String()
 			}
 			devs = append(devs, h)
 		}
 	}
-	old := d.health.Load()
+	return devs
+}
+
+// set publishes devs to the streams, when they changed.
+func (h *healthStream) set(devs []kubeletplugin.DeviceHealth) {
+	old := h.view.Load()
 	if reflect.DeepEqual(old.devices, devs) {
 		return
 	}
-	d.health.Store(&healthView{devices: devs, changed: make(chan struct{})})
+	h.view.Store(&healthView{devices: devs, changed: make(chan struct{})})
 	close(old.changed)
 }
 
-// WatchHealthStatus streams the devices' health to the kubelet: all of
-// them at once, then again whenever one changes, and every HealthResend
-// when nothing does (the kubelet takes a health not refreshed within 30 s
-// for unknown), until ctx is done.
-func (d *Driver) WatchHealthStatus(ctx context.Context, reports chan<- kubeletplugin.DeviceHealthReport) error {
-	resend := time.NewTimer(d.opts.HealthResend)
+// watch sends the devices' health to reports: all of them at once, then
+// again whenever one changes, and every resend when nothing does (the
+// kubelet takes a health not refreshed within 30 s for unknown), until
+// ctx is done.
+func (h *healthStream) watch(ctx context.Context, reports chan<- kubeletplugin.DeviceHealthReport) error {
+	resend := time.NewTimer(h.resend)
 	defer resend.Stop()
 	for {
-		v := d.health.Load()
+		v := h.view.Load()
 		now := time.Now()
 		devs := make([]kubeletplugin.DeviceHealth, len(v.devices))
-		for i, h := range v.devices {
-			h.LastUpdated = now
-			devs[i] = h
+		for i, dh := range v.devices {
+			dh.LastUpdated = now
+			devs[i] = dh
 		}
 		select {
 		case <-ctx.Done():
 			return nil
 		case reports <- kubeletplugin.DeviceHealthReport{Devices: devs}:
 		}
-		resend.Reset(d.opts.HealthResend)
+		resend.Reset(h.resend)
 		select {
 		case <-ctx.Done():
 			return nil

@@ -54,7 +54,7 @@ func servePodResources(t *testing.T, sock string, opts ...grpc.ServerOption) (*c
 	return cl, stop
 }
 
-// TestPreparePodResourcesConnection (issue 28, item 6): Prepare asks
+// TestPreparePodResourcesConnection: Prepare asks
 // PodResources over one connection kept between calls, not a new one per
 // call (a gRPC client and its handshake cost as much as the List); a
 // kubelet that restarts (its socket served anew) is asked on a new
@@ -99,7 +99,7 @@ func TestPreparePodResourcesConnection(t *testing.T) {
 	}
 }
 
-// TestUnprepareOneCheckpointWrite (issue 28, item 6): a claim none of
+// TestUnprepareOneCheckpointWrite: a claim none of
 // whose devices is to be reset (no reset step) is unprepared with one
 // write of the checkpoint (its entry dropped, then its spec removed), not
 // two (a mark that it is being unprepared first); the spec and the entry
@@ -164,7 +164,7 @@ func TestUnprepareOneCheckpointWrite(t *testing.T) {
 	}
 }
 
-// TestPrepareListsDuringClaimGet (issue 28, item 6): the PodResources
+// TestPrepareListsDuringClaimGet: the PodResources
 // List of a new claim's Prepare is asked while the helper reads the claim
 // from the API, not after: the test's API holds the claim's GET until
 // PodResources is asked (at most 5 s), so a List made only after the GET

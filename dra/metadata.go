@@ -27,8 +27,19 @@ const AttrStateDir = "stateDir"
 // latest one.
 var MetadataVersions = []schema.GroupVersion{metadatav1beta1.SchemeGroupVersion}
 
-// metadataOptions are the helper's options for device metadata
-// (Options.DeviceMetadata): the helper writes, at every successful
+// metadataFiles are the claims' device metadata (KEP-5304), when enabled
+// (Options.DeviceMetadata): what each prepared device tells its
+// containers, the helper's options to write it, and its removal for a
+// claim the driver drops itself.
+type metadataFiles struct {
+	enabled bool
+	// driver names the driver; pluginDir is its plugin directory, cdiDir
+	// where the claims' CDI specs go.
+	driver, pluginDir, cdiDir string
+	devs                      *devices
+}
+
+// options are the helper's options for device metadata: the helper writes, at every successful
 // NodePrepareResources, a metadata file per request of each claim below
 // the driver's plugin directory
 // (<plugin dir>/dra-device-metadata/<namespace>_<claim>/<request>/metadata.json)
@@ -40,19 +51,19 @@ var MetadataVersions = []schema.GroupVersion{metadatav1beta1.SchemeGroupVersion}
 // file renamed in place) but not synced: they are written again at every
 // Prepare, and after a crash of the node the kubelet prepares its claims
 // again before their containers start.
-func (d *Driver) metadataOptions() []kubeletplugin.Option {
-	if !d.opts.DeviceMetadata {
+func (m *metadataFiles) options() []kubeletplugin.Option {
+	if !m.enabled {
 		return nil
 	}
 	return []kubeletplugin.Option{
-		kubeletplugin.EnableDeviceMetadata(d.opts.DeviceMetadata, MetadataVersions),
-		kubeletplugin.CDIDirectory(filepath.Dir(d.opts.Writer.Path(d.claimKind))),
+		kubeletplugin.EnableDeviceMetadata(m.enabled, MetadataVersions),
+		kubeletplugin.CDIDirectory(m.cdiDir),
 		kubeletplugin.MetadataFileOps(kubeletplugin.MetadataFileOperations{WriteFile: writeWhole}),
 	}
 }
 
 // writeWhole writes data to name through a temp file in its directory
-// renamed in place, without syncing (metadataOptions).
+// renamed in place, without syncing (metadataFiles.options).
 func writeWhole(name string, data []byte, perm os.FileMode) error {
 	f, err := os.CreateTemp(filepath.Dir(name), "."+filepath.Base(name)+".*.tmp")
 	if err != nil {
@@ -75,51 +86,51 @@ func writeWhole(name string, data []byte, perm os.FileMode) error {
 	return err
 }
 
-// addMetadata gives each device of the prepared claims in out its
-// metadata (deviceMetadata), when device metadata is enabled.
-func (d *Driver) addMetadata(out map[types.UID]kubeletplugin.PrepareResult) {
-	if !d.opts.DeviceMetadata {
+// add gives each device of the prepared claims in out its metadata
+// (device), when device metadata is enabled.
+func (m *metadataFiles) add(out map[types.UID]kubeletplugin.PrepareResult) {
+	if !m.enabled {
 		return
 	}
 	for _, r := range out {
 		for i := range r.Devices {
 			dv := &r.Devices[i]
-			dv.Metadata = d.deviceMetadata(dv.PoolName, dv.DeviceName)
+			dv.Metadata = m.device(dv.PoolName, dv.DeviceName)
 		}
 	}
 }
 
-// deviceMetadata is what a container learns of a device from its metadata
+// device is what a container learns of a device from its metadata
 // file: the attributes its ResourceSlice publishes (resource, index, CDI
 // ID, NUMA node, identity: PCI address, vendor, device, class, driver, USB
 // bus, device, vendor, product and serial, the firmware digest) and, for a
 // resource with prestart steps, AttrStateDir. Nil for a device the driver
 // does not know.
-func (d *Driver) deviceMetadata(pool, name string) *kubeletplugin.DeviceMetadata {
-	r, dv, ok := d.lookup(pool, name)
+func (m *metadataFiles) device(pool, name string) *kubeletplugin.DeviceMetadata {
+	r, dv, ok := m.devs.lookup(pool, name)
 	if !ok {
 		return nil
 	}
-	pub := Device(d.opts.DriverName, Published{Resource: r.Name, Kind: r.Kind, IDPrefix: r.IDPrefix, FirmwareSHA256: r.firmware}, dv)
+	pub := Device(m.driver, Published{Resource: r.Name, Kind: r.Kind, IDPrefix: r.IDPrefix, FirmwareSHA256: r.firmware}, dv)
 	attrs := make(map[string]resourceapi.DeviceAttribute, len(pub.Attributes)+1)
 	for k, v := range pub.Attributes {
 		attrs[string(k)] = v
 	}
 	if sd, ok := r.Runner.(stateDirs); ok && sd.HasSteps() && !sd.BadState(dv.Name) {
 		p := filepath.Join(cdi.ContainerStateRoot, dv.Name)
-		attrs[d.opts.DriverName+"/"+AttrStateDir] = resourceapi.DeviceAttribute{StringValue: &p}
+		attrs[m.driver+"/"+AttrStateDir] = resourceapi.DeviceAttribute{StringValue: &p}
 	}
 	return &kubeletplugin.DeviceMetadata{Attributes: attrs}
 }
 
-// removeMetadata removes the device metadata files of a claim and their
-// CDI specs (those the helper writes: metadataOptions), as the helper does
+// remove removes the device metadata files of a claim and their CDI
+// specs (those the helper writes: options), as the helper does
 // when the kubelet unprepares the claim: for a claim the driver drops
 // itself (cleanup), which the kubelet never unprepares. Whether or not
 // device metadata is enabled now: an earlier run may have written them.
-func (d *Driver) removeMetadata(namespace, name string, uid types.UID) error {
-	errs := []error{os.RemoveAll(filepath.Join(d.opts.PluginDir, "dra-device-metadata", namespace+"_"+name))}
-	specs, err := filepath.Glob(filepath.Join(filepath.Dir(d.opts.Writer.Path(d.claimKind)), d.opts.DriverName+"_metadata_"+string(uid)+"_*.json"))
+func (m *metadataFiles) remove(namespace, name string, uid types.UID) error {
+	errs := []error{os.RemoveAll(filepath.Join(m.pluginDir, "dra-device-metadata", namespace+"_"+name))}
+	specs, err := filepath.Glob(filepath.Join(m.cdiDir, m.driver+"_metadata_"+string(uid)+"_*.json"))
 	errs = append(errs, err)
 	for _, p := range specs {
 		if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {

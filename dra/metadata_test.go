@@ -16,7 +16,7 @@ import (
 	"github.com/cdi-device-plugin/cdi-device-plugin/cdi"
 )
 
-// TestDeviceMetadata (issue 28, item 3): with device metadata enabled, a
+// TestDeviceMetadata: with device metadata enabled, a
 // prepared claim's containers get, through the CDI IDs of its answer, a
 // read-only mount of the request's metadata file at the path of
 // KEP-5304; the file lists each device of the request with the

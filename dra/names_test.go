@@ -9,7 +9,7 @@ import (
 	"github.com/cdi-device-plugin/cdi-device-plugin/config"
 )
 
-// TestCheckDeviceNamesAsPublished (issue 27, item 8): two resources whose
+// TestCheckDeviceNamesAsPublished: two resources whose
 // devices the slices would publish under one name are refused at start,
 // the error naming both resources and the name; the names compared are
 // the published ones, after the cut to a DNS label, at every index.
@@ -37,7 +37,7 @@ func TestCheckDeviceNamesAsPublished(t *testing.T) {
 			"resources[1].idPrefix", []string{`"` + DeviceName(strings.Repeat("b", 43), 1_000_000_000_000_000_000) + `"`}},
 		{"distinct at the longest bound", []config.Resource{res("x", strings.Repeat("b", config.MaxIDPrefix-1)+"x"), res("y", strings.Repeat("b", config.MaxIDPrefix-1)+"y")}, "", nil},
 		{"a prefix and a longer one", []config.Resource{res("x", "sim"), res("y", "sim-1")}, "", nil},
-		// Issue 28: a resource with replicas is published too.
+		// A resource with replicas is published too, as shared devices.
 		{"one with replicas", []config.Resource{res("x", "sim"), {Name: "example.com/y", IDPrefix: "SIM", Domain: "example.com", Class: "y", Replicas: &two}},
 			"resources[1].idPrefix", []string{"resources[0] (example.com/x", "resources[1] (example.com/y)", `"sim-0"`}},
 	} {
@@ -62,7 +62,7 @@ func TestCheckDeviceNamesAsPublished(t *testing.T) {
 	}
 }
 
-// TestIDPrefixBound (issue 27, item 8): config.MaxIDPrefix leaves room for
+// TestIDPrefixBound: config.MaxIDPrefix leaves room for
 // the longest index: a prefix at the bound is never cut, at any index.
 func TestIDPrefixBound(t *testing.T) {
 	p := strings.Repeat("a", config.MaxIDPrefix)

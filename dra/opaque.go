@@ -1,28 +1,23 @@
 package dra
 
 import (
-	"errors"
 	"fmt"
 	"strings"
 
 	resourceapi "k8s.io/api/resource/v1"
 )
 
-// ErrOpaqueConfig is why a claim is not prepared whose allocation carries
-// opaque configuration addressed to this driver, which takes none.
-var ErrOpaqueConfig = errors.New("the driver takes no opaque configuration")
-
 // checkOpaqueConfig refuses a claim whose allocation carries opaque
-// configuration addressed to this driver (status.allocation.devices.config
+// configuration addressed to the driver (status.allocation.devices.config
 // entries whose opaque.driver is the driver's name, copied there from the
 // DeviceClass or the claim): the driver has no parameters, and preparing
 // the devices while ignoring what the user asked for would hand out
 // something else than was asked. Configuration for other drivers is
 // theirs and is left alone. The error says where the configuration came
 // from and which requests it applies to.
-func (d *Driver) checkOpaqueConfig(c *resourceapi.ResourceClaim) error {
+func checkOpaqueConfig(driver string, c *resourceapi.ResourceClaim) error {
 	for _, cfg := range c.Status.Allocation.Devices.Config {
-		if cfg.Opaque == nil || cfg.Opaque.Driver != d.opts.DriverName {
+		if cfg.Opaque == nil || cfg.Opaque.Driver != driver {
 			continue
 		}
 		from := "the claim"
@@ -33,7 +28,7 @@ func (d *Driver) checkOpaqueConfig(c *resourceapi.ResourceClaim) error {
 		if len(cfg.Requests) > 0 {
 			reqs = "requests " + strings.Join(cfg.Requests, ",")
 		}
-		return fmt.Errorf("opaque configuration for %s from %s (%s): %w: remove it from the DeviceClass or the claim", d.opts.DriverName, from, reqs, ErrOpaqueConfig)
+		return fmt.Errorf("opaque configuration for %s from %s (%s): %w: remove it from the DeviceClass or the claim", driver, from, reqs, ErrOpaqueConfig)
 	}
 	return nil
 }

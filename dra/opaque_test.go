@@ -32,7 +32,7 @@ func opaque(source resourceapi.AllocationConfigSource, driver string, requests .
 		Opaque: &resourceapi.OpaqueDeviceConfiguration{Driver: driver, Parameters: runtime.RawExtension{Raw: []byte(`{"mode":"fast"}`)}}}}
 }
 
-// TestOpaqueConfigRefused (issue 27, item 11): opaque configuration
+// TestOpaqueConfigRefused: opaque configuration
 // addressed to the driver, from the class or the claim, is refused at
 // prepare: the error names the claim and says that the driver takes
 // none; nothing is prepared or checkpointed. Configuration for another

@@ -53,7 +53,7 @@ func deviceCount(sl []resourceapi.ResourceSlice) int {
 	return n
 }
 
-// TestSlicesPerResource (issue 27, item 10): each resource has a pool of
+// TestSlicesPerResource: each resource has a pool of
 // its own (<node>/<idPrefix>), so that a device added to the first
 // resource rewrites only that resource's slices: the ResourceSlice
 // controller (the real one, on client-go's fake clientset) makes no
@@ -129,7 +129,7 @@ func TestSlicesPerResource(t *testing.T) {
 	}
 }
 
-// TestPreparePools (issue 27, item 10): an allocation names a device by
+// TestPreparePools: an allocation names a device by
 // its resource's pool; the node's name, the one pool of the driver's
 // versions before, is taken too, for claims allocated before an upgrade;
 // another node's pool or a pool no resource has is not the driver's.

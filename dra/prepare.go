@@ -4,44 +4,42 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
-	"github.com/sirupsen/logrus"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 
-	"github.com/cdi-device-plugin/cdi-device-plugin/cdi"
 	"github.com/cdi-device-plugin/cdi-device-plugin/device"
-	"github.com/cdi-device-plugin/cdi-device-plugin/metrics"
 	"github.com/cdi-device-plugin/cdi-device-plugin/prestart"
+	"github.com/sirupsen/logrus"
 )
 
-// Why a claim is not prepared.
-var (
-	// ErrUnknownDevice: the allocation names a device this driver does not
-	// publish on this node.
-	ErrUnknownDevice = errors.New("not a device of this driver on this node")
-	// ErrUnhealthy: the device is not healthy.
-	ErrUnhealthy = errors.New("device unhealthy")
-	// ErrHeld: another prepared claim, or a container through the device
-	// plugin, holds the device.
-	ErrHeld = errors.New("device held")
-	// ErrCannotTell: the kubelet's PodResources cannot tell whether a
-	// device-plugin container holds the device.
-	ErrCannotTell = errors.New("cannot tell whether a device-plugin container holds the device")
-	// ErrCallFailed: another claim of the same call failed; none of the
-	// call's claims is prepared.
-	ErrCallFailed = errors.New("another claim of the same call failed")
-	// ErrAllocationChanged: the checkpoint knows the claim's UID, prepared
-	// with other devices than its allocation names now.
-	ErrAllocationChanged = errors.New("the claim's allocation differs from the one prepared")
-)
+// preparer prepares and unprepares the claims of the kubelet's calls, and
+// releases those the stale-claim clean-up drops: one at a time (mu),
+// through the claim checkpoint, the resources' runners, the claims' CDI
+// specs and device metadata, the status writer and the PodResources view.
+type preparer struct {
+	// driver names the driver, boot is the kernel's boot ID.
+	driver, boot string
+	devs         *devices
+	checkpoint   *Checkpoint
+	specs        *claimSpecs
+	metadata     *metadataFiles
+	status       *statusQueue
+	holders      *holdersView
+	log          *logrus.Entry
 
-// PrepareResourceClaims prepares the devices of the claims of one kubelet
+	// mu serialises Prepare, Unprepare and the release of stale claims
+	// (the helper serialises the kubelet's calls too, but the checkpoint
+	// must not depend on that).
+	mu sync.Mutex
+}
+
+// prepareClaims prepares the devices of the claims of one kubelet
 // call: all claims, or none. A claim already prepared (in this boot, and
 // its spec not lost since) gets what it got then, and its steps do not run
 // again, once its allocation now is found the one it was prepared with
@@ -60,11 +58,11 @@ var (
 // set (metadata.go), and each claim's outcome is handed to the status
 // queue (status.go), which writes it to the claim's status.devices after
 // the call: the answer never waits for, or depends on, that write.
-func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceapi.ResourceClaim) (map[types.UID]kubeletplugin.PrepareResult, error) {
-	d.prepMu.Lock()
-	defer d.prepMu.Unlock()
+func (pr *preparer) prepareClaims(ctx context.Context, claims []*resourceapi.ResourceClaim) (map[types.UID]kubeletplugin.PrepareResult, error) {
+	pr.mu.Lock()
+	defer pr.mu.Unlock()
 	start := time.Now()
-	devs, errs := d.prepare(ctx, claims)
+	devs, errs := pr.prepare(ctx, claims)
 	out := make(map[types.UID]kubeletplugin.PrepareResult, len(claims))
 	var failed []string
 	for _, c := range claims {
@@ -80,9 +78,9 @@ func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceap
 		}
 		out[c.UID] = kubeletplugin.PrepareResult{Err: err}
 	}
-	d.addMetadata(out)
-	d.status.prepared(claims, out, errs)
-	log := d.log.WithField("claims", names(claims)).WithField("took", time.Since(start))
+	pr.metadata.add(out)
+	pr.status.prepared(claims, out, errs)
+	log := pr.log.WithField("claims", names(claims)).WithField("took", time.Since(start))
 	if len(errs) > 0 {
 		log.WithError(joined(errs, claims)).WithField("failed", strings.Join(failed, ",")).Warn("claims not prepared")
 	} else {
@@ -123,23 +121,23 @@ type planned struct {
 
 // prepare prepares claims, all or none; errs holds the claims that
 // failed, each with its cause (the others are not prepared either).
-func (d *Driver) prepare(ctx context.Context, claims []*resourceapi.ResourceClaim) (map[types.UID][]kubeletplugin.Device, map[types.UID]error) {
-	cp := d.opts.Checkpoint.Claims()
-	holders := heldShares(cp, d.opts.BootID)
+func (pr *preparer) prepare(ctx context.Context, claims []*resourceapi.ResourceClaim) (map[types.UID][]kubeletplugin.Device, map[types.UID]error) {
+	cp := pr.checkpoint.Claims()
+	holders := heldShares(cp, pr.boot)
 	errs := map[types.UID]error{}
 	var plans []*planned
 	for _, c := range claims {
 		if pc, ok := cp[c.UID]; ok && !pc.Unpreparing {
-			if err := d.sameAllocation(c, pc); err != nil {
+			if err := pr.sameAllocation(c, pc); err != nil {
 				errs[c.UID] = fmt.Errorf("claim %s/%s: %w", c.Namespace, c.Name, err)
 				continue
 			}
-			if pc.BootID == d.opts.BootID && !pc.PrepareAgain {
+			if pc.BootID == pr.boot && !pc.PrepareAgain {
 				plans = append(plans, &planned{claim: c, entry: pc, again: true})
 				continue
 			}
 		}
-		p, err := d.plan(c, cp, holders)
+		p, err := pr.plan(c, cp, holders)
 		if err != nil {
 			errs[c.UID] = fmt.Errorf("claim %s/%s: %w", c.Namespace, c.Name, err)
 			continue
@@ -147,13 +145,13 @@ func (d *Driver) prepare(ctx context.Context, claims []*resourceapi.ResourceClai
 		plans = append(plans, p)
 	}
 	if len(errs) == 0 {
-		d.refuseDevicePluginHeld(ctx, plans, errs)
+		pr.refuseDevicePluginHeld(ctx, plans, errs)
 	}
 	if len(errs) > 0 {
 		return nil, errs
 	}
 	// The steps, per resource, on the devices of every claim prepared now.
-	for _, r := range d.res {
+	for _, r := range pr.devs.res {
 		var devs []device.Device
 		for _, p := range plans {
 			devs = append(devs, p.devs[r]...)
@@ -189,8 +187,8 @@ func (d *Driver) prepare(ctx context.Context, claims []*resourceapi.ResourceClai
 	var written []types.UID
 	undo := func() {
 		for _, uid := range written {
-			if err := d.opts.Writer.RemoveClaimSpec(d.claimKind, string(uid)); err != nil {
-				d.log.WithError(err).Warn("removing the CDI spec of a claim not prepared")
+			if err := pr.specs.remove(uid); err != nil {
+				pr.log.WithError(err).Warn("removing the CDI spec of a claim not prepared")
 			}
 		}
 	}
@@ -198,11 +196,11 @@ func (d *Driver) prepare(ctx context.Context, claims []*resourceapi.ResourceClai
 	added := false
 	for _, p := range plans {
 		if p.again {
-			d.ensureClaimSpec(p)
+			pr.specs.ensure(p.claim.UID, p.entry)
 			continue
 		}
 		added = true
-		if err := d.writeClaimSpec(p); err != nil {
+		if err := pr.specs.write(p.claim.UID, &p.entry); err != nil {
 			errs[p.claim.UID] = fmt.Errorf("claim %s/%s: %w", p.claim.Namespace, p.claim.Name, err)
 			undo()
 			return nil, errs
@@ -217,7 +215,7 @@ func (d *Driver) prepare(ctx context.Context, claims []*resourceapi.ResourceClai
 	if !added {
 		return answer(plans), nil
 	}
-	if err := d.opts.Checkpoint.Save(next); err != nil {
+	if err := pr.checkpoint.Save(next); err != nil {
 		undo()
 		for _, p := range plans {
 			errs[p.claim.UID] = fmt.Errorf("claim %s/%s: %w", p.claim.Namespace, p.claim.Name, err)
@@ -230,11 +228,11 @@ func (d *Driver) prepare(ctx context.Context, claims []*resourceapi.ResourceClai
 // sameAllocation checks that claim c's allocation now names the devices
 // that pc was prepared with: for each result of this driver its pool,
 // device and request.
-func (d *Driver) sameAllocation(c *resourceapi.ResourceClaim, pc PreparedClaim) error {
+func (pr *preparer) sameAllocation(c *resourceapi.ResourceClaim, pc PreparedClaim) error {
 	var now, was []string
 	if c.Status.Allocation != nil {
 		for _, res := range c.Status.Allocation.Devices.Results {
-			if res.Driver == d.opts.DriverName {
+			if res.Driver == pr.driver {
 				now = append(now, res.Pool+"/"+res.Device+shareKey(shareIDOf(res))+" (request "+res.Request+")")
 			}
 		}
@@ -291,28 +289,28 @@ func stepFailures(err error) map[string]error {
 // the call gives two claims is refused for the second, unless it has
 // shares for both: holdings.take). Only the devices no other claim holds
 // in this boot are to be prepared (the first share of a shared device).
-func (d *Driver) plan(c *resourceapi.ResourceClaim, cp map[types.UID]PreparedClaim, holders holdings) (*planned, error) {
+func (pr *preparer) plan(c *resourceapi.ResourceClaim, cp map[types.UID]PreparedClaim, holders holdings) (*planned, error) {
 	if c.Status.Allocation == nil {
 		return nil, errors.New("not allocated")
 	}
-	if err := d.checkOpaqueConfig(c); err != nil {
+	if err := checkOpaqueConfig(pr.driver, c); err != nil {
 		return nil, err
 	}
 	p := &planned{claim: c, devs: map[*running][]device.Device{},
-		entry: PreparedClaim{Namespace: c.Namespace, Name: c.Name, BootID: d.opts.BootID}}
+		entry: PreparedClaim{Namespace: c.Namespace, Name: c.Name, BootID: pr.boot}}
 	// Prepared before (another boot): its allocation's holds replace
 	// those it has.
 	holders.release(c.UID)
 	for _, res := range c.Status.Allocation.Devices.Results {
-		if res.Driver != d.opts.DriverName {
+		if res.Driver != pr.driver {
 			continue
 		}
-		r, dv, ok := d.lookup(res.Pool, res.Device)
+		r, dv, ok := pr.devs.lookup(res.Pool, res.Device)
 		if !ok {
 			return nil, fmt.Errorf("device %s/%s: %w", res.Pool, res.Device, ErrUnknownDevice)
 		}
 		admin := res.AdminAccess != nil && *res.AdminAccess
-		shares := d.sharesOf(r, res)
+		shares := sharesOf(pr.driver, r, res)
 		if !admin {
 			if !dv.Healthy {
 				return nil, fmt.Errorf("device %s (%s): %w: %s", res.Device, dv.Name, ErrUnhealthy, dv.Problem)
@@ -338,7 +336,7 @@ func (d *Driver) plan(c *resourceapi.ResourceClaim, cp map[types.UID]PreparedCla
 // refuseDevicePluginHeld fails the claims whose devices a container holds
 // through the device plugin (PodResources), or all of those to be
 // prepared when PodResources cannot tell.
-func (d *Driver) refuseDevicePluginHeld(ctx context.Context, plans []*planned, errs map[types.UID]error) {
+func (pr *preparer) refuseDevicePluginHeld(ctx context.Context, plans []*planned, errs map[types.UID]error) {
 	need := false
 	for _, p := range plans {
 		need = need || len(p.devs) > 0
@@ -346,7 +344,7 @@ func (d *Driver) refuseDevicePluginHeld(ctx context.Context, plans []*planned, e
 	if !need {
 		return
 	}
-	held, err := d.heldByResource(ctx)
+	held, err := pr.holders.heldByResource(ctx)
 	for _, p := range plans {
 		for r, devs := range p.devs {
 			for _, dv := range devs {
@@ -360,257 +358,4 @@ func (d *Driver) refuseDevicePluginHeld(ctx context.Context, plans []*planned, e
 			}
 		}
 	}
-}
-
-// claimEdits is what the claim's spec gives its containers, as the device
-// plugin's Allocate gives a container: per resource with an env prefix,
-// <prefix>_DEVICES=<its device IDs>; for devices found by identity
-// PCI_RESOURCE_<RESOURCE> (their PCI addresses) or USB_RESOURCE_<RESOURCE>
-// (their bus:device numbers); the resources' mounts.
-func (d *Driver) claimEdits(uid types.UID, pc PreparedClaim) cdi.Claim {
-	c := cdi.Claim{UID: string(uid), Namespace: pc.Namespace, Name: pc.Name}
-	for _, r := range d.res {
-		var ids []string
-		for _, dv := range pc.Devices {
-			if dv.Resource == r.Name && !slices.Contains(ids, dv.ID) {
-				ids = append(ids, dv.ID)
-			}
-		}
-		if len(ids) == 0 {
-			continue
-		}
-		if r.EnvPrefix != "" {
-			c.Env = append(c.Env, r.EnvPrefix+"_DEVICES="+strings.Join(ids, ","))
-		}
-		if k, v := r.identityEnv(ids); k != "" {
-			c.Env = append(c.Env, k+"="+v)
-		}
-		for _, m := range r.Mounts {
-			if !slices.ContainsFunc(c.Mounts, func(x cdi.Mount) bool { return x.ContainerPath == m.ContainerPath }) {
-				c.Mounts = append(c.Mounts, m)
-			}
-		}
-	}
-	return c
-}
-
-// identityEnv is the variable that tells a container which bus devices
-// of the resource it got (device.IdentityEnv, as Allocate gives it), for
-// the devices ids.
-func (r *running) identityEnv(ids []string) (string, string) {
-	s := r.snap.Load()
-	if s == nil {
-		return "", ""
-	}
-	var idts []device.Identity
-	for _, id := range ids {
-		if i := slices.IndexFunc(s.Devices, func(x device.Device) bool { return x.Name == id }); i >= 0 {
-			idts = append(idts, s.Devices[i].Identity)
-		}
-	}
-	return device.IdentityEnv(r.Name, idts)
-}
-
-// writeClaimSpec writes the claim's spec, when it has something to give,
-// and adds its CDI ID to the first device of each request.
-func (d *Driver) writeClaimSpec(p *planned) error {
-	c := d.claimEdits(p.claim.UID, p.entry)
-	if len(c.Env)+len(c.Mounts) == 0 {
-		return nil
-	}
-	name, path, err := d.opts.Writer.WriteClaimSpec(d.claimKind, c)
-	if err != nil {
-		return err
-	}
-	p.entry.ClaimSpec = path
-	seen := map[string]bool{}
-	for i := range p.entry.Devices {
-		dv := &p.entry.Devices[i]
-		if r := dv.Requests[0]; !seen[r] {
-			seen[r] = true
-			dv.CDIDeviceIDs = append(dv.CDIDeviceIDs, name)
-		}
-	}
-	return nil
-}
-
-// ensureClaimSpec writes again the spec of a claim prepared before when it
-// is missing (removed by someone): its CDI ID must resolve.
-func (d *Driver) ensureClaimSpec(p *planned) {
-	if p.entry.ClaimSpec == "" {
-		return
-	}
-	if _, err := os.Stat(p.entry.ClaimSpec); err == nil {
-		return
-	}
-	if _, _, err := d.opts.Writer.WriteClaimSpec(d.claimKind, d.claimEdits(p.claim.UID, p.entry)); err != nil {
-		d.log.WithError(err).WithField("claim", p.entry.Namespace+"/"+p.entry.Name).Error("writing the missing CDI spec of a prepared claim")
-	}
-}
-
-// UnprepareResourceClaims undoes Prepare for each claim (unprepare): a
-// claim not prepared (unknown UID) is done already.
-func (d *Driver) UnprepareResourceClaims(ctx context.Context, claims []kubeletplugin.NamespacedObject) (map[types.UID]error, error) {
-	d.prepMu.Lock()
-	defer d.prepMu.Unlock()
-	out := make(map[types.UID]error, len(claims))
-	for _, c := range claims {
-		out[c.UID] = d.unprepare(ctx, c.UID)
-		d.status.forget(c.UID)
-	}
-	return out, nil
-}
-
-// unprepare undoes Prepare for the claim uid, with prepMu held: the reset
-// step, when the resource has one, on its devices that no other prepared
-// claim holds, no device-plugin container holds (PodResources: none when
-// it cannot tell), and that an earlier, interrupted Unprepare did not
-// reset already; its spec removed; its checkpoint entry dropped. Before a
-// device is reset or the spec removed, the entry records, durably, that
-// the claim is being unprepared and which devices are reset: a driver that
-// stops in between neither takes the missing spec for a reboot at its
-// next start nor resets a device twice. A claim with no device to reset
-// needs no such mark: one checkpoint write (dropClaim). A reset that fails makes the
-// device unhealthy (as a failed preparation does) but does not keep the
-// claim: the kubelet could never release it.
-func (d *Driver) unprepare(ctx context.Context, uid types.UID) error {
-	cp := d.opts.Checkpoint.Claims()
-	pc, ok := cp[uid]
-	if !ok {
-		return nil
-	}
-	name := pc.Namespace + "/" + pc.Name
-	log := d.log.WithField("claim", name)
-	delete(cp, uid)
-	byRes := d.toReset(log, pc, cp)
-	byRes = d.spareDevicePluginHeld(ctx, log, byRes)
-	if len(byRes) == 0 {
-		return d.dropClaim(log, uid, pc, cp)
-	}
-	mark := pc
-	mark.Unpreparing = true
-	mark.Devices = slices.Clone(pc.Devices)
-	for i := range mark.Devices {
-		dv := &mark.Devices[i]
-		if r := d.byName(dv.Resource); r != nil && slices.ContainsFunc(byRes[r], func(x device.Device) bool { return x.Name == dv.ID }) {
-			dv.Reset = true
-		}
-	}
-	cp[uid] = mark
-	if err := d.opts.Checkpoint.Save(cp); err != nil {
-		return fmt.Errorf("claim %s: recording its unprepare: %w", name, err)
-	}
-	pc = mark
-	for r, devs := range byRes {
-		if err := r.Runner.Reset(ctx, devs); err != nil {
-			log.WithError(err).WithField("resource", r.Name).Warn("resetting the devices of an unprepared claim failed")
-		}
-	}
-	if pc.ClaimSpec != "" {
-		if err := d.opts.Writer.RemoveClaimSpec(d.claimKind, string(uid)); err != nil {
-			return fmt.Errorf("claim %s: %w", name, err)
-		}
-	}
-	delete(cp, uid)
-	if err := d.opts.Checkpoint.Save(cp); err != nil {
-		return fmt.Errorf("claim %s: %w", name, err)
-	}
-	log.Info("claim unprepared")
-	return nil
-}
-
-// dropClaim unprepares claim uid (pc) when none of its devices is to be
-// reset: its entry dropped from the checkpoint (others, without it),
-// durably, then its spec removed: one checkpoint write. No mark is needed
-// first: a driver stopped between the two finds at its next start the
-// spec of a claim it does not hold and removes it (restoreClaimSpecs), and
-// there is no reset to keep from running twice. A spec that cannot be
-// removed is logged: the claim is unprepared all the same, and the next
-// start removes it.
-func (d *Driver) dropClaim(log *logrus.Entry, uid types.UID, pc PreparedClaim, others map[types.UID]PreparedClaim) error {
-	if err := d.opts.Checkpoint.Save(others); err != nil {
-		return fmt.Errorf("claim %s/%s: %w", pc.Namespace, pc.Name, err)
-	}
-	if pc.ClaimSpec != "" {
-		if err := d.opts.Writer.RemoveClaimSpec(d.claimKind, string(uid)); err != nil {
-			log.WithError(err).Warn("the claim is unprepared, but its CDI spec could not be removed; the driver's next start removes it")
-		}
-	}
-	log.Info("claim unprepared")
-	return nil
-}
-
-// toReset is the devices of pc to reset, by resource: those of a resource
-// with a reset step, without admin access, that the claims in others do
-// not hold and that an interrupted Unprepare of pc did not reset already.
-func (d *Driver) toReset(log *logrus.Entry, pc PreparedClaim, others map[types.UID]PreparedClaim) map[*running][]device.Device {
-	held := map[string]bool{}
-	for _, o := range others {
-		for _, dv := range o.Devices {
-			if !dv.AdminAccess {
-				held[dv.Resource+"\x00"+dv.ID] = true
-			}
-		}
-	}
-	byRes := map[*running][]device.Device{}
-	for _, dv := range pc.Devices {
-		r := d.byName(dv.Resource)
-		if dv.AdminAccess || r == nil || !r.Runner.HasReset() || held[dv.Resource+"\x00"+dv.ID] {
-			continue
-		}
-		if dv.Reset {
-			log.WithField("device", dv.ID).Info("the device was reset by an Unprepare of the claim that the driver's stop interrupted: not reset again")
-			continue
-		}
-		s := r.snap.Load()
-		if s == nil {
-			continue
-		}
-		if i := slices.IndexFunc(s.Devices, func(x device.Device) bool { return x.Name == dv.ID }); i >= 0 &&
-			!slices.ContainsFunc(byRes[r], func(x device.Device) bool { return x.Name == dv.ID }) {
-			byRes[r] = append(byRes[r], s.Devices[i])
-		}
-	}
-	return byRes
-}
-
-// spareDevicePluginHeld is byRes without the devices that a container
-// holds through the device plugin (the kubelet's PodResources): during a
-// switch of the node between the APIs, such a container may hold a
-// device that a claim held until now. When PodResources cannot tell, no
-// device of the resource is left (fail closed). Each device spared is
-// logged, with its holders.
-func (d *Driver) spareDevicePluginHeld(ctx context.Context, log *logrus.Entry, byRes map[*running][]device.Device) map[*running][]device.Device {
-	out := map[*running][]device.Device{}
-	for r, devs := range byRes {
-		held, ok, err := metrics.DeviceHolders(ctx, d.opts.PodResources, r.Name)
-		if err == nil && !ok {
-			err = fmt.Errorf("no PodResources socket at %s", d.opts.PodResources)
-		}
-		if err != nil {
-			var ids []string
-			for _, dv := range devs {
-				ids = append(ids, dv.Name)
-			}
-			log.WithError(err).WithField("resource", r.Name).WithField("devices", strings.Join(ids, ",")).
-				Warn("PodResources cannot tell whether device-plugin containers hold the devices: not reset (the claim is unprepared all the same)")
-			continue
-		}
-		for _, dv := range devs {
-			var holders []string
-			for id, hs := range held {
-				if device.HeldBy(dv.Name, []string{id}) {
-					holders = append(holders, hs...)
-				}
-			}
-			if len(holders) > 0 {
-				slices.Sort(holders)
-				log.WithField("resource", r.Name).WithField("device", dv.Name).WithField("holder", strings.Join(holders, ",")).
-					Warn("a device-plugin container holds the device: not reset")
-				continue
-			}
-			out[r] = append(out[r], dv)
-		}
-	}
-	return out
 }

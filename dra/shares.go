@@ -106,11 +106,11 @@ func holderName(uid types.UID, cp map[types.UID]PreparedClaim) string {
 // result res takes: none for a resource without replicas; else what the
 // scheduler recorded it consumes of <driver>/shares, one when it recorded
 // nothing.
-func (d *Driver) sharesOf(r *running, res resourceapi.DeviceRequestAllocationResult) int {
+func sharesOf(driver string, r *running, res resourceapi.DeviceRequestAllocationResult) int {
 	if r.Replicas <= 1 {
 		return 0
 	}
-	if q, ok := res.ConsumedCapacity[SharesCapacity(d.opts.DriverName)]; ok {
+	if q, ok := res.ConsumedCapacity[SharesCapacity(driver)]; ok {
 		if n, ok := q.AsInt64(); ok && n > 0 {
 			// More than all shares is refused by take; capped so
 			// that it cannot overflow.

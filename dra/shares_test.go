@@ -72,7 +72,7 @@ func (h *harness) sharedClaim(name string, shares ...share) *drav1.Claim {
 	return &drav1.Claim{Namespace: claimNS, Name: name, Uid: string(c.UID)}
 }
 
-// TestSharesPublished (issue 28, item 1): a resource with replicas 2 is
+// TestSharesPublished: a resource with replicas 2 is
 // published, each device once, allocatable to several claims with the
 // capacity <driver>/shares of 2 (a request takes 1 by default, 1 to 2);
 // a device whose node is gone is tainted unhealthy, the one device every
@@ -119,7 +119,7 @@ func TestSharesPublished(t *testing.T) {
 	}
 }
 
-// TestSharedDevicePrepare (issue 28, item 1): a device of a resource with
+// TestSharedDevicePrepare: a device of a resource with
 // replicas 2 is held by two claims at once, each with its share ID in the
 // answer and the checkpoint, both given the device's CDI ID (the same
 // node); a third is refused while both hold it, also after a driver
@@ -221,7 +221,7 @@ func TestSharedDevicePrepare(t *testing.T) {
 	}
 }
 
-// TestSharedDeviceStaleRelease (issue 28, item 1): the stale-claim
+// TestSharedDeviceStaleRelease: the stale-claim
 // clean-up releases a share as Unprepare does: the device is reset when
 // the last claim holding it is dropped, not before.
 func TestSharedDeviceStaleRelease(t *testing.T) {

@@ -61,11 +61,11 @@ func taints(d resourceapi.Device) []string {
 	return out
 }
 
-// TestSlices (issue 21): the devices as the ResourceSlices list them:
+// TestSlices: the devices as the ResourceSlices list them:
 // named by index, their attributes (the id equal to the spec's CDI name),
 // the unhealthy and handover taints, at most 64 devices per slice, a
 // device the spec does not describe left out, and one empty slice for a
-// resource without devices; a pool per resource (issue 27, item 10).
+// resource without devices; a pool per resource.
 func TestSlices(t *testing.T) {
 	k := kindOf(t, "example.com", "sim")
 	unhealthy := simDevices(2, "n1")

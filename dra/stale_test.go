@@ -17,7 +17,7 @@ import (
 	testingclock "k8s.io/utils/clock/testing"
 )
 
-// TestPrepareChecksAllocation (issue 27, item 7): a Prepare of a claim
+// TestPrepareChecksAllocation: a Prepare of a claim
 // the checkpoint knows compares the claim's allocation now (pool, device
 // and request of each result for this driver) with the checkpoint's: when
 // they differ, the claim gets an error naming it, not the old answer, and
@@ -66,7 +66,7 @@ func TestPrepareChecksAllocation(t *testing.T) {
 	}
 }
 
-// TestStaleClaimsDropped (issue 27, item 7): a checkpointed claim whose
+// TestStaleClaimsDropped: a checkpointed claim whose
 // ResourceClaim is gone from the API (deleted, or replaced by one of
 // another UID) is dropped after the grace period, its spec removed and its
 // devices reset as Unprepare would: not one a device-plugin container
@@ -142,7 +142,7 @@ func TestStaleClaimsDropped(t *testing.T) {
 	}
 	// The device metadata of the claims dropped is removed with them (the
 	// kubelet, which would have the helper remove it, never unprepares
-	// them); the kept claims' stays (issue 28, item 3).
+	// them); the kept claims' stays.
 	for name, kept := range map[string]bool{"a": false, "b": false, "e": false, "c": true, "d": true} {
 		_, err := os.Stat(filepath.Join(h.plugins, testDriver, "dra-device-metadata", claimNS+"_"+name))
 		specs, _ := filepath.Glob(filepath.Join(h.cdiDir, testDriver+"_metadata_uid-"+name+"_*.json"))

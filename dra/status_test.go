@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -127,7 +128,7 @@ func dataOf(t *testing.T, st resourceapi.AllocatedDeviceStatus) StatusData {
 	return d
 }
 
-// TestClaimStatusPrepared (issue 28, item 2): after Prepare the claim's
+// TestClaimStatusPrepared: after Prepare the claim's
 // status.devices holds, for each of the driver's devices, its driver,
 // pool and device, Ready True with reason Prepared, and the data: the
 // resource, device ID, NUMA node, state generation and CDI IDs. Another
@@ -176,7 +177,7 @@ func TestClaimStatusPrepared(t *testing.T) {
 	}
 }
 
-// TestClaimStatusStepFailed (issue 28, item 2): a prestart step that
+// TestClaimStatusStepFailed: a prestart step that
 // fails on a device writes Ready False with the step's reason and its
 // message for that device; the claim's other device, whose steps ran, is
 // NotPrepared.
@@ -224,7 +225,7 @@ func TestClaimStatusStepFailed(t *testing.T) {
 	}
 }
 
-// TestClaimStatusOffTheCall (issue 28, item 2): the status is written
+// TestClaimStatusOffTheCall: the status is written
 // off the kubelet's call: Prepare answers while the API hangs on the
 // write, and with success while writes fail; a failed write is retried
 // and lands; a claim gone from the API is given up after one try; a claim
@@ -315,8 +316,8 @@ func TestClaimStatusOffTheCall(t *testing.T) {
 
 // syncCounter counts calls by name.
 type syncCounter struct {
-	syncBuffer
-	n map[string]int
+	mu sync.Mutex
+	n  map[string]int
 }
 
 func (c *syncCounter) add(name string) int {
@@ -374,7 +375,7 @@ func TestClaimStatusOwnClient(t *testing.T) {
 	}
 }
 
-// TestClaimStatusOff (issue 29): with NoDeviceStatus (--device-status=
+// TestClaimStatusOff: with NoDeviceStatus (--device-status=
 // false) a prepared claim's status is not queued, so the driver makes no
 // API write for it: the one write per prepared claim the fleet measures.
 func TestClaimStatusOff(t *testing.T) {

@@ -15,7 +15,7 @@ import (
 	"github.com/cdi-device-plugin/cdi-device-plugin/device"
 )
 
-// TestUnprepareAsksPodResources (issue 27, item 6): Unprepare resets a
+// TestUnprepareAsksPodResources: Unprepare resets a
 // claim's device only when PodResources says no device-plugin container
 // holds it. A held device is not reset (the log names it and its holder);
 // when PodResources cannot answer, no device is reset (fail closed, said
@@ -88,7 +88,7 @@ func (s *stopPoint) Reset(ctx context.Context, devs []device.Device) error {
 	return err
 }
 
-// TestUnprepareCrash (issue 27, item 6): a driver that crashes in the
+// TestUnprepareCrash: a driver that crashes in the
 // middle of Unprepare (after the reset, with the claim's spec removed and
 // the checkpoint entry not dropped yet) does not take the missing spec for
 // a reboot at its next start, and the kubelet's retried Unprepare does not

@@ -16,7 +16,7 @@ import (
 	"github.com/cdi-device-plugin/cdi-device-plugin/internal/dranames"
 	"github.com/cdi-device-plugin/cdi-device-plugin/internal/latest"
 	"github.com/cdi-device-plugin/cdi-device-plugin/internal/logs"
-	"github.com/cdi-device-plugin/cdi-device-plugin/metrics"
+	"github.com/cdi-device-plugin/cdi-device-plugin/podresources"
 )
 
 // The claim guard. A node switched back from the DRA driver to the device
@@ -79,7 +79,7 @@ type ClaimMatch struct {
 // DRA driver publishes each device once, shared by its claims). A device
 // held is one name: the plugin advertises every replica ID of it with its
 // health, so all of them are Unhealthy.
-func (m ClaimMatch) Held(snap *device.Snapshot, claims []metrics.ClaimDevice) map[string]device.Problem {
+func (m ClaimMatch) Held(snap *device.Snapshot, claims []podresources.ClaimDevice) map[string]device.Problem {
 	if snap == nil || len(claims) == 0 {
 		return nil
 	}
@@ -150,8 +150,9 @@ type ClaimSource interface {
 type ClaimGuard struct {
 	Source ClaimSource
 	Match  ClaimMatch
-	// Socket is the kubelet's PodResources socket.
-	Socket string
+	// PodResources asks the kubelet's PodResources API (the guard does
+	// not close it).
+	PodResources *podresources.Client
 	// Interval (default DefaultClaimPoll) is how often PodResources is
 	// asked while a claim holds a device.
 	Interval time.Duration
@@ -271,7 +272,7 @@ func (g *ClaimGuard) check(ctx context.Context) {
 		}
 		if !g.unavailable {
 			g.unavailable = true
-			log := g.Log.WithError(err).WithField("socket", g.Socket)
+			log := g.Log.WithError(err).WithField("socket", g.PodResources.Socket())
 			if g.known() {
 				log.Warn("cannot tell which devices DRA claims hold (PodResources); devices found held stay unhealthy, a claim made since is not recognised " +
 					"until it answers (asked again with a backoff)")
@@ -398,10 +399,14 @@ func (c *claimGate) Run(ctx context.Context, out chan *device.Snapshot) error {
 }
 
 // list asks PodResources which devices DRA claims hold.
-func (g *ClaimGuard) list(ctx context.Context) ([]metrics.ClaimDevice, error) {
+func (g *ClaimGuard) list(ctx context.Context) ([]podresources.ClaimDevice, error) {
 	ctx, cancel := context.WithTimeout(ctx, claimListTimeout)
 	defer cancel()
-	return metrics.ClaimDevices(ctx, g.Socket)
+	res, err := g.PodResources.List(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return res.Claims(), nil
 }
 
 // Held returns the names of the resource's devices that DRA claims hold

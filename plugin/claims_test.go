@@ -17,7 +17,7 @@ import (
 	"github.com/cdi-device-plugin/cdi-device-plugin/device"
 	"github.com/cdi-device-plugin/cdi-device-plugin/internal/kubeletsim"
 	"github.com/cdi-device-plugin/cdi-device-plugin/internal/testutil"
-	"github.com/cdi-device-plugin/cdi-device-plugin/metrics"
+	"github.com/cdi-device-plugin/cdi-device-plugin/podresources"
 )
 
 const (
@@ -51,7 +51,7 @@ func testMatch(t *testing.T) ClaimMatch {
 	return ClaimMatch{Kind: testKind(t), IDPrefix: "sim", Drivers: []string{testDriver}, Pools: []string{testNode}}
 }
 
-// TestClaimMatch (issue 21): the CDI names of a claim device decide when
+// TestClaimMatch: the CDI names of a claim device decide when
 // there are any (whatever the driver), otherwise the driver, pool and
 // device name do.
 func TestClaimMatch(t *testing.T) {
@@ -61,34 +61,34 @@ func TestClaimMatch(t *testing.T) {
 	}
 	for _, c := range []struct {
 		name     string
-		claims   []metrics.ClaimDevice
+		claims   []podresources.ClaimDevice
 		replicas int
 		want     map[string]device.Problem
 	}{
-		{"by CDI name", []metrics.ClaimDevice{{Claim: "ns/a", Driver: testDriver, Pool: testNode, Device: "sim-1",
+		{"by CDI name", []podresources.ClaimDevice{{Claim: "ns/a", Driver: testDriver, Pool: testNode, Device: "sim-1",
 			CDIDevices: []string{"k8s.sim.example.com/claim=uid", "k8s.example.com/sim=sim-1"}}}, 1, map[string]device.Problem{"sim-1": held("ns/a")}},
-		{"by CDI name, another driver name", []metrics.ClaimDevice{{Claim: "ns/a", Driver: "renamed.example.com", Pool: "x", Device: "y",
+		{"by CDI name, another driver name", []podresources.ClaimDevice{{Claim: "ns/a", Driver: "renamed.example.com", Pool: "x", Device: "y",
 			CDIDevices: []string{"k8s.example.com/sim=sim-2"}}}, 1, map[string]device.Problem{"sim-2": held("ns/a")}},
-		{"CDI names of another kind decide", []metrics.ClaimDevice{{Claim: "ns/a", Driver: testDriver, Pool: testNode, Device: "sim-1",
+		{"CDI names of another kind decide", []podresources.ClaimDevice{{Claim: "ns/a", Driver: testDriver, Pool: testNode, Device: "sim-1",
 			CDIDevices: []string{"k8s.example.com/other=sim-1"}}}, 1, nil},
-		{"a CDI name of no device", []metrics.ClaimDevice{{Claim: "ns/a", CDIDevices: []string{"k8s.example.com/sim=sim-9"}}}, 1, nil},
-		{"by driver, pool and device", []metrics.ClaimDevice{{Claim: "ns/a", Driver: testDriver, Pool: testNode, Device: "sim-2"}}, 1,
+		{"a CDI name of no device", []podresources.ClaimDevice{{Claim: "ns/a", CDIDevices: []string{"k8s.example.com/sim=sim-9"}}}, 1, nil},
+		{"by driver, pool and device", []podresources.ClaimDevice{{Claim: "ns/a", Driver: testDriver, Pool: testNode, Device: "sim-2"}}, 1,
 			map[string]device.Problem{"sim-2": held("ns/a")}},
-		{"another driver", []metrics.ClaimDevice{{Claim: "ns/a", Driver: "gpu.vendor.com", Pool: testNode, Device: "sim-2"}}, 1, nil},
-		{"another pool", []metrics.ClaimDevice{{Claim: "ns/a", Driver: testDriver, Pool: "node2", Device: "sim-2"}}, 1, nil},
+		{"another driver", []podresources.ClaimDevice{{Claim: "ns/a", Driver: "gpu.vendor.com", Pool: testNode, Device: "sim-2"}}, 1, nil},
+		{"another pool", []podresources.ClaimDevice{{Claim: "ns/a", Driver: testDriver, Pool: "node2", Device: "sim-2"}}, 1, nil},
 		// Issue 28: the driver publishes a resource with replicas too,
 		// each device once, shared by several claims.
-		{"replicas: a shared device by driver, pool and device", []metrics.ClaimDevice{
+		{"replicas: a shared device by driver, pool and device", []podresources.ClaimDevice{
 			{Claim: "ns/a", Driver: testDriver, Pool: testNode, Device: "sim-2"},
 			{Claim: "ns/b", Driver: testDriver, Pool: testNode, Device: "sim-2"},
 		}, 2, map[string]device.Problem{"sim-2": held("ns/a")}},
 		// Kubelet 1.36.3's PodResources gives a claim's later devices the
 		// CDI names of the earlier ones too (seen in e2e scenario M).
-		{"every CDI name of ours counts", []metrics.ClaimDevice{
+		{"every CDI name of ours counts", []podresources.ClaimDevice{
 			{Claim: "ns/a", Driver: testDriver, Pool: testNode, Device: "sim-0", CDIDevices: []string{"k8s.example.com/sim=sim-0", "k8s.sim.example.com/claim=uid"}},
 			{Claim: "ns/a", Driver: testDriver, Pool: testNode, Device: "sim-1", CDIDevices: []string{"k8s.example.com/sim=sim-0", "k8s.sim.example.com/claim=uid", "k8s.example.com/sim=sim-1"}},
 		}, 1, map[string]device.Problem{"sim-0": held("ns/a"), "sim-1": held("ns/a")}},
-		{"the first claim is named", []metrics.ClaimDevice{
+		{"the first claim is named", []podresources.ClaimDevice{
 			{Claim: "ns/a", Driver: testDriver, Pool: testNode, Device: "sim-0"},
 			{Claim: "ns/b", CDIDevices: []string{"k8s.example.com/sim=sim-0"}},
 			{Claim: "ns/b", CDIDevices: []string{"k8s.example.com/sim=sim-1"}},
@@ -104,7 +104,7 @@ func TestClaimMatch(t *testing.T) {
 		})
 	}
 	if got := (ClaimMatch{Kind: testKind(t), IDPrefix: "sim", Drivers: []string{testDriver}}).Held(snap,
-		[]metrics.ClaimDevice{{Claim: "ns/a", Driver: testDriver, Device: "sim-0"}}); got != nil {
+		[]podresources.ClaimDevice{{Claim: "ns/a", Driver: testDriver, Device: "sim-0"}}); got != nil {
 		t.Fatalf("no pools: matched %v by an empty pool", got)
 	}
 }
@@ -140,7 +140,7 @@ func runGuarded(t *testing.T, interval time.Duration, noSocket bool, pods ...*po
 	logger, hook := logtest.NewNullLogger()
 	g.log = hook
 	log := logrus.NewEntry(logger)
-	guard := &ClaimGuard{Source: g.src, Socket: sock, Interval: interval, Log: log,
+	guard := &ClaimGuard{Source: g.src, PodResources: podresClient(t, sock), Interval: interval, Log: log,
 		Match: ClaimMatch{Kind: testKind(t), IDPrefix: "sim", Drivers: []string{testDriver}, Pools: []string{testNode}}}
 	p := newPlugin(t, g.dir, nil, func(o *Options) { o.Registered = guard.Registered })
 	r := &Resource{Source: g.src, Spec: &flakySpec{changed: make(chan struct{})}, Plugin: p, Claims: guard, Log: log}
@@ -153,6 +153,14 @@ func runGuarded(t *testing.T, interval time.Duration, noSocket bool, pods ...*po
 	}
 	_, g.updates = testutil.Watch(context.Background(), t, g.dir, reg.Request.Endpoint)
 	return g
+}
+
+// podresClient is a PodResources client of sock, closed when the test
+// ends.
+func podresClient(t *testing.T, sock string) *podresources.Client {
+	c := podresources.New(sock)
+	t.Cleanup(func() { _ = c.Close() })
+	return c
 }
 
 // simSource is a prepared source of 3 simulated devices, sim-node1-0 ..
@@ -208,7 +216,7 @@ func health(u kubeletsim.Update) string {
 	return strings.Join(out, " ")
 }
 
-// TestClaimGuard (issue 21): a device a DRA claim holds is advertised
+// TestClaimGuard: a device a DRA claim holds is advertised
 // Unhealthy from the first ListAndWatch answer on, for the cause
 // dra_claim naming the claim, whether the kubelet gives its CDI names or
 // only its driver, pool and device name; released, it is Healthy again
@@ -244,7 +252,7 @@ func TestClaimGuard(t *testing.T) {
 	}
 }
 
-// TestClaimGuardPollsOnlyWhileHeld (issue 21): PodResources is asked every
+// TestClaimGuardPollsOnlyWhileHeld: PodResources is asked every
 // interval while a claim holds a device, and no more once none does.
 func TestClaimGuardPollsOnlyWhileHeld(t *testing.T) {
 	const interval = 10 * time.Millisecond
@@ -252,7 +260,7 @@ func TestClaimGuardPollsOnlyWhileHeld(t *testing.T) {
 	sock := filepath.Join(testutil.ShortDir(t), "pod-resources.sock")
 	pr := testutil.ServePodResources(t, sock, claimPod("c1", byCDI("sim-1", "k8s.example.com/sim=sim-node1-1")))
 	logger, hook := logtest.NewNullLogger()
-	guard := &ClaimGuard{Source: simSource(t), Socket: sock, Interval: interval, Log: logrus.NewEntry(logger), Match: testMatch(t)}
+	guard := &ClaimGuard{Source: simSource(t), PodResources: podresClient(t, sock), Interval: interval, Log: logrus.NewEntry(logger), Match: testMatch(t)}
 	guard.Start(context.Background())
 	testutil.Go(t, guard.Run)
 	waitFor := func(what string, cond func() bool) {
@@ -282,7 +290,7 @@ func TestClaimGuardPollsOnlyWhileHeld(t *testing.T) {
 	}
 }
 
-// TestClaimGuardIdle (issue 21): with nothing held, PodResources is asked
+// TestClaimGuardIdle: with nothing held, PodResources is asked
 // at the start and at the registration alone, not every interval.
 func TestClaimGuardIdle(t *testing.T) {
 	const interval = 10 * time.Millisecond
@@ -303,7 +311,7 @@ func TestClaimGuardIdle(t *testing.T) {
 	}
 }
 
-// TestClaimGuardKubeletRestart (issue 21): a claim that appears while
+// TestClaimGuardKubeletRestart: a claim that appears while
 // nothing is held is seen at the next kubelet restart (the registration
 // with the new kubelet asks once), even one that comes before the
 // registration with the first kubelet was answered.
@@ -328,7 +336,7 @@ func TestClaimGuardKubeletRestart(t *testing.T) {
 	}
 }
 
-// TestClaimGuardWithoutPodResources (issue 21; issue 27 item 5): without
+// TestClaimGuardWithoutPodResources: without
 // the PodResources socket the resource starts and fails closed: no device
 // is advertised Healthy; the guard says once that held devices are not
 // recognised, however often it asks, and once that PodResources answers
@@ -343,7 +351,7 @@ func TestClaimGuardWithoutPodResources(t *testing.T) {
 	logger, hook := logtest.NewNullLogger()
 	sock := filepath.Join(testutil.ShortDir(t), "pod-resources.sock")
 	src := simSource(t)
-	guard := &ClaimGuard{Source: src, Socket: sock, Log: logrus.NewEntry(logger), Match: testMatch(t)}
+	guard := &ClaimGuard{Source: src, PodResources: podresClient(t, sock), Log: logrus.NewEntry(logger), Match: testMatch(t)}
 	said := func(msg string) int {
 		n := 0
 		for _, e := range hook.AllEntries() {
@@ -389,7 +397,7 @@ func TestClaimGuardWithoutPodResources(t *testing.T) {
 	}
 }
 
-// TestClaimGuardPodResourcesLate (issue 27 item 5): PodResources comes up
+// TestClaimGuardPodResourcesLate: PodResources comes up
 // 100 ms after the resource started, with a DRA claim on sim-node1-0. The
 // guard fails closed until its first answer: no device is advertised
 // Healthy before it (each is Unhealthy for dra_claim), and it asks again,

@@ -23,6 +23,7 @@ import (
 	"github.com/cdi-device-plugin/cdi-device-plugin/config"
 	"github.com/cdi-device-plugin/cdi-device-plugin/device"
 	"github.com/cdi-device-plugin/cdi-device-plugin/internal/logs"
+	"github.com/cdi-device-plugin/cdi-device-plugin/internal/ping"
 	"github.com/cdi-device-plugin/cdi-device-plugin/metrics"
 )
 
@@ -314,16 +315,5 @@ func (p *Plugin) Ready() error {
 
 // Alive reports whether Run's loop answers within ctx.
 func (p *Plugin) Alive(ctx context.Context) error {
-	reply := make(chan struct{})
-	select {
-	case p.pings <- reply:
-	case <-ctx.Done():
-		return fmt.Errorf("the registration loop does not answer: %w", ctx.Err())
-	}
-	select {
-	case <-reply:
-		return nil
-	case <-ctx.Done():
-		return fmt.Errorf("the registration loop does not answer: %w", ctx.Err())
-	}
+	return ping.Ask(ctx, p.pings, "the registration loop")
 }

@@ -28,6 +28,7 @@ import (
 	"github.com/cdi-device-plugin/cdi-device-plugin/config"
 	"github.com/cdi-device-plugin/cdi-device-plugin/device"
 	"github.com/cdi-device-plugin/cdi-device-plugin/metrics"
+	"github.com/cdi-device-plugin/cdi-device-plugin/podresources"
 )
 
 // faults records what the runner reports, like device.Source.
@@ -130,7 +131,7 @@ func ino(t *testing.T, p string) uint64 {
 // before the spec mounts it, and nothing else is written at start: a
 // device without a state file is new; its state appears with its first
 // preparation. A symlink planted where a state directory goes is refused:
-// that device is unhealthy (issue 18 item 3).
+// that device is unhealthy.
 func TestEnsureWritesOnlyDirectories(t *testing.T) {
 	r, f, _ := newRunner(t, Reset{})
 	for _, d := range devs(2) {
@@ -477,7 +478,7 @@ func BenchmarkPrepare2Devices1MiB(b *testing.B) {
 	}
 }
 
-// TestDigestMismatchKeepsFirmware (issue 8 item 4): when the bytes copied
+// TestDigestMismatchKeepsFirmware: when the bytes copied
 // do not have the digest checked before the copy (the image changed in
 // between), the firmware in place and the state stay as they were.
 func TestDigestMismatchKeepsFirmware(t *testing.T) {
@@ -527,7 +528,7 @@ func TestDigestMismatchKeepsFirmware(t *testing.T) {
 	}
 }
 
-// TestCorruptStateOneWay (item 8): an unreadable state.json is treated the
+// TestCorruptStateOneWay: an unreadable state.json is treated the
 // same at start and before a container start: logged, kept aside as
 // state.json.corrupt, and the device starts afresh.
 func TestCorruptStateOneWay(t *testing.T) {
@@ -583,7 +584,7 @@ func (f failing) Run(context.Context, *Target) error {
 	return nil
 }
 
-// TestBackgroundRecovery (issue 8 item 5): with the default recovery, a
+// TestBackgroundRecovery: with the default recovery, a
 // device without a reset step (a host device with an exec step) whose
 // preparation failed is prepared again in the background, with a growing
 // backoff, and healed as soon as that works; nobody retries the container.
@@ -743,7 +744,7 @@ func TestExecMetacharactersLiteral(t *testing.T) {
 	}
 }
 
-// TestCancelledIsNotAFault (issue 18 item 1): a PreStartContainer whose
+// TestCancelledIsNotAFault: a PreStartContainer whose
 // caller goes away (the kubelet restarts, the socket is served again, a
 // reload) while a real exec step runs is not a device fault: no failed
 // state, no Unhealthy, no failed-step metric, no background recovery. The
@@ -830,7 +831,7 @@ func TestCancelledIsNotAFault(t *testing.T) {
 	}
 }
 
-// TestBadStateDirHoldsBackNoOther (issue 18 item 3): a symlink planted at
+// TestBadStateDirHoldsBackNoOther: a symlink planted at
 // one device's state directory makes that device unhealthy, with a reason
 // naming the path, in Ensure and in Init; the other devices get their
 // directories and are prepared.
@@ -933,7 +934,18 @@ func logCount(hook *test.Hook, msg string) int {
 	return n
 }
 
-// TestRecoverySparesHeldDevices (issue 18 item 2): a failed device that a
+// heldSim is what the resource's holders ask (resource.Build): the
+// device IDs of example.com/sim that containers hold, from one List on
+// sock.
+func heldSim(ctx context.Context, sock string) ([]string, error) {
+	res, err := podresources.List(ctx, sock)
+	if err != nil {
+		return nil, err
+	}
+	return res.Held("example.com/sim"), nil
+}
+
+// TestRecoverySparesHeldDevices: a failed device that a
 // container holds (a replica of it, per the kubelet's PodResources List on
 // a real socket) is not prepared again in the background; once nobody
 // holds it, it is, at most MaxRecoveryAttempts times, then given up: one
@@ -962,7 +974,7 @@ func TestRecoverySparesHeldDevices(t *testing.T) {
 		var asked atomic.Int32
 		r, f, hook, runs, m := newRun(t, func(ctx context.Context) ([]string, error) {
 			asked.Add(1)
-			return metrics.HeldDevices(ctx, sock, "example.com/sim")
+			return heldSim(ctx, sock)
 		})
 		waitFor(t, "three background rounds", func() bool { return asked.Load() >= 3 })
 		if n := runs.Load(); n != 1 {
@@ -995,7 +1007,7 @@ cdi_device_plugin_recovery_given_up_total{resource="example.com/sim"} 1
 		sock := filepath.Join(t.TempDir(), "missing.sock")
 		_, _, hook, runs, _ := newRun(t, func(ctx context.Context) ([]string, error) {
 			asked.Add(1)
-			return metrics.HeldDevices(ctx, sock, "example.com/sim")
+			return heldSim(ctx, sock)
 		})
 		waitFor(t, "three background rounds", func() bool { return asked.Load() >= 3 })
 		if n := runs.Load(); n != 1 {
@@ -1048,7 +1060,7 @@ func (brokenReset) Timeout() time.Duration             { return time.Second }
 func (brokenReset) Resets() bool                       { return true }
 func (brokenReset) Run(context.Context, *Target) error { return errors.New("device wedged") }
 
-// TestResetOnly (issue 21): Reset runs only the steps that reset the
+// TestResetOnly: Reset runs only the steps that reset the
 // device, records the reset in the state but not as a preparation (the
 // generation stays), and a failed reset makes the device unhealthy as a
 // failed preparation does. Without a reset step it runs nothing.

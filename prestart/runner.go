@@ -74,10 +74,11 @@ type Options struct {
 	Metrics *metrics.Metrics
 	// Holders returns the device IDs of the resource, as advertised to the
 	// kubelet (replica IDs <device>::<n> included), that containers hold
-	// now (the kubelet's PodResources List, see metrics.HeldDevices). A
-	// device is prepared again in the background only while no container
-	// holds it: a reset would wipe what a running container uses. Nil, or
-	// an error, and no device is prepared in the background.
+	// now (the kubelet's PodResources List, see
+	// podresources.Resources.Held). A device is prepared again in the
+	// background only while no container holds it: a reset would wipe
+	// what a running container uses. Nil, or an error, and no device is
+	// prepared in the background.
 	Holders func(ctx context.Context) ([]string, error)
 }
 

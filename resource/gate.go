@@ -2,7 +2,6 @@ package resource
 
 import (
 	"context"
-	"fmt"
 	"slices"
 	"sync"
 	"time"
@@ -13,6 +12,7 @@ import (
 	"github.com/cdi-device-plugin/cdi-device-plugin/cdi"
 	"github.com/cdi-device-plugin/cdi-device-plugin/device"
 	"github.com/cdi-device-plugin/cdi-device-plugin/internal/logs"
+	"github.com/cdi-device-plugin/cdi-device-plugin/internal/ping"
 	"github.com/cdi-device-plugin/cdi-device-plugin/metrics"
 )
 
@@ -89,18 +89,7 @@ func (fl *Follower) init() {
 // within ctx.
 func (fl *Follower) Alive(ctx context.Context) error {
 	fl.init()
-	reply := make(chan struct{})
-	select {
-	case fl.pings <- reply:
-	case <-ctx.Done():
-		return fmt.Errorf("the spec loop does not answer: %w", ctx.Err())
-	}
-	select {
-	case <-reply:
-		return nil
-	case <-ctx.Done():
-		return fmt.Errorf("the spec loop does not answer: %w", ctx.Err())
-	}
+	return ping.Ask(ctx, fl.pings, "the spec loop")
 }
 
 // Start writes the spec of the current devices and publishes them: the

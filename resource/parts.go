@@ -21,6 +21,7 @@ import (
 	"github.com/cdi-device-plugin/cdi-device-plugin/internal/atomicfile"
 	"github.com/cdi-device-plugin/cdi-device-plugin/internal/logs"
 	"github.com/cdi-device-plugin/cdi-device-plugin/metrics"
+	"github.com/cdi-device-plugin/cdi-device-plugin/podresources"
 	"github.com/cdi-device-plugin/cdi-device-plugin/prestart"
 )
 
@@ -48,6 +49,10 @@ type Options struct {
 	// by devices of two resources makes both Unhealthy (shared_node). Nil:
 	// the resource's devices are checked against each other only.
 	Owners *device.Owners
+	// PodResources asks the kubelet's PodResources API (the socket of the
+	// configuration; Build does not close it). Nil: each question is one
+	// List on a connection of its own.
+	PodResources *podresources.Client
 }
 
 // Parts are one configured resource, built.
@@ -62,10 +67,14 @@ type Parts struct {
 	StateRoot string
 	Log       *logrus.Entry
 	// registry is the host devices' registry file ("" for simulated
-	// devices); podResources the kubelet's PodResources socket: both to
-	// keep IDs of earlier versions resolvable (legacyAliases).
-	registry, podResources string
+	// devices); podResources the kubelet's PodResources: both to keep IDs
+	// of earlier versions resolvable (legacyAliases).
+	registry, podResourcesSocket string
+	podResources                 listPodResources
 }
+
+// listPodResources is one List of the kubelet's PodResources API.
+type listPodResources func(ctx context.Context) (*podresources.Resources, error)
 
 // Build constructs the parts of resource i of cfg without touching the
 // disk. Errors of the constructors are errors of the configuration, named
@@ -82,11 +91,20 @@ func Build(cfg *config.Config, i int, o Options) (*Parts, error) {
 	if err != nil {
 		return nil, &config.FieldError{Field: field("name"), Value: rc.Name, Reason: "does not give a valid CDI kind: " + err.Error()}
 	}
-	podResources, resource := cfg.PodResourcesSocket, rc.Name
+	socket := cfg.PodResourcesSocket
+	podResources := listPodResources(func(ctx context.Context) (*podresources.Resources, error) { return podresources.List(ctx, socket) })
+	if o.PodResources != nil {
+		podResources = o.PodResources.List
+	}
+	resource := rc.Name
 	holders := func(ctx context.Context) ([]string, error) {
-		held, err := metrics.HeldDevices(ctx, podResources, resource)
-		if err != nil || o.Holders == nil {
-			return held, err
+		res, err := podResources(ctx)
+		if err != nil {
+			return nil, err
+		}
+		held := res.Held(resource)
+		if o.Holders == nil {
+			return held, nil
 		}
 		more, err := o.Holders(ctx)
 		return append(held, more...), err
@@ -154,7 +172,7 @@ func Build(cfg *config.Config, i int, o Options) (*Parts, error) {
 	return &Parts{
 		Name: rc.Name, Kind: kind, Source: src, Runner: runner, StateRoot: stateRoot, Log: log,
 		Spec:     StateSpec{Spec: o.Writer.Spec(specRes), runner: runner},
-		registry: opts.Registry, podResources: cfg.PodResourcesSocket,
+		registry: opts.Registry, podResourcesSocket: socket, podResources: podResources,
 	}, nil
 }
 
@@ -277,14 +295,15 @@ func (r *Parts) legacyAliases(snap *device.Snapshot, first bool) (map[string]str
 	if len(legacy) == 0 {
 		return nil, nil
 	}
-	held, ok, err := metrics.DeviceHolders(context.Background(), r.podResources, r.Name)
+	res, err := r.podResources(context.Background())
+	if errors.Is(err, podresources.ErrNoSocket) {
+		r.Log.WithField("socket", r.podResourcesSocket).Warn("no PodResources API: host device IDs of versions before the ':' escaping that containers hold are not kept resolvable")
+		return nil, nil
+	}
 	if err != nil {
 		return nil, err
 	}
-	if !ok {
-		r.Log.WithField("socket", r.podResources).Warn("no PodResources API: host device IDs of versions before the ':' escaping that containers hold are not kept resolvable")
-		return nil, nil
-	}
+	held := res.Holders(r.Name)
 	aliases, err := cdi.LegacyAliases(snap, legacy, held, first)
 	if err != nil {
 		return nil, err

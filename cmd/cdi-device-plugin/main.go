@@ -31,6 +31,7 @@ import (
 	"github.com/cdi-device-plugin/cdi-device-plugin/internal/logs"
 	"github.com/cdi-device-plugin/cdi-device-plugin/metrics"
 	"github.com/cdi-device-plugin/cdi-device-plugin/plugin"
+	"github.com/cdi-device-plugin/cdi-device-plugin/podresources"
 	"github.com/cdi-device-plugin/cdi-device-plugin/prestart"
 	"github.com/cdi-device-plugin/cdi-device-plugin/resource"
 )
@@ -141,6 +142,8 @@ func serve(ctx context.Context, cfg *config.Config, driverName string, load func
 	s := newSupervisor(logger, log, m, server, cdi.NewWriter(cfg.CDIDir, cfg.Owner(), start), start)
 	s.registered = gc.inService
 	s.driverName = driverName
+	s.podres = podresources.New(cfg.PodResourcesSocket)
+	defer func() { _ = s.podres.Close() }()
 	if err := os.MkdirAll(cfg.DevicePluginDir, 0o750); err != nil {
 		return fmt.Errorf("device plugin dir: %w", err)
 	}
@@ -150,7 +153,7 @@ func serve(ctx context.Context, cfg *config.Config, driverName string, load func
 		return err
 	}
 	if server != nil {
-		m.WatchPodResources(cfg.PodResourcesSocket, s.servedResources)
+		m.WatchPodResources(s.podres, s.servedResources)
 		ln, err := net.Listen("tcp", cfg.MetricsAddress)
 		if err != nil {
 			s.stopAll()
@@ -220,8 +223,8 @@ type part struct {
 // field the user wrote. driverName is the DRA driver's name (--driver-name;
 // empty: its default), whose claims the claim guard recognises.
 // owners is the process's registry of host node owners, shared by every
-// resource (resource.Options.Owners).
-func build(cfg *config.Config, i int, writer *cdi.Writer, owners *device.Owners, start int64, log *logrus.Entry, m *metrics.Metrics, driverName string, registered func()) (*part, error) {
+// resource (resource.Options.Owners); podres its PodResources client.
+func build(cfg *config.Config, i int, writer *cdi.Writer, owners *device.Owners, start int64, log *logrus.Entry, m *metrics.Metrics, podres *podresources.Client, driverName string, registered func()) (*part, error) {
 	rc := &cfg.Resources[i]
 	field := func(name string) string { return cfg.ResourceField(i, name) }
 	if rc.Simulated() {
@@ -240,12 +243,12 @@ func build(cfg *config.Config, i int, writer *cdi.Writer, owners *device.Owners,
 	socket := plugin.SocketName(cfg.PluginName, rc.Name, start)
 	// The claim guard needs the source, which the holders it gives
 	// resource.Build are asked of only once the resource runs.
-	guard := &plugin.ClaimGuard{Socket: cfg.PodResourcesSocket}
+	guard := &plugin.ClaimGuard{PodResources: podres}
 	res, err := resource.Build(cfg, i, resource.Options{Writer: writer, Socket: filepath.Join(cfg.DevicePluginDir, socket), Log: log, Metrics: m,
 		// A device a DRA claim holds (a node switched back from the DRA
 		// driver) is in use: no background re-preparation resets it, and
 		// a vanished one is not forgotten.
-		Holders: guard.Held, Uevents: openUevents, Owners: owners})
+		Holders: guard.Held, Uevents: openUevents, Owners: owners, PodResources: podres})
 	if err != nil {
 		return nil, err
 	}

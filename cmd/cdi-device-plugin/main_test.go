@@ -85,23 +85,8 @@ func envOf(m map[string]string) func(string) (string, bool) {
 	}
 }
 
-// syncBuffer is a goroutine-safe log sink.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
+// syncBuffer is a goroutine-safe log sink (testutil.SyncBuffer).
+type syncBuffer = testutil.SyncBuffer
 
 // running is the plugin run in-process against the kubelet stand-in,
 // registered, with a ListAndWatch stream open.

@@ -22,6 +22,7 @@ import (
 	"github.com/cdi-device-plugin/cdi-device-plugin/internal/inotify"
 	"github.com/cdi-device-plugin/cdi-device-plugin/internal/logs"
 	"github.com/cdi-device-plugin/cdi-device-plugin/metrics"
+	"github.com/cdi-device-plugin/cdi-device-plugin/podresources"
 )
 
 // supervisor runs the configured resources, each under its own context,
@@ -43,6 +44,10 @@ type supervisor struct {
 	driverName string
 	// registered is called after every registration of a resource.
 	registered func()
+	// podres is the kubelet's PodResources, one client for the process:
+	// the metrics and every resource's claim guard and recovery ask it
+	// (podResourcesSocket changes only with a restart).
+	podres *podresources.Client
 
 	cfg     *config.Config
 	running map[string]*instance
@@ -130,7 +135,7 @@ func (s *supervisor) apply(ctx context.Context, next *config.Config) (ch change,
 			kinds = append(kinds, old.part.kind)
 			continue
 		}
-		p, err := build(next, i, s.writer, s.owners, time.Now().UnixNano(), s.log, s.metrics, s.driverName, s.registered)
+		p, err := build(next, i, s.writer, s.owners, time.Now().UnixNano(), s.log, s.metrics, s.podres, s.driverName, s.registered)
 		if err != nil {
 			return ch, err
 		}
@@ -241,7 +246,7 @@ func (s *supervisor) restore(ctx context.Context, name string) {
 	if i < 0 {
 		return
 	}
-	p, err := build(s.cfg, i, s.writer, s.owners, time.Now().UnixNano(), s.log, s.metrics, s.driverName, s.registered)
+	p, err := build(s.cfg, i, s.writer, s.owners, time.Now().UnixNano(), s.log, s.metrics, s.podres, s.driverName, s.registered)
 	if err == nil {
 		if err = p.prepare(); err != nil {
 			p.Source.Close()

@@ -11,7 +11,9 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 	drav1 "k8s.io/kubelet/pkg/apis/dra/v1"
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
@@ -271,7 +273,8 @@ func TestAwait(t *testing.T) {
 	})
 }
 
-// TestPodResources: List answers the pods last set, and counts the calls.
+// TestPodResources: List answers the pods last set, or the error set
+// (SetErr), and counts the calls.
 func TestPodResources(t *testing.T) {
 	sock := filepath.Join(testutil.ShortDir(t), "podres.sock")
 	p, err := kubeletsim.ServePodResources(sock)
@@ -301,5 +304,16 @@ func TestPodResources(t *testing.T) {
 	}
 	if n := p.Calls(); n != 2 {
 		t.Errorf("%d List calls counted, want 2", n)
+	}
+	p.SetErr(status.Error(codes.Unavailable, "kubelet busy"))
+	if _, err := podresourcesapi.NewPodResourcesListerClient(c).List(context.Background(), &podresourcesapi.ListPodResourcesRequest{}); status.Code(err) != codes.Unavailable {
+		t.Fatalf("List with an error set: %v", err)
+	}
+	p.SetErr(nil)
+	if got := list(); len(got) != 1 {
+		t.Fatalf("pods after the error cleared: %v", got)
+	}
+	if n := p.Calls(); n != 4 {
+		t.Errorf("%d List calls counted, want 4 (the failed one included)", n)
 	}
 }

@@ -11,12 +11,13 @@ import (
 )
 
 // PodResources is the kubelet's PodResources List, answering the pods
-// last set (none at first), as drivers and plugins ask it which devices
-// containers hold, and counting the calls.
+// last set (none at first), or the error last set, as drivers and plugins
+// ask it which devices containers hold, and counting the calls.
 type PodResources struct {
 	podresourcesapi.UnimplementedPodResourcesListerServer
 	mu    sync.Mutex
 	pods  []*podresourcesapi.PodResources
+	err   error
 	calls int
 
 	srv    *grpc.Server
@@ -49,17 +50,28 @@ func (s *PodResources) Set(pods ...*podresourcesapi.PodResources) {
 	s.pods = pods
 }
 
-// Calls is how many List calls were answered.
+// SetErr has List fail with err (a kubelet that cannot answer) until it
+// is set to nil.
+func (s *PodResources) SetErr(err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.err = err
+}
+
+// Calls is how many List calls were answered, failed ones included.
 func (s *PodResources) Calls() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.calls
 }
 
-// List answers the pods.
+// List answers the pods, or the error set.
 func (s *PodResources) List(context.Context, *podresourcesapi.ListPodResourcesRequest) (*podresourcesapi.ListPodResourcesResponse, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.calls++
+	if s.err != nil {
+		return nil, s.err
+	}
 	return &podresourcesapi.ListPodResourcesResponse{PodResources: slices.Clone(s.pods)}, nil
 }

@@ -4,9 +4,11 @@
 package testutil
 
 import (
+	"bytes"
 	"context"
 	"os"
 	"path/filepath"
+	"sync"
 	"testing"
 	"time"
 
@@ -130,4 +132,23 @@ func FreshCDICache(t testing.TB, dir string) *cdiapi.Cache {
 		t.Fatalf("cache errors: %v", errs)
 	}
 	return c
+}
+
+// SyncBuffer is a goroutine-safe log sink: what a process or a logger
+// wrote, read while it still writes.
+type SyncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *SyncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *SyncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }

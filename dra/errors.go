@@ -1,0 +1,28 @@
+package dra
+
+import "errors"
+
+// Why a claim is not prepared.
+var (
+	// ErrUnknownDevice: the allocation names a device this driver does not
+	// publish on this node.
+	ErrUnknownDevice = errors.New("not a device of this driver on this node")
+	// ErrUnhealthy: the device is not healthy.
+	ErrUnhealthy = errors.New("device unhealthy")
+	// ErrHeld: another prepared claim, or a container through the device
+	// plugin, holds the device.
+	ErrHeld = errors.New("device held")
+	// ErrCannotTell: the kubelet's PodResources cannot tell whether a
+	// device-plugin container holds the device.
+	ErrCannotTell = errors.New("cannot tell whether a device-plugin container holds the device")
+	// ErrCallFailed: another claim of the same call failed; none of the
+	// call's claims is prepared.
+	ErrCallFailed = errors.New("another claim of the same call failed")
+	// ErrAllocationChanged: the checkpoint knows the claim's UID, prepared
+	// with other devices than its allocation names now.
+	ErrAllocationChanged = errors.New("the claim's allocation differs from the one prepared")
+)
+
+// ErrOpaqueConfig is why a claim is not prepared whose allocation carries
+// opaque configuration addressed to this driver, which takes none.
+var ErrOpaqueConfig = errors.New("the driver takes no opaque configuration")

@@ -1,0 +1,111 @@
+package dra
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/cdi-device-plugin/cdi-device-plugin/internal/ping"
+)
+
+// sliceLoop owns the handover guards and what was published: it
+// publishes the slices and the health again whenever a resource's
+// devices, the node or the devices containers hold change, and asks
+// PodResources while a guard is up.
+type sliceLoop struct {
+	driver, node string
+	devs         *devices
+	guard        *handoverGuard
+	slices       *slicePublisher
+	health       *healthStream
+	// pollInterval is how often PodResources is asked while a guard is
+	// up (Options.PollInterval).
+	pollInterval time.Duration
+	// changed: a resource has a new snapshot (running.changed).
+	changed chan struct{}
+	// fatal: an error that ends the loop (Driver.HandleError); pings: a
+	// liveness probe's reply, closed by the loop (alive).
+	fatal chan error
+	pings chan chan struct{}
+}
+
+// newSliceLoop is the loop of the devices devs, whose resources tell
+// changed of their snapshots.
+func newSliceLoop(driver, node string, devs *devices, changed chan struct{}, guard *handoverGuard, slices *slicePublisher,
+	health *healthStream, poll time.Duration) *sliceLoop {
+	return &sliceLoop{driver: driver, node: node, devs: devs, guard: guard, slices: slices, health: health, pollInterval: poll,
+		changed: changed, fatal: make(chan error, 1), pings: make(chan chan struct{})}
+}
+
+// fail ends the loop with err, unless an error is pending already.
+func (l *sliceLoop) fail(err error) {
+	select {
+	case l.fatal <- err:
+	default:
+	}
+}
+
+// alive reports whether the loop answers within ctx.
+func (l *sliceLoop) alive(ctx context.Context) error {
+	return ping.Ask(ctx, l.pings, "the slice loop")
+}
+
+// run runs the loop until ctx is done or an error is fatal, publishing
+// through helper.
+func (l *sliceLoop) run(ctx context.Context, helper resourcePublisher) error {
+	g := l.guard
+	poll := time.NewTimer(0) // the first look at once
+	defer poll.Stop()
+	armed, polling := true, false
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	publish := func() error {
+		cur := l.devs.published(g.up)
+		if err := l.slices.publish(ctx, helper, Pools(l.driver, l.node, cur)); err != nil {
+			return err
+		}
+		l.health.set(deviceHealth(l.node, cur))
+		return nil
+	}
+	if err := publish(); err != nil {
+		return err
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case err := <-l.fatal:
+			return err
+		case reply := <-l.pings:
+			close(reply)
+			continue
+		case <-l.changed:
+		case <-l.slices.due(): // the trailing publish of a coalesced change
+			l.slices.fired()
+		case n := <-g.nodes:
+			g.node(n)
+		case <-poll.C:
+			armed, polling = false, true
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				res := g.poll(ctx)
+				select {
+				case g.polled <- res:
+				case <-ctx.Done():
+				}
+			}()
+			continue
+		case res := <-g.polled:
+			polling = false
+			g.held(res)
+		}
+		if g.anyUp() && !polling && !armed {
+			poll.Reset(l.pollInterval)
+			armed = true
+		}
+		if err := publish(); err != nil {
+			return err
+		}
+	}
+}
