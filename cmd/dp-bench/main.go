@@ -16,12 +16,21 @@
 // {{.DevDir}} (device files dp-bench creates), {{.WorkDir}} and
 // {{.PodResources}} (the kubelet's PodResources, listing no pods).
 //
-// A targets file of DRA drivers (targets with "dra" set, dra.go) runs
-// them against a private etcd and kube-apiserver (-etcd,
-// -kube-apiserver), as the kubelet drives a DRA driver: registration,
-// ResourceSlices, NodePrepareResources and NodeUnprepareResources; their
-// templates also have {{.RegistrarDir}}, {{.PluginsDir}},
-// {{.Kubeconfig}} and {{.NodeName}}.
+// A targets file of DRA drivers (targets with "dra" set) runs them
+// against a private etcd and kube-apiserver (-etcd, -kube-apiserver), as
+// the kubelet drives a DRA driver: registration, ResourceSlices,
+// NodePrepareResources and NodeUnprepareResources; their templates also
+// have {{.RegistrarDir}}, {{.PluginsDir}}, {{.Kubeconfig}} and
+// {{.NodeName}}. With -fleet N, each DRA target runs on a fleet of N
+// nodes instead (docs/fleet.md).
+//
+// This package holds the flags and the dispatch; the rest is in
+// internal/: the device-plugin session (dpsession), the DRA session
+// (drasession), the fleet, and what they share: the targets and settings
+// (target), process control (proc), the API client (apiclient), the
+// control plane (controlplane), the audit log's counts (audit), the
+// statistics (stats), CDI names resolved as containerd does (cdiresolve)
+// and the report (report).
 package main
 
 import (

@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/fsnotify/fsnotify"
-
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	drahealthv1 "k8s.io/kubelet/pkg/apis/dra-health/v1"
