@@ -4,12 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
 	"slices"
-	"time"
 
-	"github.com/fsnotify/fsnotify"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	drahealthv1 "k8s.io/kubelet/pkg/apis/dra-health/v1"
@@ -32,94 +28,6 @@ type DRA struct {
 // ErrRefused is returned by RegisterDRA for a driver the kubelet would
 // refuse; other errors are those of the calls (a socket not served yet).
 var ErrRefused = errors.New("registration refused")
-
-// Errors of PluginWatcher.Await: the driver's process ended before it
-// registered, or no driver registered in time.
-var (
-	ErrExited        = errors.New("the driver exited before it registered")
-	ErrNotRegistered = errors.New("no accepted registration")
-)
-
-// PluginWatcher says how Await looks for a driver's registration socket.
-type PluginWatcher struct {
-	// Connect bounds each registration attempt.
-	Connect time.Duration
-	// Poll is how often the directory is read again; with Inotify it is
-	// read again at once, too, when an entry appears in it (one inotify
-	// instance while Await waits).
-	Poll    time.Duration
-	Inotify bool
-	// Exited is closed when the driver's process ends (nil: not watched).
-	Exited <-chan struct{}
-}
-
-// Await registers the DRA driver that serves a registration socket in
-// dir, as the kubelet's plugin watcher does: it tries every socket in dir
-// (RegisterDRA), at once and again at every poll, until one registers or
-// is refused (ErrRefused), Exited is closed (ErrExited), timeout passes
-// (ErrNotRegistered, with the last attempt's error) or ctx is done. The
-// kubelet tries again within a second; Await as often as it is told, so
-// that the time to a registration is the driver's. It returns the driver
-// and the socket it registered through.
-func (w PluginWatcher) Await(ctx context.Context, dir string, timeout time.Duration) (*DRA, string, error) {
-	var changes <-chan fsnotify.Event
-	var watchErrs <-chan error
-	if w.Inotify {
-		fw, err := fsnotify.NewWatcher()
-		if err != nil {
-			return nil, "", err
-		}
-		defer fw.Close()
-		if err := fw.Add(dir); err != nil {
-			return nil, "", err
-		}
-		changes, watchErrs = fw.Events, fw.Errors
-	}
-	deadline := time.NewTimer(timeout)
-	defer deadline.Stop()
-	var last error
-	for {
-		for _, sock := range sockets(dir) {
-			cctx, cancel := context.WithTimeout(ctx, w.Connect)
-			d, err := RegisterDRA(cctx, sock)
-			cancel()
-			switch {
-			case err == nil:
-				return d, sock, nil
-			case errors.Is(err, ErrRefused):
-				return nil, sock, err
-			}
-			last = err
-		}
-		select {
-		case <-changes:
-		case err := <-watchErrs:
-			return nil, "", err
-		case <-time.After(w.Poll): // a socket made, not served yet
-		case <-w.Exited:
-			return nil, "", ErrExited
-		case <-deadline.C:
-			return nil, "", fmt.Errorf("%w within %s (last: %v)", ErrNotRegistered, timeout, last)
-		case <-ctx.Done():
-			return nil, "", ctx.Err()
-		}
-	}
-}
-
-// sockets are the unix sockets in dir.
-func sockets(dir string) []string {
-	ents, err := os.ReadDir(dir)
-	if err != nil {
-		return nil
-	}
-	var out []string
-	for _, e := range ents {
-		if e.Type()&os.ModeSocket != 0 {
-			out = append(out, filepath.Join(dir, e.Name()))
-		}
-	}
-	return out
-}
 
 // RegisterDRA registers the driver serving the registration socket sock
 // as the kubelet's plugin watcher and DRA manager do: GetInfo must name a
@@ -174,4 +82,38 @@ func (c *DRA) Prepare(ctx context.Context, claims ...*drav1.Claim) (*drav1.NodeP
 // Unprepare asks the driver to unprepare claims.
 func (c *DRA) Unprepare(ctx context.Context, claims ...*drav1.Claim) (*drav1.NodeUnprepareResourcesResponse, error) {
 	return c.Node.NodeUnprepareResources(ctx, &drav1.NodeUnprepareResourcesRequest{Claims: claims})
+}
+
+// PrepareClaim prepares one claim and returns the driver's answer for it,
+// or an error: the call's, or the claim not answered, or answered with an
+// error, as the kubelet reads the answer.
+func (c *DRA) PrepareClaim(ctx context.Context, claim *drav1.Claim) (*drav1.NodePrepareResourceResponse, error) {
+	resp, err := c.Prepare(ctx, claim)
+	if err != nil {
+		return nil, err
+	}
+	got, ok := resp.GetClaims()[claim.Uid]
+	return got, claimAnswer(claim, ok, got.GetError())
+}
+
+// UnprepareClaim unprepares one claim, with PrepareClaim's errors.
+func (c *DRA) UnprepareClaim(ctx context.Context, claim *drav1.Claim) error {
+	resp, err := c.Unprepare(ctx, claim)
+	if err != nil {
+		return err
+	}
+	got, ok := resp.GetClaims()[claim.Uid]
+	return claimAnswer(claim, ok, got.GetError())
+}
+
+// claimAnswer is the error of a driver's answer for claim c: none, not
+// answered (ok false), or the driver's error message.
+func claimAnswer(c *drav1.Claim, ok bool, msg string) error {
+	switch {
+	case !ok:
+		return fmt.Errorf("claim %s not answered", c.Name)
+	case msg != "":
+		return fmt.Errorf("claim %s: %s", c.Name, msg)
+	}
+	return nil
 }

@@ -52,9 +52,8 @@ func New(base string, caPEM, certPEM, keyPEM []byte) (*Client, error) {
 
 // StatusError is an answer of the API server other than 2xx.
 type StatusError struct {
-	Code    int
-	Reason  string
-	Message string
+	Code            int
+	Reason, Message string
 }
 
 func (e *StatusError) Error() string {

@@ -138,47 +138,32 @@ type ResourcePool struct {
 	ResourceSliceCount int64  `json:"resourceSliceCount"`
 }
 
-// SliceDevice is a device of a slice, and its taints.
+// SliceDevice is a device of a slice, and its taints' keys.
 type SliceDevice struct {
-	Name   string        `json:"name"`
-	Taints []DeviceTaint `json:"taints,omitempty"`
-}
-
-// DeviceTaint is a taint of a device: its key only.
-type DeviceTaint struct {
-	Key string `json:"key"`
+	Name   string `json:"name"`
+	Taints []struct {
+		Key string `json:"key"`
+	} `json:"taints,omitempty"`
 }
 
 // Pod is a corev1.Pod as a kubelet reads it: the node it is bound to,
 // its phase, its claims' names and its conditions.
 type Pod struct {
 	Metadata ObjectMeta `json:"metadata"`
-	Spec     PodSpec    `json:"spec"`
-	Status   PodStatus  `json:"status"`
-}
-
-// PodSpec is the part of a pod's spec that is read.
-type PodSpec struct {
-	NodeName string `json:"nodeName,omitempty"`
-}
-
-// PodStatus is the part of a pod's status that is read.
-type PodStatus struct {
-	Phase                 string                   `json:"phase,omitempty"`
-	ResourceClaimStatuses []PodResourceClaimStatus `json:"resourceClaimStatuses,omitempty"`
-	Conditions            []PodCondition           `json:"conditions,omitempty"`
-}
-
-// PodResourceClaimStatus names the claim made for one of a pod's claims.
-type PodResourceClaimStatus struct {
-	Name              string  `json:"name"`
-	ResourceClaimName *string `json:"resourceClaimName,omitempty"`
-}
-
-// PodCondition is one condition of a pod.
-type PodCondition struct {
-	Type   string `json:"type"`
-	Status string `json:"status"`
+	Spec     struct {
+		NodeName string `json:"nodeName"`
+	} `json:"spec"`
+	Status struct {
+		Phase                 string `json:"phase"`
+		ResourceClaimStatuses []struct {
+			Name              string  `json:"name"`
+			ResourceClaimName *string `json:"resourceClaimName"`
+		} `json:"resourceClaimStatuses"`
+		Conditions []struct {
+			Type   string `json:"type"`
+			Status string `json:"status"`
+		} `json:"conditions"`
+	} `json:"status"`
 }
 
 // API paths.

@@ -1,5 +1,6 @@
 // Package cdiresolve resolves the CDI device names a plugin or driver
-// returns as containerd resolves them, for both sessions' checks.
+// returns as containerd resolves them: both sessions' check that the
+// names resolve.
 package cdiresolve
 
 import (
@@ -7,6 +8,8 @@ import (
 
 	oci "github.com/opencontainers/runtime-spec/specs-go"
 	cdiapi "tags.cncf.io/container-device-interface/pkg/cdi"
+
+	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/report"
 )
 
 // Inject resolves CDI device names as containerd does: a fresh cache
@@ -22,4 +25,16 @@ func Inject(dir string, names []string) (int, error) {
 		return 0, fmt.Errorf("InjectDevices %v: unresolved %v: %w", names, unresolved, err)
 	}
 	return len(spec.Linux.Devices), nil
+}
+
+// Check resolves names in dir (Inject) for check id of res: a pass that
+// counts the names (of the kind noun) and the device nodes injected, or a
+// failure that says why.
+func Check(res *report.RunResult, id, dir string, names []string, noun string) {
+	n, err := Inject(dir, names)
+	if err != nil {
+		res.Fail(id, "%v", err)
+		return
+	}
+	res.Pass(id, "%d %s, %d device nodes injected", len(names), noun, n)
 }

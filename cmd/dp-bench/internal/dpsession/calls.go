@@ -166,12 +166,7 @@ func (x *session) resolve(r *pluginapi.ContainerAllocateResponse) {
 		x.res.Skip("cdi-resolve", "no CDI names returned")
 		return
 	}
-	n, err := cdiresolve.Inject(x.r.Host.CDIDir, names)
-	if err != nil {
-		x.res.Fail("cdi-resolve", "%v", err)
-		return
-	}
-	x.res.Pass("cdi-resolve", "%d names, %d device nodes injected", len(names), n)
+	cdiresolve.Check(x.res, "cdi-resolve", x.r.Host.CDIDir, names, "names")
 }
 
 // preferred checks GetPreferredAllocation, when advertised, on all IDs and

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -118,8 +117,8 @@ func (x *session) uevent(ctx context.Context) error {
 		return err
 	}
 	before := healthySet(x.last)
-	if out, err := exec.Command("sh", "-c", x.r.Change).CombinedOutput(); err != nil {
-		return fmt.Errorf("uevent.change: %w: %s", err, out)
+	if err := x.r.ChangeDevices(); err != nil {
+		return err
 	}
 	got := make(chan time.Time, 16)
 	l, err := sysfs.Listen(ctx, func(sysfs.Uevent) {
@@ -190,11 +189,7 @@ func (x *session) idle(ctx context.Context) error {
 		if err := proc.Sleep(ctx, time.Second); err != nil {
 			return err
 		}
-		p0, err := proc.Read(x.p.Pid())
-		if err != nil {
-			return err
-		}
-		b0, err := proc.Read(base.Pid())
+		p0, b0, err := readBoth(x.p, base)
 		if err != nil {
 			return err
 		}
@@ -202,11 +197,7 @@ func (x *session) idle(ctx context.Context) error {
 		if err := proc.Sleep(ctx, x.s.Idle); err != nil {
 			return err
 		}
-		p1, err := proc.Read(x.p.Pid())
-		if err != nil {
-			return err
-		}
-		b1, err := proc.Read(base.Pid())
+		p1, b1, err := readBoth(x.p, base)
 		if err != nil {
 			return err
 		}
@@ -214,14 +205,44 @@ func (x *session) idle(ctx context.Context) error {
 		x.res.Measure("idle-cpu", report.Ms(p1.CPU-p0.CPU)*perMin, report.Ms(b1.CPU-b0.CPU)*perMin)
 		x.res.Measure("idle-wakeups", float64(p1.Switches-p0.Switches)*perMin, float64(b1.Switches-b0.Switches)*perMin)
 	}
-	ps, err := proc.Read(x.p.Pid())
-	if err != nil {
-		return err
-	}
-	bs, err := proc.Read(base.Pid())
+	ps, bs, err := readBoth(x.p, base)
 	if err != nil {
 		return err
 	}
 	x.res.Measure("rss", report.MiB(ps.RSS), report.MiB(bs.RSS))
 	return nil
+}
+
+// readBoth reads /proc of the plugin p and of its baseline, in turn.
+func readBoth(p, base *proc.Proc) (proc.Stats, proc.Stats, error) {
+	ps, err := proc.Read(p.Pid())
+	if err != nil {
+		return ps, proc.Stats{}, err
+	}
+	bs, err := proc.Read(base.Pid())
+	return ps, bs, err
+}
+
+// sigterm stops the plugin with SIGTERM and checks its socket is gone.
+func (x *session) sigterm() {
+	x.closeStream()
+	sock := filepath.Join(x.r.Host.SocketDir, x.reg.Request.Endpoint)
+	ok, err := x.p.Terminate(x.s.Term)
+	x.stopped = true
+	if !ok {
+		x.res.Fail("sigterm-socket", "still running %s after SIGTERM", x.s.Term)
+		return
+	}
+	if _, serr := os.Lstat(sock); serr == nil {
+		x.res.Fail("sigterm-socket", "%s left behind (exit: %v)", x.reg.Request.Endpoint, exitText(err))
+		return
+	}
+	x.res.Pass("sigterm-socket", "removed (exit: %s)", exitText(err))
+}
+
+func exitText(err error) string {
+	if err == nil {
+		return "status 0"
+	}
+	return err.Error()
 }

@@ -14,8 +14,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"time"
@@ -332,28 +330,4 @@ func (x *session) restart(ctx context.Context) error {
 	}
 	x.res.Pass("kubelet-restart", "one registration, listed on %s", first.Request.Endpoint)
 	return nil
-}
-
-// sigterm stops the plugin with SIGTERM and checks its socket is gone.
-func (x *session) sigterm() {
-	x.closeStream()
-	sock := filepath.Join(x.r.Host.SocketDir, x.reg.Request.Endpoint)
-	ok, err := x.p.Terminate(x.s.Term)
-	x.stopped = true
-	if !ok {
-		x.res.Fail("sigterm-socket", "still running %s after SIGTERM", x.s.Term)
-		return
-	}
-	if _, serr := os.Lstat(sock); serr == nil {
-		x.res.Fail("sigterm-socket", "%s left behind (exit: %v)", x.reg.Request.Endpoint, exitText(err))
-		return
-	}
-	x.res.Pass("sigterm-socket", "removed (exit: %s)", exitText(err))
-}
-
-func exitText(err error) string {
-	if err == nil {
-		return "status 0"
-	}
-	return err.Error()
 }

@@ -86,6 +86,14 @@ func (n *fleetNode) register(ctx context.Context, timeout time.Duration) error {
 	case err != nil:
 		return fmt.Errorf("node %s: %w: %s", n.name, err, p.LogTail(600))
 	}
+	n.setDriver(d)
+	close(done)
+	return nil
+}
+
+// setDriver makes d the node's DRA service (nil: none) and closes the
+// connection to the one before.
+func (n *fleetNode) setDriver(d *kubeletsim.DRA) {
 	n.mu.Lock()
 	old := n.dra
 	n.dra = d
@@ -93,21 +101,13 @@ func (n *fleetNode) register(ctx context.Context, timeout time.Duration) error {
 	if old != nil {
 		_ = old.Close()
 	}
-	close(done)
-	return nil
 }
 
 // restart ends the driver with SIGTERM and starts it again at once, as
 // a DaemonSet's rolling update with maxUnavailable 100% (maxSurge 0)
 // does; the kubelet's registration follows.
 func (n *fleetNode) restart(ctx context.Context, term, regTimeout time.Duration) error {
-	n.mu.Lock()
-	old := n.dra
-	n.dra = nil
-	n.mu.Unlock()
-	if old != nil {
-		_ = old.Close()
-	}
+	n.setDriver(nil)
 	_, _ = n.process().Terminate(term)
 	// The kubelet's plugin watcher sees the socket go; a new one comes
 	// with the new process.
@@ -144,32 +144,18 @@ func (n *fleetNode) driver(ctx context.Context) (*kubeletsim.DRA, error) {
 // driver to be registered. The claim must be answered with its 1 device.
 func (n *fleetNode) Prepare(ctx context.Context, c *drav1.Claim) error {
 	return n.call(ctx, func(ctx context.Context, d *kubeletsim.DRA) error {
-		resp, err := d.Prepare(ctx, c)
-		if err != nil {
-			return err
+		got, err := d.PrepareClaim(ctx, c)
+		if err == nil && len(got.GetDevices()) != 1 {
+			err = fmt.Errorf("claim %s: %d devices answered, want 1", c.Name, len(got.GetDevices()))
 		}
-		got, ok := resp.GetClaims()[c.Uid]
-		if err := claimAnswer(c, ok, got.GetError()); err != nil {
-			return err
-		}
-		if len(got.GetDevices()) != 1 {
-			return fmt.Errorf("claim %s: %d devices answered, want 1", c.Name, len(got.GetDevices()))
-		}
-		return nil
+		return err
 	})
 }
 
 // Unprepare calls NodeUnprepareResources for a claim, as the kubelet does
 // once the pod that held it is gone.
 func (n *fleetNode) Unprepare(ctx context.Context, c *drav1.Claim) error {
-	return n.call(ctx, func(ctx context.Context, d *kubeletsim.DRA) error {
-		resp, err := d.Unprepare(ctx, c)
-		if err != nil {
-			return err
-		}
-		got, ok := resp.GetClaims()[c.Uid]
-		return claimAnswer(c, ok, got.GetError())
-	})
+	return n.call(ctx, func(ctx context.Context, d *kubeletsim.DRA) error { return d.UnprepareClaim(ctx, c) })
 }
 
 // call calls f with the current driver, once it registered, and the
@@ -186,18 +172,6 @@ func (n *fleetNode) call(ctx context.Context, f func(context.Context, *kubeletsi
 
 // kubeletCallTimeout bounds each call to a driver, as the kubelet's does.
 const kubeletCallTimeout = 30 * time.Second
-
-// claimAnswer is the error of a driver's answer for claim c: none, not
-// answered (ok false), or the driver's error message.
-func claimAnswer(c *drav1.Claim, ok bool, msg string) error {
-	switch {
-	case !ok:
-		return fmt.Errorf("claim %s not answered", c.Name)
-	case msg != "":
-		return fmt.Errorf("claim %s: %s", c.Name, msg)
-	}
-	return nil
-}
 
 // rss is the driver's resident memory, bytes (0 when gone).
 func (n *fleetNode) rss() int64 {
@@ -225,14 +199,8 @@ func (n *fleetNode) deviceNodes() ([]string, error) {
 }
 
 func (n *fleetNode) stop() {
-	n.mu.Lock()
-	d, p := n.dra, n.p
-	n.dra = nil
-	n.mu.Unlock()
-	if d != nil {
-		_ = d.Close()
-	}
-	if p != nil && !p.Exited() {
+	n.setDriver(nil)
+	if p := n.process(); p != nil && !p.Exited() {
 		_, _ = p.Terminate(10 * time.Second)
 	}
 	if n.pr != nil {

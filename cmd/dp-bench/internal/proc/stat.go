@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
@@ -23,13 +22,13 @@ type Stats struct {
 func Read(pid int) (Stats, error) {
 	var s Stats
 	base := fmt.Sprintf("/proc/%d", pid)
-	tasks, err := os.ReadDir(filepath.Join(base, "task"))
+	tasks, err := os.ReadDir(base + "/task")
 	if err != nil {
 		return s, err
 	}
 	for _, t := range tasks {
-		dir := filepath.Join(base, "task", t.Name())
-		b, err := os.ReadFile(filepath.Join(dir, "schedstat"))
+		dir := base + "/task/" + t.Name()
+		b, err := os.ReadFile(dir + "/schedstat")
 		if err != nil {
 			continue // the thread ended
 		}
@@ -40,12 +39,12 @@ func Read(pid int) (Stats, error) {
 			}
 			s.CPU += time.Duration(ns)
 		}
-		v, err := StatusField(filepath.Join(dir, "status"), "voluntary_ctxt_switches:")
+		v, err := StatusField(dir+"/status", "voluntary_ctxt_switches:")
 		if err == nil {
 			s.Switches += v
 		}
 	}
-	kb, err := StatusField(filepath.Join(base, "status"), "VmRSS:")
+	kb, err := StatusField(base+"/status", "VmRSS:")
 	if err != nil {
 		return s, err
 	}

@@ -53,21 +53,29 @@ type MetricDef struct {
 	ID, Title, Unit, Baseline string
 }
 
+// The device plugins' baselines.
+const (
+	exitGo       = "start → exit of a Go binary that exits at once"
+	idleGo       = "an idle Go process"
+	idleGoWindow = "an idle Go process, same window"
+	optionsRPC   = "GetDevicePluginOptions p50 (empty RPC)"
+)
+
 // PluginMetrics are what is measured in every run of a device plugin. A
 // baseline is measured in the same run.
 var PluginMetrics = []MetricDef{
-	{"start-registered", "process start → Register call", "ms", "start → exit of a Go binary that exits at once"},
-	{"start-listed", "process start → first ListAndWatch list", "ms", "start → exit of a Go binary that exits at once"},
+	{"start-registered", "process start → Register call", "ms", exitGo},
+	{"start-listed", "process start → first ListAndWatch list", "ms", exitGo},
 	{"ids", "device IDs listed", "", ""},
-	{"rss", "resident memory (after the idle window)", "MiB", "an idle Go process"},
-	{"allocate", "Allocate p50 (up to 8 IDs)", "µs", "GetDevicePluginOptions p50 (empty RPC)"},
-	{"preferred", "GetPreferredAllocation p50 (all IDs available, size 4)", "µs", "GetDevicePluginOptions p50 (empty RPC)"},
-	{"prestart", "PreStartContainer p50 (repeated, up to 8 IDs)", "µs", "GetDevicePluginOptions p50 (empty RPC)"},
+	{"rss", "resident memory (after the idle window)", "MiB", idleGo},
+	{"allocate", "Allocate p50 (up to 8 IDs)", "µs", optionsRPC},
+	{"preferred", "GetPreferredAllocation p50 (all IDs available, size 4)", "µs", optionsRPC},
+	{"prestart", "PreStartContainer p50 (repeated, up to 8 IDs)", "µs", optionsRPC},
 	{"restart-registered", "kubelet restart → registered", "ms", "raw inotify event of kubelet.sock"},
 	{"removed-update", "device file removed → ListAndWatch update", "ms", "raw inotify event of the removal"},
 	{"uevent-update", "kernel uevent → ListAndWatch update", "ms", "the uevent as a listener receives it"},
-	{"idle-cpu", "CPU while idle", "ms/min", "an idle Go process, same window"},
-	{"idle-wakeups", "wake-ups while idle (voluntary context switches)", "/min", "an idle Go process, same window"},
+	{"idle-cpu", "CPU while idle", "ms/min", idleGoWindow},
+	{"idle-wakeups", "wake-ups while idle (voluntary context switches)", "/min", idleGoWindow},
 }
 
 // DRAChecks are a DRA driver's contract with the kubelet, in the order
@@ -89,7 +97,7 @@ const emptyRPC = "NodeUnprepareResources p50, no claims (empty RPC)"
 
 // DRAMetrics are what is measured in every run of a DRA driver.
 var DRAMetrics = []MetricDef{
-	{"start-registered", "process start → registered (GetInfo, NotifyRegistrationStatus answered)", "ms", "start → exit of a Go binary that exits at once"},
+	{"start-registered", "process start → registered (GetInfo, NotifyRegistrationStatus answered)", "ms", exitGo},
 	{"start-sliced", "process start → all its devices in ResourceSlices (watch event)", "ms", "dp-bench's own ResourceSlice: create → watch event"},
 	{"dra-devices", "devices published", "", ""},
 	{"prepare-1", "NodePrepareResources p50, new claim, 1 device", "µs", emptyRPC},
@@ -98,7 +106,7 @@ var DRAMetrics = []MetricDef{
 	{"prepare-again-8", "NodePrepareResources p50, claim prepared already, 8 devices", "µs", emptyRPC},
 	{"unprepare-1", "NodeUnprepareResources p50, 1 device", "µs", emptyRPC},
 	{"unprepare-8", "NodeUnprepareResources p50, 8 devices", "µs", emptyRPC},
-	{"dra-rss", "resident memory (after the calls)", "MiB", "an idle Go process"},
+	{"dra-rss", "resident memory (after the calls)", "MiB", idleGo},
 	{"claim-get", "GET of a claim by dp-bench, p50 (what every NodePrepareResources does first, in the helper)", "µs", ""},
 }
 

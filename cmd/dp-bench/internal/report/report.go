@@ -212,11 +212,7 @@ func WriteMarkdown(w io.Writer, rep *Report) {
 	}
 
 	fmt.Fprintf(w, "### Contract\n\n")
-	fmt.Fprintf(w, "| check |")
-	for i := range rep.Targets {
-		fmt.Fprintf(w, " %s |", rep.Targets[i].Target.Label())
-	}
-	fmt.Fprintf(w, "\n| --- |%s\n", strings.Repeat(" --- |", len(rep.Targets)))
+	writeHead(w, rep, "check")
 	for _, c := range checks {
 		fmt.Fprintf(w, "| %s |", c.Title)
 		for i := range rep.Targets {
@@ -239,11 +235,7 @@ func WriteMarkdown(w io.Writer, rep *Report) {
 	}
 
 	fmt.Fprintf(w, "\n### Measurements\n\nEach cell: median over the runs; in brackets the baseline's median and the median of the per-run ratios (value / baseline).\n\n")
-	fmt.Fprintf(w, "| metric | baseline |")
-	for i := range rep.Targets {
-		fmt.Fprintf(w, " %s |", rep.Targets[i].Target.Label())
-	}
-	fmt.Fprintf(w, "\n| --- | --- |%s\n", strings.Repeat(" --- |", len(rep.Targets)))
+	writeHead(w, rep, "metric", "baseline")
 	for _, md := range metrics {
 		title := md.Title
 		if md.Unit != "" {
@@ -290,6 +282,16 @@ func WriteMarkdown(w io.Writer, rep *Report) {
 	writeComparison(w, rep)
 	writeGoBench(w, rep.GoBench)
 	fmt.Fprintln(w)
+}
+
+// writeHead writes the head of a table: the columns named first, then
+// one per target.
+func writeHead(w io.Writer, rep *Report, first ...string) {
+	fmt.Fprintf(w, "| %s |", strings.Join(first, " | "))
+	for i := range rep.Targets {
+		fmt.Fprintf(w, " %s |", rep.Targets[i].Target.Label())
+	}
+	fmt.Fprintf(w, "\n|%s%s\n", strings.Repeat(" --- |", len(first)), strings.Repeat(" --- |", len(rep.Targets)))
 }
 
 func orUnknown(s string) string {

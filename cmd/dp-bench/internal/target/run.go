@@ -2,10 +2,8 @@ package target
 
 import (
 	"bytes"
-	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -81,7 +79,7 @@ func (t Target) Prepare(tmpfsDir string, c *Cluster) (*Run, error) {
 	if t.DRA != nil {
 		if c == nil {
 			r.Cleanup()
-			return nil, errors.New("a DRA driver needs the API server")
+			return nil, ErrNoCluster
 		}
 		r.Host.RegistrarDir, r.Host.PluginsDir = filepath.Join(root, "reg"), filepath.Join(root, "plugins")
 		r.Host.PodResources = filepath.Join(r.Host.SocketDir, "pod-resources.sock")
@@ -163,8 +161,8 @@ func (t Target) Prepare(tmpfsDir string, c *Cluster) (*Run, error) {
 		if err != nil {
 			return fail(err)
 		}
-		if out, err := exec.Command("sh", "-c", v).CombinedOutput(); err != nil {
-			return fail(fmt.Errorf("setup: %w: %s", err, out))
+		if err := sh("setup", v); err != nil {
+			return fail(err)
 		}
 	}
 	if t.Uevent != nil {
@@ -204,4 +202,13 @@ func (r *Run) Cleanup() {
 	if r.fastRoot != "" && r.fastRoot != r.root {
 		_ = os.RemoveAll(r.fastRoot)
 	}
+}
+
+// BaseName is the last element of the path p (the whole of p without a
+// slash).
+func BaseName(p string) string {
+	if i := strings.LastIndexByte(p, '/'); i >= 0 {
+		return p[i+1:]
+	}
+	return p
 }

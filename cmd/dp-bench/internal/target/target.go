@@ -11,7 +11,6 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strings"
 
 	"sigs.k8s.io/yaml"
 )
@@ -105,6 +104,10 @@ type file struct {
 	Targets []Target `json:"targets"`
 }
 
+// ErrNoCluster is Prepare's error for a DRA driver's run without the API
+// server.
+var ErrNoCluster = errors.New("a DRA driver needs the API server")
+
 // Load reads a targets file (YAML or JSON).
 func Load(path string) ([]Target, error) {
 	b, err := os.ReadFile(path)
@@ -177,13 +180,4 @@ func (d *DRATarget) validate(t Target) error {
 // one kind).
 func IsDRA(ts []Target) bool {
 	return slices.ContainsFunc(ts, func(t Target) bool { return t.DRA != nil })
-}
-
-// BaseName is the last element of the path p (the whole of p without a
-// slash).
-func BaseName(p string) string {
-	if i := strings.LastIndexByte(p, '/'); i >= 0 {
-		return p[i+1:]
-	}
-	return p
 }
