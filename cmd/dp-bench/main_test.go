@@ -3,9 +3,10 @@ package main
 import (
 	"bytes"
 	"context"
-	"os/exec"
 	"strings"
 	"testing"
+
+	"github.com/cdi-device-plugin/cdi-device-plugin/internal/testutil"
 )
 
 func TestFlags(t *testing.T) {
@@ -58,15 +59,7 @@ func TestDRANoAPIServer(t *testing.T) {
 // every baseline process is dp-bench itself, and they would double its
 // start-up and its memory (internal/apiclient's package doc).
 func TestLinksNoKubeClient(t *testing.T) {
-	goBin, err := exec.LookPath("go")
-	if err != nil {
-		t.Skipf("no go in PATH: %v", err)
-	}
-	out, err := exec.Command(goBin, "list", "-deps", ".").CombinedOutput()
-	if err != nil {
-		t.Skipf("go list: %v: %s", err, out)
-	}
-	for _, dep := range strings.Fields(string(out)) {
+	for _, dep := range testutil.Deps(t, ".") {
 		for _, banned := range []string{"k8s.io/client-go/", "k8s.io/api/", "k8s.io/apimachinery/pkg/apis/", "k8s.io/apimachinery/pkg/runtime/"} {
 			if strings.HasPrefix(dep+"/", banned) {
 				t.Errorf("dp-bench links %s", dep)

@@ -2,7 +2,6 @@ package kubeletsim
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -84,7 +83,7 @@ func (a *fakePodAPI) ClaimUID(_ context.Context, name string) (string, error) {
 	defer a.mu.Unlock()
 	a.asked++
 	if a.failFirst && a.asked == 1 {
-		return "", errors.New("not found yet")
+		return "", context.DeadlineExceeded
 	}
 	return "uid-" + name, nil
 }

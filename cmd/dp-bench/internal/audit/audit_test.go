@@ -1,6 +1,7 @@
 package audit
 
 import (
+	"io"
 	"strings"
 	"testing"
 	"time"
@@ -14,14 +15,22 @@ const auditText = `{"kind":"Event","apiVersion":"audit.k8s.io/v1","level":"Metad
 {"kind":"Event","apiVersion":"audit.k8s.io/v1","level":"Metadata","auditID":"9a1c","stage":"ResponseComplete","requestURI":"/api/v1/namespaces/fleet/pods/sched-0/binding","verb":"create","user":{"username":"dp-bench","groups":["system:masters","system:authenticated"]},"sourceIPs":["127.0.0.1"],"userAgent":"kube-scheduler/v1.36.3 (linux/amd64) kubernetes/8a4e3c1/scheduler","objectRef":{"resource":"pods","namespace":"fleet","name":"sched-0","apiVersion":"v1","subresource":"binding"},"responseStatus":{"metadata":{},"code":201},"requestReceivedTimestamp":"2026-11-27T08:00:01.300000Z","stageTimestamp":"2026-11-27T08:00:01.310000Z"}
 `
 
-func TestParseAudit(t *testing.T) {
-	ws, err := Parse(strings.NewReader(auditText))
+// mustParse is what parse reads of text: n things (what they are), or the
+// test fails.
+func mustParse[T any](t *testing.T, parse func(io.Reader) ([]T, error), text string, n int, what string) []T {
+	t.Helper()
+	got, err := parse(strings.NewReader(text))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(ws) != 2 {
-		t.Fatalf("%d writes, want 2 (the RequestReceived stage skipped): %+v", len(ws), ws)
+	if len(got) != n {
+		t.Fatalf("%d %s, want %d: %+v", len(got), what, n, got)
 	}
+	return got
+}
+
+func TestParseAudit(t *testing.T) {
+	ws := mustParse(t, Parse, auditText, 2, "writes (the RequestReceived stage skipped)")
 	want := []Write{
 		{Agent: "cdi-dra-driver", Node: "fleet-node-3", Verb: "update", Resource: "resourceslices", Name: "fleet-node-3-bench.example.com-x7k2p", Code: 200},
 		{Agent: "kube-scheduler", Node: "", Verb: "create", Resource: "pods/binding", Name: "sched-0", Code: 201},
@@ -139,13 +148,7 @@ apiserver_request_duration_seconds_bucket{component="apiserver",dry_run="",group
 `
 
 func TestRequestTotals(t *testing.T) {
-	after, err := ParseRequestTotals(strings.NewReader(metricsText))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(after) != 4 {
-		t.Fatalf("%d series, want 4: %+v", len(after), after)
-	}
+	after := mustParse(t, ParseRequestTotals, metricsText, 4, "series")
 	before := []RequestCount{{Verb: "PUT", Resource: "resourceslices.resource.k8s.io", Code: "200", Value: 10}}
 	got := RequestWrites(before, after)
 	want := map[string]float64{"PUT resourceslices.resource.k8s.io": 2, "POST pods/binding": 640, "PUT leases.coordination.k8s.io": 1}

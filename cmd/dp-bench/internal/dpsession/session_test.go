@@ -80,11 +80,7 @@ func runAll(t *testing.T, targets []target.Target) []*report.RunResult {
 	errs := make([]error, len(targets))
 	var wg sync.WaitGroup
 	for i := range targets {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			res[i], errs[i] = Run(context.Background(), targets[i], testSettings())
-		}()
+		wg.Go(func() { res[i], errs[i] = Run(context.Background(), targets[i], testSettings()) })
 	}
 	wg.Wait()
 	for i, err := range errs {

@@ -186,16 +186,22 @@ func TestEvidence(t *testing.T) {
 	}
 }
 
+// testSlice is a slice name of generation gen of pool, one of count, with
+// devs.
+func testSlice(pool, name string, gen, count int64, devs ...string) *apiclient.ResourceSlice {
+	s := &apiclient.ResourceSlice{Metadata: apiclient.ObjectMeta{Name: name},
+		Spec: apiclient.ResourceSliceSpec{Pool: apiclient.ResourcePool{Name: pool, Generation: gen, ResourceSliceCount: count}}}
+	for _, d := range devs {
+		s.Spec.Devices = append(s.Spec.Devices, apiclient.SliceDevice{Name: d})
+	}
+	return s
+}
+
 // TestPoolComplete: a pool is complete when all slices of its newest
 // generation are there; devices in slice-name order.
 func TestPoolComplete(t *testing.T) {
 	sl := func(name string, gen, count int64, devs ...string) *apiclient.ResourceSlice {
-		s := &apiclient.ResourceSlice{Metadata: apiclient.ObjectMeta{Name: name},
-			Spec: apiclient.ResourceSliceSpec{Pool: apiclient.ResourcePool{Name: "n", Generation: gen, ResourceSliceCount: count}}}
-		for _, d := range devs {
-			s.Spec.Devices = append(s.Spec.Devices, apiclient.SliceDevice{Name: d})
-		}
-		return s
+		return testSlice("n", name, gen, count, devs...)
 	}
 	pl := pool{}
 	if _, _, ok := pl.complete(); ok {
@@ -231,11 +237,7 @@ func TestNodePools(t *testing.T) {
 		}
 	}
 	sl := func(pool, name string, count int64, devs ...string) *apiclient.ResourceSlice {
-		s := &apiclient.ResourceSlice{Metadata: apiclient.ObjectMeta{Name: name}, Spec: apiclient.ResourceSliceSpec{Pool: apiclient.ResourcePool{Name: pool, Generation: 1, ResourceSliceCount: count}}}
-		for _, d := range devs {
-			s.Spec.Devices = append(s.Spec.Devices, apiclient.SliceDevice{Name: d})
-		}
-		return s
+		return testSlice(pool, name, 1, count, devs...)
 	}
 	ps := nodePools{}
 	if _, _, ok := ps.complete(); ok {

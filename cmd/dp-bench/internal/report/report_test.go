@@ -2,6 +2,7 @@ package report
 
 import (
 	"bytes"
+	"io"
 	"os"
 	"path/filepath"
 	"slices"
@@ -10,6 +11,20 @@ import (
 
 	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/target"
 )
+
+// measured is a run that measured metric id: v next to base.
+func measured(id string, v, base float64) *RunResult {
+	r := NewRunResult()
+	r.Measure(id, v, base)
+	return r
+}
+
+// written is what write writes.
+func written(write func(io.Writer)) string {
+	var b bytes.Buffer
+	write(&b)
+	return b.String()
+}
 
 // TestSummarize: a check failed in any run fails; medians of values,
 // baselines and per-run ratios.
@@ -75,21 +90,15 @@ BenchmarkBuildSpec10000-2   	  20	   8712491 ns/op	 6799467 B/op	  119905 allocs
 	if !slices.Equal(got, want) {
 		t.Fatalf("got %+v\nwant %+v", got, want)
 	}
-	var b bytes.Buffer
-	writeGoBench(&b, got)
-	if !strings.Contains(b.String(), "| BuildSpec10000 | cdi | 8.71ms | 6799467 | 119905 | 1 |") {
-		t.Errorf("table:\n%s", b.String())
+	if s := written(func(w io.Writer) { writeGoBench(w, got) }); !strings.Contains(s, "| BuildSpec10000 | cdi | 8.71ms | 6799467 | 119905 | 1 |") {
+		t.Errorf("table:\n%s", s)
 	}
 }
 
 // TestComparison: the ratio of the compared target to a peer is taken run
 // by run, only between targets of the same scenario.
 func TestComparison(t *testing.T) {
-	run := func(v float64) *RunResult {
-		r := NewRunResult()
-		r.Measure("start-registered", v, 1)
-		return r
-	}
+	run := func(v float64) *RunResult { return measured("start-registered", v, 1) }
 	rep := &Report{Compare: "ours", Targets: []TargetReport{
 		Summarize(target.Target{Name: "ours", Scenario: "8"}, []*RunResult{run(10), run(40), run(12)}),
 		Summarize(target.Target{Name: "peer", Scenario: "8"}, []*RunResult{run(20), run(20), run(12)}),
@@ -102,10 +111,8 @@ func TestComparison(t *testing.T) {
 	if r, ok := runRatio(ps[0], "start-registered"); !ok || r != 1 {
 		t.Fatalf("ratio %v %v, want the median of 0.5, 2, 1", r, ok)
 	}
-	var b bytes.Buffer
-	writeComparison(&b, rep)
-	if !strings.Contains(b.String(), "| process start → Register call | 1.00 |") {
-		t.Errorf("table:\n%s", b.String())
+	if s := written(func(w io.Writer) { writeComparison(w, rep) }); !strings.Contains(s, "| process start → Register call | 1.00 |") {
+		t.Errorf("table:\n%s", s)
 	}
 }
 
@@ -114,10 +121,9 @@ func TestComparison(t *testing.T) {
 // group and names both sides where one peer meets several of ours.
 func TestDRAReport(t *testing.T) {
 	run := func(v float64) *RunResult {
-		r := NewRunResult()
+		r := measured("prepare-8", v, 100)
 		r.Pass("dra-register", "ok")
 		r.Fail("dra-idempotent", "changed")
-		r.Measure("prepare-8", v, 100)
 		r.Metrics["claim-get"] = Sample{Value: 7}
 		return r
 	}

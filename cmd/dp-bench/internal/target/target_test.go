@@ -7,6 +7,20 @@ import (
 	"testing"
 )
 
+// loadFails writes body as a targets file named after name in dir, and
+// checks that Load refuses it with an error that contains want.
+func loadFails(t *testing.T, dir, name, body, want string) {
+	t.Helper()
+	p := filepath.Join(dir, strings.ReplaceAll(name, " ", "-")+".yaml")
+	if err := os.WriteFile(p, []byte(body), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, err := Load(p)
+	if err == nil || !strings.Contains(err.Error(), want) {
+		t.Fatalf("error %v, want it to contain %q", err, want)
+	}
+}
+
 func TestTargetsFile(t *testing.T) {
 	dir := t.TempDir()
 	for _, c := range []struct {
@@ -17,16 +31,7 @@ func TestTargetsFile(t *testing.T) {
 		{"file name", "targets:\n- name: a\n  command: [x]\n  files: {../x: y}\n", `files: "../x" must be a plain file name`},
 		{"empty", "targets: []\n", "no targets"},
 	} {
-		t.Run(c.name, func(t *testing.T) {
-			p := filepath.Join(dir, strings.ReplaceAll(c.name, " ", "-")+".yaml")
-			if err := os.WriteFile(p, []byte(c.body), 0o644); err != nil {
-				t.Fatal(err)
-			}
-			_, err := Load(p)
-			if err == nil || !strings.Contains(err.Error(), c.want) {
-				t.Fatalf("error %v, want it to contain %q", err, c.want)
-			}
-		})
+		t.Run(c.name, func(t *testing.T) { loadFails(t, dir, c.name, c.body, c.want) })
 	}
 }
 
@@ -43,16 +48,7 @@ func TestDRATargets(t *testing.T) {
 		{"device plugin field", "targets:\n- name: a\n  command: [x]\n  ids: 8\n  dra: {driver: d}\n", "ids: not used for a DRA driver"},
 		{"mixed", "targets:\n- name: a\n  command: [x]\n  dra: {driver: d}\n- name: b\n  command: [x]\n", "targets[1]: DRA drivers and device plugins in one file"},
 	} {
-		t.Run(c.name, func(t *testing.T) {
-			p := filepath.Join(dir, strings.ReplaceAll(c.name, " ", "-")+".yaml")
-			if err := os.WriteFile(p, []byte(c.body), 0o644); err != nil {
-				t.Fatal(err)
-			}
-			_, err := Load(p)
-			if err == nil || !strings.Contains(err.Error(), c.want) {
-				t.Fatalf("error %v, want it to contain %q", err, c.want)
-			}
-		})
+		t.Run(c.name, func(t *testing.T) { loadFails(t, dir, c.name, c.body, c.want) })
 	}
 	ts, err := Load("../../bench-dra.yaml")
 	if err != nil || !IsDRA(ts) {
