@@ -194,9 +194,11 @@ func serveReg(t *testing.T, sock string, info *registerapi.PluginInfo) {
 }
 
 // TestAwait: the plugin watcher registers a driver whose socket appears
-// while it waits, woken by inotify or by its poll; it stops at once on a
-// refusal or when the driver's process ended, and says what it last saw
-// when no driver registered in time.
+// while it waits, with inotify and without (a socket is made before it
+// listens, so an attempt on inotify's event can be refused: the poll
+// tries again); it stops at once on a refusal or when the driver's
+// process ended, and says what it last saw when no driver registered in
+// time.
 func TestAwait(t *testing.T) {
 	info := func(dir string, typ string) *registerapi.PluginInfo {
 		return &registerapi.PluginInfo{Type: typ, Name: "d.example.com", Endpoint: filepath.Join(dir, "dra.sock"),
@@ -206,7 +208,7 @@ func TestAwait(t *testing.T) {
 		name string
 		w    kubeletsim.PluginWatcher
 	}{
-		{"inotify", kubeletsim.PluginWatcher{Connect: time.Second, Poll: time.Hour, Inotify: true}},
+		{"inotify", kubeletsim.PluginWatcher{Connect: time.Second, Poll: 500 * time.Millisecond, Inotify: true}},
 		{"poll", kubeletsim.PluginWatcher{Connect: time.Second, Poll: 10 * time.Millisecond}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
