@@ -77,7 +77,10 @@ func (w PluginWatcher) Await(ctx context.Context, dir string, timeout time.Durat
 		case <-w.Exited:
 			return nil, "", ErrExited
 		case <-deadline.C:
-			return nil, "", fmt.Errorf("%w within %s (last: %v)", ErrNotRegistered, timeout, last)
+			if last == nil {
+				return nil, "", fmt.Errorf("%w within %s", ErrNotRegistered, timeout)
+			}
+			return nil, "", fmt.Errorf("%w within %s (last: %w)", ErrNotRegistered, timeout, last)
 		case <-ctx.Done():
 			return nil, "", ctx.Err()
 		}

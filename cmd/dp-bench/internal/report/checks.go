@@ -141,9 +141,9 @@ func NewRunResult() *RunResult {
 	return &RunResult{Checks: map[string]CheckResult{}, Metrics: map[string]Sample{}}
 }
 
-// Pass, Fail and Skip set check id's result, with a detail made as
+// Pass sets check id's result to a pass, with a detail made as
 // fmt.Sprintf makes it (format alone when there are no args); a failure
-// already set stands.
+// already set stands (Set).
 func (r *RunResult) Pass(id, format string, args ...any) { r.Set(id, Pass, format, args...) }
 
 // Fail is Pass for a failure.
