@@ -81,7 +81,7 @@ func run(ctx context.Context, args []string, env config.Env, stderr io.Writer) i
 	var driverName string
 	extra := config.Extra{Name: "driver-name", Env: "DRIVER_NAME", Value: &driverName,
 		Usage: "the DRA driver's name, to recognise its claims' devices that PodResources names without CDI names (default <class>.<domain> of the first resource without replicas above 1, as the driver's)"}
-	cfg, exit := command.Load("cdi-device-plugin", version, args, env, stderr, extra)
+	cfg, exit := command.Load(config.DevicePlugin, version, args, env, stderr, extra)
 	if cfg == nil {
 		return exit
 	}
@@ -92,7 +92,7 @@ func run(ctx context.Context, args []string, env config.Env, stderr io.Writer) i
 		var ignored string // the same flags and environment: the same name
 		e := extra
 		e.Value = &ignored
-		return config.LoadWith("cdi-device-plugin", args, env, io.Discard, e)
+		return config.LoadWith(config.DevicePlugin, args, env, io.Discard, e)
 	}
 	if err := serve(ctx, cfg, driverName, load, logger, log, newGCTarget(env)); err != nil {
 		log.WithError(err).Error("exiting")

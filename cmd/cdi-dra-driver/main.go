@@ -97,7 +97,7 @@ func newClient(kubeconfig string) (kubernetes.Interface, error) {
 // 1 for any other failure.
 func run(ctx context.Context, args []string, env config.Env, stderr io.Writer, client func(string) (kubernetes.Interface, error)) int {
 	var f flags
-	cfg, exit := command.Load("cdi-dra-driver", version, args, env, stderr, f.extra()...)
+	cfg, exit := command.Load(config.DRADriver, version, args, env, stderr, f.extra()...)
 	if cfg == nil {
 		return exit
 	}

@@ -16,21 +16,21 @@ import (
 	"github.com/cdi-device-plugin/cdi-device-plugin/internal/atomicfile"
 )
 
-// Load loads the configuration of the command name, with its own flags
+// Load loads the configuration of the command cmd, with its own flags
 // (config.LoadWith), and answers what ends the command before it starts:
 // -h (config writes the usage to stderr) and --version (the name and
 // version) with exit status 0, a bad configuration (the name and the
 // error) with 2. cfg is nil when the command is to exit with status exit.
-func Load(name, version string, args []string, env config.Env, stderr io.Writer, extra ...config.Extra) (cfg *config.Config, exit int) {
-	cfg, err := config.LoadWith(name, args, env, stderr, extra...)
+func Load(cmd config.Command, version string, args []string, env config.Env, stderr io.Writer, extra ...config.Extra) (cfg *config.Config, exit int) {
+	cfg, err := config.LoadWith(cmd, args, env, stderr, extra...)
 	switch {
 	case errors.Is(err, flag.ErrHelp):
 		return nil, 0
 	case errors.Is(err, config.ErrVersion):
-		fmt.Fprintln(stderr, name, version)
+		fmt.Fprintln(stderr, cmd, version)
 		return nil, 0
 	case err != nil:
-		fmt.Fprintln(stderr, name+":", err)
+		fmt.Fprintln(stderr, string(cmd)+":", err)
 		return nil, 2
 	}
 	return cfg, 0
