@@ -211,7 +211,13 @@ func (h *harness) waitFor(what string, cond func() bool) {
 // simPool) in the API.
 func (h *harness) claim(name string, devices ...string) *drav1.Claim {
 	h.t.Helper()
-	c := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: claimNS, UID: types.UID("uid-" + name)}}
+	return h.claimUID(name, types.UID("uid-"+name), devices...)
+}
+
+// claimUID is claim with the UID uid.
+func (h *harness) claimUID(name string, uid types.UID, devices ...string) *drav1.Claim {
+	h.t.Helper()
+	c := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: claimNS, UID: uid}}
 	alloc := &resourceapi.AllocationResult{}
 	for _, d := range devices {
 		alloc.Devices.Results = append(alloc.Devices.Results, resourceapi.DeviceRequestAllocationResult{Request: "req", Driver: testDriver, Pool: simPool, Device: d})

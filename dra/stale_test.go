@@ -218,3 +218,50 @@ func TestStaleClaimHeldByContainer(t *testing.T) {
 		}
 	}
 }
+
+// TestStaleClaimMetadataByUID: the clean-up removes only what is the
+// stale claim's. The helper keeps a claim's device metadata in a directory
+// named by the claim's namespace and name, not its UID: when a new claim
+// takes the name of a claim gone from the API and is prepared, dropping
+// the old one must leave the new one's metadata file, which its CDI spec
+// mounts into its containers.
+func TestStaleClaimMetadataByUID(t *testing.T) {
+	const interval, grace = time.Minute, 5 * time.Minute
+	fc := testingclock.NewFakeClock(time.Now())
+	h := newHarness(t, nil)
+	h.options = func(o *Options) {
+		o.Clock, o.CleanupInterval, o.CleanupGrace = fc, interval, grace
+		o.DeviceMetadata = true
+	}
+	h.start()
+	old := h.claim("b", "sim-1")
+	if r := h.prepare(old)[old.Uid]; r.Error != "" {
+		t.Fatal(r.Error)
+	}
+	if err := h.client.ResourceV1().ResourceClaims(claimNS).Delete(context.Background(), "b", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	renewed := h.claimUID("b", "uid-b2", "sim-2")
+	if r := h.prepare(renewed)[renewed.Uid]; r.Error != "" {
+		t.Fatal(r.Error)
+	}
+	file := filepath.Join(h.plugins, testDriver, "dra-device-metadata", claimNS+"_b", "req", "metadata.json")
+	h.waitFor("the clean-up's ticker", fc.HasWaiters)
+	fc.Step(interval)
+	h.waitFor("b (uid-b) seen gone", func() bool { return strings.Contains(h.logs.String(), staleNotice) })
+	fc.Step(grace)
+	h.waitFor("uid-b dropped", func() bool { _, ok := h.checkpointed()["uid-b"]; return !ok })
+	data, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatalf("the renewed claim's metadata file is gone with the stale claim: %v", err)
+	}
+	if !strings.Contains(string(data), `"uid":"uid-b2"`) && !strings.Contains(string(data), `"uid": "uid-b2"`) {
+		t.Errorf("the metadata file is not the renewed claim's: %s", data)
+	}
+	for uid, want := range map[string]bool{"uid-b": false, "uid-b2": true} {
+		specs, _ := filepath.Glob(filepath.Join(h.cdiDir, testDriver+"_metadata_"+uid+"_*.json"))
+		if (len(specs) == 1) != want {
+			t.Errorf("%s: metadata specs %v, want there %v", uid, specs, want)
+		}
+	}
+}
