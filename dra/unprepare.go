@@ -16,8 +16,8 @@ import (
 // unprepareClaims undoes Prepare for each claim (unprepare): a
 // claim not prepared (unknown UID) is done already.
 func (pr *preparer) unprepareClaims(ctx context.Context, claims []kubeletplugin.NamespacedObject) (map[types.UID]error, error) {
-	pr.mu.Lock()
-	defer pr.mu.Unlock()
+	pr.lock()
+	defer pr.unlock()
 	out := make(map[types.UID]error, len(claims))
 	for _, c := range claims {
 		out[c.UID] = pr.unprepare(ctx, c.UID)
@@ -111,6 +111,12 @@ func (pr *preparer) dropClaim(log *logrus.Entry, uid types.UID, pc PreparedClaim
 func (pr *preparer) toReset(log *logrus.Entry, pc PreparedClaim, others map[types.UID]PreparedClaim) map[*running][]device.Device {
 	held := map[string]bool{}
 	for _, o := range others {
+		if o.Unpreparing {
+			// Released already (the kubelet unprepares a claim once its
+			// containers are gone), its Unprepare interrupted: it holds
+			// nothing, and its retry does not reset a device it marked.
+			continue
+		}
 		for _, dv := range o.Devices {
 			if !dv.AdminAccess {
 				held[dv.Resource+"\x00"+dv.ID] = true
@@ -193,8 +199,8 @@ func (pr *preparer) spareDevicePluginHeld(ctx context.Context, log *logrus.Entry
 // answer (ErrCannotTell). Kept claims are asked about again at the next
 // pass.
 func (pr *preparer) dropStale(ctx context.Context, uid types.UID, log *logrus.Entry) error {
-	pr.mu.Lock()
-	defer pr.mu.Unlock()
+	pr.lock()
+	defer pr.unlock()
 	pc, ok := pr.checkpoint.Claims()[uid]
 	if !ok {
 		return nil
