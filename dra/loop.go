@@ -54,9 +54,16 @@ func (l *sliceLoop) alive(ctx context.Context) error {
 // through helper.
 func (l *sliceLoop) run(ctx context.Context, helper resourcePublisher) error {
 	g := l.guard
-	poll := time.NewTimer(0) // the first look at once
+	// The guards resolved before the first publish: its slices are then
+	// the final ones, schedulable at once where no guard is up.
+	l.slices.nodeUID = g.prime(ctx)
+	poll := time.NewTimer(0) // while a guard is up, the next look at once
 	defer poll.Stop()
 	armed, polling := true, false
+	if !g.anyUp() {
+		poll.Stop()
+		armed = false
+	}
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	publish := func() error {
