@@ -45,15 +45,7 @@ func TestFirstSlicesSchedulable(t *testing.T) {
 			h.start()
 			h.stop()
 			// Its slices gone too, so that the restart creates them.
-			list, err := h.client.ResourceV1().ResourceSlices().List(context.Background(), metav1.ListOptions{})
-			if err != nil {
-				h.t.Fatal(err)
-			}
-			for _, sl := range list.Items {
-				if err := h.client.ResourceV1().ResourceSlices().Delete(context.Background(), sl.Name, metav1.DeleteOptions{}); err != nil {
-					h.t.Fatal(err)
-				}
-			}
+			h.deleteSlices()
 			h.podres.SetErr(errors.New("kubelet restarting"))
 		}, true},
 	} {
