@@ -75,7 +75,8 @@ type Options struct {
 	BootID    string
 	Resources []Resource
 	Log       *logrus.Entry
-	// Metrics, when set, counts the spec writes.
+	// Metrics, when set, counts the spec writes, and gets the driver's own
+	// series (metrics.DRA).
 	Metrics *metrics.Metrics
 	// PollInterval (default DefaultPollInterval), HealthResend (default
 	// DefaultHealthResend).
@@ -182,10 +183,12 @@ func New(o Options) (*Driver, error) {
 	}
 	d := &Driver{opts: o, log: o.Log.WithField("driver", o.DriverName), podres: podresources.New(o.PodResources)}
 	d.health = newHealthStream(o.HealthResend)
-	d.slices = &slicePublisher{driver: o.DriverName, node: o.NodeName, client: o.Client, log: d.log, co: newCoalescer(o.Clock, o.PublishInterval)}
+	m := o.Metrics.DRA()
+	d.slices = &slicePublisher{driver: o.DriverName, node: o.NodeName, client: o.Client, log: d.log, co: newCoalescer(o.Clock, o.PublishInterval), metrics: m}
 	d.devs = &devices{node: o.NodeName}
 	changed := make(chan struct{}, 1)
 	d.status = newStatusQueue(o.DriverName, o.StatusClient, d.devs, o.NoDeviceStatus, d.log)
+	d.status.metrics = m
 	for _, rc := range o.Resources {
 		r := &running{Resource: rc, changed: changed, pool: PoolName(o.NodeName, rc.IDPrefix)}
 		if err := checkPoolName(r.pool); err != nil {
@@ -204,10 +207,11 @@ func New(o Options) (*Driver, error) {
 	d.metadata = &metadataFiles{enabled: o.DeviceMetadata, driver: o.DriverName, pluginDir: o.PluginDir,
 		cdiDir: filepath.Dir(o.Writer.Path(k)), devs: d.devs}
 	holders := &holdersView{client: d.podres, checkpoint: o.Checkpoint, boot: o.BootID}
-	d.prep = &preparer{driver: o.DriverName, boot: o.BootID, devs: d.devs, checkpoint: o.Checkpoint, specs: d.specs,
+	d.prep = &preparer{driver: o.DriverName, boot: o.BootID, devs: d.devs, checkpoint: o.Checkpoint, specs: d.specs, metrics: m,
 		metadata: d.metadata, status: d.status, holders: holders, log: d.log}
 	d.guard = newHandoverGuard(d.devs.names(), o.NodeName, o.Client, holders.heldNow, d.log)
 	d.loop = newSliceLoop(o.DriverName, o.NodeName, d.devs, changed, d.guard, d.slices, d.health, o.PollInterval)
+	d.loop.metrics = m
 	return d, nil
 }
 

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/cdi-device-plugin/cdi-device-plugin/internal/ping"
+	"github.com/cdi-device-plugin/cdi-device-plugin/metrics"
 )
 
 // sliceLoop owns the handover guards and what was published: it
@@ -18,6 +19,8 @@ type sliceLoop struct {
 	guard        *handoverGuard
 	slices       *slicePublisher
 	health       *healthStream
+	// metrics tells the guards' state (nil: nothing).
+	metrics *metrics.DRA
 	// pollInterval is how often PodResources is asked while a guard is
 	// up (Options.PollInterval).
 	pollInterval time.Duration
@@ -72,6 +75,9 @@ func (l *sliceLoop) run(ctx context.Context, helper resourcePublisher) error {
 			return err
 		}
 		l.health.set(deviceHealth(l.node, cur))
+		for i, r := range l.devs.res {
+			l.metrics.HandoverGuard(r.Name, g.up(i))
+		}
 		return nil
 	}
 	if err := publish(); err != nil {

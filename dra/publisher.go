@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/cdi-device-plugin/cdi-device-plugin/metrics"
 	"github.com/sirupsen/logrus"
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -39,6 +40,8 @@ type slicePublisher struct {
 	nodeUID types.UID
 	// published: the devices were handed to the ResourceSlice controller.
 	published atomic.Bool
+	// metrics counts the publishes (nil: none).
+	metrics *metrics.DRA
 }
 
 // publish hands pools to the controller through helper, unless they are
@@ -52,7 +55,9 @@ func (p *slicePublisher) publish(ctx context.Context, helper resourcePublisher, 
 		publishAtOnce(ctx, p.client, p.driver, p.node, p.nodeUID, p.log, pools) // not a second later (firstpublish.go)
 	}
 	p.co.published()
-	if err := helper.PublishResources(ctx, resourceslice.DriverResources{Pools: pools}); err != nil {
+	err := helper.PublishResources(ctx, resourceslice.DriverResources{Pools: pools})
+	p.metrics.SlicesPublished(err)
+	if err != nil {
 		return fmt.Errorf("publish the ResourceSlices: %w", err)
 	}
 	n, ns := 0, 0
