@@ -171,7 +171,7 @@ type ClaimGuard struct {
 	// registration PodResources is asked every Interval whatever it
 	// answers.
 	Settle time.Duration
-	Log                *logrus.Entry
+	Log    *logrus.Entry
 
 	once       sync.Once
 	registered chan struct{}

@@ -76,7 +76,7 @@ func TestClaimMatch(t *testing.T) {
 			map[string]device.Problem{"sim-2": held("ns/a")}},
 		{"another driver", []podresources.ClaimDevice{{Claim: "ns/a", Driver: "gpu.vendor.com", Pool: testNode, Device: "sim-2"}}, 1, nil},
 		{"another pool", []podresources.ClaimDevice{{Claim: "ns/a", Driver: testDriver, Pool: "node2", Device: "sim-2"}}, 1, nil},
-		// Issue 28: the driver publishes a resource with replicas too,
+		// The driver publishes a resource with replicas too,
 		// each device once, shared by several claims.
 		{"replicas: a shared device by driver, pool and device", []podresources.ClaimDevice{
 			{Claim: "ns/a", Driver: testDriver, Pool: testNode, Device: "sim-2"},
