@@ -749,7 +749,6 @@ func (c *cluster) checkDRAMetrics(t *testing.T) {
 	t.Logf("curl %s/metrics | grep ^cdi_device_plugin_dra_ | grep -v _bucket:\n%s", url, strings.Join(ours, "\n"))
 }
 
-// checkClaimStatus (issue 28, item 2): the status.devices of the pod's
 // checkClaimStatus: the status.devices of the pod's
 // claim, as the API has it, holds each allocated device of the driver
 // with Ready True (Prepared) and data whose device ID, NUMA node (the
