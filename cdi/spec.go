@@ -14,6 +14,7 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"reflect"
 	"strconv"
 	"sync"
 	"time"
@@ -100,6 +101,13 @@ type Resource struct {
 	// written into the spec (SocketAnnotation) so that an older process
 	// can tell whether the newer one that wrote it still runs.
 	Socket string
+	// Siblings: another process may serve the resource from Socket's
+	// directory at the same time (the old and the new instance of the DRA
+	// driver during a rolling update), writing the same devices. A spec
+	// such a sibling wrote with the devices this process last wrote is
+	// taken for this process's own (Check: Intact): neither yields its
+	// devices to the other, nor writes the file again.
+	Siblings bool
 }
 
 // ContainerStateRoot is where device state directories appear in containers.
@@ -393,6 +401,9 @@ func (s *Spec) Check() (Status, string) {
 	if err != nil || other.Kind != s.r.Kind.String() {
 		return Changed, "not our spec"
 	}
+	if s.r.Siblings && s.canJudge(other.Annotations[SocketAnnotation]) && sameDevices(other, last) {
+		return Intact, ""
+	}
 	started, err := strconv.ParseInt(other.Annotations[StartedAnnotation], 10, 64)
 	if err == nil && started > s.w.started {
 		who := fmt.Sprintf("written by %q, started after us", other.Annotations[OwnerAnnotation])
@@ -402,6 +413,20 @@ func (s *Spec) Check() (Status, string) {
 		return Superseded, who
 	}
 	return Changed, "changed by someone else"
+}
+
+// sameDevices reports whether spec describes the devices, with the same
+// edits, as the spec last (what this process wrote last), whatever their
+// annotations (their writer).
+func sameDevices(spec *specs.Spec, last []byte) bool {
+	if last == nil {
+		return false
+	}
+	ours, err := cdi.ParseSpec(last)
+	if err != nil {
+		return false
+	}
+	return reflect.DeepEqual(spec.Devices, ours.Devices) && reflect.DeepEqual(spec.ContainerEdits, ours.ContainerEdits)
 }
 
 // canJudge reports whether the liveness of the process serving sock can be

@@ -385,3 +385,57 @@ func TestRoundTripSeveralNodes(t *testing.T) {
 		t.Fatalf("env %v", spec.Process.Env)
 	}
 }
+
+// TestCheckSibling: with Siblings (the two instances of the DRA driver
+// during a rolling update), a spec that another process serving from our
+// socket directory wrote with the same devices is ours as well: Intact,
+// whichever of the two started first, so that neither yields its devices
+// nor writes the file again. Other devices, or another directory, are
+// what they were without Siblings; and without it a sibling's spec is
+// Superseded as before.
+func TestCheckSibling(t *testing.T) {
+	snap := &device.Snapshot{Devices: []device.Device{{Name: "fpga-0", HostPath: "/dev/null", ContainerPath: "/dev/fpga-0", Type: device.Char, Major: 1, Minor: 3}}}
+	other := &device.Snapshot{Devices: []device.Device{{Name: "fpga-1", HostPath: "/dev/null", ContainerPath: "/dev/fpga-1", Type: device.Char, Major: 1, Minor: 3}}}
+	sockDir := testutil.ShortDir(t)
+	for _, c := range []struct {
+		name     string
+		siblings bool
+		started  int64
+		sockDir  string
+		snap     *device.Snapshot
+		want     Status
+	}{
+		{"a newer sibling, same devices", true, 200, sockDir, snap, Intact},
+		{"an older sibling, same devices", true, 50, sockDir, snap, Intact},
+		{"a newer sibling, other devices", true, 200, sockDir, other, Superseded},
+		{"an older sibling, other devices", true, 50, sockDir, other, Changed},
+		{"a newer process elsewhere, same devices", true, 200, t.TempDir(), snap, Superseded},
+		{"without siblings, a newer one of our directory", false, 200, sockDir, snap, Superseded},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			dir := t.TempDir()
+			res := testResource(t)
+			res.Siblings = c.siblings
+			res.Socket = filepath.Join(sockDir, "dra-old.sock")
+			s := NewWriter(dir, "ns/driver", 100).Spec(res)
+			if err := s.Write(snap); err != nil {
+				t.Fatal(err)
+			}
+			// The other instance serves its socket (so it is not taken
+			// for gone).
+			sib := res
+			sib.Socket = filepath.Join(c.sockDir, "dra-new.sock")
+			l, err := net.Listen("unix", sib.Socket)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer l.Close()
+			if err := NewWriter(dir, "ns/driver", c.started).Write(sib, c.snap); err != nil {
+				t.Fatal(err)
+			}
+			if st, why := s.Check(); st != c.want {
+				t.Fatalf("Check: %v (%s), want %v", st, why, c.want)
+			}
+		})
+	}
+}

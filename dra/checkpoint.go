@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -111,6 +112,8 @@ type Checkpoint struct {
 	mu sync.Mutex
 	// missing: Load found no file (a first start, or a lost one).
 	missing bool
+	// seen is the file as this instance last read or wrote it (Refresh).
+	seen os.FileInfo
 	// driver is the driver name recorded (Load) or taken over (Adopt).
 	driver string
 	claims map[types.UID]PreparedClaim
@@ -132,6 +135,7 @@ func (c *Checkpoint) TempPattern() string { return atomicfile.TempPattern(c.path
 // says so until the first Save: a first start, or a file lost (the
 // driver tells them apart by what remains on the node: checkNotLost).
 func (c *Checkpoint) Load() error {
+	fi, _ := os.Stat(c.path)
 	data, err := os.ReadFile(c.path)
 	if errors.Is(err, fs.ErrNotExist) {
 		c.mu.Lock()
@@ -153,9 +157,29 @@ func (c *Checkpoint) Load() error {
 		f.Claims = map[types.UID]PreparedClaim{}
 	}
 	c.mu.Lock()
-	c.driver, c.claims = f.DriverName, f.Claims
+	c.driver, c.claims, c.seen = f.DriverName, f.Claims, fi
 	c.mu.Unlock()
 	return nil
+}
+
+// Refresh reads the file again when it changed since this instance last
+// read or wrote it (another file at the path, or another size or time):
+// during a rolling update two instances of the driver share it, and the
+// kubelet may ask either, so each call starts from what the other saved
+// (the helper serialises their calls). A file gone keeps the claims as
+// they are: the next Save writes them back.
+func (c *Checkpoint) Refresh() error {
+	fi, err := os.Stat(c.path)
+	if err != nil {
+		return nil //nolint:nilerr // gone: keep what is known
+	}
+	c.mu.Lock()
+	same := c.seen != nil && os.SameFile(c.seen, fi) && c.seen.Size() == fi.Size() && c.seen.ModTime().Equal(fi.ModTime())
+	c.mu.Unlock()
+	if same {
+		return nil
+	}
+	return c.Load()
 }
 
 // Missing reports whether Load found no file and nothing was saved since.
@@ -228,8 +252,12 @@ func (c *Checkpoint) Save(claims map[types.UID]PreparedClaim) error {
 	if err := atomicfile.WriteBytes(c.path, data, 0o600); err != nil {
 		return fmt.Errorf("claim checkpoint: %w", err)
 	}
+	fi, _ := os.Stat(c.path)
 	c.mu.Lock()
-	c.claims, c.missing = claims, false
+	// A copy: the caller may go on changing its map (Unprepare saves a
+	// mark, then drops the claim from the same map), which Claims must
+	// not see until it is saved.
+	c.claims, c.missing, c.seen = maps.Clone(claims), false, fi
 	c.mu.Unlock()
 	return nil
 }

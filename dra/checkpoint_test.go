@@ -120,3 +120,42 @@ func TestCheckpointDriverName(t *testing.T) {
 		})
 	}
 }
+
+// TestCheckpointRefresh: two instances of the driver on one node (a
+// rolling update) share the checkpoint file, so each reads what the other
+// saved before it uses it: Refresh reloads a file that changed since this
+// instance last read or wrote it, and leaves the claims as they are when
+// it is gone.
+func TestCheckpointRefresh(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "checkpoint.json")
+	a, b := NewCheckpoint(path), NewCheckpoint(path)
+	for _, c := range []*Checkpoint{a, b} {
+		if err := c.Load(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := a.Save(map[types.UID]PreparedClaim{"u1": {Namespace: "ns", Name: "c1"}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Refresh(); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := b.Claims()["u1"]; !ok {
+		t.Fatalf("b does not see what a saved: %v", b.Claims())
+	}
+	if err := b.Save(map[types.UID]PreparedClaim{"u2": {Namespace: "ns", Name: "c2"}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Refresh(); err != nil {
+		t.Fatal(err)
+	}
+	if got := a.Claims(); len(got) != 1 || got["u2"].Name != "c2" {
+		t.Fatalf("a after b saved: %v", got)
+	}
+	if err := os.Remove(path); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Refresh(); err != nil || len(a.Claims()) != 1 {
+		t.Fatalf("Refresh of a file gone: %v, claims %v; want them kept", err, a.Claims())
+	}
+}

@@ -98,6 +98,11 @@ type Options struct {
 	// DeviceMetadata: the helper writes each prepared claim's device
 	// metadata (KEP-5304) for its containers (metadataFiles).
 	DeviceMetadata bool
+	// RollingUpdateUID, when set, is the UID of the driver's pod (POD_UID,
+	// from the downward API): a new instance of the driver may then start
+	// and serve beside the old one during a rollout (rolling.go). The
+	// kubelet must support it (1.33 and later).
+	RollingUpdateUID types.UID
 }
 
 // Driver is the DRA kubelet plugin of the configured resources. It
@@ -208,7 +213,8 @@ func New(o Options) (*Driver, error) {
 		cdiDir: filepath.Dir(o.Writer.Path(k)), devs: d.devs}
 	holders := &holdersView{client: d.podres, checkpoint: o.Checkpoint, boot: o.BootID}
 	d.prep = &preparer{driver: o.DriverName, boot: o.BootID, devs: d.devs, checkpoint: o.Checkpoint, specs: d.specs, metrics: m,
-		metadata: d.metadata, status: d.status, holders: holders, log: d.log}
+		serializeLock: rollingLock(o),
+		metadata:      d.metadata, status: d.status, holders: holders, log: d.log}
 	d.guard = newHandoverGuard(d.devs.names(), o.NodeName, o.Client, holders.heldNow, d.log)
 	d.loop = newSliceLoop(o.DriverName, o.NodeName, d.devs, changed, d.guard, d.slices, d.health, o.PollInterval)
 	d.loop.metrics = m
@@ -244,6 +250,7 @@ func (d *Driver) Run(ctx context.Context) error {
 		kubeletplugin.KubeClient(d.opts.Client),
 		kubeletplugin.RegistrarDirectoryPath(d.opts.RegistrarDir),
 		kubeletplugin.PluginDataDirectoryPath(d.opts.PluginDir),
+		kubeletplugin.RollingUpdate(d.opts.RollingUpdateUID),
 		kubeletplugin.GRPCInterceptor(d.intercept),
 	}, d.metadata.options()...)...)
 	if err != nil {
@@ -270,13 +277,28 @@ func (d *Driver) Run(ctx context.Context) error {
 	err = g.Wait()
 	helper.Stop() // its slice controller too: nothing publishes after this
 	_ = d.podres.Close()
-	d.slices.taintOnStop()
+	if d.opts.RollingUpdateUID != "" && otherInstanceServes(d.opts.RegistrarDir, d.opts.DriverName, d.opts.RollingUpdateUID) {
+		// A rollout: the new instance serves the devices, and taints
+		// them itself when it stops.
+		d.log.Info("stopping: another instance of the driver serves the node; its devices are left as they are")
+	} else {
+		d.slices.taintOnStop()
+	}
 	if ctx.Err() != nil && errors.Is(err, context.Canceled) {
 		// Stopped while starting (the slice informer not yet synced,
 		// say): a shutdown, not a failure.
 		return nil
 	}
 	return err
+}
+
+// rollingLock is the helper's lock file during a rolling update ("": no
+// rolling update).
+func rollingLock(o Options) string {
+	if o.RollingUpdateUID == "" {
+		return ""
+	}
+	return filepath.Join(o.PluginDir, serializeLockFile)
 }
 
 // PrepareResourceClaims prepares the devices of the claims of one kubelet

@@ -55,6 +55,9 @@ type harness struct {
 	client                      *fake.Clientset
 	boot                        string
 	extraEnv                    map[string]string
+	// podUID, when set, is the pod UID of the next start's instance
+	// (Options.RollingUpdateUID: a rolling update).
+	podUID types.UID
 	// wrap, when set, wraps each resource's runner (a stop point in
 	// Unprepare); options, when set, edits the driver's options.
 	wrap    func(Runner) Runner
@@ -107,9 +110,10 @@ func (h *harness) start() {
 	h.t.Helper()
 	d := h.build()
 	ctx, cancel := context.WithCancel(context.Background())
-	h.driver, h.cancel, h.done = d, cancel, make(chan error, 1)
-	go func() { h.done <- d.Run(ctx) }()
-	sock := filepath.Join(h.registrar, testDriver+"-reg.sock")
+	done := make(chan error, 1)
+	h.driver, h.cancel, h.done = d, cancel, done
+	go func() { done <- d.Run(ctx) }()
+	sock := filepath.Join(h.registrar, RegistrarSocketFile(h.registrar, testDriver, h.podUID))
 	h.waitFor("registration", func() bool {
 		kl, err := kubeletsim.RegisterDRA(context.Background(), sock)
 		if err != nil {
@@ -132,11 +136,12 @@ func (h *harness) build() *Driver {
 	w := cdi.NewWriter(h.cdiDir, cfg.Owner(), time.Now().UnixNano())
 	drv := filepath.Join(h.plugins, testDriver)
 	opts := Options{DriverName: testDriver, NodeName: node, Client: h.client, RegistrarDir: h.registrar, PluginDir: drv,
-		Writer: w, Checkpoint: cp, PodResources: h.podSock, BootID: h.boot, Log: logrus.NewEntry(logrus.New()), PollInterval: 20 * time.Millisecond}
+		Writer: w, Checkpoint: cp, PodResources: h.podSock, BootID: h.boot, Log: logrus.NewEntry(logrus.New()), PollInterval: 20 * time.Millisecond,
+		RollingUpdateUID: h.podUID}
 	opts.Log.Logger.SetOutput(io.MultiWriter(testWriter{h.t}, &h.logs))
 	for i := range cfg.Resources {
 		rc := &cfg.Resources[i]
-		p, err := resource.Build(cfg, i, resource.Options{Writer: w, Socket: filepath.Join(drv, "dra.sock"), Log: opts.Log,
+		p, err := resource.Build(cfg, i, resource.Options{Writer: w, Socket: filepath.Join(drv, SocketFile(h.podUID)), Siblings: h.podUID != "", Log: opts.Log,
 			Holders: func(context.Context) ([]string, error) { return cp.Held(rc.Name), nil }})
 		if err != nil {
 			h.t.Fatal(err)

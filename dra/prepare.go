@@ -36,6 +36,11 @@ type preparer struct {
 	// metrics counts the calls, the claims and the stale claims dropped
 	// (nil: none).
 	metrics *metrics.DRA
+	// serializeLock, during a rolling update (Options.RollingUpdateUID),
+	// is the file the helper locks around every call of the kubelet to
+	// either instance; the release of a stale claim, which the helper
+	// does not call, locks it too.
+	serializeLock string
 
 	// mu serialises Prepare, Unprepare and the release of stale claims
 	// (the helper serialises the kubelet's calls too, but the checkpoint
@@ -45,10 +50,14 @@ type preparer struct {
 
 // lock takes mu, and unlock lets it go, each telling the PodResources
 // view (holdersView.turn): a List started while another call held the lock,
-// or before another took it, is stale for the call that waited.
-func (pr *preparer) lock() {
+// or before another took it, is stale for the call that waited. With mu
+// held it reads the checkpoint again if another instance of the driver
+// saved it meanwhile (a rolling update: Checkpoint.Refresh); a checkpoint
+// that cannot be read fails the call.
+func (pr *preparer) lock() error {
 	pr.mu.Lock()
 	pr.holders.turn()
+	return pr.checkpoint.Refresh()
 }
 
 func (pr *preparer) unlock() {
@@ -76,8 +85,11 @@ func (pr *preparer) unlock() {
 // queue (status.go), which writes it to the claim's status.devices after
 // the call: the answer never waits for, or depends on, that write.
 func (pr *preparer) prepareClaims(ctx context.Context, claims []*resourceapi.ResourceClaim) (map[types.UID]kubeletplugin.PrepareResult, error) {
-	pr.lock()
+	err := pr.lock()
 	defer pr.unlock()
+	if err != nil {
+		return nil, err
+	}
 	start := time.Now()
 	devs, errs := pr.prepare(ctx, claims)
 	out := make(map[types.UID]kubeletplugin.PrepareResult, len(claims))

@@ -3,23 +3,29 @@ package dra
 import (
 	"context"
 	"fmt"
+	"os"
 	"slices"
 	"strings"
 	"time"
 
+	"github.com/sirupsen/logrus"
+	"go.etcd.io/etcd/client/pkg/v3/fileutil"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/dynamic-resource-allocation/kubeletplugin"
+
 	"github.com/cdi-device-plugin/cdi-device-plugin/device"
 	"github.com/cdi-device-plugin/cdi-device-plugin/metrics"
 	"github.com/cdi-device-plugin/cdi-device-plugin/podresources"
-	"github.com/sirupsen/logrus"
-	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 )
 
 // unprepareClaims undoes Prepare for each claim (unprepare): a
 // claim not prepared (unknown UID) is done already.
 func (pr *preparer) unprepareClaims(ctx context.Context, claims []kubeletplugin.NamespacedObject) (map[types.UID]error, error) {
-	pr.lock()
+	err := pr.lock()
 	defer pr.unlock()
+	if err != nil {
+		return nil, err
+	}
 	start := time.Now()
 	out := make(map[types.UID]error, len(claims))
 	failed := 0
@@ -207,7 +213,20 @@ func (pr *preparer) spareDevicePluginHeld(ctx context.Context, log *logrus.Entry
 // answer (ErrCannotTell). Kept claims are asked about again at the next
 // pass.
 func (pr *preparer) dropStale(ctx context.Context, uid types.UID, log *logrus.Entry) error {
-	pr.lock()
+	if pr.serializeLock != "" {
+		// Another instance of the driver may serve the kubelet now (a
+		// rolling update): the helper serialises their calls with this
+		// lock, and the release must not run beside one of them.
+		l, err := fileutil.LockFile(pr.serializeLock, os.O_RDWR|os.O_CREATE, 0o600)
+		if err != nil {
+			return fmt.Errorf("lock %s: %w", pr.serializeLock, err)
+		}
+		defer l.Close()
+	}
+	if err := pr.lock(); err != nil {
+		pr.unlock()
+		return err
+	}
 	defer pr.unlock()
 	pc, ok := pr.checkpoint.Claims()[uid]
 	if !ok {

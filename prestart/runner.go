@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"slices"
@@ -11,6 +12,7 @@ import (
 	"time"
 
 	"github.com/sirupsen/logrus"
+	"golang.org/x/sys/unix"
 
 	"github.com/cdi-device-plugin/cdi-device-plugin/config"
 	"github.com/cdi-device-plugin/cdi-device-plugin/device"
@@ -58,7 +60,13 @@ type Options struct {
 	Resource string
 	// StateRoot holds one directory per device: <StateRoot>/<device>.
 	StateRoot string
-	Steps     []Step
+	// LockDir, when set, holds a lock file per device (<LockDir>/<device>.lock)
+	// that the runner locks (an open file description lock) while it runs
+	// steps on the device, so that two processes sharing StateRoot (the
+	// old and the new DRA driver during a rolling update) never run steps
+	// on one device at once. Made when first needed.
+	LockDir string
+	Steps   []Step
 	// Budget bounds a whole call (default DefaultBudget).
 	Budget time.Duration
 	// MarkUnhealthy reports a device whose preparation failed as unhealthy.
@@ -332,11 +340,51 @@ func (r *Runner) runAll(ctx context.Context, devs []device.Device, steps []Step,
 	return errors.Join(errs...)
 }
 
-func (r *Runner) lock(name string) func() {
+// lock keeps other runs of steps on device name out until the returned
+// func is called: those of this runner (a mutex), and, with LockDir,
+// those of any process (a lock of the device's file there, taken after
+// the mutex, so a process waits for it once).
+func (r *Runner) lock(name string) (func(), error) {
 	m, _ := r.locks.LoadOrStore(name, &sync.Mutex{})
 	mu := m.(*sync.Mutex)
 	mu.Lock()
-	return mu.Unlock
+	if r.opts.LockDir == "" {
+		return mu.Unlock, nil
+	}
+	f, err := lockFile(filepath.Join(r.opts.LockDir, name+".lock"))
+	if err != nil {
+		mu.Unlock()
+		return nil, err
+	}
+	return func() {
+		_ = f.Close() // lets the lock go
+		mu.Unlock()
+	}, nil
+}
+
+// lockFile opens path (made, with its directory, when missing) and takes
+// an exclusive open file description lock of it, waiting for one another
+// process or runner holds; closing the file lets it go.
+func lockFile(path string) (*os.File, error) {
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return nil, fmt.Errorf("device lock: %w", err)
+	}
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("device lock: %w", err)
+	}
+	lk := unix.Flock_t{Type: unix.F_WRLCK, Whence: io.SeekStart}
+	for {
+		err = unix.FcntlFlock(f.Fd(), unix.F_OFD_SETLKW, &lk)
+		if !errors.Is(err, unix.EINTR) {
+			break
+		}
+	}
+	if err != nil {
+		_ = f.Close()
+		return nil, fmt.Errorf("device lock %s: %w", path, err)
+	}
+	return f, nil
 }
 
 // runOne runs steps on one device (prepare: the steps of a preparation,
@@ -345,7 +393,11 @@ func (r *Runner) lock(name string) func() {
 // background re-preparation) run one after the other. The state file is
 // written once, at the end, whatever happened.
 func (r *Runner) runOne(ctx context.Context, d device.Device, steps []Step, prepare bool) error {
-	defer r.lock(d.Name)()
+	unlock, err := r.lock(d.Name)
+	if err != nil {
+		return &StepError{Device: d.Name, Step: "state", Err: err}
+	}
+	defer unlock()
 	log := r.opts.Log.WithField("device", d.Name)
 	dir := r.Dir(d.Name)
 	if err := ensureDir(dir); err != nil {

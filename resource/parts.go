@@ -32,6 +32,10 @@ type Options struct {
 	// Socket is the socket this process serves for the resource, written
 	// into the spec (cdi.Resource.Socket).
 	Socket string
+	// Siblings: another process may serve the resource beside this one,
+	// from Socket's directory (cdi.Resource.Siblings: the DRA driver
+	// during a rolling update).
+	Siblings bool
 	// Log gets a resource field; nil: nothing is logged.
 	Log     *logrus.Entry
 	Metrics *metrics.Metrics
@@ -164,7 +168,7 @@ func Build(cfg *config.Config, i int, o Options) (*Parts, error) {
 	}
 	// The device state is mounted into containers when there is state to
 	// show: a resource with prestart steps.
-	specRes := cdi.Resource{Name: rc.Name, Kind: kind, EnvPrefix: rc.EnvPrefix, Socket: o.Socket}
+	specRes := cdi.Resource{Name: rc.Name, Kind: kind, EnvPrefix: rc.EnvPrefix, Socket: o.Socket, Siblings: o.Siblings}
 	if runner.HasSteps() {
 		specRes.StateRoot = stateRoot
 		specRes.NoStateMount = runner.BadState
@@ -288,6 +292,12 @@ func (r *Parts) TempPatterns() []string {
 // below the state dir.
 func stateRoot(stateDir string) string { return filepath.Join(stateDir, "devices") }
 
+// lockDir holds a lock file per device (prestart.Options.LockDir), below
+// the state dir and beside the device state directories, which are
+// mounted into containers: two processes (the old and the new DRA driver
+// of a rolling update) never run steps on one device at once.
+func lockDir(stateDir string) string { return filepath.Join(stateDir, "locks") }
+
 // StateTempPatterns are the globs of what device state writes killed
 // mid-way may have left in the device state directories below stateDir:
 // temp files of a device's state file, and the scratch directories a
@@ -357,7 +367,7 @@ func (s StateSpec) Write(snap *device.Snapshot) error {
 // command that does not parse is an error of its field.
 func newRunner(cfg *config.Config, i int, stateRoot string, src *device.Source, holders func(context.Context) ([]string, error), log *logrus.Entry, m *metrics.Metrics) (*prestart.Runner, error) {
 	rc := &cfg.Resources[i]
-	opts := prestart.Options{Resource: rc.Name, StateRoot: stateRoot, Health: src, Log: log, Metrics: m,
+	opts := prestart.Options{Resource: rc.Name, StateRoot: stateRoot, LockDir: lockDir(cfg.StateDir), Health: src, Log: log, Metrics: m,
 		// Background recovery spares the devices containers hold.
 		Holders: holders}
 	if p := rc.Prestart; p != nil {

@@ -21,7 +21,7 @@ func TestHelpListsItsOwnFlags(t *testing.T) {
 	}
 	want := []string{"cdi-dir", "config", "dev-root", "device-metadata", "device-status", "driver-name", "kubeconfig",
 		"kubelet-plugins-dir", "kubelet-registrar-dir", "log-format", "log-level", "metrics-address", "node-name",
-		"pod-resources-socket", "proc-root", "stale-claim-grace", "state-dir", "sys-root", "version"}
+		"pod-resources-socket", "pod-uid", "proc-root", "stale-claim-grace", "state-dir", "sys-root", "version"}
 	if got := testutil.HelpFlags(stderr.String()); !slices.Equal(got, want) {
 		t.Errorf("-h lists %q, want %q:\n%s", got, want, stderr.String())
 	}

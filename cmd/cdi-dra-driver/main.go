@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"syscall"
@@ -20,6 +21,7 @@ import (
 
 	"github.com/sirupsen/logrus"
 	"golang.org/x/sync/errgroup"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -54,7 +56,7 @@ func main() {
 
 // flags are the driver's own flags, beside config's.
 type flags struct {
-	kubeconfig, driverName, registrarDir, pluginsDir, staleClaimGrace, deviceMetadata, deviceStatus string
+	kubeconfig, driverName, registrarDir, pluginsDir, staleClaimGrace, deviceMetadata, deviceStatus, podUID string
 }
 
 func (f *flags) extra() []config.Extra {
@@ -73,8 +75,15 @@ func (f *flags) extra() []config.Extra {
 		{Name: "device-status", Env: "DEVICE_STATUS", Usage: "write each prepared claim's status.devices (a Ready condition and the device's data; KEP-4817): " +
 			"one API write per prepared claim (true or false, default true)",
 			Default: "true", Value: &f.deviceStatus},
+		{Name: "pod-uid", Env: "POD_UID", Usage: "the UID of the driver's pod (the downward API's metadata.uid): set, a new instance of the driver " +
+			"registers and serves beside the old one during a rolling update, with sockets named after it (kubelet 1.33 and later); " +
+			"empty, one instance at a time (default empty)",
+			Value: &f.podUID},
 	}
 }
+
+// podUIDPattern is what --pod-uid may hold: it names the sockets.
+var podUIDPattern = regexp.MustCompile(`^[A-Za-z0-9._-]{1,64}$`)
 
 // newClient makes an API client: from kubeconfig, or in-cluster when
 // empty; each with a client-side rate limit of its own.
@@ -147,9 +156,14 @@ func build(cfg *config.Config, f flags, client func(string) (kubernetes.Interfac
 		return nil, &config.FieldError{Field: "node-name", Reason: "required: the driver publishes the node's devices in a pool named after it (NODE_NAME)"}
 	}
 	pluginDir := filepath.Join(f.pluginsDir, f.driverName)
+	uid := types.UID(f.podUID)
+	if f.podUID != "" && !podUIDPattern.MatchString(f.podUID) {
+		return nil, &config.FieldError{Field: "pod-uid", Value: f.podUID, Reason: "must be a pod UID: 1 to 64 letters, digits, '.', '_' or '-' (it names the driver's sockets)"}
+	}
+	draSock := filepath.Join(pluginDir, dra.SocketFile(uid))
 	for _, c := range []struct{ field, dir, sock string }{
-		{"kubelet-registrar-dir", f.registrarDir, filepath.Join(f.registrarDir, f.driverName+"-reg.sock")},
-		{"kubelet-plugins-dir", f.pluginsDir, filepath.Join(pluginDir, "dra.sock")},
+		{"kubelet-registrar-dir", f.registrarDir, filepath.Join(f.registrarDir, dra.RegistrarSocketFile(f.registrarDir, f.driverName, uid))},
+		{"kubelet-plugins-dir", f.pluginsDir, draSock},
 	} {
 		if !filepath.IsAbs(c.dir) || filepath.Clean(c.dir) != c.dir {
 			return nil, &config.FieldError{Field: c.field, Value: c.dir, Reason: "must be a clean absolute path"}
@@ -197,7 +211,7 @@ func build(cfg *config.Config, f flags, client func(string) (kubernetes.Interfac
 	start := time.Now().UnixNano()
 	writer := cdi.NewWriter(cfg.CDIDir, cfg.Owner(), start)
 	d.opts = dra.Options{DriverName: f.driverName, NodeName: cfg.NodeName, Client: kc, StatusClient: sc, CleanupClient: cc,
-		RegistrarDir: f.registrarDir, PluginDir: pluginDir, Writer: writer, Checkpoint: d.checkpoint,
+		RegistrarDir: f.registrarDir, PluginDir: pluginDir, Writer: writer, Checkpoint: d.checkpoint, RollingUpdateUID: uid,
 		PodResources: cfg.PodResourcesSocket, Log: log, Metrics: d.metrics, CleanupGrace: grace, DeviceMetadata: metadata, NoDeviceStatus: !status}
 	// One registry of node owners for every resource: a host node in
 	// devices of two resources publishes neither.
@@ -205,7 +219,7 @@ func build(cfg *config.Config, f flags, client func(string) (kubernetes.Interfac
 	for i := range cfg.Resources {
 		rc := &cfg.Resources[i]
 		name := rc.Name
-		p, err := resource.Build(cfg, i, resource.Options{Writer: writer, Socket: filepath.Join(pluginDir, "dra.sock"), Log: log, Metrics: d.metrics, Owners: owners,
+		p, err := resource.Build(cfg, i, resource.Options{Writer: writer, Socket: draSock, Siblings: uid != "", Log: log, Metrics: d.metrics, Owners: owners,
 			// Prepared claims hold their devices: no background
 			// re-preparation resets them, and a vanished one is not
 			// forgotten.

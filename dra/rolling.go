@@ -1,0 +1,98 @@
+package dra
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/dynamic-resource-allocation/kubeletplugin"
+	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
+)
+
+// Rolling updates. With Options.RollingUpdateUID (the pod's UID) the
+// helper names the driver's registration and DRA sockets after it
+// (kubeletplugin.RollingUpdate), so that a new instance of the driver
+// starts and registers while the old one still serves, and the kubelet
+// uses either: a DaemonSet rolls with maxSurge 1 and no gap in which no
+// claim can be prepared on the node. What the two share:
+//   - the kubelet's calls: the helper serialises them across both
+//     instances with a lock file in the plugin directory; the release of a
+//     stale claim, which the helper does not call, takes it too
+//     (preparer.serializeLock);
+//   - the claim checkpoint: each call reads it again when the other
+//     instance saved it since (Checkpoint.Refresh);
+//   - the device state: the prestart runner locks a device across
+//     processes while it runs steps on it (prestart.Options.LockDir);
+//   - the node's ResourceSlices: both publish the same pools; the old
+//     instance does not put its stop taint on them while the new one
+//     serves (otherInstanceServes).
+
+// SocketFile is the file name of the driver's DRA socket in its plugin
+// directory, as the helper names it: dra.sock, or dra-<pod UID>.sock
+// during a rolling update.
+func SocketFile(uid types.UID) string {
+	if uid == "" {
+		return "dra.sock"
+	}
+	return "dra-" + string(uid) + ".sock"
+}
+
+// RegistrarSocketFile is the file name of the driver's registration
+// socket in registrarDir, as the helper names it: <driver>-reg.sock, or
+// one with the pod UID (or its digest) during a rolling update.
+func RegistrarSocketFile(registrarDir, driver string, uid types.UID) string {
+	if uid == "" {
+		return driver + "-reg.sock"
+	}
+	return kubeletplugin.RollingUpdateRegistrarSocketFile(registrarDir, driver, uid)
+}
+
+// serializeLockFile is the lock file of the helper's serialisation of
+// calls during a rolling update, in the plugin directory.
+const serializeLockFile = "serialize.lock"
+
+// otherInstanceTimeout bounds the look for another instance at stop.
+const otherInstanceTimeout = time.Second
+
+// otherInstanceServes reports whether another instance of driver is
+// registered in registrarDir: a registration socket other than this
+// instance's (of pod uid) that answers GetInfo with driver's name.
+func otherInstanceServes(registrarDir, driver string, uid types.UID) bool {
+	own := kubeletplugin.RollingUpdateRegistrarSocketFile(registrarDir, driver, uid)
+	entries, err := os.ReadDir(registrarDir)
+	if err != nil {
+		return false
+	}
+	for _, e := range entries {
+		name := e.Name()
+		if name == own || !strings.HasSuffix(name, "-reg.sock") || e.Type()&os.ModeSocket == 0 {
+			continue
+		}
+		if registeredAs(filepath.Join(registrarDir, name)) == driver {
+			return true
+		}
+	}
+	return false
+}
+
+// registeredAs is the driver name the registration socket sock answers
+// GetInfo with ("" when it does not answer).
+func registeredAs(sock string) string {
+	ctx, cancel := context.WithTimeout(context.Background(), otherInstanceTimeout)
+	defer cancel()
+	conn, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return ""
+	}
+	defer conn.Close()
+	info, err := registerapi.NewRegistrationClient(conn).GetInfo(ctx, &registerapi.InfoRequest{})
+	if err != nil {
+		return ""
+	}
+	return info.Name
+}

@@ -1,0 +1,64 @@
+package dra
+
+import (
+	"testing"
+
+	"k8s.io/apimachinery/pkg/types"
+)
+
+// TestRollingUpdate: two instances of the driver on one node, the new one
+// started while the old one serves (Options.RollingUpdateUID: sockets of
+// their own), share the claims: a claim one prepared is unprepared
+// through the other, its device reset; the first then prepares the device
+// for another claim, having read what the second saved. The old instance
+// that stops while the new one serves leaves the devices untainted: they
+// stay schedulable through the rollout.
+func TestRollingUpdate(t *testing.T) {
+	h := newHarness(t, nil)
+	h.podUID = "pod-old"
+	h.start()
+	oldKL, oldCancel, oldDone := h.kl, h.cancel, h.done
+	h.cancel = nil // the harness stops the new one
+	stopOld := func() {
+		if oldCancel == nil {
+			return
+		}
+		oldCancel()
+		if err := <-oldDone; err != nil {
+			t.Errorf("old instance: %v", err)
+		}
+		_ = oldKL.Close()
+		oldCancel = nil
+	}
+	t.Cleanup(stopOld)
+	c1 := h.claim("c1", "sim-0")
+	if r := h.prepare(c1)[c1.Uid]; r.Error != "" {
+		t.Fatal(r.Error)
+	}
+	before := h.deviceState("sim-n1-0").ResetCount
+
+	h.podUID = "pod-new"
+	h.start()
+	newKL := h.kl
+	if r := h.unprepare(c1)[c1.Uid]; r.GetError() != "" {
+		t.Fatal(r.GetError())
+	}
+	if n := h.deviceState("sim-n1-0").ResetCount - before; n != 1 {
+		t.Fatalf("the new instance's Unprepare of a claim the old one prepared reset the device %d times, want 1", n)
+	}
+	if _, ok := h.checkpointed()[types.UID(c1.Uid)]; ok {
+		t.Fatal("c1 still checkpointed after the new instance unprepared it")
+	}
+	h.kl = oldKL
+	c2 := h.claim("c2", "sim-0")
+	if r := h.prepare(c2)[c2.Uid]; r.Error != "" {
+		t.Fatalf("the old instance, preparing the device the new one released: %s", r.Error)
+	}
+	h.kl = newKL
+	stopOld()
+	for name, d := range h.published() {
+		if hasTaint(d, TaintHandover) {
+			t.Errorf("%s tainted once the old instance stopped while the new one serves", name)
+		}
+	}
+}
