@@ -3,6 +3,7 @@ package device
 import (
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -85,12 +86,20 @@ func newDiscoverer(o Options) (discoverer, finder) {
 }
 
 // globs finds existing nodes matched by HostGlobs; a device is its node,
-// keyed by its path, and healthy while it is there.
+// keyed by the path it takes, and healthy while it is there. The aliases
+// of one node (udev's by-id and by-path names, the kernel's name: one
+// type and major:minor) are one device: it takes the name it is known by
+// (the registry; of two, the one with the lower index), else the first
+// name the globs match (globs in order, each one's matches sorted).
 type globs struct{}
 
 func (globs) find(s *Source) (map[string]candidate, []string) {
 	out := map[string]candidate{}
 	var order []string
+	// byNode is the name each node found so far takes; aliases the other
+	// names of a node, by the name it takes.
+	byNode := map[nodeKey]string{}
+	var aliases map[string][]string
 	for _, g := range s.opts.HostGlobs {
 		matches, _ := filepath.Glob(filepath.Join(s.root, g))
 		for _, m := range matches {
@@ -111,6 +120,15 @@ func (globs) find(s *Source) (map[string]candidate, []string) {
 				}
 				continue
 			}
+			key := keyOf(Node{HostPath: m, Type: t, Major: major, Minor: minor})
+			if first, ok := byNode[key]; ok {
+				if aliases == nil {
+					aliases = map[string][]string{}
+				}
+				aliases[first] = append(aliases[first], rel)
+				continue
+			}
+			byNode[key] = rel
 			numa := NoNUMA
 			if s.opts.NUMAOf != nil {
 				numa = s.opts.NUMAOf(t, major, minor)
@@ -119,7 +137,42 @@ func (globs) find(s *Source) (map[string]candidate, []string) {
 			order = append(order, rel)
 		}
 	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.aliases = nil
+	for first, others := range aliases {
+		name := s.knownAlias(append([]string{first}, others...))
+		if name != first {
+			c := out[first]
+			delete(out, first)
+			c.key, c.suffix, c.node.HostPath = name, HostSuffix(name), name
+			out[name] = c
+			order[slices.Index(order, first)] = name
+		}
+		for _, a := range append([]string{first}, others...) {
+			if a == name {
+				continue
+			}
+			if s.aliases == nil {
+				s.aliases = map[string]string{}
+			}
+			s.aliases[a] = name
+		}
+	}
 	return out, order
+}
+
+// knownAlias is the name, of names (aliases of one node, the first the
+// globs matched first), that the node's device takes: the one known with
+// the lowest index, else the first. s.mu is held.
+func (s *Source) knownAlias(names []string) string {
+	best, index := names[0], -1
+	for _, n := range names {
+		if d, ok := s.known[n]; ok && (index < 0 || d.Index < index) {
+			best, index = n, d.Index
+		}
+	}
+	return best
 }
 
 func (globs) health(*Source, Device) Problem { return Problem{} }

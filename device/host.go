@@ -182,7 +182,7 @@ func (s *Source) scanHost(snap *Snapshot) *Snapshot {
 		case wrong:
 			d.SetProblem(Problem{Cause: CauseIdentityChanged, Message: why})
 		case !found:
-			d.SetProblem(Problem{Cause: CauseMissing})
+			d.SetProblem(s.notFound(k))
 		default:
 			d.SetProblem(s.disc.health(s, d))
 		}
@@ -190,6 +190,19 @@ func (s *Source) scanHost(snap *Snapshot) *Snapshot {
 	}
 	sort.Slice(snap.Devices, func(i, j int) bool { return snap.Devices[i].Index < snap.Devices[j].Index })
 	return snap
+}
+
+// notFound is the problem of known device k that the scan did not find:
+// missing, or, for a name that is an alias of the node another device is
+// named by, missing with that said. s.mu is held.
+func (s *Source) notFound(k string) Problem {
+	if name, ok := s.aliases[k]; ok {
+		if d, known := s.known[name]; known {
+			return Problemf(CauseMissing, "%s is an alias of %s, the node of %s: the aliases of a node are one device", filepath.Join(s.root, k), d.HostPath, d.Name)
+		}
+		return Problemf(CauseMissing, "%s is an alias of %s: the aliases of a node are one device", filepath.Join(s.root, k), filepath.Join(s.root, name))
+	}
+	return Problem{Cause: CauseMissing}
 }
 
 // nodesStatus checks a discovered device's own and other nodes on disk.

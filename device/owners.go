@@ -1,10 +1,10 @@
 package device
 
 import (
+	"fmt"
 	"maps"
 	"path/filepath"
 	"slices"
-	"sort"
 	"strings"
 	"sync"
 
@@ -17,8 +17,11 @@ import (
 // process (Options.Owners): a host node that two devices claim, in one
 // resource or in two, makes both Unhealthy (CauseSharedNode), so that
 // neither is handed out while discovery, or the configuration, gives one
-// node to two devices. Make one with NewOwners per process and give it to
-// every source; it is safe for concurrent use.
+// node to two devices. A node is what it is, not the path that names it:
+// claims are keyed by the node's type and numbers (nodeKey), so udev's
+// aliases (/dev/serial/by-id/..., /dev/disk/by-id/...) and the kernel's
+// name of one node are one node. Make one with NewOwners per process and
+// give it to every source; it is safe for concurrent use.
 //
 // A source claims the nodes of its host devices at every scan (simulated
 // devices own the nodes they make and claim none). A device claims its own
@@ -38,13 +41,45 @@ type Owners struct {
 	// conflicts are the shared_node problems of each source's devices,
 	// by device name, as the claims give them now.
 	conflicts map[*Source]map[string]Problem
-	// shared are the nodes claimed by more than one device now, with those
-	// devices (for the log).
-	shared map[string]string
+	// shared are the nodes claimed by more than one device now, by node,
+	// with those devices and the paths they name it by (for the log).
+	shared map[nodeKey]sharedLog
 }
 
-// nodeClaim is a device's claim on a host node (an absolute path).
-type nodeClaim struct{ node, device string }
+// sharedLog is what the log says of a node claimed by more than one
+// device: the devices and the paths they name it by.
+type sharedLog struct{ devices, paths string }
+
+// nodeKey is what a host node is, whatever path names it: its type and
+// numbers. A node whose numbers are not known (0:0: a discovered node not
+// there now) is its path, so that two such nodes are never one.
+type nodeKey struct {
+	t            NodeType
+	major, minor uint32
+	path         string
+}
+
+// keyOf is the key of node n (absolute host path).
+func keyOf(n Node) nodeKey {
+	if n.Major == 0 && n.Minor == 0 {
+		return nodeKey{t: n.Type, path: n.HostPath}
+	}
+	return nodeKey{t: n.Type, major: n.Major, minor: n.Minor}
+}
+
+func (k nodeKey) String() string {
+	if k.path != "" {
+		return k.path
+	}
+	return fmt.Sprintf("%s %d:%d", k.t, k.major, k.minor)
+}
+
+// nodeClaim is a device's claim on a host node: the node, and the path
+// (absolute) the device names it by.
+type nodeClaim struct {
+	key          nodeKey
+	path, device string
+}
 
 // NewOwners returns an empty registry of node owners; log gets a line
 // when a node comes to belong to two devices, and when it belongs to one
@@ -53,7 +88,7 @@ func NewOwners(log *logrus.Entry) *Owners {
 	if log == nil {
 		log = logs.Discard()
 	}
-	return &Owners{log: log, claims: map[*Source][]nodeClaim{}, conflicts: map[*Source]map[string]Problem{}, shared: map[string]string{}}
+	return &Owners{log: log, claims: map[*Source][]nodeClaim{}, conflicts: map[*Source]map[string]Problem{}, shared: map[nodeKey]sharedLog{}}
 }
 
 // vfioContainer is the VFIO container, relative to the dev root: every
@@ -70,12 +105,10 @@ func (s *Source) nodeClaims(snap *Snapshot) []nodeClaim {
 		if c := d.Problem.Cause; c == CauseMissing || c == CauseIdentityChanged {
 			continue
 		}
-		if !s.sharedPaths[d.HostPath] {
-			out = append(out, nodeClaim{node: d.HostPath, device: d.Name})
-		}
-		for _, n := range d.Extra {
+		own := Node{HostPath: d.HostPath, Type: d.Type, Major: d.Major, Minor: d.Minor}
+		for _, n := range append([]Node{own}, d.Extra...) {
 			if !s.sharedPaths[n.HostPath] {
-				out = append(out, nodeClaim{node: n.HostPath, device: d.Name})
+				out = append(out, nodeClaim{key: keyOf(n), path: n.HostPath, device: d.Name})
 			}
 		}
 	}
@@ -126,41 +159,47 @@ func (o *Owners) claim(s *Source, claims []nodeClaim, gone bool) {
 	}
 }
 
+// owner is a device claiming a node, and the path it names the node by.
+type owner struct {
+	src          *Source
+	device, path string
+}
+
 // compute finds the nodes claimed by more than one device and gives each
-// of those devices its problem: the first such node (by path) and the
-// other devices claiming it. It logs the nodes that became shared, and
-// those that are no more. o.mu is held.
+// of those devices its problem: the first such node (by its numbers) and
+// the other devices claiming it, with the paths they name it by when
+// another than its own. It logs the nodes that became shared, and those
+// that are no more. o.mu is held.
 func (o *Owners) compute() map[*Source]map[string]Problem {
-	type owner struct {
-		src    *Source
-		device string
-	}
-	byNode := map[string][]owner{}
+	byNode := map[nodeKey][]owner{}
 	for src, cs := range o.claims {
 		for _, c := range cs {
-			ow := owner{src, c.device}
-			if !slices.Contains(byNode[c.node], ow) {
-				byNode[c.node] = append(byNode[c.node], ow)
+			if !slices.ContainsFunc(byNode[c.key], func(ow owner) bool { return ow.src == src && ow.device == c.device }) {
+				byNode[c.key] = append(byNode[c.key], owner{src, c.device, c.path})
 			}
 		}
 	}
-	nodes := make([]string, 0, len(byNode))
+	nodes := make([]nodeKey, 0, len(byNode))
 	for n, ows := range byNode {
 		if len(ows) > 1 {
 			nodes = append(nodes, n)
 		}
 	}
-	sort.Strings(nodes)
+	slices.SortFunc(nodes, func(a, b nodeKey) int { return strings.Compare(a.sortKey(), b.sortKey()) })
 	out := map[*Source]map[string]Problem{}
-	shared := map[string]string{}
+	shared := map[nodeKey]sharedLog{}
 	for _, n := range nodes {
 		ows := byNode[n]
-		names := make([]string, len(ows))
+		slices.SortFunc(ows, func(a, b owner) int { return strings.Compare(a.device, b.device) })
+		names, paths := make([]string, len(ows)), []string{}
 		for i, ow := range ows {
 			names[i] = ow.device
+			if !slices.Contains(paths, ow.path) {
+				paths = append(paths, ow.path)
+			}
 		}
-		sort.Strings(names)
-		shared[n] = strings.Join(names, ", ")
+		slices.Sort(paths)
+		shared[n] = sharedLog{devices: strings.Join(names, ", "), paths: strings.Join(paths, ", ")}
 		for _, ow := range ows {
 			m := out[ow.src]
 			if m == nil {
@@ -170,24 +209,37 @@ func (o *Owners) compute() map[*Source]map[string]Problem {
 			if _, first := m[ow.device]; first {
 				continue // an earlier node already says it
 			}
-			others := slices.Clone(names)
-			others = slices.Delete(others, slices.Index(others, ow.device), slices.Index(others, ow.device)+1)
-			m[ow.device] = Problemf(CauseSharedNode, "%s is also a node of %s", n, strings.Join(others, ", "))
+			var others []string
+			for _, other := range ows {
+				switch {
+				case other == ow:
+				case other.path == ow.path:
+					others = append(others, other.device)
+				default:
+					others = append(others, other.device+" as "+other.path)
+				}
+			}
+			m[ow.device] = Problemf(CauseSharedNode, "%s (%s) is also a node of %s", ow.path, n, strings.Join(others, ", "))
 		}
 	}
 	for _, n := range nodes {
 		if o.shared[n] != shared[n] {
-			o.log.WithField("node", n).WithField("devices", shared[n]).
+			o.log.WithField("node", n.String()).WithField("paths", shared[n].paths).WithField("devices", shared[n].devices).
 				Warn("a host node belongs to more than one device; none of them is handed out (shared_node) until it belongs to one")
 		}
 	}
 	for n, was := range o.shared {
 		if _, still := shared[n]; !still {
-			o.log.WithField("node", n).WithField("devices", was).Info("the host node belongs to one device again")
+			o.log.WithField("node", n.String()).WithField("paths", was.paths).WithField("devices", was.devices).Info("the host node belongs to one device again")
 		}
 	}
 	o.shared = shared
 	return out
+}
+
+// sortKey orders nodes: by type, then numbers, then path.
+func (k nodeKey) sortKey() string {
+	return fmt.Sprintf("%s %010d:%010d %s", k.t, k.major, k.minor, k.path)
 }
 
 // conflictsOf are the shared_node problems of the devices of s now, by

@@ -119,6 +119,10 @@ type Source struct {
 	// recovered: known may hold devices rebuilt from the spec that wait for
 	// their hardware (adopt).
 	recovered bool
+	// aliases are the names the globs match that name the node of
+	// another name, a device (globs.find): each, by the name its node
+	// takes. A known device of such a name is not found (missing).
+	aliases map[string]string
 	// goneSince is when a known host device was first seen gone, by key.
 	goneSince map[string]time.Time
 	// noHolders is set while Holders cannot tell (logged once).
