@@ -90,7 +90,9 @@ func newDiscoverer(o Options) (discoverer, finder) {
 // of one node (udev's by-id and by-path names, the kernel's name: one
 // type and major:minor) are one device: it takes the name it is known by
 // (the registry; of two, the one with the lower index), else the first
-// name the globs match (globs in order, each one's matches sorted).
+// name the globs match (globs in order, each one's matches sorted). A
+// partition whose disk the globs match too (Options.DiskOf) is a node of
+// its disk's device, not a device: whoever has the disk can write it.
 type globs struct{}
 
 func (globs) find(s *Source) (map[string]candidate, []string) {
@@ -139,27 +141,63 @@ func (globs) find(s *Source) (map[string]candidate, []string) {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.aliases = nil
+	s.notDevices = nil
 	for first, others := range aliases {
-		name := s.knownAlias(append([]string{first}, others...))
+		names := append([]string{first}, others...)
+		name := s.knownAlias(names)
 		if name != first {
 			c := out[first]
 			delete(out, first)
 			c.key, c.suffix, c.node.HostPath = name, HostSuffix(name), name
 			out[name] = c
 			order[slices.Index(order, first)] = name
+			byNode[keyOf(Node{HostPath: filepath.Join(s.root, name), Type: c.node.Type, Major: c.node.Major, Minor: c.node.Minor})] = name
 		}
-		for _, a := range append([]string{first}, others...) {
-			if a == name {
-				continue
+		for _, a := range names {
+			if a != name {
+				s.notDevice(a, name, false)
 			}
-			if s.aliases == nil {
-				s.aliases = map[string]string{}
-			}
-			s.aliases[a] = name
 		}
 	}
+	order = s.foldPartitions(out, order, byNode)
 	return out, order
+}
+
+// foldPartitions makes each partition found (cands, in order) whose disk
+// is found too (byNode: the name each node takes) a node of its disk's
+// device, and returns the order without them. s.mu is held.
+func (s *Source) foldPartitions(cands map[string]candidate, order []string, byNode map[nodeKey]string) []string {
+	if s.opts.DiskOf == nil {
+		return order
+	}
+	kept := order[:0:0]
+	for _, rel := range order {
+		c := cands[rel]
+		if c.node.Type == Block {
+			if major, minor, ok := s.opts.DiskOf(c.node.Major, c.node.Minor); ok {
+				if disk, found := byNode[nodeKey{t: Block, major: major, minor: minor}]; found {
+					d := cands[disk]
+					d.extra = append(d.extra, c.node)
+					cands[disk] = d
+					delete(cands, rel)
+					s.notDevice(rel, disk, true)
+					continue
+				}
+			}
+		}
+		kept = append(kept, rel)
+	}
+	return kept
+}
+
+// notDevice records that name, which the globs match, is no device: it is
+// another name of the node of device of (an alias), or a partition of
+// the disk of device of. s.mu is held.
+func (s *Source) notDevice(name, of string, partition bool) {
+	if s.notDevices == nil {
+		s.notDevices = map[string]notDevice{}
+	}
+	s.notDevices[name] = notDevice{of: of, partition: partition}
 }
 
 // knownAlias is the name, of names (aliases of one node, the first the

@@ -192,17 +192,31 @@ func (s *Source) scanHost(snap *Snapshot) *Snapshot {
 	return snap
 }
 
+// notDevice is why a name the globs match is no device: it names the node
+// of device of (another name of it), or, with partition, a partition of
+// the disk that is the node of device of.
+type notDevice struct {
+	of        string
+	partition bool
+}
+
 // notFound is the problem of known device k that the scan did not find:
-// missing, or, for a name that is an alias of the node another device is
-// named by, missing with that said. s.mu is held.
+// missing, and for a name that is now another device's node (an alias) or
+// a partition of it, that said. s.mu is held.
 func (s *Source) notFound(k string) Problem {
-	if name, ok := s.aliases[k]; ok {
-		if d, known := s.known[name]; known {
-			return Problemf(CauseMissing, "%s is an alias of %s, the node of %s: the aliases of a node are one device", filepath.Join(s.root, k), d.HostPath, d.Name)
-		}
-		return Problemf(CauseMissing, "%s is an alias of %s: the aliases of a node are one device", filepath.Join(s.root, k), filepath.Join(s.root, name))
+	nd, ok := s.notDevices[k]
+	if !ok {
+		return Problem{Cause: CauseMissing}
 	}
-	return Problem{Cause: CauseMissing}
+	what := "an alias of"
+	if nd.partition {
+		what = "a partition of"
+	}
+	of := filepath.Join(s.root, nd.of)
+	if d, known := s.known[nd.of]; known {
+		return Problemf(CauseMissing, "%s is %s %s, the node of %s: a node of that device", filepath.Join(s.root, k), what, of, d.Name)
+	}
+	return Problemf(CauseMissing, "%s is %s %s: a node of its device", filepath.Join(s.root, k), what, of)
 }
 
 // nodesStatus checks a discovered device's own and other nodes on disk.

@@ -74,10 +74,11 @@ func (k nodeKey) String() string {
 	return fmt.Sprintf("%s %d:%d", k.t, k.major, k.minor)
 }
 
-// nodeClaim is a device's claim on a host node: the node, and the path
-// (absolute) the device names it by.
+// nodeClaim is a device's claim on a host node: the node, the path
+// (absolute) the device names it by, and, for a partition, its disk
+// (Options.DiskOf; zero otherwise).
 type nodeClaim struct {
-	key          nodeKey
+	key, disk    nodeKey
 	path, device string
 }
 
@@ -108,11 +109,23 @@ func (s *Source) nodeClaims(snap *Snapshot) []nodeClaim {
 		own := Node{HostPath: d.HostPath, Type: d.Type, Major: d.Major, Minor: d.Minor}
 		for _, n := range append([]Node{own}, d.Extra...) {
 			if !s.sharedPaths[n.HostPath] {
-				out = append(out, nodeClaim{key: keyOf(n), path: n.HostPath, device: d.Name})
+				out = append(out, nodeClaim{key: keyOf(n), disk: s.diskOf(n), path: n.HostPath, device: d.Name})
 			}
 		}
 	}
 	return out
+}
+
+// diskOf is the disk of n when it is a partition (Options.DiskOf), else
+// the zero key.
+func (s *Source) diskOf(n Node) nodeKey {
+	if n.Type != Block || s.opts.DiskOf == nil || (n.Major == 0 && n.Minor == 0) {
+		return nodeKey{}
+	}
+	if major, minor, ok := s.opts.DiskOf(n.Major, n.Minor); ok {
+		return nodeKey{t: Block, major: major, minor: minor}
+	}
+	return nodeKey{}
 }
 
 // sharedPaths are the absolute paths of the nodes the devices of a source
@@ -165,34 +178,70 @@ type owner struct {
 	device, path string
 }
 
-// compute finds the nodes claimed by more than one device and gives each
+// same reports whether ow and b are one device.
+func (ow owner) same(b owner) bool { return ow.src == b.src && ow.device == b.device }
+
+// describe names device ow (of others) to a device claiming its node by
+// path: by name, with the path it names it by when another one.
+func (ow owner) describe(path string) string {
+	if ow.path == path {
+		return ow.device
+	}
+	return ow.device + " as " + ow.path
+}
+
+// compute finds the nodes claimed by more than one device, a disk as a
+// node of one device and a partition of it as another's, and gives each
 // of those devices its problem: the first such node (by its numbers) and
 // the other devices claiming it, with the paths they name it by when
 // another than its own. It logs the nodes that became shared, and those
 // that are no more. o.mu is held.
 func (o *Owners) compute() map[*Source]map[string]Problem {
-	byNode := map[nodeKey][]owner{}
+	// byNode are the devices claiming each node; partsOf those claiming a
+	// partition of it (a disk), but not the disk itself.
+	byNode, partsOf := map[nodeKey][]owner{}, map[nodeKey][]owner{}
+	add := func(m map[nodeKey][]owner, k nodeKey, ow owner) {
+		if !slices.ContainsFunc(m[k], ow.same) {
+			m[k] = append(m[k], ow)
+		}
+	}
 	for src, cs := range o.claims {
 		for _, c := range cs {
-			if !slices.ContainsFunc(byNode[c.key], func(ow owner) bool { return ow.src == src && ow.device == c.device }) {
-				byNode[c.key] = append(byNode[c.key], owner{src, c.device, c.path})
+			add(byNode, c.key, owner{src, c.device, c.path})
+			if c.disk != (nodeKey{}) {
+				add(partsOf, c.disk, owner{src, c.device, c.path})
 			}
 		}
 	}
 	nodes := make([]nodeKey, 0, len(byNode))
 	for n, ows := range byNode {
-		if len(ows) > 1 {
+		parts := slices.DeleteFunc(slices.Clone(partsOf[n]), func(p owner) bool { return slices.ContainsFunc(ows, p.same) })
+		partsOf[n] = parts
+		if len(ows) > 1 || len(parts) > 0 {
 			nodes = append(nodes, n)
 		}
 	}
 	slices.SortFunc(nodes, func(a, b nodeKey) int { return strings.Compare(a.sortKey(), b.sortKey()) })
 	out := map[*Source]map[string]Problem{}
+	give := func(ow owner, p Problem) {
+		m := out[ow.src]
+		if m == nil {
+			m = map[string]Problem{}
+			out[ow.src] = m
+		}
+		if _, first := m[ow.device]; !first { // else an earlier node already says it
+			m[ow.device] = p
+		}
+	}
+	byDevice := func(a, b owner) int { return strings.Compare(a.device, b.device) }
 	shared := map[nodeKey]sharedLog{}
 	for _, n := range nodes {
-		ows := byNode[n]
-		slices.SortFunc(ows, func(a, b owner) int { return strings.Compare(a.device, b.device) })
-		names, paths := make([]string, len(ows)), []string{}
-		for i, ow := range ows {
+		ows, parts := byNode[n], partsOf[n]
+		slices.SortFunc(ows, byDevice)
+		slices.SortFunc(parts, byDevice)
+		all := append(slices.Clone(ows), parts...)
+		names, paths := make([]string, len(all)), []string{}
+		for i, ow := range all {
 			names[i] = ow.device
 			if !slices.Contains(paths, ow.path) {
 				paths = append(paths, ow.path)
@@ -201,25 +250,23 @@ func (o *Owners) compute() map[*Source]map[string]Problem {
 		slices.Sort(paths)
 		shared[n] = sharedLog{devices: strings.Join(names, ", "), paths: strings.Join(paths, ", ")}
 		for _, ow := range ows {
-			m := out[ow.src]
-			if m == nil {
-				m = map[string]Problem{}
-				out[ow.src] = m
-			}
-			if _, first := m[ow.device]; first {
-				continue // an earlier node already says it
-			}
 			var others []string
 			for _, other := range ows {
-				switch {
-				case other == ow:
-				case other.path == ow.path:
-					others = append(others, other.device)
-				default:
-					others = append(others, other.device+" as "+other.path)
+				if other != ow {
+					others = append(others, other.describe(ow.path))
 				}
 			}
-			m[ow.device] = Problemf(CauseSharedNode, "%s (%s) is also a node of %s", ow.path, n, strings.Join(others, ", "))
+			for _, p := range parts {
+				others = append(others, p.device+" as "+p.path+", a partition of it")
+			}
+			give(ow, Problemf(CauseSharedNode, "%s (%s) is also a node of %s", ow.path, n, strings.Join(others, ", ")))
+		}
+		for _, p := range parts {
+			var disk []string
+			for _, ow := range ows {
+				disk = append(disk, ow.describe(""))
+			}
+			give(p, Problemf(CauseSharedNode, "%s is a partition of %s, a node of %s: whoever has the disk can write it", p.path, n, strings.Join(disk, ", ")))
 		}
 	}
 	for _, n := range nodes {

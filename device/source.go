@@ -73,6 +73,13 @@ type Options struct {
 	// NUMAOf, when set, gives host glob devices their NUMA node from
 	// their numbers (sysfs.NUMAOfNode); NoNUMA when unknown.
 	NUMAOf func(t NodeType, major, minor uint32) int
+	// DiskOf, when set, tells a partition from its disk: for the block
+	// node major:minor, the numbers of the disk it is a partition of, and
+	// true; false for a whole disk or what it cannot tell (sysfs.DiskOf).
+	// A partition belongs to its disk: within one resource it is a node of
+	// its disk's device, across resources it and its disk are one node
+	// (Owners).
+	DiskOf func(major, minor uint32) (diskMajor, diskMinor uint32, ok bool)
 	// ContainerPath, when set, says where the own node (rel, relative to
 	// DevRoot) of host device index appears in containers.
 	ContainerPath func(index int, rel string) string
@@ -119,10 +126,10 @@ type Source struct {
 	// recovered: known may hold devices rebuilt from the spec that wait for
 	// their hardware (adopt).
 	recovered bool
-	// aliases are the names the globs match that name the node of
-	// another name, a device (globs.find): each, by the name its node
-	// takes. A known device of such a name is not found (missing).
-	aliases map[string]string
+	// notDevices are the names the globs match that are no device
+	// (globs.find): another name of a device's node, or a partition of
+	// its disk. A known device of such a name is not found (missing).
+	notDevices map[string]notDevice
 	// goneSince is when a known host device was first seen gone, by key.
 	goneSince map[string]time.Time
 	// noHolders is set while Holders cannot tell (logged once).

@@ -132,6 +132,8 @@ func Build(cfg *config.Config, i int, o Options) (*Parts, error) {
 		opts.SharedNodes = rc.SharedRel
 		opts.ForgetAfter = rc.ForgetAfterOrDefault()
 		opts.Holders = holders
+		sysRoot := cfg.SysRoot
+		opts.DiskOf = func(major, minor uint32) (uint32, uint32, bool) { return sysfs.DiskOf(sysRoot, major, minor) }
 		if rc.ContainerPath != "" {
 			opts.ContainerPath = rc.ContainerPathOf
 		}
@@ -146,7 +148,6 @@ func Build(cfg *config.Config, i int, o Options) (*Parts, error) {
 			opts.KernelEvents = kernelEvents(o.Uevents, "usb")
 		default:
 			opts.HostGlobs = rc.HostGlobs
-			sysRoot := cfg.SysRoot
 			opts.NUMAOf = func(t device.NodeType, major, minor uint32) int { return sysfs.NUMAOfNode(sysRoot, t, major, minor) }
 		}
 	}
