@@ -78,11 +78,14 @@ func (s *Source) sharedNodes() []Node {
 }
 
 // sharedBeside is shared without the nodes that are d's own or other
-// nodes already (sharedNodes naming /dev/vfio/vfio, which a vfio-pci
-// function has of its own): a node appears once in a device.
+// nodes already, by path or by node (sharedNodes naming /dev/vfio/vfio,
+// which a vfio-pci function has of its own): a node appears once in a
+// device.
 func sharedBeside(shared []Node, d *Device) []Node {
+	same := func(a, b Node) bool { return a.HostPath == b.HostPath || keyOf(a) == keyOf(b) }
 	mine := func(n Node) bool {
-		return n.HostPath == d.HostPath || slices.ContainsFunc(d.Extra, func(e Node) bool { return e.HostPath == n.HostPath })
+		return same(n, Node{HostPath: d.HostPath, Type: d.Type, Major: d.Major, Minor: d.Minor}) ||
+			slices.ContainsFunc(d.Extra, func(e Node) bool { return same(e, n) })
 	}
 	if !slices.ContainsFunc(shared, mine) {
 		return shared

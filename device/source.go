@@ -92,6 +92,9 @@ type Options struct {
 	// does not parse; its error says why the spec cannot be trusted (none,
 	// not ours), and Prepare then refuses with ErrRegistry.
 	Described func() ([]Described, error)
+	// Resource names the resource in what the owners say of its nodes
+	// (shared_node problems, logs); unset, its IDs do (<prefix>-*).
+	Resource string
 	// Owners, when set, is the registry of node owners shared by every
 	// source of the process: a host node claimed by devices of two
 	// resources makes both Unhealthy (CauseSharedNode). Unset, the source
@@ -147,9 +150,11 @@ type Source struct {
 	// fullScans counts the rescans of every device Run made (tests).
 	fullScans atomic.Int64
 	// owners knows the nodes every source of the process claims;
-	// sharedPaths are the nodes this source's devices may share (absolute).
+	// sharedPaths are the nodes this source's devices may share
+	// (absolute); made the nodes its simulated devices make.
 	owners      *Owners
 	sharedPaths map[string]bool
+	made        []madeNode
 	// running is set once Run publishes (s.mu); before, a change of the
 	// conflicts updates current at once and sets resend, so that Run's
 	// first publish sends what it finds even if current says it already.
@@ -186,8 +191,10 @@ func NewSource(o Options) (*Source, error) {
 	if owners == nil {
 		owners = NewOwners(o.Log)
 	}
-	return &Source{opts: o, root: root, log: o.Log, kind: kind, disc: disc, known: map[string]Device{}, goneSince: map[string]time.Time{}, faults: map[string]Problem{},
-		poke: make(chan struct{}, 1), rescan: make(chan struct{}, 1), owners: owners, sharedPaths: sharedPaths(root, o)}, nil
+	s := &Source{opts: o, root: root, log: o.Log, kind: kind, disc: disc, known: map[string]Device{}, goneSince: map[string]time.Time{}, faults: map[string]Problem{},
+		poke: make(chan struct{}, 1), rescan: make(chan struct{}, 1), owners: owners, sharedPaths: sharedPaths(root, o)}
+	s.made = madeNodes(root, o, s.deviceName)
+	return s, nil
 }
 
 // Prepare readies the devices (the discoverer creates the simulated nodes,
@@ -295,13 +302,13 @@ func (s *Source) deviceName(suffix string) string {
 }
 
 // scan builds a snapshot from the disk as it is now, and the faults; the
-// nodes of its host devices are claimed (Owners), whose conflicts the
-// caller adds (withConflicts) when it makes the snapshot current.
+// source's stake in the host's nodes is given to the owners (the nodes
+// of its host devices, its shared nodes, the nodes it makes), whose
+// conflicts the caller adds (withConflicts) when it makes the snapshot
+// current.
 func (s *Source) scan() *Snapshot {
 	snap := s.scanNodes()
-	if s.disc != nil {
-		s.owners.claim(s, s.nodeClaims(snap), false)
-	}
+	s.owners.set(s, s.stake(snap), false)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for i := range snap.Devices {

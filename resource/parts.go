@@ -113,6 +113,7 @@ func Build(cfg *config.Config, i int, o Options) (*Parts, error) {
 		DevRoot:  cfg.DevRoot,
 		IDPrefix: rc.IDPrefix, NodeName: cfg.NodeName,
 		Replicas: rc.ReplicaCount(),
+		Resource: rc.Name,
 		Owners:   o.Owners,
 		Log:      log,
 	}
