@@ -180,13 +180,14 @@ func Build(cfg *config.Config, i int, o Options) (*Parts, error) {
 
 // describedBy reads the devices the CDI spec at path describes, for a
 // registry rebuilt from it (device.Options.Described). The spec must be
-// there, valid, of kind and written by owner (cdi.OwnerAnnotation); a
+// there (device.ErrNoSpec), valid, of kind and written by owner
+// (cdi.OwnerAnnotation); a
 // device's index is its <envPrefix>_<index> variable (-1 without one), its
 // identity its annotations.
 func describedBy(path, owner string, kind cdi.Kind, envPrefix string) ([]device.Described, error) {
 	spec, err := cdiapi.ReadSpec(path, 0)
 	if errors.Is(err, fs.ErrNotExist) {
-		return nil, fmt.Errorf("no CDI spec %s (a reboot empties its directory)", path)
+		return nil, fmt.Errorf("%w %s (a reboot empties its directory)", device.ErrNoSpec, path)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("CDI spec %s: %w", path, err)

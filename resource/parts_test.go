@@ -137,6 +137,47 @@ func TestCorruptRegistryRebuiltFromSpec(t *testing.T) {
 			t.Fatalf("after a restart: %v", again)
 		}
 	})
+	// A registry that is gone (the state directory cleaned) is missing
+	// state too: rebuilt from the spec, with no file to keep aside.
+	t.Run("rebuilt when missing", func(t *testing.T) {
+		if err := os.Remove(registry); err != nil {
+			t.Fatal(err)
+		}
+		p, err := start("dp")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := indexes(p); len(got) != 3 || got["ser-n1-ttyR3"] != 0 || got["ser-n1-ttyR1"] != 1 || got["ser-n1-ttyR0"] != 2 {
+			t.Fatalf("after the registry was removed: %v; want ttyR3 0, ttyR1 1, ttyR0 2 (glob order would give ttyR0 0)", got)
+		}
+		if _, err := os.Stat(registry); err != nil {
+			t.Fatalf("the rebuilt registry is not written: %v", err)
+		}
+	})
+	t.Run("missing, with a spec of another owner", func(t *testing.T) {
+		if err := os.Remove(registry); err != nil {
+			t.Fatal(err)
+		}
+		_, err := start("another")
+		if !errors.Is(err, device.ErrRegistry) || !strings.Contains(err.Error(), "not ours") || !strings.Contains(err.Error(), "no pod holds") {
+			t.Fatalf("got %v, want %v: the spec is not ours, and what to do", err, device.ErrRegistry)
+		}
+		if _, err := os.Stat(registry); !errors.Is(err, fs.ErrNotExist) {
+			t.Fatalf("a refused start wrote the registry: %v", err)
+		}
+	})
+	t.Run("missing, without a spec: a first start", func(t *testing.T) {
+		if err := os.Remove(specPath); err != nil {
+			t.Fatal(err)
+		}
+		p, err := start("dp")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := indexes(p); len(got) != 3 || got["ser-n1-ttyR0"] != 0 || got["ser-n1-ttyR1"] != 1 || got["ser-n1-ttyR3"] != 2 {
+			t.Fatalf("a first start: %v, want glob order", got)
+		}
+	})
 }
 
 // TestTempPatternsCoverEveryFile: every file a resource writes through a
