@@ -115,6 +115,37 @@ func (w *Writer) RemoveClaimSpec(k Kind, uid string) error {
 	return nil
 }
 
+// ClaimSpec is a per-claim spec on disk.
+type ClaimSpec struct {
+	// Path is its file, UID the claim UID its name gives.
+	Path, UID string
+	// Claim is the claim's <namespace>/<name> (ClaimAnnotation); "" when
+	// the file cannot be read as a spec that names one.
+	Claim string
+}
+
+// ClaimSpecs are the per-claim specs of kind k on disk (not the temp
+// files of writes under way), in file name order.
+func (w *Writer) ClaimSpecs(k Kind) ([]ClaimSpec, error) {
+	prefix := cdi.GenerateTransientSpecName(k.Vendor, k.Class, "")
+	matches, err := filepath.Glob(filepath.Join(w.dir, prefix+"*.json"))
+	if err != nil {
+		return nil, err
+	}
+	out := make([]ClaimSpec, 0, len(matches))
+	for _, p := range matches {
+		c := ClaimSpec{Path: p, UID: strings.TrimSuffix(strings.TrimPrefix(filepath.Base(p), prefix), ".json")}
+		if data, err := os.ReadFile(p); err == nil {
+			var spec specs.Spec
+			if json.Unmarshal(data, &spec) == nil {
+				c.Claim = spec.Annotations[ClaimAnnotation]
+			}
+		}
+		out = append(out, c)
+	}
+	return out, nil
+}
+
 // RemoveStaleClaimSpecs removes the per-claim specs of kind k whose claim
 // UID keep does not want (claims no longer prepared: a driver stopped
 // between writing a claim's spec and its checkpoint), and the temp files
@@ -127,20 +158,19 @@ func (w *Writer) RemoveStaleClaimSpecs(k Kind, keep func(uid string) bool) ([]st
 	if err != nil {
 		errs = append(errs, err)
 	}
-	matches, err := filepath.Glob(filepath.Join(w.dir, prefix+"*.json"))
+	found, err := w.ClaimSpecs(k)
 	if err != nil {
 		return removed, errors.Join(append(errs, err)...)
 	}
-	for _, p := range matches {
-		uid := strings.TrimSuffix(strings.TrimPrefix(filepath.Base(p), prefix), ".json")
-		if keep(uid) {
+	for _, c := range found {
+		if keep(c.UID) {
 			continue
 		}
-		if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		if err := os.Remove(c.Path); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			errs = append(errs, err)
 			continue
 		}
-		removed = append(removed, p)
+		removed = append(removed, c.Path)
 	}
 	return removed, errors.Join(errs...)
 }

@@ -12,10 +12,11 @@ import (
 )
 
 // Load parses args (without the program name), the environment and the
-// config file they name, applies defaults and validates the result.
+// config file they name, applies defaults and validates the result, with
+// the device plugin's flags (it takes every setting).
 // flag.ErrHelp is returned as is for -h, ErrVersion for --version.
 func Load(args []string, env Env, output io.Writer) (*Config, error) {
-	return LoadWith("cdi-device-plugin", args, env, output)
+	return LoadWith(DevicePlugin, args, env, output)
 }
 
 // Extra is a flag that one command reads beside the shared ones (the DRA
@@ -26,13 +27,21 @@ type Extra struct {
 	Value                     *string
 }
 
-// LoadWith is Load for the command name that also reads the flags extra.
-func LoadWith(name string, args []string, env Env, output io.Writer, extra ...Extra) (*Config, error) {
-	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+// LoadWith is Load for the command cmd: the settings it takes, as its -h
+// words them (a setting it does not take keeps its file value or
+// default), and its own flags extra.
+func LoadWith(cmd Command, args []string, env Env, output io.Writer, extra ...Extra) (*Config, error) {
+	fs := flag.NewFlagSet(string(cmd), flag.ContinueOnError)
 	fs.SetOutput(output)
 	vals := map[string]*string{}
-	for _, f := range append([]flagDef{configFlag}, flagDefs...) {
-		vals[f.name] = fs.String(f.name, "", f.usage+" [$"+f.env+"]")
+	var taken []flagDef
+	for _, f := range flagDefs {
+		if f.usage(cmd) != "" {
+			taken = append(taken, f)
+		}
+	}
+	for _, f := range append([]flagDef{configFlag}, taken...) {
+		vals[f.name] = fs.String(f.name, "", f.usage(cmd)+" [$"+f.env+"]")
 	}
 	for _, e := range extra {
 		vals[e.Name] = fs.String(e.Name, "", e.Usage+" [$"+e.Env+"]")
@@ -82,7 +91,7 @@ func LoadWith(name string, args []string, env Env, output io.Writer, extra ...Ex
 		cfg.ConfigFile = path
 	}
 	cfg.Version = Version
-	for _, f := range flagDefs {
+	for _, f := range taken {
 		if v, ok := pick(f); ok {
 			f.set(cfg, v)
 		}

@@ -18,8 +18,8 @@ import (
 	"sigs.k8s.io/yaml"
 )
 
-// draDoc is the walk-through of the DRA driver on the demo node (issue
-// 28, item 9), relative to this package.
+// draDoc is the walk-through of the DRA driver on the demo node, relative
+// to this package.
 const draDoc = "../docs/dra.md"
 
 // demoRender renders what "make demo MODE=..." deploys: e2e/local/demo.sh
@@ -112,7 +112,7 @@ func scriptValue(t *testing.T, file, name string) string {
 // render), in the test image and on the node the demo node has; the
 // names its commands use (the driver, its taint keys and attributes, the
 // namespace, the node label) are the rendered ones. docs/dra.md itself
-// runs on the demo node (issue 28, item 9).
+// runs on the demo node.
 func TestDRADoc(t *testing.T) {
 	b, err := os.ReadFile(draDoc)
 	if err != nil {

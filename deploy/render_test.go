@@ -384,7 +384,7 @@ func clusterWide(o *objects) []objMeta {
 // driver writes its entries of their status.devices by server-side apply
 // (a PATCH of the status), which Kubernetes 1.36 authorizes per driver
 // (resourceclaims/driver, associated-node:patch, the driver's own name
-// only: issue 28, item 2).
+// only).
 func TestDriverRBAC(t *testing.T) {
 	want := func(driver string) []rbacv1.PolicyRule {
 		return []rbacv1.PolicyRule{
@@ -893,7 +893,7 @@ func TestAdmissionPolicy(t *testing.T) {
 	}
 }
 
-// TestAdmissionPolicyDriver (issue 27 item 13): the policy binds the
+// TestAdmissionPolicyDriver: the policy binds the
 // driver's account to its driver's name, the one its DaemonSet gets
 // (DRIVER_NAME): the kustomize directories', and the name deploy.sh and
 // the chart are given or derive, in every mode with a driver.

@@ -31,6 +31,10 @@ var checkpointVersionsRead = []int{1, CheckpointVersion}
 // forget which claims it prepared.
 var ErrCheckpoint = errors.New("unreadable claim checkpoint")
 
+// ErrCheckpointLost is returned by Run when the checkpoint file is gone
+// while prepared claims of the driver are still on the node.
+var ErrCheckpointLost = errors.New("the claim checkpoint is missing, but prepared claims of the driver remain on the node")
+
 // ErrOtherDriver is returned by Adopt for a checkpoint whose prepared
 // claims were prepared under another driver name: the kubelet knows them
 // by that name and would unprepare them through it, never through this
@@ -105,6 +109,8 @@ type Checkpoint struct {
 	path string
 
 	mu sync.Mutex
+	// missing: Load found no file (a first start, or a lost one).
+	missing bool
 	// driver is the driver name recorded (Load) or taken over (Adopt).
 	driver string
 	claims map[types.UID]PreparedClaim
@@ -122,10 +128,15 @@ func (c *Checkpoint) Path() string { return c.path }
 // TempPattern is the glob of the temp files a killed save may have left.
 func (c *Checkpoint) TempPattern() string { return atomicfile.TempPattern(c.path) }
 
-// Load reads the file; a missing one is an empty checkpoint.
+// Load reads the file; a missing one is an empty checkpoint, and Missing
+// says so until the first Save: a first start, or a file lost (the
+// driver tells them apart by what remains on the node: checkNotLost).
 func (c *Checkpoint) Load() error {
 	data, err := os.ReadFile(c.path)
 	if errors.Is(err, fs.ErrNotExist) {
+		c.mu.Lock()
+		c.missing = true
+		c.mu.Unlock()
 		return nil
 	}
 	if err != nil {
@@ -145,6 +156,13 @@ func (c *Checkpoint) Load() error {
 	c.driver, c.claims = f.DriverName, f.Claims
 	c.mu.Unlock()
 	return nil
+}
+
+// Missing reports whether Load found no file and nothing was saved since.
+func (c *Checkpoint) Missing() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.missing
 }
 
 // DriverName is the driver name the checkpoint records ("" for a version-1
@@ -211,7 +229,7 @@ func (c *Checkpoint) Save(claims map[types.UID]PreparedClaim) error {
 		return fmt.Errorf("claim checkpoint: %w", err)
 	}
 	c.mu.Lock()
-	c.claims = claims
+	c.claims, c.missing = claims, false
 	c.mu.Unlock()
 	return nil
 }

@@ -2,6 +2,7 @@ package dra
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"github.com/sirupsen/logrus"
@@ -35,8 +36,10 @@ type staleCleaner struct {
 	interval, grace time.Duration
 	log             *logrus.Entry
 	// drop releases a claim gone for longer than grace, unless the
-	// kubelet unprepared it meanwhile.
-	drop func(ctx context.Context, uid types.UID, log *logrus.Entry)
+	// kubelet unprepared it meanwhile; an error says why it was kept
+	// (ErrStillHeld, ErrCannotTell), and the claim is asked about again at
+	// the next pass.
+	drop func(ctx context.Context, uid types.UID, log *logrus.Entry) error
 }
 
 // run looks at the claims at once, then every interval, until ctx is
@@ -45,8 +48,9 @@ func (c *staleCleaner) run(ctx context.Context) error {
 	t := c.clock.NewTicker(c.interval)
 	defer t.Stop()
 	gone := map[types.UID]time.Time{}
+	kept := map[types.UID]string{}
 	for {
-		c.pass(ctx, gone)
+		c.pass(ctx, gone, kept)
 		select {
 		case <-ctx.Done():
 			return nil
@@ -56,13 +60,15 @@ func (c *staleCleaner) run(ctx context.Context) error {
 }
 
 // pass is one look at the checkpointed claims; gone holds when each
-// claim was first seen gone.
-func (c *staleCleaner) pass(ctx context.Context, gone map[types.UID]time.Time) {
+// claim was first seen gone, kept why a claim past the grace was kept (the
+// reason is logged when it changes).
+func (c *staleCleaner) pass(ctx context.Context, gone map[types.UID]time.Time, kept map[types.UID]string) {
 	now := c.clock.Now()
 	claims := c.claims()
 	for uid := range gone {
 		if _, ok := claims[uid]; !ok {
 			delete(gone, uid)
+			delete(kept, uid)
 		}
 	}
 	for uid, pc := range claims {
@@ -82,6 +88,7 @@ func (c *staleCleaner) pass(ctx context.Context, gone map[types.UID]time.Time) {
 			if _, was := gone[uid]; was {
 				log.Info("the prepared claim is back in the API; kept")
 				delete(gone, uid)
+				delete(kept, uid)
 			}
 			continue
 		}
@@ -94,7 +101,22 @@ func (c *staleCleaner) pass(ctx context.Context, gone map[types.UID]time.Time) {
 		if now.Sub(since) < c.grace {
 			continue
 		}
-		c.drop(ctx, uid, log.WithField("grace", c.grace))
+		if err := c.drop(ctx, uid, log.WithField("grace", c.grace)); err != nil {
+			if ctx.Err() == nil && kept[uid] != err.Error() {
+				kept[uid] = err.Error()
+				log.WithError(err).Warn("the prepared claim is gone from the API past the grace period, but is kept: " + keptBecause(err))
+			}
+			continue
+		}
 		delete(gone, uid)
+		delete(kept, uid)
 	}
+}
+
+// keptBecause says why a claim past the grace was kept, from drop's error.
+func keptBecause(err error) string {
+	if errors.Is(err, ErrStillHeld) {
+		return "a container still holds the claim (it is released once PodResources lists it on no container)"
+	}
+	return "PodResources cannot tell whether a container still holds the claim (it is asked again at the next pass)"
 }

@@ -203,6 +203,10 @@ func New(o Options) (*Driver, error) {
 // (status.go); every goroutine it started has ended when it returns. Specs, claim specs and the checkpoint are kept.
 func (d *Driver) Run(ctx context.Context) error {
 	ctx = klog.NewContext(ctx, Logger(d.log))
+	if err := checkNotLost(ctx, d.opts.Checkpoint, d.specs, d.metadata, d.podres, d.opts.NodeName, d.log); err != nil {
+		_ = d.podres.Close()
+		return err
+	}
 	// Spec first, then the devices are published.
 	for _, r := range d.devs.res {
 		if err := r.follower.Start(); err != nil {

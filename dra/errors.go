@@ -18,6 +18,9 @@ var (
 	// ErrCallFailed: another claim of the same call failed; none of the
 	// call's claims is prepared.
 	ErrCallFailed = errors.New("another claim of the same call failed")
+	// ErrStillHeld: the kubelet's PodResources lists the claim on a
+	// container: the stale-claim clean-up keeps it.
+	ErrStillHeld = errors.New("a container still holds the claim")
 	// ErrAllocationChanged: the checkpoint knows the claim's UID, prepared
 	// with other devices than its allocation names now.
 	ErrAllocationChanged = errors.New("the claim's allocation differs from the one prepared")

@@ -101,9 +101,28 @@ func (h *harness) config() *config.Config {
 	return cfg
 }
 
-// start builds the driver as cmd/cdi-dra-driver does, runs it, and
-// registers it with the kubelet stand-in.
+// start builds the driver (build), runs it, and registers it with the
+// kubelet stand-in.
 func (h *harness) start() {
+	h.t.Helper()
+	d := h.build()
+	ctx, cancel := context.WithCancel(context.Background())
+	h.driver, h.cancel, h.done = d, cancel, make(chan error, 1)
+	go func() { h.done <- d.Run(ctx) }()
+	sock := filepath.Join(h.registrar, testDriver+"-reg.sock")
+	h.waitFor("registration", func() bool {
+		kl, err := kubeletsim.RegisterDRA(context.Background(), sock)
+		if err != nil {
+			return false
+		}
+		h.kl = kl
+		return true
+	})
+	h.waitFor("readiness", func() bool { return d.Ready() == nil })
+}
+
+// build builds the driver as cmd/cdi-dra-driver does.
+func (h *harness) build() *Driver {
 	h.t.Helper()
 	cfg := h.config()
 	cp := NewCheckpoint(filepath.Join(h.state, "dra", "checkpoint.json"))
@@ -139,19 +158,7 @@ func (h *harness) start() {
 	if err != nil {
 		h.t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	h.driver, h.cancel, h.done = d, cancel, make(chan error, 1)
-	go func() { h.done <- d.Run(ctx) }()
-	sock := filepath.Join(h.registrar, testDriver+"-reg.sock")
-	h.waitFor("registration", func() bool {
-		kl, err := kubeletsim.RegisterDRA(context.Background(), sock)
-		if err != nil {
-			return false
-		}
-		h.kl = kl
-		return true
-	})
-	h.waitFor("readiness", func() bool { return d.Ready() == nil })
+	return d
 }
 
 // stop stops the driver and waits for it.
@@ -211,7 +218,13 @@ func (h *harness) waitFor(what string, cond func() bool) {
 // simPool) in the API.
 func (h *harness) claim(name string, devices ...string) *drav1.Claim {
 	h.t.Helper()
-	c := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: claimNS, UID: types.UID("uid-" + name)}}
+	return h.claimUID(name, types.UID("uid-"+name), devices...)
+}
+
+// claimUID is claim with the UID uid.
+func (h *harness) claimUID(name string, uid types.UID, devices ...string) *drav1.Claim {
+	h.t.Helper()
+	c := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: claimNS, UID: uid}}
 	alloc := &resourceapi.AllocationResult{}
 	for _, d := range devices {
 		alloc.Devices.Results = append(alloc.Devices.Results, resourceapi.DeviceRequestAllocationResult{Request: "req", Driver: testDriver, Pool: simPool, Device: d})

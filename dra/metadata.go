@@ -1,10 +1,13 @@
 package dra
 
 import (
+	"encoding/json"
 	"errors"
+	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
+	"syscall"
 
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -123,13 +126,18 @@ func (m *metadataFiles) device(pool, name string) *kubeletplugin.DeviceMetadata 
 	return &kubeletplugin.DeviceMetadata{Attributes: attrs}
 }
 
-// remove removes the device metadata files of a claim and their CDI
-// specs (those the helper writes: options), as the helper does
-// when the kubelet unprepares the claim: for a claim the driver drops
-// itself (cleanup), which the kubelet never unprepares. Whether or not
-// device metadata is enabled now: an earlier run may have written them.
+// remove removes the device metadata files of claim uid and their CDI
+// specs (those the helper writes: options), as the helper does when the
+// kubelet unprepares the claim: for a claim the driver drops itself
+// (cleanup), which the kubelet never unprepares. Whether or not device
+// metadata is enabled now: an earlier run may have written them. The
+// helper names a claim's directory by the claim's namespace and name,
+// which a newer claim may have taken: only the request files that name
+// uid go (and the directory once empty); one that cannot be read is
+// left, and named in the error.
 func (m *metadataFiles) remove(namespace, name string, uid types.UID) error {
-	errs := []error{os.RemoveAll(filepath.Join(m.pluginDir, "dra-device-metadata", namespace+"_"+name))}
+	dir := filepath.Join(m.pluginDir, "dra-device-metadata", namespace+"_"+name)
+	errs := []error{removeRequestsOf(dir, uid)}
 	specs, err := filepath.Glob(filepath.Join(m.cdiDir, m.driver+"_metadata_"+string(uid)+"_*.json"))
 	errs = append(errs, err)
 	for _, p := range specs {
@@ -138,4 +146,60 @@ func (m *metadataFiles) remove(namespace, name string, uid types.UID) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// removeRequestsOf removes the request directories below a claim's
+// metadata directory dir whose metadata.json is claim uid's, then dir if
+// nothing is left in it.
+func removeRequestsOf(dir string, uid types.UID) error {
+	reqs, err := os.ReadDir(dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, r := range reqs {
+		p := filepath.Join(dir, r.Name())
+		owner, err := metadataUID(filepath.Join(p, "metadata.json"))
+		switch {
+		case errors.Is(err, fs.ErrNotExist):
+			// A request directory the helper left without its file.
+		case err != nil:
+			errs = append(errs, fmt.Errorf("device metadata %s: cannot tell its claim, left: %w", p, err))
+			continue
+		case owner != uid:
+			continue // a newer claim's of the same name
+		}
+		if err := os.RemoveAll(p); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if err := os.Remove(dir); err != nil && !errors.Is(err, fs.ErrNotExist) && !errors.Is(err, syscall.ENOTEMPTY) && !errors.Is(err, syscall.EEXIST) {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// metadataUID is the claim UID a metadata file names: the first object of
+// its stream (one per API version, all of one claim).
+func metadataUID(path string) (types.UID, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	var obj struct {
+		Metadata struct {
+			UID types.UID `json:"uid"`
+		} `json:"metadata"`
+	}
+	if err := json.NewDecoder(f).Decode(&obj); err != nil {
+		return "", err
+	}
+	if obj.Metadata.UID == "" {
+		return "", errors.New("no claim UID in it")
+	}
+	return obj.Metadata.UID, nil
 }

@@ -2,6 +2,7 @@ package dra
 
 import (
 	"context"
+	"sync/atomic"
 
 	"github.com/cdi-device-plugin/cdi-device-plugin/podresources"
 	"google.golang.org/grpc"
@@ -20,7 +21,15 @@ type holdersView struct {
 	// a call of those only needs no List.
 	checkpoint *Checkpoint
 	boot       string
+	// turns counts the takes and releases of the preparer's lock (by
+	// Prepare, Unprepare, a stale claim's release): a List that a call's
+	// interceptor started is used only if the call's own take is the one
+	// turn since, so no call ran, or was running, in between.
+	turns atomic.Uint64
 }
+
+// turn records a take or a release of the preparer's lock.
+func (v *holdersView) turn() { v.turns.Add(1) }
 
 // list is one List: the devices containers hold, with their holders. A
 // missing socket or a failed List is an error naming the socket.
@@ -47,11 +56,12 @@ func (v *holdersView) heldNow(ctx context.Context) (map[string][]string, error) 
 // kubelet allocates device-plugin devices without asking the driver).
 
 // heldPrefetch is a List started for one call; done is closed when held
-// and err are set.
+// and err are set; turns is holdersView.turns when it started.
 type heldPrefetch struct {
-	done chan struct{}
-	held map[string][]string
-	err  error
+	done  chan struct{}
+	held  map[string][]string
+	err   error
+	turns uint64
 }
 
 type prefetchKey struct{}
@@ -67,7 +77,7 @@ func (v *holdersView) intercept(ctx context.Context, req any, _ *grpc.UnaryServe
 		return handler(ctx, req)
 	}
 	lctx, cancel := context.WithCancel(ctx)
-	f := &heldPrefetch{done: make(chan struct{})}
+	f := &heldPrefetch{done: make(chan struct{}), turns: v.turns.Load()}
 	go func() {
 		defer close(f.done)
 		f.held, f.err = v.heldNow(lctx)
@@ -93,10 +103,13 @@ func (v *holdersView) mayPrepareNew(r *drav1.NodePrepareResourcesRequest) bool {
 }
 
 // heldByResource is what PodResources says device-plugin containers
-// hold: the List the call's interceptor started (intercept), or, without
-// one or when it failed, one made now.
+// hold: the List the call's interceptor started (intercept), or one made
+// now when there is none, when it failed, or when another call of the
+// preparer ran while this one waited for the lock: a device a
+// device-plugin container got meanwhile would not be in it, however long
+// the wait.
 func (v *holdersView) heldByResource(ctx context.Context) (map[string][]string, error) {
-	if f, ok := ctx.Value(prefetchKey{}).(*heldPrefetch); ok {
+	if f, ok := ctx.Value(prefetchKey{}).(*heldPrefetch); ok && v.turns.Load() == f.turns+1 {
 		select {
 		case <-f.done:
 			if f.err == nil {

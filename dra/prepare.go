@@ -39,6 +39,19 @@ type preparer struct {
 	mu sync.Mutex
 }
 
+// lock takes mu, and unlock lets it go, each telling the PodResources
+// view (holdersView.turn): a List started while another call held the lock,
+// or before another took it, is stale for the call that waited.
+func (pr *preparer) lock() {
+	pr.mu.Lock()
+	pr.holders.turn()
+}
+
+func (pr *preparer) unlock() {
+	pr.holders.turn()
+	pr.mu.Unlock()
+}
+
 // prepareClaims prepares the devices of the claims of one kubelet
 // call: all claims, or none. A claim already prepared (in this boot, and
 // its spec not lost since) gets what it got then, and its steps do not run
@@ -59,8 +72,8 @@ type preparer struct {
 // queue (status.go), which writes it to the claim's status.devices after
 // the call: the answer never waits for, or depends on, that write.
 func (pr *preparer) prepareClaims(ctx context.Context, claims []*resourceapi.ResourceClaim) (map[types.UID]kubeletplugin.PrepareResult, error) {
-	pr.mu.Lock()
-	defer pr.mu.Unlock()
+	pr.lock()
+	defer pr.unlock()
 	start := time.Now()
 	devs, errs := pr.prepare(ctx, claims)
 	out := make(map[types.UID]kubeletplugin.PrepareResult, len(claims))
@@ -115,8 +128,13 @@ type planned struct {
 	// again: already prepared (in this boot); nothing runs.
 	again bool
 	// devs are the devices to prepare, by resource (not those of admin
-	// access).
+	// access, nor a shared device another claim holds a share of in this
+	// boot: its steps ran for the first share).
 	devs map[*running][]device.Device
+	// held are all the devices the claim is to hold, by resource (not
+	// those of admin access): every one, each share included, is checked
+	// against the device plugin's containers (refuseDevicePluginHeld).
+	held map[*running][]device.Device
 }
 
 // prepare prepares claims, all or none; errs holds the claims that
@@ -296,7 +314,7 @@ func (pr *preparer) plan(c *resourceapi.ResourceClaim, cp map[types.UID]Prepared
 	if err := checkOpaqueConfig(pr.driver, c); err != nil {
 		return nil, err
 	}
-	p := &planned{claim: c, devs: map[*running][]device.Device{},
+	p := &planned{claim: c, devs: map[*running][]device.Device{}, held: map[*running][]device.Device{},
 		entry: PreparedClaim{Namespace: c.Namespace, Name: c.Name, BootID: pr.boot}}
 	// Prepared before (another boot): its allocation's holds replace
 	// those it has.
@@ -322,6 +340,9 @@ func (pr *preparer) plan(c *resourceapi.ResourceClaim, cp map[types.UID]Prepared
 			if first && !slices.ContainsFunc(p.devs[r], func(x device.Device) bool { return x.Name == dv.Name }) {
 				p.devs[r] = append(p.devs[r], dv)
 			}
+			if !slices.ContainsFunc(p.held[r], func(x device.Device) bool { return x.Name == dv.Name }) {
+				p.held[r] = append(p.held[r], dv)
+			}
 		}
 		id, err := r.Kind.QualifiedName(dv.Name)
 		if err != nil {
@@ -339,14 +360,14 @@ func (pr *preparer) plan(c *resourceapi.ResourceClaim, cp map[types.UID]Prepared
 func (pr *preparer) refuseDevicePluginHeld(ctx context.Context, plans []*planned, errs map[types.UID]error) {
 	need := false
 	for _, p := range plans {
-		need = need || len(p.devs) > 0
+		need = need || len(p.held) > 0
 	}
 	if !need {
 		return
 	}
 	held, err := pr.holders.heldByResource(ctx)
 	for _, p := range plans {
-		for r, devs := range p.devs {
+		for r, devs := range p.held {
 			for _, dv := range devs {
 				switch {
 				case err != nil:

@@ -78,7 +78,13 @@ func (h holdings) take(r *running, key string, uid types.UID, shares int, cp map
 		taken := shares
 		var who []string
 		for _, x := range hs {
-			taken += x.shares
+			if x.shares == 0 {
+				// Held whole: prepared before the resource had
+				// replicas. That is every share.
+				taken += r.Replicas
+			} else {
+				taken += x.shares
+			}
 			if n := holderName(x.uid, cp); !slices.Contains(who, n) {
 				who = append(who, n)
 			}

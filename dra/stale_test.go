@@ -156,3 +156,112 @@ func TestStaleClaimsDropped(t *testing.T) {
 		}
 	}
 }
+
+// TestStaleClaimHeldByContainer: a claim gone from the API past the grace
+// is dropped only when the kubelet's PodResources lists no container
+// holding it. A claim leaves the API while its pod runs when an operator
+// strips the finalizer of a claim stuck terminating, or when pods are
+// force-deleted while the kubelet is down: releasing it would reset the
+// device under the running container and give it to another claim. While
+// PodResources cannot answer, nothing is dropped either.
+func TestStaleClaimHeldByContainer(t *testing.T) {
+	const interval, grace = time.Minute, 5 * time.Minute
+	fc := testingclock.NewFakeClock(time.Now())
+	h := newHarness(t, nil)
+	h.options = func(o *Options) { o.Clock, o.CleanupInterval, o.CleanupGrace = fc, interval, grace }
+	h.start()
+	for uid, r := range h.prepare(h.claim("a", "sim-0"), h.claim("b", "sim-1")) {
+		if r.Error != "" {
+			t.Fatalf("%s: %s", uid, r.Error)
+		}
+	}
+	resets := map[string]int64{"sim-n1-0": h.deviceState("sim-n1-0").ResetCount, "sim-n1-1": h.deviceState("sim-n1-1").ResetCount}
+	held := &podresourcesapi.PodResources{Name: "p", Namespace: claimNS, Containers: []*podresourcesapi.ContainerResources{{
+		Name: "ctr", DynamicResources: []*podresourcesapi.DynamicResource{{ClaimName: "a", ClaimNamespace: claimNS,
+			ClaimResources: []*podresourcesapi.ClaimResource{{DriverName: testDriver, PoolName: simPool, DeviceName: "sim-0"}}}}}}}
+	h.podres.Set(held)
+	claims := h.client.ResourceV1().ResourceClaims(claimNS)
+	for _, name := range []string{"a", "b"} {
+		if err := claims.Delete(context.Background(), name, metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h.waitFor("the clean-up's ticker", fc.HasWaiters)
+	fc.Step(interval)
+	h.waitFor("a and b seen gone", func() bool { return strings.Count(h.logs.String(), staleNotice) == 2 })
+	fc.Step(grace)
+	h.waitFor("b dropped", func() bool { return len(h.checkpointed()) == 1 })
+	if _, ok := h.checkpointed()[types.UID("uid-a")]; !ok {
+		t.Fatalf("a, held by a running container, dropped: %v", h.checkpointed())
+	}
+	h.waitFor("a kept, logged", func() bool { return strings.Contains(h.logs.String(), "a container still holds the claim") })
+
+	// PodResources cannot answer: a stays.
+	h.podres.Set()
+	h.podres.SetErr(errors.New("kubelet restarting"))
+	n := h.podres.Calls()
+	fc.Step(interval)
+	h.waitFor("PodResources asked again", func() bool { return h.podres.Calls() > n })
+	h.waitFor("a kept while PodResources cannot tell, logged", func() bool {
+		return strings.Contains(h.logs.String(), "PodResources cannot tell whether a container still holds the claim")
+	})
+	if len(h.checkpointed()) != 1 {
+		t.Fatalf("a dropped while PodResources could not tell")
+	}
+	// No container holds it any more: dropped at the next pass.
+	h.podres.SetErr(nil)
+	fc.Step(interval)
+	h.waitFor("a dropped", func() bool { return len(h.checkpointed()) == 0 })
+	for id, want := range map[string]int64{"sim-n1-0": 1, "sim-n1-1": 1} {
+		if got := h.deviceState(id).ResetCount - resets[id]; got != want {
+			t.Errorf("%s reset %d times, want %d", id, got, want)
+		}
+	}
+}
+
+// TestStaleClaimMetadataByUID: the clean-up removes only what is the
+// stale claim's. The helper keeps a claim's device metadata in a directory
+// named by the claim's namespace and name, not its UID: when a new claim
+// takes the name of a claim gone from the API and is prepared, dropping
+// the old one must leave the new one's metadata file, which its CDI spec
+// mounts into its containers.
+func TestStaleClaimMetadataByUID(t *testing.T) {
+	const interval, grace = time.Minute, 5 * time.Minute
+	fc := testingclock.NewFakeClock(time.Now())
+	h := newHarness(t, nil)
+	h.options = func(o *Options) {
+		o.Clock, o.CleanupInterval, o.CleanupGrace = fc, interval, grace
+		o.DeviceMetadata = true
+	}
+	h.start()
+	old := h.claim("b", "sim-1")
+	if r := h.prepare(old)[old.Uid]; r.Error != "" {
+		t.Fatal(r.Error)
+	}
+	if err := h.client.ResourceV1().ResourceClaims(claimNS).Delete(context.Background(), "b", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	renewed := h.claimUID("b", "uid-b2", "sim-2")
+	if r := h.prepare(renewed)[renewed.Uid]; r.Error != "" {
+		t.Fatal(r.Error)
+	}
+	file := filepath.Join(h.plugins, testDriver, "dra-device-metadata", claimNS+"_b", "req", "metadata.json")
+	h.waitFor("the clean-up's ticker", fc.HasWaiters)
+	fc.Step(interval)
+	h.waitFor("b (uid-b) seen gone", func() bool { return strings.Contains(h.logs.String(), staleNotice) })
+	fc.Step(grace)
+	h.waitFor("uid-b dropped", func() bool { _, ok := h.checkpointed()["uid-b"]; return !ok })
+	data, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatalf("the renewed claim's metadata file is gone with the stale claim: %v", err)
+	}
+	if !strings.Contains(string(data), `"uid":"uid-b2"`) && !strings.Contains(string(data), `"uid": "uid-b2"`) {
+		t.Errorf("the metadata file is not the renewed claim's: %s", data)
+	}
+	for uid, want := range map[string]bool{"uid-b": false, "uid-b2": true} {
+		specs, _ := filepath.Glob(filepath.Join(h.cdiDir, testDriver+"_metadata_"+uid+"_*.json"))
+		if (len(specs) == 1) != want {
+			t.Errorf("%s: metadata specs %v, want there %v", uid, specs, want)
+		}
+	}
+}

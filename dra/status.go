@@ -2,6 +2,7 @@ package dra
 
 import (
 	"context"
+	"errors"
 	"reflect"
 	"slices"
 	"sync"
@@ -10,7 +11,9 @@ import (
 	"github.com/sirupsen/logrus"
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/validation/field"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/utils/clock"
@@ -202,6 +205,11 @@ func (q *statusQueue) write(ctx context.Context, it *statusItem) {
 	if _, newer := q.pending[it.st.UID]; newer {
 		return
 	}
+	if perm := deniedPermission(err, q.rep.driver); perm != "" {
+		log.WithError(err).WithField("needs", perm).Warn("claim status not written: the driver's account may not write the claim's status; " +
+			"grant it " + perm + " (the claim is prepared all the same; its status is written at its next preparation)")
+		return
+	}
 	if claimGone(err) {
 		log.WithError(err).Info("claim status not written: the claim is gone or changed")
 		return
@@ -215,6 +223,29 @@ func (q *statusQueue) write(ctx context.Context, it *statusItem) {
 	it.notBefore = q.clock.Now().Add(wait)
 	q.pending[it.st.UID] = it
 	log.WithError(err).WithField("retry in", wait).Warn("writing the claim's status failed")
+}
+
+// deniedPermission is the permission whose lack made the API refuse a
+// status write ("" for another refusal): the granular status
+// authorization (DRAResourceClaimGranularStatusAuthorization) answers a
+// 422 whose cause is Forbidden when the account lacks
+// associated-node:patch on resourceclaims/driver for the driver's name;
+// RBAC answers a 403 without patch on resourceclaims/status. No retry can
+// succeed before an operator grants it.
+func deniedPermission(err error, driver string) string {
+	if apierrors.IsForbidden(err) {
+		return "patch on resourceclaims/status"
+	}
+	var se apierrors.APIStatus
+	if !apierrors.IsInvalid(err) || !errors.As(err, &se) || se.Status().Details == nil {
+		return ""
+	}
+	for _, c := range se.Status().Details.Causes {
+		if c.Type == metav1.CauseType(field.ErrorTypeForbidden) {
+			return "associated-node:patch on resourceclaims/driver (resourceNames: " + driver + ")"
+		}
+	}
+	return ""
 }
 
 // claimGone: the API refuses a status write for good: the claim is gone,

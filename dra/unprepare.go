@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/cdi-device-plugin/cdi-device-plugin/device"
+	"github.com/cdi-device-plugin/cdi-device-plugin/podresources"
 	"github.com/sirupsen/logrus"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
@@ -15,8 +16,8 @@ import (
 // unprepareClaims undoes Prepare for each claim (unprepare): a
 // claim not prepared (unknown UID) is done already.
 func (pr *preparer) unprepareClaims(ctx context.Context, claims []kubeletplugin.NamespacedObject) (map[types.UID]error, error) {
-	pr.mu.Lock()
-	defer pr.mu.Unlock()
+	pr.lock()
+	defer pr.unlock()
 	out := make(map[types.UID]error, len(claims))
 	for _, c := range claims {
 		out[c.UID] = pr.unprepare(ctx, c.UID)
@@ -110,6 +111,12 @@ func (pr *preparer) dropClaim(log *logrus.Entry, uid types.UID, pc PreparedClaim
 func (pr *preparer) toReset(log *logrus.Entry, pc PreparedClaim, others map[types.UID]PreparedClaim) map[*running][]device.Device {
 	held := map[string]bool{}
 	for _, o := range others {
+		if o.Unpreparing {
+			// Released already (the kubelet unprepares a claim once its
+			// containers are gone), its Unprepare interrupted: it holds
+			// nothing, and its retry does not reset a device it marked.
+			continue
+		}
 		for _, dv := range o.Devices {
 			if !dv.AdminAccess {
 				held[dv.Resource+"\x00"+dv.ID] = true
@@ -181,13 +188,29 @@ func (pr *preparer) spareDevicePluginHeld(ctx context.Context, log *logrus.Entry
 }
 
 // dropStale unprepares the claim uid, gone from the API for longer than
-// the grace, unless the kubelet did meanwhile.
-func (pr *preparer) dropStale(ctx context.Context, uid types.UID, log *logrus.Entry) {
-	pr.mu.Lock()
-	defer pr.mu.Unlock()
+// the grace, unless the kubelet did meanwhile, or a container still holds
+// it: a claim leaves the API while its pod runs when an operator strips
+// the finalizer of a claim stuck terminating, or when pods are deleted by
+// force while the kubelet is down, and releasing it would reset the device
+// under the running container and prepare it for another claim. The
+// kubelet's PodResources is asked under the lock, so that no Prepare or
+// Unprepare runs between its answer and the release; a claim it lists on a
+// container is kept (ErrStillHeld), and so is every claim while it cannot
+// answer (ErrCannotTell). Kept claims are asked about again at the next
+// pass.
+func (pr *preparer) dropStale(ctx context.Context, uid types.UID, log *logrus.Entry) error {
+	pr.lock()
+	defer pr.unlock()
 	pc, ok := pr.checkpoint.Claims()[uid]
 	if !ok {
-		return
+		return nil
+	}
+	res, err := pr.holders.list(ctx)
+	if err != nil {
+		return fmt.Errorf("%w: %w", ErrCannotTell, err)
+	}
+	if holders := claimHolders(res, pr.driver, pc); len(holders) > 0 {
+		return fmt.Errorf("%w: PodResources lists it on %s", ErrStillHeld, strings.Join(holders, ", "))
 	}
 	log.Warn("dropping a prepared claim gone from the API for longer than the grace period; its devices are released as Unprepare releases them")
 	// Its queued status and its device metadata go first, while the
@@ -202,4 +225,24 @@ func (pr *preparer) dropStale(ctx context.Context, uid types.UID, log *logrus.En
 	if err := pr.unprepare(ctx, uid); err != nil {
 		log.WithError(err).Error("dropping a prepared claim gone from the API")
 	}
+	return nil
+}
+
+// claimHolders are the devices of claim pc of driver that PodResources
+// lists on containers: entries of its namespace and name whose device is
+// one of pc's, or that name no device (a kubelet before 1.31 lists only
+// CDI names: fail closed). A claim of pc's name but another UID that a
+// container holds on other devices does not keep pc.
+func claimHolders(res *podresources.Resources, driver string, pc PreparedClaim) []string {
+	var out []string
+	for _, cd := range res.Claims() {
+		if cd.Claim != pc.Namespace+"/"+pc.Name || (cd.Driver != "" && cd.Driver != driver) {
+			continue
+		}
+		if cd.Device != "" && !slices.ContainsFunc(pc.Devices, func(d PreparedDevice) bool { return d.Pool == cd.Pool && d.Device == cd.Device }) {
+			continue
+		}
+		out = append(out, cd.Claim+" ("+cd.Pool+"/"+cd.Device+")")
+	}
+	return out
 }

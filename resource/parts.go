@@ -159,7 +159,7 @@ func Build(cfg *config.Config, i int, o Options) (*Parts, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", rc.Name, err)
 	}
-	stateRoot := filepath.Join(cfg.StateDir, "devices")
+	stateRoot := stateRoot(cfg.StateDir)
 	runner, err := newRunner(cfg, i, stateRoot, src, holders, log, o.Metrics)
 	if err != nil {
 		return nil, err
@@ -285,6 +285,23 @@ func (r *Parts) TempPatterns() []string {
 		out = append(out, atomicfile.TempPattern(r.registry))
 	}
 	return out
+}
+
+// stateRoot is where the device state directories of every resource are,
+// below the state dir.
+func stateRoot(stateDir string) string { return filepath.Join(stateDir, "devices") }
+
+// StateTempPatterns are the globs of what device state writes killed
+// mid-way may have left in the device state directories below stateDir:
+// temp files of a device's state file, and the scratch directories a
+// reset moved aside. Every resource's device state is there, so a command
+// sweeps them once, beside each resource's TempPatterns.
+func StateTempPatterns(stateDir string) []string {
+	root := stateRoot(stateDir)
+	return []string{
+		filepath.Join(root, "*", ".*.tmp-*"),
+		filepath.Join(root, "*", prestart.ScratchDir+".old-*"),
+	}
 }
 
 // legacyAliases keeps the host device IDs of versions before the ':'

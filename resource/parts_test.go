@@ -6,6 +6,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -15,11 +16,13 @@ import (
 	"github.com/cdi-device-plugin/cdi-device-plugin/device"
 	"github.com/cdi-device-plugin/cdi-device-plugin/internal/atomicfile"
 	"github.com/cdi-device-plugin/cdi-device-plugin/internal/testutil"
+	"github.com/cdi-device-plugin/cdi-device-plugin/prestart"
 )
 
-// TestCorruptRegistryRebuiltFromSpec (issue 27, item 9): a device registry
-// that does not parse is rebuilt from the resource's CDI spec that an
-// earlier run wrote: rediscovered in another order, every device keeps its
+// TestCorruptRegistryRebuiltFromSpec: a device registry that does not
+// parse is rebuilt from the resource's CDI spec that an earlier run wrote
+// (indexes handed out again in discovery order would move a held ID to
+// other hardware): rediscovered in another order, every device keeps its
 // ID and index, and a new one gets the next index. With no spec, or a spec
 // that is not ours, the start is refused (device.ErrRegistry), with a
 // message naming the file and the way out, and the file is left as it is.
@@ -185,7 +188,8 @@ func TestCorruptRegistryRebuiltFromSpec(t *testing.T) {
 // by a run killed mid-write, and TempPatterns must glob it, or no later
 // run removes it. A temp of another process beside each such file is
 // removed by RemoveStaleTemps over TempPatterns; the resource's files are
-// kept. The device state directories are the commands' own patterns.
+// kept. The device state directories, which every resource shares, are
+// StateTempPatterns' (TestStateTempPatterns).
 func TestTempPatternsCoverEveryFile(t *testing.T) {
 	testutil.NeedMknod(t)
 	for _, c := range []struct{ name, resource string }{
@@ -253,5 +257,53 @@ func TestTempPatternsCoverEveryFile(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestStateTempPatterns: what a run killed mid-way through device state
+// work may leave in a device's state directory (a temp of its state file,
+// the scratch directory a reset moved aside) is globbed by
+// StateTempPatterns of the state dir, below the resources' StateRoot, and
+// removed by RemoveStaleTemps when another process left it; the state
+// file, the scratch directory and this process's temps are kept.
+func TestStateTempPatterns(t *testing.T) {
+	state := filepath.Join(t.TempDir(), "state")
+	cfg, err := config.Load([]string{"--state-dir", state, "--node-name", "n"}, func(string) (string, bool) { return "", false }, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := Build(cfg, 0, Options{Writer: cdi.NewWriter(t.TempDir(), cfg.Owner(), 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(r.StateRoot, "simple-device-n-0")
+	stateFile, scratch := filepath.Join(dir, prestart.StateFile), filepath.Join(dir, prestart.ScratchDir)
+	killed := []string{
+		strings.TrimSuffix(atomicfile.TempPattern(stateFile), "*") + "1.killed-42",
+		scratch + ".old-1.killed-42",
+	}
+	kept := []string{stateFile, scratch, atomicfile.TempName(stateFile), scratch + ".old-" + atomicfile.Tag() + "-1"}
+	for _, p := range append(slices.Clone(killed), kept...) {
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte("{"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, pattern := range StateTempPatterns(state) {
+		if _, err := atomicfile.RemoveStaleTemps(pattern); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, p := range killed {
+		if _, err := os.Lstat(p); err == nil {
+			t.Errorf("left by a killed run, not removed: %s (StateTempPatterns %q)", p, StateTempPatterns(state))
+		}
+	}
+	for _, p := range kept {
+		if _, err := os.Lstat(p); err != nil {
+			t.Errorf("removed: %v", err)
+		}
 	}
 }

@@ -6,7 +6,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"net"
@@ -26,13 +25,12 @@ import (
 	"github.com/cdi-device-plugin/cdi-device-plugin/cdi"
 	"github.com/cdi-device-plugin/cdi-device-plugin/config"
 	"github.com/cdi-device-plugin/cdi-device-plugin/device"
-	"github.com/cdi-device-plugin/cdi-device-plugin/internal/atomicfile"
+	"github.com/cdi-device-plugin/cdi-device-plugin/internal/command"
 	"github.com/cdi-device-plugin/cdi-device-plugin/internal/dranames"
 	"github.com/cdi-device-plugin/cdi-device-plugin/internal/logs"
 	"github.com/cdi-device-plugin/cdi-device-plugin/metrics"
 	"github.com/cdi-device-plugin/cdi-device-plugin/plugin"
 	"github.com/cdi-device-plugin/cdi-device-plugin/podresources"
-	"github.com/cdi-device-plugin/cdi-device-plugin/prestart"
 	"github.com/cdi-device-plugin/cdi-device-plugin/resource"
 )
 
@@ -83,16 +81,9 @@ func run(ctx context.Context, args []string, env config.Env, stderr io.Writer) i
 	var driverName string
 	extra := config.Extra{Name: "driver-name", Env: "DRIVER_NAME", Value: &driverName,
 		Usage: "the DRA driver's name, to recognise its claims' devices that PodResources names without CDI names (default <class>.<domain> of the first resource without replicas above 1, as the driver's)"}
-	cfg, err := config.LoadWith("cdi-device-plugin", args, env, stderr, extra)
-	switch {
-	case errors.Is(err, flag.ErrHelp):
-		return 0
-	case errors.Is(err, config.ErrVersion):
-		fmt.Fprintln(stderr, "cdi-device-plugin", version)
-		return 0
-	case err != nil:
-		fmt.Fprintln(stderr, "cdi-device-plugin:", err)
-		return 2
+	cfg, exit := command.Load(config.DevicePlugin, version, args, env, stderr, extra)
+	if cfg == nil {
+		return exit
 	}
 	logger := logs.New(stderr, cfg)
 	log := logrus.NewEntry(logger).WithField("plugin", cfg.PluginName)
@@ -101,7 +92,7 @@ func run(ctx context.Context, args []string, env config.Env, stderr io.Writer) i
 		var ignored string // the same flags and environment: the same name
 		e := extra
 		e.Value = &ignored
-		return config.LoadWith("cdi-device-plugin", args, env, io.Discard, e)
+		return config.LoadWith(config.DevicePlugin, args, env, io.Discard, e)
 	}
 	if err := serve(ctx, cfg, driverName, load, logger, log, newGCTarget(env)); err != nil {
 		log.WithError(err).Error("exiting")
@@ -162,15 +153,12 @@ func serve(ctx context.Context, cfg *config.Config, driverName string, load func
 		log.WithField("address", ln.Addr().String()).Info("serving /metrics, /healthz and /readyz")
 		g.Go(func() error { return server.Serve(ctx, ln) })
 	}
-	temps := []string{
-		filepath.Join(cfg.StateDir, "devices", "*", ".*.tmp-*"),
-		filepath.Join(cfg.StateDir, "devices", "*", prestart.ScratchDir+".old-*"), // a reset's
-	}
+	temps := resource.StateTempPatterns(cfg.StateDir)
 	for _, in := range s.running {
 		temps = append(temps, in.part.TempPatterns()...)
 	}
 	g.Go(func() error {
-		sweepTemps(temps, log)
+		command.SweepTemps(temps, log)
 		return nil
 	})
 	reloads := make(chan struct{}, 1)
@@ -191,21 +179,6 @@ func serve(ctx context.Context, cfg *config.Config, driverName string, load func
 		}
 	})
 	return g.Wait()
-}
-
-// sweepTemps removes the temp files that runs killed mid-write left in
-// our directories (spec, nodes, device state): those not of this process.
-// It runs beside the resources, after their start-up work.
-func sweepTemps(patterns []string, log *logrus.Entry) {
-	for _, pattern := range patterns {
-		removed, err := atomicfile.RemoveStaleTemps(pattern)
-		for _, p := range removed {
-			log.WithField("file", p).Info("removed a temp file of an interrupted write")
-		}
-		if err != nil {
-			log.WithError(err).Warn("removing temp files of interrupted writes")
-		}
-	}
 }
 
 // part is one configured resource, built: the shared parts and the

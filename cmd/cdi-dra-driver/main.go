@@ -7,7 +7,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"net"
@@ -29,10 +28,9 @@ import (
 	"github.com/cdi-device-plugin/cdi-device-plugin/config"
 	"github.com/cdi-device-plugin/cdi-device-plugin/device"
 	"github.com/cdi-device-plugin/cdi-device-plugin/dra"
-	"github.com/cdi-device-plugin/cdi-device-plugin/internal/atomicfile"
+	"github.com/cdi-device-plugin/cdi-device-plugin/internal/command"
 	"github.com/cdi-device-plugin/cdi-device-plugin/internal/logs"
 	"github.com/cdi-device-plugin/cdi-device-plugin/metrics"
-	"github.com/cdi-device-plugin/cdi-device-plugin/prestart"
 	"github.com/cdi-device-plugin/cdi-device-plugin/resource"
 )
 
@@ -99,16 +97,9 @@ func newClient(kubeconfig string) (kubernetes.Interface, error) {
 // 1 for any other failure.
 func run(ctx context.Context, args []string, env config.Env, stderr io.Writer, client func(string) (kubernetes.Interface, error)) int {
 	var f flags
-	cfg, err := config.LoadWith("cdi-dra-driver", args, env, stderr, f.extra()...)
-	switch {
-	case errors.Is(err, flag.ErrHelp):
-		return 0
-	case errors.Is(err, config.ErrVersion):
-		fmt.Fprintln(stderr, "cdi-dra-driver", version)
-		return 0
-	case err != nil:
-		fmt.Fprintln(stderr, "cdi-dra-driver:", err)
-		return 2
+	cfg, exit := command.Load(config.DRADriver, version, args, env, stderr, f.extra()...)
+	if cfg == nil {
+		return exit
 	}
 	logger := logs.New(stderr, cfg)
 	log := logrus.NewEntry(logger).WithField("plugin", cfg.PluginName)
@@ -269,24 +260,12 @@ func (d *driver) serve(ctx context.Context) error {
 		d.log.WithField("address", ln.Addr().String()).Info("serving /metrics, /healthz and /readyz")
 		g.Go(func() error { return server.Serve(ctx, ln) })
 	}
-	temps := []string{
-		filepath.Join(d.cfg.StateDir, "devices", "*", ".*.tmp-*"),
-		filepath.Join(d.cfg.StateDir, "devices", "*", prestart.ScratchDir+".old-*"),
-		d.checkpoint.TempPattern(),
-	}
+	temps := append(resource.StateTempPatterns(d.cfg.StateDir), d.checkpoint.TempPattern())
 	for _, p := range d.parts {
 		temps = append(temps, p.TempPatterns()...)
 	}
 	g.Go(func() error {
-		for _, pattern := range temps {
-			removed, err := atomicfile.RemoveStaleTemps(pattern)
-			for _, p := range removed {
-				d.log.WithField("file", p).Info("removed a temp file of an interrupted write")
-			}
-			if err != nil {
-				d.log.WithError(err).Warn("removing temp files of interrupted writes")
-			}
-		}
+		command.SweepTemps(temps, d.log)
 		return nil
 	})
 	g.Go(func() error { return drv.Run(ctx) })

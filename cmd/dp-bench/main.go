@@ -16,12 +16,21 @@
 // {{.DevDir}} (device files dp-bench creates), {{.WorkDir}} and
 // {{.PodResources}} (the kubelet's PodResources, listing no pods).
 //
-// A targets file of DRA drivers (targets with "dra" set, dra.go) runs
-// them against a private etcd and kube-apiserver (-etcd,
-// -kube-apiserver), as the kubelet drives a DRA driver: registration,
-// ResourceSlices, NodePrepareResources and NodeUnprepareResources; their
-// templates also have {{.RegistrarDir}}, {{.PluginsDir}},
-// {{.Kubeconfig}} and {{.NodeName}}.
+// A targets file of DRA drivers (targets with "dra" set) runs them
+// against a private etcd and kube-apiserver (-etcd, -kube-apiserver), as
+// the kubelet drives a DRA driver: registration, ResourceSlices,
+// NodePrepareResources and NodeUnprepareResources; their templates also
+// have {{.RegistrarDir}}, {{.PluginsDir}}, {{.Kubeconfig}} and
+// {{.NodeName}}. With -fleet N, each DRA target runs on a fleet of N
+// nodes instead (docs/fleet.md).
+//
+// This package holds the flags and the dispatch; the rest is in
+// internal/: the device-plugin session (dpsession), the DRA session
+// (drasession), the fleet, and what they share: the targets and settings
+// (target), process control (proc), the API client (apiclient), the
+// control plane (controlplane), the audit log's counts (audit), the
+// statistics (stats), CDI names resolved as containerd does (cdiresolve)
+// and the report (report).
 package main
 
 import (
@@ -37,11 +46,19 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/controlplane"
+	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/dpsession"
+	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/drasession"
+	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/fleet"
+	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/proc"
+	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/report"
+	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/target"
 )
 
 func main() {
-	if spec, ok := os.LookupEnv(helperEnv); ok {
-		os.Exit(runHelper(spec))
+	if spec, ok := os.LookupEnv(proc.HelperEnv); ok {
+		os.Exit(proc.RunHelper(spec))
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
@@ -51,9 +68,9 @@ func main() {
 
 // options are the parsed command line.
 type options struct {
-	targets  []Target
-	settings Settings
-	cp       ControlPlaneOptions
+	targets  []target.Target
+	settings target.Settings
+	cp       controlplane.Options
 	runs     int
 	jsonOut  string
 	mdOut    string
@@ -61,7 +78,7 @@ type options struct {
 	compare  string
 	render   string
 	mustPass map[string]bool // target names whose checks must pass; nil: all
-	fleet    *fleetOptions   // -fleet (fleet.go); N 0: no fleet
+	fleet    *fleet.Options  // -fleet; N 0: no fleet
 }
 
 type stringList []string
@@ -77,10 +94,10 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 		fmt.Fprintf(stderr, "usage: dp-bench [flags] -- PLUGIN [ARG...]\n       dp-bench [flags] -targets FILE\n\nflags:\n")
 		fs.PrintDefaults()
 	}
-	def := DefaultSettings()
+	def := target.DefaultSettings()
 	var (
 		o       = &options{settings: def}
-		t       Target
+		t       target.Target
 		env     stringList
 		targets = fs.String("targets", "", "YAML or JSON file with several targets to run side by side (instead of -- PLUGIN ...)")
 		must    = fs.String("must-pass", "", "comma-separated target names whose checks must all pass for exit status 0 (default: every target)")
@@ -116,12 +133,12 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.compare, "compare", "", "a target name: add its per-round ratios to every other target of the same group (a target's group, else its scenario)")
 	fs.StringVar(&o.goBench, "gobench", "", "add the medians of this `go test -bench` output to the report")
 	fs.StringVar(&o.mdOut, "md", "", "write the tables into this Markdown file, between dp-bench's markers (the rest of the file is kept)")
-	o.fleet = addFleetFlags(fs)
+	o.fleet = fleet.AddFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
 	if o.fleet.N != 0 {
-		if err := o.fleet.check(); err != nil {
+		if err := o.fleet.Check(); err != nil {
 			return nil, err
 		}
 	}
@@ -160,7 +177,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	case *targets != "" && fs.NArg() > 0:
 		return nil, fmt.Errorf("-targets=%q and a plugin command %q: give one of them", *targets, fs.Arg(0))
 	case *targets != "":
-		ts, err := loadTargets(*targets)
+		ts, err := target.Load(*targets)
 		if err != nil {
 			return nil, fmt.Errorf("-targets=%q: %w", *targets, err)
 		}
@@ -172,14 +189,14 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 		t.Command = fs.Args()
 		t.Env = env
 		if t.Name == "" {
-			t.Name = baseName(t.Command[0])
+			t.Name = target.BaseName(t.Command[0])
 		}
-		if err := t.validate(); err != nil {
+		if err := t.Validate(); err != nil {
 			return nil, fmt.Errorf("%w", flagErr(err))
 		}
-		o.targets = []Target{t}
+		o.targets = []target.Target{t}
 	}
-	if o.compare != "" && !slices.ContainsFunc(o.targets, func(t Target) bool { return t.Name == o.compare }) {
+	if o.compare != "" && !slices.ContainsFunc(o.targets, func(t target.Target) bool { return t.Name == o.compare }) {
 		return nil, fmt.Errorf("-compare=%q: no target of that name", o.compare)
 	}
 	for n := range o.mustPass {
@@ -200,13 +217,6 @@ func flagErr(err error) error {
 	return errors.New(r.Replace(err.Error()))
 }
 
-func baseName(p string) string {
-	if i := strings.LastIndexByte(p, '/'); i >= 0 {
-		return p[i+1:]
-	}
-	return p
-}
-
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	o, err := parseFlags(args, stderr)
 	if errors.Is(err, flag.ErrHelp) {
@@ -220,29 +230,30 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return render(o, stdout, stderr)
 	}
 	if o.fleet.N > 0 {
-		return runFleet(ctx, o, o.fleet, args, stdout, stderr)
+		return fleet.Run(ctx, &fleet.Config{Options: *o.fleet, Command: "dp-bench " + strings.Join(args, " "), Targets: o.targets,
+			Settings: o.settings, ControlPlane: o.cp, MustPass: o.mustPass}, stdout, stderr)
 	}
-	rep := &Report{Command: "dp-bench " + strings.Join(args, " "), Machine: describeMachine(), Runs: o.runs, Settings: o.settings, Compare: o.compare,
-		DRA: isDRA(o.targets)}
+	rep := &report.Report{Command: "dp-bench " + strings.Join(args, " "), Machine: report.DescribeMachine(), Runs: o.runs, Settings: o.settings, Compare: o.compare,
+		DRA: target.IsDRA(o.targets)}
 	if o.goBench != "" {
-		if rep.GoBench, err = parseGoBench(o.goBench); err != nil {
+		if rep.GoBench, err = report.ParseGoBench(o.goBench); err != nil {
 			fmt.Fprintf(stderr, "dp-bench: -gobench=%q: %v\n", o.goBench, err)
 			return 2
 		}
 	}
-	results := make([][]*RunResult, len(o.targets))
+	results := make([][]*report.RunResult, len(o.targets))
 	setupErr := make([]error, len(o.targets))
-	var cl *draCluster
+	var cl *drasession.Cluster
 	if rep.DRA {
 		fmt.Fprintln(stderr, "dp-bench: starting etcd and kube-apiserver")
-		if cl, err = startCluster(ctx, o.cp); err != nil {
+		if cl, err = drasession.StartCluster(ctx, o.cp); err != nil {
 			for j := range o.targets {
-				setupErr[j] = fmt.Errorf("%w: %w", errNoControlPlane, err)
+				setupErr[j] = fmt.Errorf("%w: %w", drasession.ErrNoControlPlane, err)
 			}
 			fmt.Fprintf(stderr, "dp-bench: DRA drivers not run: %v\n", setupErr[0])
 		} else {
-			defer cl.stop()
-			rep.APIServer = cl.version
+			defer cl.Stop()
+			rep.APIServer = cl.Version()
 		}
 	}
 	for i := 0; i < o.runs && ctx.Err() == nil; i++ {
@@ -251,11 +262,13 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			if setupErr[j] != nil || ctx.Err() != nil {
 				continue
 			}
-			var res *RunResult
+			var res *report.RunResult
 			if t.DRA != nil {
-				res, err = runDRATarget(ctx, *t, o.settings, cl)
+				res, err = drasession.Run(ctx, *t, o.settings, cl, func(format string, a ...any) {
+					fmt.Fprintf(stderr, "dp-bench: %s: "+format+"\n", append([]any{t.Label()}, a...)...)
+				})
 			} else {
-				res, err = runTarget(ctx, *t, o.settings)
+				res, err = dpsession.Run(ctx, *t, o.settings)
 			}
 			if err != nil {
 				setupErr[j] = err
@@ -270,11 +283,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "dp-bench: interrupted")
 		return 1
 	}
-	rep.Machine.LoadAfter = loadavg()
+	rep.Machine.LoadAfter = report.Loadavg()
 	ok := true
 	for j := range o.targets {
 		t := &o.targets[j]
-		tr := summarize(*t, results[j])
+		tr := report.Summarize(*t, results[j])
 		if setupErr[j] != nil {
 			tr.Err = setupErr[j].Error()
 		}
@@ -283,15 +296,15 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			ok = ok && tr.Err == "" && !anyFailed(tr)
 		}
 	}
-	writeMarkdown(stdout, rep)
+	report.WriteMarkdown(stdout, rep)
 	if o.jsonOut != "" {
-		if err := writeJSON(o.jsonOut, rep); err != nil {
+		if err := report.WriteJSON(o.jsonOut, rep); err != nil {
 			fmt.Fprintln(stderr, "dp-bench: -json:", err)
 			return 1
 		}
 	}
 	if o.mdOut != "" {
-		if err := writeMarkdownInto(o.mdOut, rep); err != nil {
+		if err := report.WriteInto(o.mdOut, rep); err != nil {
 			fmt.Fprintln(stderr, "dp-bench: -md:", err)
 			return 1
 		}
@@ -306,7 +319,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 // render prints the tables of a JSON report and writes them to -md.
 func render(o *options, stdout, stderr io.Writer) int {
 	b, err := os.ReadFile(o.render)
-	var rep Report
+	var rep report.Report
 	if err == nil {
 		err = json.Unmarshal(b, &rep)
 	}
@@ -314,9 +327,9 @@ func render(o *options, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "dp-bench: -render=%q: %v\n", o.render, err)
 		return 2
 	}
-	writeMarkdown(stdout, &rep)
+	report.WriteMarkdown(stdout, &rep)
 	if o.mdOut != "" {
-		if err := writeMarkdownInto(o.mdOut, &rep); err != nil {
+		if err := report.WriteInto(o.mdOut, &rep); err != nil {
 			fmt.Fprintln(stderr, "dp-bench: -md:", err)
 			return 1
 		}
@@ -324,16 +337,16 @@ func render(o *options, stdout, stderr io.Writer) int {
 	return 0
 }
 
-func anyFailed(tr TargetReport) bool {
+func anyFailed(tr report.TargetReport) bool {
 	for _, c := range tr.Checks {
-		if c.Status == Fail {
+		if c.Status == report.Fail {
 			return true
 		}
 	}
 	return false
 }
 
-func progress(r *RunResult) string {
+func progress(r *report.RunResult) string {
 	var parts []string
 	if s, ok := r.Metrics["start-registered"]; ok {
 		parts = append(parts, fmt.Sprintf("registered %.1f ms after start", s.Value))
@@ -348,14 +361,4 @@ func progress(r *RunResult) string {
 		return "ok"
 	}
 	return strings.Join(parts, "; ")
-}
-
-// writeJSON writes v, indented, to the file path (the -json and
-// -fleet-json reports).
-func writeJSON(path string, v any) error {
-	b, err := json.MarshalIndent(v, "", "  ")
-	if err != nil {
-		return err
-	}
-	return os.WriteFile(path, append(b, '\n'), 0o644)
 }

@@ -3,204 +3,11 @@ package main
 import (
 	"bytes"
 	"context"
-	"fmt"
-	"os"
-	"os/exec"
-	"path/filepath"
-	"slices"
 	"strings"
-	"sync"
 	"testing"
-	"time"
 
 	"github.com/cdi-device-plugin/cdi-device-plugin/internal/testutil"
 )
-
-// bins are the plugins the tests run, built once per test binary.
-var bins struct{ testplugin, ours string }
-
-func TestMain(m *testing.M) {
-	// The test binary is also dp-bench's helper (os.Executable).
-	if spec, ok := os.LookupEnv(helperEnv); ok {
-		os.Exit(runHelper(spec))
-	}
-	dir, err := os.MkdirTemp("", "dp-bench-test")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	out, err := exec.Command("go", "build", "-o", dir+"/", "./internal/testplugin", "../cdi-device-plugin").CombinedOutput()
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "building the test plugins: %v\n%s", err, out)
-		os.RemoveAll(dir)
-		os.Exit(1)
-	}
-	bins.testplugin, bins.ours = filepath.Join(dir, "testplugin"), filepath.Join(dir, "cdi-device-plugin")
-	code := m.Run()
-	os.RemoveAll(dir)
-	os.Exit(code)
-}
-
-// testSettings keep a run short; the windows are generous for a loaded
-// machine where they must pass and only as long as the faults need.
-func testSettings() Settings {
-	return Settings{Calls: 3, Prompt: time.Second, Register: 3 * time.Second, Restart: 2 * time.Second,
-		Change: 2 * time.Second, Settle: 300 * time.Millisecond, Connect: time.Second, Term: 5 * time.Second}
-}
-
-func testPlugin(fault string) Target {
-	return Target{
-		Name:         "testplugin",
-		Command:      []string{bins.testplugin, "-dir", "{{.SocketDir}}", "-cdi-dir", "{{.CDIDir}}", "-dev-dir", "{{.DevDir}}", "-count", "4", "-fault", fault, "-late", "1500ms"},
-		DeviceFiles:  4,
-		RemoveDevice: "{{.DevDir}}/dev-2",
-		IDs:          4,
-		Resource:     "example.com/tp",
-	}
-}
-
-func ourPlugin() Target {
-	return Target{
-		Name: "cdi-device-plugin",
-		Command: []string{bins.ours, "--device-plugin-dir", "{{.SocketDir}}", "--cdi-dir", "{{.CDIDir}}",
-			"--dev-root", "{{.DevDir}}", "--state-dir", "{{.WorkDir}}/state", "--pod-resources-socket", "{{.PodResources}}", "--log-level", "warn"},
-		Env:          []string{"NUMBER_DEVICES=8", "RESOURCE_NAME=example.com/bench", "DEVICE_ID_PREFIX=bench", "NODE_NAME=node-1"},
-		RemoveDevice: "{{.DevDir}}/bench-3",
-		IDs:          8,
-		Resource:     "example.com/bench",
-	}
-}
-
-// runAll runs the targets once each, concurrently (they mostly wait), and
-// returns their results in order.
-func runAll(t *testing.T, targets []Target) []*RunResult {
-	t.Helper()
-	res := make([]*RunResult, len(targets))
-	errs := make([]error, len(targets))
-	var wg sync.WaitGroup
-	for i := range targets {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			res[i], errs[i] = runTarget(context.Background(), targets[i], testSettings())
-		}()
-	}
-	wg.Wait()
-	for i, err := range errs {
-		if err != nil {
-			t.Fatalf("%s: %v", targets[i].Label(), err)
-		}
-	}
-	return res
-}
-
-// TestChecksCatchFaults: each fault of the test plugin fails exactly the
-// check that guards the rule it breaks, and the plugin without a fault
-// passes every check.
-func TestChecksCatchFaults(t *testing.T) {
-	testutil.NeedMknod(t)
-	cases := []struct {
-		fault string
-		fails []string
-	}{
-		{"", nil},
-		{"register-before-serve", []string{"serves-before-register"}},
-		{"bad-version", []string{"register-version"}},
-		{"bad-resource", []string{"register-resource"}},
-		{"options-mismatch", []string{"register-options"}},
-		{"late-list", []string{"listandwatch-initial"}},
-		{"partial-allocate", []string{"allocate"}},
-		{"accept-unknown", []string{"allocate-unknown"}},
-		{"bad-cdi", []string{"cdi-resolve"}},
-		{"preferred-drop-must", []string{"preferred-allocation"}},
-		{"preferred-size", []string{"preferred-allocation"}},
-		{"preferred-unavailable", []string{"preferred-allocation"}},
-		{"prestart-fail", []string{"prestart"}},
-		{"no-change", []string{"listandwatch-change"}},
-		{"no-reregister", []string{"kubelet-restart"}},
-		{"double-register", []string{"kubelet-restart"}},
-		{"keep-socket", []string{"sigterm-socket"}},
-	}
-	var targets []Target
-	for _, c := range cases {
-		targets = append(targets, testPlugin(c.fault))
-	}
-	results := runAll(t, targets)
-	for i, c := range cases {
-		name := c.fault
-		if name == "" {
-			name = "no-fault"
-		}
-		t.Run(name, func(t *testing.T) {
-			r := results[i]
-			if got := r.Failed(); !slices.Equal(got, c.fails) {
-				t.Errorf("failed checks %v, want %v", got, c.fails)
-			}
-			if c.fault == "" {
-				assertAllPass(t, r)
-			}
-			if t.Failed() {
-				t.Logf("checks: %+v\nerror: %s\nplugin log:\n%s", r.Checks, r.Err, r.Log)
-			}
-		})
-	}
-}
-
-func assertAllPass(t *testing.T, r *RunResult) {
-	t.Helper()
-	for _, c := range checkDefs {
-		got, ok := r.Checks[c.ID]
-		if !ok && c.ID == "uevent-change" {
-			continue // only for targets that configure it (make bench's PCI target)
-		}
-		if got.Status != Pass {
-			t.Errorf("%s: %s %s", c.ID, got.Status, got.Detail)
-		}
-	}
-	if r.Err != "" {
-		t.Errorf("run stopped early: %s", r.Err)
-	}
-}
-
-// TestOurPluginPassesAll: the plugin of this repository passes every
-// check, and the run measured what it should.
-func TestOurPluginPassesAll(t *testing.T) {
-	testutil.NeedMknod(t)
-	r := runAll(t, []Target{ourPlugin()})[0]
-	assertAllPass(t, r)
-	for _, m := range []string{"start-registered", "start-listed", "ids", "rss", "allocate", "preferred", "prestart", "restart-registered", "removed-update"} {
-		if _, ok := r.Metrics[m]; !ok {
-			t.Errorf("metric %s not measured", m)
-		}
-	}
-	if r.Metrics["ids"].Value != 8 {
-		t.Errorf("ids %v", r.Metrics["ids"].Value)
-	}
-	if t.Failed() {
-		t.Logf("plugin log:\n%s", r.Log)
-	}
-}
-
-// TestPrivateMounts: a plugin that insists on fixed directories gets the
-// run's fresh ones bound there, in its own mount namespace only.
-func TestPrivateMounts(t *testing.T) {
-	testutil.NeedMknod(t)
-	base := t.TempDir()
-	tg := testPlugin("")
-	tg.SocketDir = filepath.Join(base, "not", "there", "device-plugins")
-	tg.CDIDir = filepath.Join(base, "cdi")
-	if err := os.Mkdir(tg.CDIDir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	r := runAll(t, []Target{tg})[0]
-	assertAllPass(t, r)
-	if _, err := os.Stat(filepath.Join(base, "not")); !os.IsNotExist(err) {
-		t.Errorf("the bind target was created on the host: %v", err)
-	}
-	if entries, _ := os.ReadDir(tg.CDIDir); len(entries) != 0 {
-		t.Errorf("the plugin wrote into the host's %s: %v", tg.CDIDir, entries)
-	}
-}
 
 func TestFlags(t *testing.T) {
 	for _, c := range []struct {
@@ -232,123 +39,51 @@ func TestFlags(t *testing.T) {
 	}
 }
 
-func TestTargetsFile(t *testing.T) {
-	dir := t.TempDir()
-	for _, c := range []struct {
-		name, body, want string
-	}{
-		{"unknown field", "targets:\n- name: a\n  command: [x]\n  sockDir: /x\n", `unknown field "sockDir"`},
-		{"no command", "targets:\n- name: a\n", "targets[0]: command: empty"},
-		{"file name", "targets:\n- name: a\n  command: [x]\n  files: {../x: y}\n", `files: "../x" must be a plain file name`},
-		{"empty", "targets: []\n", "no targets"},
-	} {
-		t.Run(c.name, func(t *testing.T) {
-			p := filepath.Join(dir, strings.ReplaceAll(c.name, " ", "-")+".yaml")
-			if err := os.WriteFile(p, []byte(c.body), 0o644); err != nil {
-				t.Fatal(err)
-			}
-			_, err := loadTargets(p)
-			if err == nil || !strings.Contains(err.Error(), c.want) {
-				t.Fatalf("error %v, want it to contain %q", err, c.want)
-			}
-		})
+// TestDRANoAPIServer: without the API server's binaries the DRA targets
+// are reported as not run, with the reason, and nothing is started.
+func TestDRANoAPIServer(t *testing.T) {
+	var stdout, stderr bytes.Buffer
+	code := run(context.Background(), []string{"-targets", "bench-dra.yaml", "-runs", "1", "-etcd", "/nonexistent/etcd"}, &stdout, &stderr)
+	if code != 1 {
+		t.Errorf("exit %d, want 1 (targets must pass)", code)
 	}
-}
-
-// TestSummarize: a check failed in any run fails; medians of values,
-// baselines and per-run ratios.
-func TestSummarize(t *testing.T) {
-	mk := func(s Status, v, b float64) *RunResult {
-		r := newRunResult()
-		r.set("allocate", s, "run")
-		r.measure("allocate", v, b)
-		return r
-	}
-	tr := summarize(Target{Name: "x"}, []*RunResult{mk(Pass, 10, 5), mk(Fail, 30, 10), mk(Pass, 20, 5)})
-	if c := tr.Checks["allocate"]; c.Status != Fail || c.Detail != "run 2: run" {
-		t.Errorf("check %+v", c)
-	}
-	a := tr.Metrics["allocate"]
-	if a.N != 3 || a.Median != 20 || a.Baseline != 5 || a.Ratio != 3 || a.Min != 10 || a.Max != 30 {
-		t.Errorf("aggregate %+v", a)
-	}
-}
-
-// TestWriteMarkdownInto keeps what lies outside the markers.
-func TestWriteMarkdownInto(t *testing.T) {
-	p := filepath.Join(t.TempDir(), "b.md")
-	rep := &Report{Command: "dp-bench -runs 1", Runs: 1, Targets: []TargetReport{summarize(Target{Name: "x"}, []*RunResult{newRunResult()})}}
-	if err := os.WriteFile(p, []byte("# Title\n\nintro\n\n"+mdBegin+"\nold\n"+mdEnd+"\n\n## Notes\nkept\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if err := writeMarkdownInto(p, rep); err != nil {
-		t.Fatal(err)
-	}
-	b, _ := os.ReadFile(p)
-	s := string(b)
-	for _, want := range []string{"# Title\n\nintro\n\n" + mdBegin + "\n", "dp-bench -runs 1", "| check | x |", mdEnd + "\n\n## Notes\nkept\n"} {
-		if !strings.Contains(s, want) {
-			t.Errorf("missing %q in:\n%s", want, s)
+	for _, want := range []string{"| publishes its devices in ResourceSlices of the node's pools | not run | not run | not run |",
+		"- cdi-dra-driver (8 devices, no steps, no metadata): not run: no API server: -kube-apiserver: not given"} {
+		if !strings.Contains(stdout.String(), want) {
+			t.Errorf("missing %q in:\n%s\nstderr:\n%s", want, stdout.String(), stderr.String())
 		}
 	}
-	if strings.Contains(s, "\nold\n") {
-		t.Errorf("old block kept:\n%s", s)
+}
+
+// TestLinksNoKubeClient: dp-bench links neither client-go nor k8s.io/api:
+// every baseline process is dp-bench itself, and they would double its
+// start-up and its memory (internal/apiclient's package doc).
+func TestLinksNoKubeClient(t *testing.T) {
+	for _, dep := range testutil.Deps(t, ".") {
+		for _, banned := range []string{"k8s.io/client-go/", "k8s.io/api/", "k8s.io/apimachinery/pkg/apis/", "k8s.io/apimachinery/pkg/runtime/"} {
+			if strings.HasPrefix(dep+"/", banned) {
+				t.Errorf("dp-bench links %s", dep)
+			}
+		}
 	}
 }
 
-func TestReadGoBench(t *testing.T) {
-	out := `goos: linux
-pkg: example.com/m/plugin
-BenchmarkAllocate8-2   	  200	      4000 ns/op	    3528 B/op	      41 allocs/op
-BenchmarkAllocate8-2   	  200	      5000 ns/op	    3528 B/op	      41 allocs/op
-BenchmarkAllocate8-2   	  200	      9000 ns/op	    3528 B/op	      41 allocs/op
-BenchmarkPreferredAllocation/8dev-2   	  200	      2902 ns/op
-PASS
-pkg: example.com/m/cdi
-BenchmarkBuildSpec10000-2   	  20	   8712491 ns/op	 6799467 B/op	  119905 allocs/op
-`
-	got, err := readGoBench(strings.NewReader(out))
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := []GoBench{
-		{Package: "example.com/m/plugin", Name: "BenchmarkAllocate8", N: 3, NsPerOp: 5000, BPerOp: 3528, AllocsOp: 41},
-		{Package: "example.com/m/plugin", Name: "BenchmarkPreferredAllocation/8dev", N: 1, NsPerOp: 2902},
-		{Package: "example.com/m/cdi", Name: "BenchmarkBuildSpec10000", N: 1, NsPerOp: 8712491, BPerOp: 6799467, AllocsOp: 119905},
-	}
-	if !slices.Equal(got, want) {
-		t.Fatalf("got %+v\nwant %+v", got, want)
-	}
-	var b bytes.Buffer
-	writeGoBench(&b, got)
-	if !strings.Contains(b.String(), "| BuildSpec10000 | cdi | 8.71ms | 6799467 | 119905 | 1 |") {
-		t.Errorf("table:\n%s", b.String())
-	}
-}
-
-// TestComparison: the ratio of the compared target to a peer is taken run
-// by run, only between targets of the same scenario.
-func TestComparison(t *testing.T) {
-	run := func(v float64) *RunResult {
-		r := newRunResult()
-		r.measure("start-registered", v, 1)
-		return r
-	}
-	rep := &Report{Compare: "ours", Targets: []TargetReport{
-		summarize(Target{Name: "ours", Scenario: "8"}, []*RunResult{run(10), run(40), run(12)}),
-		summarize(Target{Name: "peer", Scenario: "8"}, []*RunResult{run(20), run(20), run(12)}),
-		summarize(Target{Name: "other", Scenario: "2"}, []*RunResult{run(1), run(1), run(1)}),
-	}}
-	ps := pairs(rep)
-	if len(ps) != 1 || ps[0].other.Target.Name != "peer" {
-		t.Fatalf("pairs %+v", ps)
-	}
-	if r, ok := runRatio(ps[0], "start-registered"); !ok || r != 1 {
-		t.Fatalf("ratio %v %v, want the median of 0.5, 2, 1", r, ok)
-	}
-	var b bytes.Buffer
-	writeComparison(&b, rep)
-	if !strings.Contains(b.String(), "| process start → Register call | 1.00 |") {
-		t.Errorf("table:\n%s", b.String())
+func TestFleetFlags(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"-fleet", "-1"}, "-fleet=-1"},
+		{[]string{"-fleet", "2", "-fleet-fill", "1.5"}, "-fleet-fill=1.5"},
+		{[]string{"-fleet", "2", "-fleet-steady", "0s"}, "-fleet-steady=0s"},
+		{[]string{"-fleet", "2", "-fleet-storm-rate", "0"}, "-fleet-storm-rate=0"},
+		{[]string{"-fleet", "2", "-fleet-rounds", "0"}, "-fleet-rounds=0"},
+	} {
+		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
+			_, err := parseFlags(append(tc.args, "-targets", "fleet.yaml"), &strings.Builder{})
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("error %v, want one naming %s", err, tc.want)
+			}
+		})
 	}
 }

@@ -83,3 +83,37 @@ func (c *DRA) Prepare(ctx context.Context, claims ...*drav1.Claim) (*drav1.NodeP
 func (c *DRA) Unprepare(ctx context.Context, claims ...*drav1.Claim) (*drav1.NodeUnprepareResourcesResponse, error) {
 	return c.Node.NodeUnprepareResources(ctx, &drav1.NodeUnprepareResourcesRequest{Claims: claims})
 }
+
+// PrepareClaim prepares one claim and returns the driver's answer for it,
+// or an error: the call's, or the claim not answered, or answered with an
+// error, as the kubelet reads the answer.
+func (c *DRA) PrepareClaim(ctx context.Context, claim *drav1.Claim) (*drav1.NodePrepareResourceResponse, error) {
+	resp, err := c.Prepare(ctx, claim)
+	if err != nil {
+		return nil, err
+	}
+	got, ok := resp.GetClaims()[claim.Uid]
+	return got, claimAnswer(claim, ok, got.GetError())
+}
+
+// UnprepareClaim unprepares one claim, with PrepareClaim's errors.
+func (c *DRA) UnprepareClaim(ctx context.Context, claim *drav1.Claim) error {
+	resp, err := c.Unprepare(ctx, claim)
+	if err != nil {
+		return err
+	}
+	got, ok := resp.GetClaims()[claim.Uid]
+	return claimAnswer(claim, ok, got.GetError())
+}
+
+// claimAnswer is the error of a driver's answer for claim c: none, not
+// answered (ok false), or the driver's error message.
+func claimAnswer(c *drav1.Claim, ok bool, msg string) error {
+	switch {
+	case !ok:
+		return fmt.Errorf("claim %s not answered", c.Name)
+	case msg != "":
+		return fmt.Errorf("claim %s: %s", c.Name, msg)
+	}
+	return nil
+}

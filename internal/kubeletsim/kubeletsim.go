@@ -4,7 +4,10 @@
 // device manager does (ListAndWatch, Allocate, GetPreferredAllocation). A
 // restart wipes the directory as the kubelet does. RegisterDRA registers
 // and calls a DRA driver as the kubelet's plugin watcher and DRA manager
-// do; ServePodResources serves the kubelet's PodResources List.
+// do, and PluginWatcher.Await waits for one's socket to register through;
+// ServePodResources serves the kubelet's PodResources List; Pods prepares
+// the DRA claims of the pods bound to many nodes, as their kubelets do
+// (dp-bench's fleet).
 //
 // Register is handled like the kubelet's registration server
 // (pkg/kubelet/cm/devicemanager/plugin/v1beta1): the version must be a

@@ -90,15 +90,7 @@ func TestRegister(t *testing.T) {
 		<-k.Calls
 	}
 
-	lis, err := net.Listen("unix", filepath.Join(dir, "p.sock"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := grpc.NewServer()
-	pluginapi.RegisterDevicePluginServer(srv, optsServer{})
-	done := make(chan struct{})
-	go func() { defer close(done); _ = srv.Serve(lis) }()
-	defer func() { srv.Stop(); <-done }()
+	serveGRPC(t, filepath.Join(dir, "p.sock"), func(srv *grpc.Server) { pluginapi.RegisterDevicePluginServer(srv, optsServer{}) })
 	if err := register(good); err != nil {
 		t.Fatal(err)
 	}
@@ -138,16 +130,8 @@ func TestRegisterDRA(t *testing.T) {
 	if _, err := kubeletsim.RegisterDRA(context.Background(), sock); err == nil || errors.Is(err, kubeletsim.ErrRefused) {
 		t.Fatalf("nothing served: %v", err)
 	}
-	lis, err := net.Listen("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
 	s := &regServer{status: make(chan *registerapi.RegistrationStatus, 1)}
-	srv := grpc.NewServer()
-	registerapi.RegisterRegistrationServer(srv, s)
-	done := make(chan struct{})
-	go func() { defer close(done); _ = srv.Serve(lis) }()
-	defer func() { srv.Stop(); <-done }()
+	serveGRPC(t, sock, func(srv *grpc.Server) { registerapi.RegisterRegistrationServer(srv, s) })
 	good := func() *registerapi.PluginInfo {
 		return &registerapi.PluginInfo{Type: registerapi.DRAPlugin, Name: "d.example.com", Endpoint: filepath.Join(dir, "dra.sock"),
 			SupportedVersions: []string{drav1.DRAPluginService}}
@@ -182,6 +166,166 @@ func TestRegisterDRA(t *testing.T) {
 	defer d.Close()
 	if st := <-s.status; !st.PluginRegistered || d.Info.Name != "d.example.com" {
 		t.Fatalf("status %+v, info %+v", st, d.Info)
+	}
+}
+
+// serveGRPC serves on the unix socket sock, with the services register
+// adds, until the test ends.
+func serveGRPC(t *testing.T, sock string, register func(*grpc.Server)) {
+	t.Helper()
+	lis, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer()
+	register(srv)
+	done := make(chan struct{})
+	go func() { defer close(done); _ = srv.Serve(lis) }()
+	t.Cleanup(func() { srv.Stop(); <-done })
+}
+
+// serveReg serves a registration service answering info on sock until
+// the test ends.
+func serveReg(t *testing.T, sock string, info *registerapi.PluginInfo) {
+	t.Helper()
+	s := &regServer{status: make(chan *registerapi.RegistrationStatus, 16)}
+	s.info.Store(info)
+	serveGRPC(t, sock, func(srv *grpc.Server) { registerapi.RegisterRegistrationServer(srv, s) })
+}
+
+// TestAwait: the plugin watcher registers a driver whose socket appears
+// while it waits, with inotify and without (a socket is made before it
+// listens, so an attempt on inotify's event can be refused: the poll
+// tries again); it stops at once on a refusal or when the driver's
+// process ended, and says what it last saw when no driver registered in
+// time.
+func TestAwait(t *testing.T) {
+	info := func(dir string, typ string) *registerapi.PluginInfo {
+		return &registerapi.PluginInfo{Type: typ, Name: "d.example.com", Endpoint: filepath.Join(dir, "dra.sock"),
+			SupportedVersions: []string{drav1.DRAPluginService}}
+	}
+	for _, c := range []struct {
+		name string
+		w    kubeletsim.PluginWatcher
+	}{
+		{"inotify", kubeletsim.PluginWatcher{Connect: time.Second, Poll: 500 * time.Millisecond, Inotify: true}},
+		{"poll", kubeletsim.PluginWatcher{Connect: time.Second, Poll: 10 * time.Millisecond}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			dir := testutil.ShortDir(t)
+			type result struct {
+				d    *kubeletsim.DRA
+				sock string
+				err  error
+			}
+			got := make(chan result, 1)
+			go func() {
+				d, sock, err := c.w.Await(context.Background(), dir, 10*time.Second)
+				got <- result{d, sock, err}
+			}()
+			time.Sleep(100 * time.Millisecond) // Await waits on an empty directory
+			serveReg(t, filepath.Join(dir, "d-reg.sock"), info(dir, registerapi.DRAPlugin))
+			r := <-got
+			if r.err != nil {
+				t.Fatal(r.err)
+			}
+			defer r.d.Close()
+			if r.d.Info.Name != "d.example.com" || filepath.Base(r.sock) != "d-reg.sock" {
+				t.Errorf("registered %q through %s", r.d.Info.Name, r.sock)
+			}
+		})
+	}
+	t.Run("refused", func(t *testing.T) {
+		dir := testutil.ShortDir(t)
+		serveReg(t, filepath.Join(dir, "d-reg.sock"), info(dir, registerapi.DevicePlugin))
+		start := time.Now()
+		_, _, err := kubeletsim.PluginWatcher{Connect: time.Second, Poll: 10 * time.Millisecond}.Await(context.Background(), dir, 10*time.Second)
+		if !errors.Is(err, kubeletsim.ErrRefused) || time.Since(start) > 5*time.Second {
+			t.Errorf("error %v after %s, want ErrRefused at once", err, time.Since(start))
+		}
+	})
+	t.Run("exited", func(t *testing.T) {
+		exited := make(chan struct{})
+		close(exited)
+		_, _, err := kubeletsim.PluginWatcher{Connect: time.Second, Poll: time.Hour, Exited: exited}.Await(context.Background(), t.TempDir(), 10*time.Second)
+		if !errors.Is(err, kubeletsim.ErrExited) {
+			t.Errorf("error %v, want ErrExited", err)
+		}
+	})
+	t.Run("not registered", func(t *testing.T) {
+		dir := testutil.ShortDir(t)
+		mute, err := net.Listen("unix", filepath.Join(dir, "mute-reg.sock")) // accepts, never answers
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer mute.Close()
+		_, _, err = kubeletsim.PluginWatcher{Connect: 20 * time.Millisecond, Poll: 10 * time.Millisecond}.Await(context.Background(), dir, 200*time.Millisecond)
+		if !errors.Is(err, kubeletsim.ErrNotRegistered) || !strings.Contains(err.Error(), "within 200ms (last: GetInfo on ") {
+			t.Errorf("error %v, want ErrNotRegistered with the last attempt's error", err)
+		}
+	})
+}
+
+// draServer answers NodePrepareResources and NodeUnprepareResources: claim
+// "ok" with one device, claim "held" with an error, others not at all.
+type draServer struct {
+	drav1.UnimplementedDRAPluginServer
+}
+
+func (draServer) NodePrepareResources(_ context.Context, r *drav1.NodePrepareResourcesRequest) (*drav1.NodePrepareResourcesResponse, error) {
+	out := &drav1.NodePrepareResourcesResponse{Claims: map[string]*drav1.NodePrepareResourceResponse{}}
+	for _, c := range r.Claims {
+		switch c.Name {
+		case "ok":
+			out.Claims[c.Uid] = &drav1.NodePrepareResourceResponse{Devices: []*drav1.Device{{PoolName: "p", DeviceName: "d0"}}}
+		case "held":
+			out.Claims[c.Uid] = &drav1.NodePrepareResourceResponse{Error: "held"}
+		}
+	}
+	return out, nil
+}
+
+func (draServer) NodeUnprepareResources(_ context.Context, r *drav1.NodeUnprepareResourcesRequest) (*drav1.NodeUnprepareResourcesResponse, error) {
+	out := &drav1.NodeUnprepareResourcesResponse{Claims: map[string]*drav1.NodeUnprepareResourceResponse{}}
+	for _, c := range r.Claims {
+		switch c.Name {
+		case "ok":
+			out.Claims[c.Uid] = &drav1.NodeUnprepareResourceResponse{}
+		case "held":
+			out.Claims[c.Uid] = &drav1.NodeUnprepareResourceResponse{Error: "held"}
+		}
+	}
+	return out, nil
+}
+
+// TestPrepareClaim: a claim's answer is read as the kubelet reads it: the
+// claim's devices, or an error for a claim not answered or answered with
+// one.
+func TestPrepareClaim(t *testing.T) {
+	dir := testutil.ShortDir(t)
+	serveGRPC(t, filepath.Join(dir, "dra.sock"), func(srv *grpc.Server) { drav1.RegisterDRAPluginServer(srv, draServer{}) })
+	serveReg(t, filepath.Join(dir, "reg.sock"), &registerapi.PluginInfo{Type: registerapi.DRAPlugin, Name: "d.example.com",
+		Endpoint: filepath.Join(dir, "dra.sock"), SupportedVersions: []string{drav1.DRAPluginService}})
+	d, err := kubeletsim.RegisterDRA(context.Background(), filepath.Join(dir, "reg.sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	ctx := context.Background()
+	claim := func(name string) *drav1.Claim { return &drav1.Claim{Namespace: "ns", Name: name, Uid: "uid-" + name} }
+	if got, err := d.PrepareClaim(ctx, claim("ok")); err != nil || len(got.GetDevices()) != 1 {
+		t.Errorf("claim ok: %v, %v", got, err)
+	}
+	if err := d.UnprepareClaim(ctx, claim("ok")); err != nil {
+		t.Errorf("unprepare ok: %v", err)
+	}
+	for name, want := range map[string]string{"held": "claim held: held", "gone": "claim gone not answered"} {
+		if _, err := d.PrepareClaim(ctx, claim(name)); err == nil || err.Error() != want {
+			t.Errorf("prepare %s: %v, want %q", name, err, want)
+		}
+		if err := d.UnprepareClaim(ctx, claim(name)); err == nil || err.Error() != want {
+			t.Errorf("unprepare %s: %v, want %q", name, err, want)
+		}
 	}
 }
 

@@ -8,6 +8,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -151,4 +152,16 @@ func (s *SyncBuffer) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()
+}
+
+// HelpFlags are the names of the flags a usage message of package flag
+// (a command's -h) lists, in its order (by name).
+func HelpFlags(usage string) []string {
+	var out []string
+	for _, l := range strings.Split(usage, "\n") {
+		if rest, ok := strings.CutPrefix(l, "  -"); ok {
+			out = append(out, strings.Fields(rest)[0])
+		}
+	}
+	return out
 }

@@ -1,0 +1,84 @@
+package fleet
+
+import (
+	"encoding/json"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/apiclient"
+	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/report"
+	"github.com/cdi-device-plugin/cdi-device-plugin/internal/kubeletsim"
+)
+
+// TestFleetMarkers: the fleet's tables are written between their markers
+// (report.WriteBetween), once however often they are written.
+func TestFleetMarkers(t *testing.T) {
+	path := t.TempDir() + "/fleet.md"
+	if err := report.WriteBetween(path, mdBeginFleet, mdEndFleet, "", []byte("one\n")); err != nil {
+		t.Fatal(err)
+	}
+	if err := report.WriteBetween(path, mdBeginFleet, mdEndFleet, "", []byte("two\n")); err != nil {
+		t.Fatal(err)
+	}
+	b, _ := readFileString(path)
+	if strings.Contains(b, "one") || strings.Count(b, "two") != 1 || strings.Count(b, mdBeginFleet) != 1 {
+		t.Errorf("file after two writes:\n%s", b)
+	}
+}
+
+func readFileString(p string) (string, error) {
+	b, err := os.ReadFile(p)
+	return string(b), err
+}
+
+// TestPodOf: the stand-in reads of a pod's event its node, the claim its
+// status names now (the last one named), why it failed (evicted; its
+// phase Failed above all) and its deletion; an ERROR event or another
+// object is no pod.
+func TestPodOf(t *testing.T) {
+	ev := func(typ string, pod map[string]any) apiclient.Event {
+		b, err := json.Marshal(pod)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return apiclient.Event{Type: typ, Object: b, At: time.Now()}
+	}
+	pod := func(node, phase string, claims []map[string]any, conds ...map[string]any) map[string]any {
+		st := map[string]any{"phase": phase, "resourceClaimStatuses": claims, "conditions": conds}
+		return map[string]any{"metadata": map[string]any{"name": "p"}, "spec": map[string]any{"nodeName": node}, "status": st}
+	}
+	claim := func(name string) map[string]any {
+		if name == "" {
+			return map[string]any{"name": "dev"}
+		}
+		return map[string]any{"name": "dev", "resourceClaimName": name}
+	}
+	evicted := map[string]any{"type": "DisruptionTarget", "status": "True"}
+	for _, c := range []struct {
+		name string
+		ev   apiclient.Event
+		want kubeletsim.Pod
+	}{
+		{"not bound", ev(apiclient.Added, pod("", "Pending", []map[string]any{claim("c1")})), kubeletsim.Pod{Name: "p", Claim: "c1"}},
+		{"bound, no claim yet", ev(apiclient.Modified, pod("n1", "Pending", []map[string]any{claim("")})), kubeletsim.Pod{Name: "p", Node: "n1"}},
+		{"the last claim named", ev(apiclient.Modified, pod("n1", "Pending", []map[string]any{claim("c1"), claim("c2"), claim("")})), kubeletsim.Pod{Name: "p", Node: "n1", Claim: "c2"}},
+		{"evicted", ev(apiclient.Modified, pod("n1", "Running", nil, evicted)), kubeletsim.Pod{Name: "p", Node: "n1", Failed: "DisruptionTarget (evicted)"}},
+		{"phase Failed", ev(apiclient.Modified, pod("n1", "Failed", nil, evicted)), kubeletsim.Pod{Name: "p", Node: "n1", Failed: "phase Failed"}},
+		{"deleted", ev(apiclient.Deleted, pod("n1", "Running", nil)), kubeletsim.Pod{Name: "p", Node: "n1", Deleted: true}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			got, ok := podOf(c.ev)
+			if !ok || got != c.want {
+				t.Errorf("podOf: %+v %v, want %+v", got, ok, c.want)
+			}
+		})
+	}
+	if _, ok := podOf(apiclient.Event{Type: apiclient.Error, Object: []byte(`{"kind":"Status","code":410}`)}); ok {
+		t.Error("an ERROR event read as a pod")
+	}
+	if _, ok := podOf(apiclient.Event{Type: apiclient.Added, Object: []byte(`"not an object"`)}); ok {
+		t.Error("a string read as a pod")
+	}
+}

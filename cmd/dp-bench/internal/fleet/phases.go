@@ -1,0 +1,298 @@
+package fleet
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"os"
+	"slices"
+	"strings"
+	"time"
+
+	"golang.org/x/sync/errgroup"
+	"golang.org/x/sys/unix"
+
+	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/apiclient"
+	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/audit"
+	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/proc"
+	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/report"
+	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/stats"
+)
+
+// schedule: Fill of the devices claimed by pods created at once, Rounds
+// times; between two rounds the pods are deleted and their claims
+// unprepared and deleted (kubeletsim.Pods.Finish). The last round's pods
+// stay (the rollout needs them).
+func (f *fleet) schedule(ctx context.Context) error {
+	count := int(f.c.Fill * float64(f.ft.Devices))
+	for r := range f.c.Rounds {
+		cpu0 := f.cpu()
+		names, err := f.createPods(ctx, fmt.Sprintf("sched%d", r), count)
+		if err != nil {
+			return fmt.Errorf("round %d: creating pods: %w", r+1, err)
+		}
+		f.pods = count
+		if err := f.k.WaitPrepared(ctx, names, time.Minute+time.Duration(count)*200*time.Millisecond); err != nil {
+			if e := f.fc.alive(); e != nil {
+				return e
+			}
+			return fmt.Errorf("round %d: scheduling: %w; kube-scheduler: %s; kube-controller-manager: %s", r+1, err, f.fc.others[0].LogTail(1500), f.fc.others[1].LogTail(1500))
+		}
+		var rd schedRound
+		rd.DriverCPUPerPodMs, rd.ControlPlaneCPUS, rd.StandInCPUS = roundCPU(f.cpu().sub(cpu0), count)
+		ws, err := f.flushedAudit(ctx)
+		if err != nil {
+			return err
+		}
+		var missed int
+		binds := audit.BindTimes(ws, names)
+		rd.BoundPerS, rd.PreparedPerS, missed = f.k.Rates(names, binds)
+		b2p, calls := f.k.Latencies(names, binds)
+		rd.BindToPreparedP50Ms, rd.BindToPreparedP99Ms = report.Ms(stats.Quantile(b2p, 0.5)), report.Ms(stats.Quantile(b2p, 0.99))
+		rd.PrepareCallP50Ms, rd.PrepareCallP99Ms = report.Ms(stats.Quantile(calls, 0.5)), report.Ms(stats.Quantile(calls, 0.99))
+		if missed > 0 {
+			f.logf("round %d: %d bindings not in the audit log: the watch's times taken for them", r+1, missed)
+		}
+		f.ft.Rounds = append(f.ft.Rounds, rd)
+		f.logf("round %d: %d pods: %.1f/s bound, %.1f/s prepared; per pod, binding to prepared p50 %.0f ms, p99 %.0f ms; NodePrepareResources p50 %.1f ms, p99 %.1f ms; CPU: drivers %.1f ms a pod, control plane %.1f s, stand-in %.1f s",
+			r+1, count, rd.BoundPerS, rd.PreparedPerS, rd.BindToPreparedP50Ms, rd.BindToPreparedP99Ms, rd.PrepareCallP50Ms, rd.PrepareCallP99Ms,
+			rd.DriverCPUPerPodMs, rd.ControlPlaneCPUS, rd.StandInCPUS)
+		if r == f.c.Rounds-1 {
+			break
+		}
+		if err := f.k.Finish(ctx, names); err != nil {
+			return fmt.Errorf("round %d: %w", r+1, err)
+		}
+		if err := f.waitNoClaims(ctx, 2*time.Minute); err != nil {
+			return fmt.Errorf("round %d: %w", r+1, err)
+		}
+		if err := proc.Sleep(ctx, f.c.Settle); err != nil {
+			return err
+		}
+	}
+	f.ft.Pods = count
+	f.ft.BoundPerS = roundsMedian(f.ft.Rounds, func(r schedRound) float64 { return r.BoundPerS })
+	f.ft.PreparedPerS = roundsMedian(f.ft.Rounds, func(r schedRound) float64 { return r.PreparedPerS })
+	f.ft.PrepareErrors = f.k.Errors()
+	f.logf("%d rounds of %d pods: medians %.1f/s bound, %.1f/s prepared", f.c.Rounds, count, f.ft.BoundPerS, f.ft.PreparedPerS)
+	return nil
+}
+
+// waitNoClaims waits until the fleet's namespace has no ResourceClaim
+// (the stand-in's Finish deleted them; the resourceclaim controller deallocates
+// each and lets it go): the devices are free.
+func (f *fleet) waitNoClaims(ctx context.Context, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		var list struct {
+			Items []apiclient.ResourceClaim `json:"items"`
+		}
+		if err := f.fc.cp.Client.Do(ctx, http.MethodGet, apiclient.PathClaims(fleetNamespace), nil, &list); err != nil {
+			return fmt.Errorf("listing claims: %w", err)
+		}
+		if len(list.Items) == 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%d claims left %s after their pods were deleted", len(list.Items), timeout)
+		}
+		if err := proc.Sleep(ctx, 200*time.Millisecond); err != nil {
+			return err
+		}
+	}
+}
+
+// memory: the drivers' resident memory and the API server's.
+func (f *fleet) memory() {
+	var rss []float64
+	for _, n := range f.nodes {
+		rss = append(rss, report.MiB(n.rss()))
+	}
+	f.ft.DriverRSSMiB = stats.Median(rss)
+	f.ft.DriverRSSMaxMiB = slices.Max(rss)
+	f.ft.APIServerRSSMiB = report.MiB(f.fc.apiserverRSS())
+}
+
+// window runs during, waits until d has passed since it began, and
+// returns the audit log's writes and the window's bounds [from, to).
+func (f *fleet) window(ctx context.Context, d time.Duration, during func(context.Context) error) ([]audit.Write, time.Time, time.Time, error) {
+	from := time.Now()
+	if during != nil {
+		if err := during(ctx); err != nil {
+			return nil, from, from, err
+		}
+	}
+	if err := proc.Sleep(ctx, time.Until(from.Add(d))); err != nil {
+		return nil, from, from, err
+	}
+	to := time.Now()
+	ws, err := f.flushedAudit(ctx)
+	return ws, from, to, err
+}
+
+// flushedAudit reads the audit log once what happened until now is in it:
+// the API server writes it in batches of at most 200 ms.
+func (f *fleet) flushedAudit(ctx context.Context) ([]audit.Write, error) {
+	if err := proc.Sleep(ctx, time.Second); err != nil {
+		return nil, err
+	}
+	return f.fc.audit()
+}
+
+// steady: nothing changes for Steady; every write of the drivers counts.
+func (f *fleet) steady(ctx context.Context) error {
+	if err := proc.Sleep(ctx, f.c.Settle); err != nil {
+		return err
+	}
+	before, err := f.fc.metrics(ctx)
+	if err != nil {
+		return err
+	}
+	cpu0 := f.cpu()
+	ws, from, to, err := f.window(ctx, f.c.Steady, nil)
+	if err != nil {
+		return err
+	}
+	f.ft.SteadyCPUMsPerNodeMin = perNodeMinuteMs(f.cpu().sub(cpu0).Drivers, f.c.N, to.Sub(from))
+	tally := audit.TallyWrites(ws, f.ft.Agent, "", from, to)
+	if after, err := f.fc.metrics(ctx); err == nil {
+		f.ft.SteadyAll = audit.RequestWrites(before, after)
+	}
+	f.ft.Steady = tally
+	f.ft.SteadyPerNodeMin = float64(tally.Total) / float64(f.c.N) / to.Sub(from).Minutes()
+	f.logf("steady %s: %d driver writes (%.2f per node per minute) %v; driver CPU %.2f ms per node per minute", to.Sub(from).Round(time.Second), tally.Total, f.ft.SteadyPerNodeMin, tally.ByKind, f.ft.SteadyCPUMsPerNodeMin)
+	return nil
+}
+
+// storm: every device node of every node removed and made again,
+// StormRate times a second, for Storm; the slice writes in the storm and
+// the second after it, and when the last state (all healthy) was
+// published.
+func (f *fleet) storm(ctx context.Context) error {
+	if f.c.Storm == 0 {
+		f.ft.StormNA = "not run (-fleet-storm=0)"
+		return nil
+	}
+	type devNode struct {
+		path string
+		mode uint32
+		dev  uint64
+	}
+	var devs []devNode
+	for _, n := range f.nodes {
+		paths, err := n.deviceNodes()
+		if err != nil {
+			return err
+		}
+		for _, p := range paths {
+			var st unix.Stat_t
+			if err := unix.Stat(p, &st); err != nil {
+				return err
+			}
+			devs = append(devs, devNode{p, st.Mode, st.Rdev})
+		}
+	}
+	if len(devs) == 0 {
+		f.ft.StormNA = "n/a: the driver makes no device node whose health dp-bench can flip"
+		return nil
+	}
+	events0 := f.st.eventCount()
+	flip := func(up bool) {
+		for _, d := range devs {
+			if up {
+				_ = unix.Mknod(d.path, d.mode, int(d.dev))
+			} else {
+				_ = os.Remove(d.path)
+			}
+		}
+	}
+	var end time.Time
+	during := func(ctx context.Context) error {
+		tick := time.NewTicker(time.Second / time.Duration(2*f.c.StormRate))
+		defer tick.Stop()
+		stop := time.Now().Add(f.c.Storm)
+		up := true
+		for time.Now().Before(stop) {
+			select {
+			case <-ctx.Done():
+				flip(true)
+				return ctx.Err()
+			case <-tick.C:
+			}
+			up = !up
+			flip(up)
+			if up {
+				f.ft.StormFlips++
+			}
+		}
+		flip(true)
+		end = time.Now()
+		return nil
+	}
+	ws, from, to, err := f.window(ctx, f.c.Storm+time.Second, during)
+	if err != nil {
+		return err
+	}
+	c := audit.StormRates(ws, f.ft.Agent, f.c.N, from, end, to)
+	last, err := f.st.waitClean(ctx, f.names, time.Minute)
+	if err != nil {
+		return fmt.Errorf("after the storm: %w", err)
+	}
+	f.ft.StormLastS = max(0, last.Sub(end).Seconds())
+	f.ft.Storm, f.ft.StormPerNodeS = c.Window, c.WindowPerNodeS
+	f.ft.StormDuring, f.ft.StormDuringPerNodeS = c.During.Total, c.DuringPerNodeS
+	f.logf("storm %s: %d flips per device, %d slice events seen; %d slice writes in it (%.2f per node per second), %d with the %s after it (%.2f per node per second, at most %d of a node in a second), last state published %.2f s after its end",
+		end.Sub(from).Round(time.Millisecond), f.ft.StormFlips, f.st.eventCount()-events0, c.During.Total, c.DuringPerNodeS,
+		c.Window.Total, to.Sub(end).Round(time.Millisecond), c.WindowPerNodeS, c.Window.MaxNodeSecond, f.ft.StormLastS)
+	return nil
+}
+
+// rollout: every driver restarted at once while its pods' claims are
+// prepared; pods created during the rollout on the remaining devices
+// must be scheduled and prepared, and no pod may fail.
+func (f *fleet) rollout(ctx context.Context) error {
+	if err := proc.Sleep(ctx, f.c.Settle); err != nil {
+		return err
+	}
+	extra := max(1, (f.ft.Devices-f.pods)/2)
+	var names []string
+	var rolled time.Time
+	during := func(ctx context.Context) error {
+		var restarts errgroup.Group
+		for _, n := range f.nodes {
+			restarts.Go(func() error { return n.restart(ctx, f.c.Settings.Term, 2*time.Minute) })
+		}
+		var err error
+		names, err = f.createPods(ctx, "rollout", extra)
+		if rerr := restarts.Wait(); rerr != nil {
+			return rerr
+		}
+		if err != nil {
+			return err
+		}
+		if _, err := f.st.waitClean(ctx, f.names, 2*time.Minute); err != nil {
+			return err
+		}
+		if err := f.k.WaitPrepared(ctx, names, 5*time.Minute); err != nil {
+			return fmt.Errorf("pods created during the rollout: %w", err)
+		}
+		rolled = time.Now()
+		return proc.Sleep(ctx, f.c.Settle)
+	}
+	ws, from, to, err := f.window(ctx, 0, during)
+	if err != nil {
+		return fmt.Errorf("rollout: %w", err)
+	}
+	tally := audit.TallyWrites(ws, f.ft.Agent, "resourceslices", from, to)
+	f.ft.Rollout = tally
+	f.ft.RolloutS = rolled.Sub(from).Seconds()
+	f.ft.RolloutPerNode = float64(tally.Total) / float64(f.c.N)
+	f.ft.RolloutPods = extra
+	f.ft.RolloutFailed = f.k.Failures()
+	f.logf("rollout: done in %.1f s; %d slice writes (%.2f per node, at most %d), %d pods created during it, %d pods failed %v",
+		f.ft.RolloutS, tally.Total, f.ft.RolloutPerNode, tally.MaxNode, extra, len(f.ft.RolloutFailed), tally.ByKind)
+	if len(f.ft.RolloutFailed) > 0 {
+		return fmt.Errorf("rollout: pods failed: %s", strings.Join(f.ft.RolloutFailed, "; "))
+	}
+	return nil
+}
