@@ -9,34 +9,9 @@ import (
 
 	"github.com/sirupsen/logrus"
 	"github.com/sirupsen/logrus/hooks/test"
-	"golang.org/x/sys/unix"
 
 	"github.com/cdi-device-plugin/cdi-device-plugin/internal/testutil"
 )
-
-// mkBlock makes a real block device node major:minor at p (parents
-// included).
-func mkBlock(t *testing.T, p string, major, minor uint32) {
-	t.Helper()
-	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := unix.Mknod(p, unix.S_IFBLK|0o660, int(unix.Mkdev(major, minor))); err != nil {
-		t.Fatal(err)
-	}
-}
-
-// link makes a symlink at p (parents included) pointing to target, as
-// udev makes its by-id and by-path names.
-func link(t *testing.T, target, p string) {
-	t.Helper()
-	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Symlink(target, p); err != nil {
-		t.Fatal(err)
-	}
-}
 
 // TestAliasInTwoResources: a node named by udev's alias in one resource
 // (serial/by-id/*) and by its kernel name in another (ttyUSB*) is one
@@ -50,20 +25,8 @@ func TestAliasInTwoResources(t *testing.T) {
 	link(t, "../../ttyUSB0", filepath.Join(root, "serial", "by-id", "usb-FTDI_FT232R_A10K1-if00-port0"))
 	log, hook := test.NewNullLogger()
 	owners := NewOwners(logrus.NewEntry(log))
-	a, err := NewSource(Options{DevRoot: root, IDPrefix: "tty", HostGlobs: []string{"ttyUSB*"}, Owners: owners, Log: logrus.NewEntry(log)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := NewSource(Options{DevRoot: root, IDPrefix: "ftdi", HostGlobs: []string{"serial/by-id/*"}, Owners: owners, Log: logrus.NewEntry(log)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := a.Prepare(); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := b.Prepare(); err != nil {
-		t.Fatal(err)
-	}
+	a := prepared(t, Options{DevRoot: root, IDPrefix: "tty", HostGlobs: []string{"ttyUSB*"}, Owners: owners, Log: logrus.NewEntry(log)})
+	b := prepared(t, Options{DevRoot: root, IDPrefix: "ftdi", HostGlobs: []string{"serial/by-id/*"}, Owners: owners, Log: logrus.NewEntry(log)})
 	byID := filepath.Join(root, "serial", "by-id", "usb-FTDI_FT232R_A10K1-if00-port0")
 	da, db := byName(a.Snapshot())["tty-ttyUSB0"], byName(b.Snapshot())["ftdi-serial_by-id_usb-FTDI:_FT232R:_A10K1-if00-port0"]
 	for _, d := range []Device{da, db} {
@@ -100,15 +63,7 @@ func TestAliasesOneDevice(t *testing.T) {
 	link(t, "../../sdc", filepath.Join(byID, "wwn-0x5000c500a1b2c3d5"))
 	start := func(globs ...string) *Snapshot {
 		t.Helper()
-		src, err := NewSource(Options{DevRoot: root, IDPrefix: "disk", HostGlobs: globs, Registry: reg})
-		if err != nil {
-			t.Fatal(err)
-		}
-		snap, err := src.Prepare()
-		if err != nil {
-			t.Fatal(err)
-		}
-		return snap
+		return prepared(t, Options{DevRoot: root, IDPrefix: "disk", HostGlobs: globs, Registry: reg}).Snapshot()
 	}
 	names := func(snap *Snapshot) map[string]bool {
 		out := map[string]bool{}

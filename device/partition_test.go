@@ -46,14 +46,7 @@ func TestPartitionOfItsDisk(t *testing.T) {
 	parts := disks(t, root)
 	start := func(globs ...string) *Source {
 		t.Helper()
-		src, err := NewSource(Options{DevRoot: root, IDPrefix: "disk", HostGlobs: globs, DiskOf: parts, Registry: filepath.Join(t.TempDir(), "registry.json")})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := src.Prepare(); err != nil {
-			t.Fatal(err)
-		}
-		return src
+		return prepared(t, Options{DevRoot: root, IDPrefix: "disk", HostGlobs: globs, DiskOf: parts, Registry: filepath.Join(t.TempDir(), "registry.json")})
 	}
 	// nodes says each device: health and its own and other nodes, by
 	// path relative to root.
@@ -114,14 +107,7 @@ func TestPartitionInTwoResources(t *testing.T) {
 	owners := NewOwners(logrus.NewEntry(log))
 	source := func(prefix string, globs ...string) *Source {
 		t.Helper()
-		src, err := NewSource(Options{DevRoot: root, IDPrefix: prefix, HostGlobs: globs, DiskOf: parts, Owners: owners, Log: logrus.NewEntry(log)})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := src.Prepare(); err != nil {
-			t.Fatal(err)
-		}
-		return src
+		return prepared(t, Options{DevRoot: root, IDPrefix: prefix, HostGlobs: globs, DiskOf: parts, Owners: owners, Log: logrus.NewEntry(log)})
 	}
 	whole := source("whole", "sdb", "sdc")
 	part := source("part", "sdb[12]")

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -19,56 +18,28 @@ import (
 // and index back; it is never given to other hardware.
 func TestRebuiltRegistry(t *testing.T) {
 	fn := useFakeNodes(t)
-	root, state := t.TempDir(), t.TempDir()
+	root := t.TempDir()
 	for i := range uint32(4) {
 		fn.make(t, filepath.Join(root, "nvidia"+itoa(i)), 195, i)
 	}
 	fd := &fakeDiscovery{}
-	var described []Described
-	opts := Options{DevRoot: root, IDPrefix: "gpu", NodeName: "n1", Discover: fd.discover, DiscoverKind: "pci",
-		Registry: filepath.Join(state, "registry.json"),
-		Described: func() ([]Described, error) {
-			if described == nil {
-				return nil, fmt.Errorf("%w /run/cdi/x.json", ErrNoSpec)
-			}
-			return described, nil
-		}}
+	spec := &specStandIn{}
+	opts := gpuOptions(t, root, fd, spec)
 	start := func() *Snapshot {
 		t.Helper()
-		src, err := NewSource(opts)
-		if err != nil {
-			t.Fatal(err)
-		}
-		snap, err := src.Prepare()
-		if err != nil {
-			t.Fatal(err)
-		}
-		return snap
-	}
-	addrs := func(snap *Snapshot) map[string]string {
-		out := map[string]string{}
-		for _, d := range snap.Devices {
-			addr := d.Identity.PCIAddress
-			if !d.Healthy {
-				addr = "gone:" + d.Problem.Cause.String()
-			}
-			out[d.Name] = addr
-		}
-		return out
+		return prepared(t, opts).Snapshot()
 	}
 	fd.set(gpu("0000:41:00.0", 1, 0), gpu("0000:01:00.0", 0, 0), gpu("0000:81:00.0", 2, 0))
 	snap := start()
-	// The spec the follower wrote from it: names, nodes, identities.
-	for _, d := range snap.Devices {
-		described = append(described, Described{Name: d.Name, Index: -1, Node: Node{HostPath: d.HostPath, Type: d.Type, Major: d.Major, Minor: d.Minor}, Identity: d.Identity})
-	}
-	before := addrs(snap)
+	// The spec the follower wrote from it.
+	spec.devices = describe(snap)
+	before := pciAddrs(snap)
 	if err := os.WriteFile(opts.Registry, []byte("{\"version\": 1, \"dev"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	// Found in another order, 81:00.0 gone for now, a new one beside.
 	fd.set(gpu("0000:01:00.0", 0, 0), gpu("0000:c1:00.0", 3, 0), gpu("0000:41:00.0", 1, 0))
-	got := addrs(start())
+	got := pciAddrs(start())
 	want := map[string]string{"gpu-n1-0": "0000:41:00.0", "gpu-n1-1": "0000:01:00.0", "gpu-n1-2": "gone:missing", "gpu-n1-3": "0000:c1:00.0"}
 	if len(got) != len(want) {
 		t.Fatalf("before %v; after the rebuild %v, want %v", before, got, want)
@@ -81,7 +52,7 @@ func TestRebuiltRegistry(t *testing.T) {
 	// A restart reads the rebuilt registry; 81:00.0 is back and takes its
 	// ID and index.
 	fd.set(gpu("0000:81:00.0", 2, 0), gpu("0000:01:00.0", 0, 0), gpu("0000:c1:00.0", 3, 0), gpu("0000:41:00.0", 1, 0))
-	got = addrs(start())
+	got = pciAddrs(start())
 	want["gpu-n1-2"] = "0000:81:00.0"
 	for name, addr := range want {
 		if got[name] != addr {
@@ -93,7 +64,7 @@ func TestRebuiltRegistry(t *testing.T) {
 	}
 
 	// Without a spec to trust: refused, the file left as it is.
-	described = nil
+	spec.devices = nil
 	if err := os.WriteFile(opts.Registry, []byte("{"), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -106,30 +77,6 @@ func TestRebuiltRegistry(t *testing.T) {
 	}
 }
 
-// pciAddrs is each device of snap by name: its PCI address when Healthy,
-// else gone:<cause>.
-func pciAddrs(snap *Snapshot) map[string]string {
-	out := map[string]string{}
-	for _, d := range snap.Devices {
-		addr := d.Identity.PCIAddress
-		if !d.Healthy {
-			addr = "gone:" + d.Problem.Cause.String()
-		}
-		out[d.Name] = addr
-	}
-	return out
-}
-
-// describe is what the spec written from snap describes (Options.
-// Described).
-func describe(snap *Snapshot) []Described {
-	var out []Described
-	for _, d := range snap.Devices {
-		out = append(out, Described{Name: d.Name, Index: -1, Node: Node{HostPath: d.HostPath, Type: d.Type, Major: d.Major, Minor: d.Minor}, Identity: d.Identity})
-	}
-	return out
-}
-
 // TestLostRegistryRebuilt: a registry that is gone (a state directory
 // cleaned), or that lists no device, while the resource's CDI spec
 // describes devices, is missing state, not a first start: it is rebuilt
@@ -139,24 +86,13 @@ func describe(snap *Snapshot) []Described {
 // what to do.
 func TestLostRegistryRebuilt(t *testing.T) {
 	fn := useFakeNodes(t)
-	root, state := t.TempDir(), t.TempDir()
+	root := t.TempDir()
 	for i := range uint32(2) {
 		fn.make(t, filepath.Join(root, "nvidia"+itoa(i)), 195, i)
 	}
 	fd := &fakeDiscovery{}
-	var described []Described
-	var specErr error
-	opts := Options{DevRoot: root, IDPrefix: "gpu", NodeName: "n1", Discover: fd.discover, DiscoverKind: "pci",
-		Registry: filepath.Join(state, "resources", "registry.json"),
-		Described: func() ([]Described, error) {
-			switch {
-			case specErr != nil:
-				return nil, specErr
-			case described == nil:
-				return nil, fmt.Errorf("%w /run/cdi/x.json", ErrNoSpec)
-			}
-			return described, nil
-		}}
+	spec := &specStandIn{}
+	opts := gpuOptions(t, root, fd, spec)
 	start := func() (*Snapshot, error) {
 		t.Helper()
 		src, err := NewSource(opts)
@@ -170,7 +106,7 @@ func TestLostRegistryRebuilt(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	described = describe(snap)
+	spec.devices = describe(snap)
 	want := map[string]string{"gpu-n1-0": "0000:41:00.0", "gpu-n1-1": "0000:01:00.0"}
 	for _, lost := range []struct {
 		name string
@@ -205,7 +141,7 @@ func TestLostRegistryRebuilt(t *testing.T) {
 	if err := os.Remove(opts.Registry); err != nil {
 		t.Fatal(err)
 	}
-	specErr = errors.New("CDI spec /run/cdi/x.json is not ours")
+	spec.err = errors.New("CDI spec /run/cdi/x.json is not ours")
 	if _, err := start(); !errors.Is(err, ErrRegistry) || !strings.Contains(err.Error(), opts.Registry) || !strings.Contains(err.Error(), "not ours") || !strings.Contains(err.Error(), "no pod holds") {
 		t.Fatalf("a spec that cannot be trusted: %v, want %v naming the registry, why and what to do", err, ErrRegistry)
 	}
@@ -214,7 +150,7 @@ func TestLostRegistryRebuilt(t *testing.T) {
 	}
 
 	// No spec: a first start, in discovery order.
-	specErr, described = nil, nil
+	spec.err, spec.devices = nil, nil
 	snap, err = start()
 	if err != nil {
 		t.Fatal(err)
@@ -231,21 +167,17 @@ func TestLostRegistryRebuilt(t *testing.T) {
 // file is left as it is.
 func TestRepeatedRegistryEntries(t *testing.T) {
 	fn := useFakeNodes(t)
-	root, state := t.TempDir(), t.TempDir()
+	root := t.TempDir()
 	for i := range uint32(2) {
 		fn.make(t, filepath.Join(root, "nvidia"+itoa(i)), 195, i)
 	}
 	fd := &fakeDiscovery{}
 	fd.set(gpu("0000:41:00.0", 1, 0), gpu("0000:01:00.0", 0, 0))
-	var described []Described
-	opts := Options{DevRoot: root, IDPrefix: "gpu", NodeName: "n1", Discover: fd.discover, DiscoverKind: "pci",
-		Registry: filepath.Join(state, "registry.json"),
-		Described: func() ([]Described, error) {
-			if described == nil {
-				return nil, fmt.Errorf("%w /run/cdi/x.json", ErrNoSpec)
-			}
-			return described, nil
-		}}
+	spec := &specStandIn{}
+	opts := gpuOptions(t, root, fd, spec)
+	if err := os.MkdirAll(filepath.Dir(opts.Registry), 0o700); err != nil {
+		t.Fatal(err)
+	}
 	entry := func(addr string, index int, minor uint32) registryEntry {
 		return registryEntry{Path: "pci/" + addr, ID: "gpu-n1-" + itoa(uint32(index)), Index: index, Type: Char, Major: 195, Minor: minor, Node: "nvidia" + itoa(minor),
 			Identity: &recordedIdentity{PCIVendor: "10de", PCIDevice: "2330", PCIDriver: "nvidia"}}
@@ -266,7 +198,7 @@ func TestRepeatedRegistryEntries(t *testing.T) {
 			if err := os.WriteFile(opts.Registry, data, 0o600); err != nil {
 				t.Fatal(err)
 			}
-			described = nil
+			spec.devices = nil
 			src, err := NewSource(opts)
 			if err != nil {
 				t.Fatal(err)
@@ -279,18 +211,11 @@ func TestRepeatedRegistryEntries(t *testing.T) {
 				t.Fatalf("the refused registry was changed: %s", kept)
 			}
 			// With the spec: rebuilt, each device its own ID.
-			described = []Described{
+			spec.devices = []Described{
 				{Name: "gpu-n1-0", Index: -1, Node: Node{HostPath: filepath.Join(root, "nvidia1"), Type: Char, Major: 195, Minor: 1}, Identity: gpu("0000:41:00.0", 1, 0).Identity},
 				{Name: "gpu-n1-1", Index: -1, Node: Node{HostPath: filepath.Join(root, "nvidia0"), Type: Char, Major: 195, Minor: 0}, Identity: gpu("0000:01:00.0", 0, 0).Identity},
 			}
-			src, err = NewSource(opts)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if snap, err = src.Prepare(); err != nil {
-				t.Fatal(err)
-			}
-			if got := pciAddrs(snap); len(got) != 2 || got["gpu-n1-0"] != "0000:41:00.0" || got["gpu-n1-1"] != "0000:01:00.0" {
+			if got := pciAddrs(prepared(t, opts).Snapshot()); len(got) != 2 || got["gpu-n1-0"] != "0000:41:00.0" || got["gpu-n1-1"] != "0000:01:00.0" {
 				t.Fatalf("rebuilt: %v", got)
 			}
 		})

@@ -31,24 +31,10 @@ func TestSharedNodeIsNoOnesOwn(t *testing.T) {
 	owners := NewOwners(logrus.NewEntry(log))
 	fd := &fakeDiscovery{}
 	fd.set(gpu("0000:01:00.0", 0, 0), gpu("0000:41:00.0", 1, 0))
-	gpus, err := NewSource(Options{DevRoot: root, IDPrefix: "gpu", NodeName: "n1", Discover: fd.discover, DiscoverKind: "pci",
+	gpus := prepared(t, Options{DevRoot: root, IDPrefix: "gpu", NodeName: "n1", Discover: fd.discover, DiscoverKind: "pci",
 		SharedNodes: []string{"nvidia0", "nvidiactl"}, Owners: owners, Log: logrus.NewEntry(log)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	sim, err := NewSource(Options{DevRoot: root, IDPrefix: "sim", Count: 2, FilePrefix: "sim", Type: Char, Major: 1, Minor: 3, Owners: owners})
-	if err != nil {
-		t.Fatal(err)
-	}
-	other, err := NewSource(Options{DevRoot: root, IDPrefix: "x", HostGlobs: []string{"ctl-link", "byname/*"}, Owners: owners, Log: logrus.NewEntry(log)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, s := range []*Source{gpus, sim, other} {
-		if _, err := s.Prepare(); err != nil {
-			t.Fatal(err)
-		}
-	}
+	sim := prepared(t, Options{DevRoot: root, IDPrefix: "sim", Count: 2, FilePrefix: "sim", Type: Char, Major: 1, Minor: 3, Owners: owners})
+	other := prepared(t, Options{DevRoot: root, IDPrefix: "x", HostGlobs: []string{"ctl-link", "byname/*"}, Owners: owners, Log: logrus.NewEntry(log)})
 	unowned := func(d Device, what string) {
 		t.Helper()
 		if d.Name == "" || d.Healthy || d.Problem.Cause != CauseSharedNode || !strings.Contains(d.Problem.Message, what) {
@@ -83,19 +69,8 @@ func TestPartitionOfASharedNode(t *testing.T) {
 	root := t.TempDir()
 	parts := disks(t, root)
 	owners := NewOwners(nil)
-	sharer, err := NewSource(Options{DevRoot: root, IDPrefix: "s", HostGlobs: []string{"sdc"}, SharedNodes: []string{"sdb"}, DiskOf: parts, Owners: owners})
-	if err != nil {
-		t.Fatal(err)
-	}
-	part, err := NewSource(Options{DevRoot: root, IDPrefix: "part", HostGlobs: []string{"sdb1"}, DiskOf: parts, Owners: owners})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, s := range []*Source{sharer, part} {
-		if _, err := s.Prepare(); err != nil {
-			t.Fatal(err)
-		}
-	}
+	sharer := prepared(t, Options{DevRoot: root, IDPrefix: "s", HostGlobs: []string{"sdc"}, SharedNodes: []string{"sdb"}, DiskOf: parts, Owners: owners})
+	part := prepared(t, Options{DevRoot: root, IDPrefix: "part", HostGlobs: []string{"sdb1"}, DiskOf: parts, Owners: owners})
 	if d := byName(part.Snapshot())["part-sdb1"]; d.Healthy || d.Problem.Cause != CauseSharedNode || !strings.Contains(d.Problem.Message, "partition") {
 		t.Errorf("part-sdb1: healthy %v, problem %q; want shared_node, a partition of a shared node", d.Healthy, d.Problem)
 	}
