@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -137,26 +138,31 @@ func TestLostRegistryRebuilt(t *testing.T) {
 		})
 	}
 
-	// The spec cannot be trusted: refused, nothing written.
+	// The spec cannot be read: refused, nothing written.
 	if err := os.Remove(opts.Registry); err != nil {
 		t.Fatal(err)
 	}
-	spec.err = errors.New("CDI spec /run/cdi/x.json is not ours")
-	if _, err := start(); !errors.Is(err, ErrRegistry) || !strings.Contains(err.Error(), opts.Registry) || !strings.Contains(err.Error(), "not ours") || !strings.Contains(err.Error(), "no pod holds") {
-		t.Fatalf("a spec that cannot be trusted: %v, want %v naming the registry, why and what to do", err, ErrRegistry)
+	spec.err = errors.New("CDI spec /run/cdi/x.json: unexpected end of JSON input")
+	if _, err := start(); !errors.Is(err, ErrRegistry) || !strings.Contains(err.Error(), opts.Registry) || !strings.Contains(err.Error(), "is missing") ||
+		!strings.Contains(err.Error(), "end of JSON") || !strings.Contains(err.Error(), "no pod holds") {
+		t.Fatalf("a spec that cannot be read: %v, want %v naming the registry, why and what to do", err, ErrRegistry)
 	}
 	if _, err := os.Stat(opts.Registry); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("a refused start wrote the registry: %v", err)
 	}
 
-	// No spec: a first start, in discovery order.
-	spec.err, spec.devices = nil, nil
-	snap, err = start()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got := pciAddrs(snap); got["gpu-n1-0"] != "0000:01:00.0" || got["gpu-n1-1"] != "0000:41:00.0" {
-		t.Fatalf("a first start: %v, want discovery order", got)
+	// No spec of its own (none; another deployment's): a first start, in
+	// discovery order.
+	for _, other := range []error{nil, fmt.Errorf("%w: /run/cdi/x.json (owner %q)", ErrForeignSpec, "another")} {
+		spec.err, spec.devices = other, nil
+		_ = os.Remove(opts.Registry)
+		snap, err = start()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := pciAddrs(snap); got["gpu-n1-0"] != "0000:01:00.0" || got["gpu-n1-1"] != "0000:41:00.0" {
+			t.Fatalf("a first start (%v): %v, want discovery order", other, got)
+		}
 	}
 }
 

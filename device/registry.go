@@ -34,6 +34,12 @@ var ErrRegistry = errors.New("unusable device registry")
 // no CDI spec on disk: nothing describes its devices.
 var ErrNoSpec = errors.New("no CDI spec")
 
+// ErrForeignSpec is what Options.Described's error wraps when the CDI spec
+// on disk is not the resource's own (another deployment's, another
+// owner's: a plugin renamed, or run in a namespace since): what it
+// describes are not its devices.
+var ErrForeignSpec = errors.New("a CDI spec that is not ours")
+
 // Described is a device as the resource's CDI spec on disk describes it,
 // written by an earlier run (Options.Described).
 type Described struct {
@@ -225,10 +231,11 @@ type lostRegistry struct {
 // the first device found that is the same hardware (sameHardware), which
 // takes its ID and index. A file that is there is kept aside as
 // <file>.corrupt. A registry that is missing or lists no device, with no
-// spec (ErrNoSpec) or a spec that describes none of the resource's
-// devices, is a first start. Otherwise, without a spec that can be
-// trusted (none, not ours, an index it does not say), it refuses with
-// ErrRegistry and touches nothing.
+// spec of the resource's own (ErrNoSpec, ErrForeignSpec) or one that
+// describes none of the resource's devices, is a first start. Otherwise,
+// without a spec that can be trusted (none, not ours, one that does not
+// parse, an index it does not say), it refuses with ErrRegistry and
+// touches nothing.
 func (s *Source) rebuildRegistry(lost lostRegistry) error {
 	refuse := func(why string) error {
 		out := "only if no pod holds a device of this resource, remove the resource's CDI spec, then start again"
@@ -245,7 +252,11 @@ func (s *Source) rebuildRegistry(lost lostRegistry) error {
 		return refuse("no CDI spec to rebuild it from")
 	}
 	descs, err := s.opts.Described()
-	if errors.Is(err, ErrNoSpec) && !lost.broken {
+	if (errors.Is(err, ErrNoSpec) || errors.Is(err, ErrForeignSpec)) && !lost.broken {
+		if errors.Is(err, ErrForeignSpec) {
+			s.log.WithError(err).WithField("registry", s.opts.Registry).WithField("reason", lost.why).
+				Warn("the device registry is lost and the resource's CDI spec is not ours: a first start")
+		}
 		return nil
 	}
 	if err != nil {

@@ -181,7 +181,7 @@ func Build(cfg *config.Config, i int, o Options) (*Parts, error) {
 // describedBy reads the devices the CDI spec at path describes, for a
 // registry rebuilt from it (device.Options.Described). The spec must be
 // there (device.ErrNoSpec), valid, of kind and written by owner
-// (cdi.OwnerAnnotation); a
+// (cdi.OwnerAnnotation; device.ErrForeignSpec); a
 // device's index is its <envPrefix>_<index> variable (-1 without one), its
 // identity its annotations.
 func describedBy(path, owner string, kind cdi.Kind, envPrefix string) ([]device.Described, error) {
@@ -193,7 +193,7 @@ func describedBy(path, owner string, kind cdi.Kind, envPrefix string) ([]device.
 		return nil, fmt.Errorf("CDI spec %s: %w", path, err)
 	}
 	if got := spec.Annotations[cdi.OwnerAnnotation]; got != owner || spec.Kind != kind.String() {
-		return nil, fmt.Errorf("CDI spec %s is not ours (kind %s, owner %q; ours: %s, %q)", path, spec.Kind, got, kind, owner)
+		return nil, fmt.Errorf("%w: %s (kind %s, owner %q; ours: %s, %q)", device.ErrForeignSpec, path, spec.Kind, got, kind, owner)
 	}
 	out := make([]device.Described, 0, len(spec.Devices))
 	for _, d := range spec.Devices {
