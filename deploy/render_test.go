@@ -11,6 +11,8 @@ package deploy_test
 
 import (
 	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -384,7 +386,7 @@ func clusterWide(o *objects) []objMeta {
 // driver writes its entries of their status.devices by server-side apply
 // (a PATCH of the status), which Kubernetes 1.36 authorizes per driver
 // (resourceclaims/driver, associated-node:patch, the driver's own name
-// only: issue 28, item 2).
+// only).
 func TestDriverRBAC(t *testing.T) {
 	want := func(driver string) []rbacv1.PolicyRule {
 		return []rbacv1.PolicyRule{
@@ -893,7 +895,7 @@ func TestAdmissionPolicy(t *testing.T) {
 	}
 }
 
-// TestAdmissionPolicyDriver (issue 27 item 13): the policy binds the
+// TestAdmissionPolicyDriver: the policy binds the
 // driver's account to its driver's name, the one its DaemonSet gets
 // (DRIVER_NAME): the kustomize directories', and the name deploy.sh and
 // the chart are given or derive, in every mode with a driver.
@@ -1217,6 +1219,50 @@ func TestHelmValues(t *testing.T) {
 	}
 	if !mounted {
 		t.Errorf("the config is not mounted read-only at /etc/cdi-device-plugin: %s", asJSON(c.VolumeMounts))
+	}
+}
+
+// TestHelmConfigRollsTheDriver: the chart's ConfigMap has a fixed name,
+// so helm upgrade with another config changes no pod template by itself.
+// The device plugin reloads the mounted file live; the DRA driver reads
+// it only at start, so its pod template carries the config's checksum
+// (checksum/config) and a new config rolls it. The plugin's template
+// carries none: a roll would restart it for nothing. Without a config
+// neither has one (TestHelmMatchesKustomize compares the annotations).
+func TestHelmConfigRollsTheDriver(t *testing.T) {
+	const key = "checksum/config"
+	other := "resources:\n  - name: example.com/sim\n    count: 3\n    idPrefix: sim\n"
+	file, err := os.ReadFile("testdata/config.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := func(s string) string {
+		h := sha256.Sum256([]byte(s))
+		return hex.EncodeToString(h[:])
+	}
+	annotations := func(t *testing.T, args ...string) (plugin, driver map[string]string) {
+		t.Helper()
+		o := helmRender(t, append([]string{"--set", "mode=per-node"}, args...)...)
+		return o.daemonSet(t, pluginContainer).Spec.Template.Annotations, o.daemonSet(t, driverContainer).Spec.Template.Annotations
+	}
+	p1, d1 := annotations(t, "--set-file", "config=testdata/config.yaml")
+	p2, d2 := annotations(t, "--set-string", "config="+other)
+	if d1[key] != sum(string(file)) || d2[key] != sum(other) {
+		t.Errorf("the driver's %s is %q and %q, want the configs' sha256 %s and %s", key, d1[key], d2[key], sum(string(file)), sum(other))
+	}
+	if d1[key] == d2[key] {
+		t.Errorf("the driver's pod template is the same with two configs (%s %q): helm upgrade would not roll it", key, d1[key])
+	}
+	for _, p := range []map[string]string{p1, p2} {
+		if v, ok := p[key]; ok {
+			t.Errorf("the device plugin's pod template has %s %q: it reloads its config live, a roll restarts it for nothing", key, v)
+		}
+	}
+	p0, d0 := annotations(t)
+	for what, a := range map[string]map[string]string{"plugin": p0, "driver": d0} {
+		if v, ok := a[key]; ok {
+			t.Errorf("without a config the %s's pod template has %s %q", what, key, v)
+		}
 	}
 }
 
