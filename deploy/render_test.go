@@ -107,30 +107,46 @@ func decodeStrict(raw []byte, v any) error {
 	return d.Decode(v)
 }
 
-// decode splits a multi-document YAML stream into its objects; a kind
-// this package does not expect fails the test.
-func decode(t *testing.T, y []byte) *objects {
+// document is one object of a YAML stream, as JSON, with its type.
+type document struct {
+	APIVersion string `json:"apiVersion"`
+	Kind       string `json:"kind"`
+	raw        json.RawMessage
+}
+
+// documents splits a multi-document YAML stream into its objects, leaving
+// out empty documents.
+func documents(t *testing.T, y []byte) []document {
 	t.Helper()
-	o := &objects{raw: y}
+	var out []document
 	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(y), 4096)
 	for {
 		var raw json.RawMessage
 		if err := dec.Decode(&raw); errors.Is(err, io.EOF) {
-			break
+			return out
 		} else if err != nil {
 			t.Fatalf("decode: %v\n%s", err, y)
 		}
 		if len(raw) == 0 || string(raw) == "null" {
 			continue
 		}
-		var tm struct {
-			Kind string `json:"kind"`
-		}
-		if err := json.Unmarshal(raw, &tm); err != nil {
+		d := document{raw: raw}
+		if err := json.Unmarshal(raw, &d); err != nil {
 			t.Fatal(err)
 		}
+		out = append(out, d)
+	}
+}
+
+// decode splits a multi-document YAML stream into its objects; a kind
+// this package does not expect fails the test.
+func decode(t *testing.T, y []byte) *objects {
+	t.Helper()
+	o := &objects{raw: y}
+	for _, d := range documents(t, y) {
+		raw := d.raw
 		var err error
-		switch tm.Kind {
+		switch d.Kind {
 		case "DaemonSet":
 			err = decodeInto(raw, &o.DaemonSets)
 		case "ConfigMap":
@@ -150,10 +166,10 @@ func decode(t *testing.T, y []byte) *objects {
 		case "DeviceClass":
 			err = decodeInto(raw, &o.DeviceClasses)
 		default:
-			t.Fatalf("unexpected kind %q rendered:\n%s", tm.Kind, raw)
+			t.Fatalf("unexpected kind %q rendered:\n%s", d.Kind, raw)
 		}
 		if err != nil {
-			t.Fatalf("%s: %v\n%s", tm.Kind, err, raw)
+			t.Fatalf("%s: %v\n%s", d.Kind, err, raw)
 		}
 	}
 	return o

@@ -28,7 +28,7 @@ import (
 	"k8s.io/dynamic-resource-allocation/devicemetadata"
 )
 
-// The DRA scenarios' deployment (issue 21): the same simulated devices,
+// The DRA scenarios' deployment: the same simulated devices,
 // served by cmd/cdi-dra-driver (deploy.sh MODE=dra), with the default
 // reset and reprogram steps. A resource of its own, so that it never
 // meets the device plugin's e2e.cdi.dev/sim.
@@ -45,7 +45,7 @@ const (
 	draCkpt     = "/var/lib/cdi-device-plugin/dra/checkpoint.json"
 	// The claim in every claim pod's spec.
 	draClaim = "dev"
-	// The shared resource of scenario D7 (issue 28): one device of
+	// The shared resource of scenario D7: one device of
 	// replicas 2, published by the same driver, its DeviceClass
 	// <class>.<domain>.
 	draSharedResource = "e2e.cdi.dev/dra-shared"
@@ -124,6 +124,7 @@ func TestDRA(t *testing.T) {
 		{"D5-restarts", func(t *testing.T) { c.scenarioDRARestarts(t) }},
 		{"D6-health", func(t *testing.T) { c.scenarioDRAHealth(t, node) }},
 		{"D7-replicas-shares", func(t *testing.T) { c.scenarioDRAShares(t, node) }},
+		{"D8-examples", func(t *testing.T) { c.scenarioDRAExamples(t, node) }},
 		{"M-switch-node", func(t *testing.T) { c.scenarioSwitch(t, node) }},
 	}
 	for _, s := range steps {
@@ -702,7 +703,7 @@ func (c *cluster) scenarioDRAClaimPod(t *testing.T) {
 	t.Logf("d2 runs with %v; both Healthy in its status after %v", ids, d.Round(time.Millisecond))
 }
 
-// checkClaimStatus (issue 28, item 2): the status.devices of the pod's
+// checkClaimStatus: the status.devices of the pod's
 // claim, as the API has it, holds each allocated device of the driver
 // with Ready True (Prepared) and data whose device ID, NUMA node (the
 // slice's, -1 without one) and generation (the device's state.json) are
@@ -776,7 +777,7 @@ func dataString(st resourceapi.AllocatedDeviceStatus) string {
 	return string(st.Data.Raw)
 }
 
-// checkDeviceMetadata (issue 28, item 3): the container reads its
+// checkDeviceMetadata: the container reads its
 // devices' metadata from the file the kubelet plugin helper mounts
 // (KEP-5304: a claim from a template, by the pod's claim name and the
 // request); each allocated device is listed with its ID, index, resource
@@ -1294,7 +1295,7 @@ func (c *cluster) sharedNode(t *testing.T, pod, container string) string {
 	return strings.TrimSpace(out)
 }
 
-// Scenario D7 (issue 28, item 1): the shared resource, one device of
+// Scenario D7: the shared resource, one device of
 // replicas 2, published once with the shares capacity: two pods, each with
 // its own claim for one device of it, run at once on the same device node,
 // with share IDs of their own; the steps ran once. A third stays Pending
