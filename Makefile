@@ -222,7 +222,7 @@ e2e-down: ## Stop the local node and clean up after it
 demo: ## Local node, plugin with 4 devices, a pod using 2: prints what the pod sees; MODE=dra: the DRA driver instead (docs/dra.md)
 	MODE="$(MODE)" e2e/local/demo.sh
 
-demo-down: e2e-down ## Tear the demo down: the node, the plugin's specs, device nodes and state, the DRA claim checkpoint and claim specs
+demo-down: e2e-down ## Tear the demo down: the node, the plugin's specs, device nodes and state, the DRA claim checkpoint, claim specs and device-metadata specs
 
 clean: ## Remove build outputs (bin/, _artifacts/)
 	rm -rf $(BIN) _artifacts

@@ -397,7 +397,9 @@ func clusterWide(o *objects) []objMeta {
 }
 
 // TestDriverRBAC: the driver's account may do what the driver needs and
-// nothing more. Claims: the kubeletplugin helper GETs each claim the
+// nothing more. Slices: the ResourceSlice controller lists and watches
+// them and creates, updates and deletes its own, and the first publish
+// lists and creates; nothing gets or patches one. Claims: the kubeletplugin helper GETs each claim the
 // kubelet asks it to prepare, and nothing lists or watches them; the
 // driver writes its entries of their status.devices by server-side apply
 // (a PATCH of the status), which Kubernetes 1.36 authorizes per driver
@@ -406,7 +408,7 @@ func clusterWide(o *objects) []objMeta {
 func TestDriverRBAC(t *testing.T) {
 	want := func(driver string) []rbacv1.PolicyRule {
 		return []rbacv1.PolicyRule{
-			{APIGroups: []string{"resource.k8s.io"}, Resources: []string{"resourceslices"}, Verbs: []string{"get", "list", "watch", "create", "update", "patch", "delete"}},
+			{APIGroups: []string{"resource.k8s.io"}, Resources: []string{"resourceslices"}, Verbs: []string{"list", "watch", "create", "update", "delete"}},
 			{APIGroups: []string{"resource.k8s.io"}, Resources: []string{"resourceclaims"}, Verbs: []string{"get"}},
 			{APIGroups: []string{""}, Resources: []string{"nodes"}, Verbs: []string{"get", "list", "watch"}},
 			{APIGroups: []string{"resource.k8s.io"}, Resources: []string{"resourceclaims/status"}, Verbs: []string{"patch"}},
@@ -438,6 +440,60 @@ func TestDriverRBAC(t *testing.T) {
 	t.Run("helm/dra.driverName", func(t *testing.T) {
 		check(t, renderers()[2].render(t, "dra", "--set", "env.RESOURCE_NAME=e2e.cdi.dev/sim", "--set", "dra.driverName=gpu.example.com"), "gpu.example.com")
 	})
+}
+
+// rbacDocs are the documents that list the driver's API access.
+var rbacDocs = []string{"README.md", "../docs/configuration.md", "../docs/host-install.md"}
+
+// rbacVerb is an RBAC verb as a document writes it, in backquotes or not.
+const rbacVerb = "`?((?:associated|arbitrary)-node:[a-z]+|get|list|watch|create|update|patch|delete|deletecollection)\\b`?"
+
+// docVerbs finds, in a document, the lists of verbs it gives a resource:
+// "`resource` verb, verb, ..." or "`resource` (verb, verb, ...)".
+func docVerbs(doc, resource string) [][]string {
+	list := regexp.MustCompile("`" + regexp.QuoteMeta(resource) + "`\\s*\\(?\\s*(" + rbacVerb + "(?:,\\s*" + rbacVerb + ")*)")
+	verb := regexp.MustCompile(rbacVerb)
+	var out [][]string
+	for _, m := range list.FindAllStringSubmatch(doc, -1) {
+		var vs []string
+		for _, v := range verb.FindAllStringSubmatch(m[1], -1) {
+			vs = append(vs, v[1])
+		}
+		slices.Sort(vs)
+		out = append(out, vs)
+	}
+	return out
+}
+
+// TestRBACDocs: every document that lists the driver's API access lists
+// the verbs the ClusterRole grants: those of resourceslices, resourceclaims
+// and nodes, and the two rules of the claims' status (a host-process
+// driver needs them too).
+func TestRBACDocs(t *testing.T) {
+	o := kustomizeRender(t, filepath.Join("modes", "dra"))
+	if len(o.ClusterRoles) != 1 {
+		t.Fatalf("%d ClusterRoles", len(o.ClusterRoles))
+	}
+	for _, doc := range rbacDocs {
+		b, err := os.ReadFile(doc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range o.ClusterRoles[0].Rules {
+			res := r.Resources[0]
+			want := slices.Clone(r.Verbs)
+			slices.Sort(want)
+			said := docVerbs(string(b), res)
+			if len(said) == 0 {
+				t.Errorf("%s does not list the verbs on %s (%v)", doc, res, want)
+			}
+			for _, vs := range said {
+				if !slices.Equal(vs, want) {
+					t.Errorf("%s lists %s %v; the ClusterRole grants %v", doc, res, vs, want)
+				}
+			}
+		}
+	}
 }
 
 // disjoint: no node can carry labels that both selectors select (a key
@@ -1166,6 +1222,69 @@ func TestDeployScriptSettings(t *testing.T) {
 		}
 		if !found {
 			t.Errorf("%s does not mount ConfigMap %s", c, o.ConfigMaps[0].Name)
+		}
+	}
+}
+
+// scriptList is the words of the bash array NAME=( ... ) of deploy.sh.
+func scriptList(t *testing.T, name string) []string {
+	t.Helper()
+	b, err := os.ReadFile("deploy.sh")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`(?m)^` + name + `=\(([^)]*)\)`).FindSubmatch(b)
+	if m == nil {
+		t.Fatalf("deploy.sh has no %s=(...)", name)
+	}
+	return strings.Fields(string(m[1]))
+}
+
+// TestDeployScriptDriverVars: the DRA driver's own settings the docs
+// recommend (DEVICE_STATUS, DEVICE_METADATA, STALE_CLAIM_GRACE) reach the
+// driver's container when set, and not the device plugin's, which does
+// not read them.
+func TestDeployScriptDriverVars(t *testing.T) {
+	want := map[string]string{"DEVICE_STATUS": "false", "DEVICE_METADATA": "false", "STALE_CLAIM_GRACE": "10m"}
+	vars := []string{"MODE=per-node"}
+	for k, v := range want {
+		vars = append(vars, k+"="+v)
+	}
+	out, err := deployScript(t, vars...)
+	if err != nil {
+		t.Fatalf("deploy.sh render: %v\n%s", err, out)
+	}
+	o := decode(t, out)
+	env := func(c string) map[string]string {
+		got := map[string]string{}
+		for _, e := range o.daemonSet(t, c).Spec.Template.Spec.Containers[0].Env {
+			got[e.Name] = e.Value
+		}
+		return got
+	}
+	drv, dp := env(driverContainer), env(pluginContainer)
+	for k, v := range want {
+		if got, ok := drv[k]; !ok || got != v {
+			t.Errorf("the driver's env %s = %q (set: %v), want %q", k, got, ok, v)
+		}
+		if got, ok := dp[k]; ok {
+			t.Errorf("the device plugin's env has %s = %q: only the driver reads it", k, got)
+		}
+	}
+}
+
+// TestDeployScriptVarsDocumented: every variable deploy.sh passes to the
+// containers has a row in deploy/README.md's tables.
+func TestDeployScriptVarsDocumented(t *testing.T) {
+	doc, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, list := range []string{"ENV_VARS", "DRIVER_VARS"} {
+		for _, v := range scriptList(t, list) {
+			if !regexp.MustCompile("(?m)^\\| (`[A-Z_]+`, )*`" + v + "`[ ,]").Match(doc) {
+				t.Errorf("deploy/README.md has no row for %s (deploy.sh's %s)", v, list)
+			}
 		}
 	}
 }
