@@ -36,6 +36,7 @@ import (
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"sigs.k8s.io/kustomize/api/krusty"
 	"sigs.k8s.io/kustomize/kyaml/filesys"
+	"sigs.k8s.io/yaml"
 )
 
 // TestMain lets the test binary stand in for "kustomize build DIR" when
@@ -267,11 +268,14 @@ func helmRender(t *testing.T, args ...string) *objects {
 	return decode(t, out)
 }
 
-// helmTemplate renders the chart as release r in namespace ns; on failure
-// the output is stderr.
+// helmTemplate renders the chart as release r in namespace ns, for the
+// Kubernetes version the e2e suite runs (the chart's kubeVersion refuses
+// the helm build's default, 1.20, offline); a --kube-version in args wins.
+// On failure the output is stderr.
 func helmTemplate(t *testing.T, args ...string) ([]byte, error) {
 	t.Helper()
-	cmd := exec.Command(helm(t), append([]string{"template", "r", filepath.Join("helm", "cdi-device-plugin"), "--namespace", "ns"}, args...)...)
+	cmd := exec.Command(helm(t), append([]string{"template", "r", filepath.Join("helm", "cdi-device-plugin"), "--namespace", "ns",
+		"--kube-version", scriptValue(t, versionsEnv, "K8S_VERSION")}, args...)...)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	y, err := cmd.Output()
@@ -1428,6 +1432,10 @@ func TestHelmRefuses(t *testing.T) {
 	}
 }
 
+// versionsEnv pins the Kubernetes versions the project supports, among
+// others, relative to this package.
+const versionsEnv = "../e2e/versions.env"
+
 // TestHelmLint: helm lint passes on the chart, in every mode.
 func TestHelmLint(t *testing.T) {
 	h := helm(t)
@@ -1438,6 +1446,158 @@ func TestHelmLint(t *testing.T) {
 				t.Fatalf("helm lint: %v\n%s", err, out)
 			}
 		})
+	}
+}
+
+// chartMeta is what Chart.yaml says of the versions.
+type chartMeta struct {
+	AppVersion  string `json:"appVersion"`
+	KubeVersion string `json:"kubeVersion"`
+}
+
+// TestChartVersions: the chart deploys the image tagged with its pinned
+// appVersion unless image.tag says another, and its kubeVersion is the
+// range of Kubernetes minors the project supports (e2e/versions.env:
+// K8S_VERSION's to K8S_NEXT_VERSION's): helm refuses a version outside
+// it, the minors before and after, and takes both pinned versions.
+func TestChartVersions(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join("helm", "cdi-device-plugin", "Chart.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var meta chartMeta
+	if err := yaml.Unmarshal(b, &meta); err != nil {
+		t.Fatal(err)
+	}
+	if !regexp.MustCompile(`^\d+\.\d+\.\d+$`).MatchString(meta.AppVersion) {
+		t.Errorf("Chart.yaml appVersion %q: want a pinned version (x.y.z), not a moving tag", meta.AppVersion)
+	}
+	images := func(t *testing.T, args ...string) []string {
+		t.Helper()
+		o := helmRender(t, append([]string{"--set", "mode=per-node"}, args...)...)
+		return []string{o.daemonSet(t, pluginContainer).Spec.Template.Spec.Containers[0].Image,
+			o.daemonSet(t, driverContainer).Spec.Template.Spec.Containers[0].Image}
+	}
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{nil, "cdi-device-plugin:" + meta.AppVersion},
+		{[]string{"--set", "image.repository=reg.example/cdp", "--set", "image.tag=v9"}, "reg.example/cdp:v9"},
+	} {
+		for _, got := range images(t, c.args...) {
+			if got != c.want {
+				t.Errorf("with %q the image is %s, want %s", c.args, got, c.want)
+			}
+		}
+	}
+
+	minor := func(name string) int {
+		v := scriptValue(t, versionsEnv, name)
+		m := regexp.MustCompile(`^v1\.(\d+)\.\d+$`).FindStringSubmatch(v)
+		if m == nil {
+			t.Fatalf("%s %s=%s: not v1.<minor>.<patch>", versionsEnv, name, v)
+		}
+		n, err := strconv.Atoi(m[1])
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	lo, hi := minor("K8S_VERSION"), minor("K8S_NEXT_VERSION")
+	if want := fmt.Sprintf(">=1.%d.0-0 <1.%d.0-0", lo, hi+1); meta.KubeVersion != want {
+		t.Errorf("Chart.yaml kubeVersion %q, want %q (%s)", meta.KubeVersion, want, versionsEnv)
+	}
+	for _, c := range []struct {
+		version string
+		ok      bool
+	}{
+		{fmt.Sprintf("v1.%d.9", lo-1), false},
+		{scriptValue(t, versionsEnv, "K8S_VERSION"), true},
+		{scriptValue(t, versionsEnv, "K8S_NEXT_VERSION"), true},
+		{fmt.Sprintf("v1.%d.0", hi+1), false},
+	} {
+		out, err := helmTemplate(t, "--kube-version", c.version)
+		if (err == nil) != c.ok {
+			t.Errorf("helm template for Kubernetes %s: %v, want it to pass: %v\n%s", c.version, err, c.ok, out)
+		}
+		if !c.ok && !strings.Contains(string(out), "incompatible") {
+			t.Errorf("helm template for Kubernetes %s failed without saying it is incompatible:\n%s", c.version, out)
+		}
+	}
+}
+
+// lintValues are value files of the settings the e2e suite and the docs
+// install the chart with; make lint-chart lints the chart with each.
+func lintValues(t *testing.T) []string {
+	t.Helper()
+	files, err := filepath.Glob(filepath.Join("testdata", "helm-lint", "*.yaml"))
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no testdata/helm-lint/*.yaml (%v)", err)
+	}
+	return files
+}
+
+// TestHelmSchema: values.schema.json takes the chart's defaults and the
+// values the e2e suite and the docs use (every mode), and refuses a
+// misspelt key anywhere, naming it: a key the chart does not read would
+// otherwise be ignored. Its env names are the variables deploy.sh
+// passes (ENV_VARS, DRIVER_VARS), DRIVER_NAME and the Go runtime's.
+func TestHelmSchema(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join("helm", "cdi-device-plugin", "values.schema.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var schema struct {
+		Properties struct {
+			Env struct {
+				Properties map[string]json.RawMessage `json:"properties"`
+			} `json:"env"`
+		} `json:"properties"`
+	}
+	if err := json.Unmarshal(b, &schema); err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for k := range schema.Properties.Env.Properties {
+		got = append(got, k)
+	}
+	want := append(append(scriptList(t, "ENV_VARS"), scriptList(t, "DRIVER_VARS")...), "DRIVER_NAME")
+	slices.Sort(got)
+	slices.Sort(want)
+	if !slices.Equal(got, want) {
+		t.Errorf("values.schema.json's env names %v, want deploy.sh's variables and DRIVER_NAME %v", got, want)
+	}
+
+	for _, mode := range modes {
+		for _, f := range append([]string{""}, lintValues(t)...) {
+			args := []string{"--set", "mode=" + mode}
+			if f != "" {
+				args = append(args, "-f", f)
+			}
+			if out, err := helmTemplate(t, args...); err != nil {
+				t.Errorf("helm template %q: %v\n%s", args, err, out)
+			}
+		}
+	}
+	for _, c := range []struct{ set, key string }{
+		{"imag.tag=v1", "imag"},
+		{"image.tga=v1", "tga"},
+		{"env.NUMBER_DEVICE=8", "NUMBER_DEVICE"},
+		{"metrics.prot=9500", "prot"},
+		{"dra.driverNam=gpu.example.com", "driverNam"},
+		{"dra.apiServer.hots=10.0.0.1", "hots"},
+		{"resources.request.cpu=1", "request"},
+		{"tolerations[0].operater=Exists", "operater"},
+	} {
+		out, err := helmTemplate(t, "--set", "mode=dra", "--set", c.set)
+		if err == nil {
+			t.Errorf("--set %s rendered", c.set)
+			continue
+		}
+		if !strings.Contains(string(out), "'"+c.key+"' not allowed") {
+			t.Errorf("--set %s failed without naming %s:\n%s", c.set, c.key, out)
+		}
 	}
 }
 
