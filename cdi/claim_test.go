@@ -15,7 +15,7 @@ import (
 	"github.com/cdi-device-plugin/cdi-device-plugin/internal/testutil"
 )
 
-// TestClaimSpecRoundTrip (issue 21): a claim's spec and the resource's
+// TestClaimSpecRoundTrip: a claim's spec and the resource's
 // spec resolve together with a fresh CDI cache, as containerd resolves a
 // DRA container's CDI IDs: the device's own edits from the resource spec,
 // the claim's variables and mounts from the claim spec. The claim spec is

@@ -25,7 +25,7 @@ func TestHelperWriteSpec(t *testing.T) {
 	}
 }
 
-// TestSpecWriteIsDurable (issue 8 item 9): the spec's content is synced
+// TestSpecWriteIsDurable: the spec's content is synced
 // before it is renamed into place, and the directory after the rename, so
 // a crash or power loss leaves the old spec or the new one, never an empty
 // file. Observed with strace on a real write.

@@ -237,7 +237,7 @@ func TestBuildSpecRejectsBadName(t *testing.T) {
 	}
 }
 
-// TestCheckOwnerGone (issue 18 item 5): a spec written by a newer process
+// TestCheckOwnerGone: a spec written by a newer process
 // names that process's plugin socket; while the socket is served the spec
 // is Superseded, once nobody serves it the spec is Orphaned, so that the
 // older process can take over again. A socket outside our plugin directory
@@ -286,7 +286,7 @@ func TestCheckOwnerGone(t *testing.T) {
 	}
 }
 
-// TestWatchSignalsOnceInPlace (issue 18 item 4): a spec removed between
+// TestWatchSignalsOnceInPlace: a spec removed between
 // our write and the watch being in place is seen: Watch signals once the
 // watch is added, without any later event.
 func TestWatchSignalsOnceInPlace(t *testing.T) {

@@ -21,8 +21,8 @@ import (
 	"github.com/cdi-device-plugin/cdi-device-plugin/dra"
 )
 
-// draDoc is the walk-through of the DRA driver on the demo node,
-// relative to this package.
+// draDoc is the walk-through of the DRA driver on the demo node, relative
+// to this package.
 const draDoc = "../docs/dra.md"
 
 // demoRender renders what "make demo MODE=..." deploys: e2e/local/demo.sh

@@ -40,11 +40,20 @@ type staleCleaner struct {
 	// (ErrStillHeld, ErrCannotTell), and the claim is asked about again at
 	// the next pass.
 	drop func(ctx context.Context, uid types.UID, log *logrus.Entry) error
+	// ready, when set, is closed once the first pass may run.
+	ready <-chan struct{}
 }
 
-// run looks at the claims at once, then every interval, until ctx is
-// done.
+// run looks at the claims once ready is closed, then every interval,
+// until ctx is done.
 func (c *staleCleaner) run(ctx context.Context) error {
+	if c.ready != nil {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-c.ready:
+		}
+	}
 	t := c.clock.NewTicker(c.interval)
 	defer t.Stop()
 	gone := map[types.UID]time.Time{}

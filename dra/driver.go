@@ -11,11 +11,13 @@ import (
 
 	"github.com/sirupsen/logrus"
 	"golang.org/x/sync/errgroup"
+	"google.golang.org/grpc"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/klog/v2"
+	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 	"k8s.io/utils/clock"
 
 	"github.com/cdi-device-plugin/cdi-device-plugin/cdi"
@@ -54,6 +56,12 @@ type Options struct {
 	// the kubelet plugin helper's reads of the claims it is asked to
 	// prepare.
 	StatusClient kubernetes.Interface
+	// CleanupClient (default Client) reads the checkpointed claims for
+	// the stale-claim clean-up (cleanup.go): a pass reads every prepared
+	// claim, and through the helper's client it would spend the
+	// client-side rate limit that the claim reads of NodePrepareResources
+	// wait on. Give it a client of its own.
+	CleanupClient kubernetes.Interface
 	// RegistrarDir is the kubelet's plugin registry directory, PluginDir
 	// the driver's own directory (dra.sock).
 	RegistrarDir, PluginDir string
@@ -67,7 +75,8 @@ type Options struct {
 	BootID    string
 	Resources []Resource
 	Log       *logrus.Entry
-	// Metrics, when set, counts the spec writes.
+	// Metrics, when set, counts the spec writes, and gets the driver's own
+	// series (metrics.DRA).
 	Metrics *metrics.Metrics
 	// PollInterval (default DefaultPollInterval), HealthResend (default
 	// DefaultHealthResend).
@@ -118,6 +127,10 @@ type Driver struct {
 	podres *podresources.Client
 	// helper is the kubeletplugin helper, once Run started it.
 	helper atomic.Pointer[kubeletplugin.Helper]
+	// registered: the kubelet said it registered the driver (intercept;
+	// the helper's RegistrationStatus is not safe to read while the
+	// kubelet notifies it).
+	registered atomic.Bool
 }
 
 // ErrOptions is returned by New for options it cannot run with.
@@ -165,12 +178,17 @@ func New(o Options) (*Driver, error) {
 	if o.StatusClient == nil {
 		o.StatusClient = o.Client
 	}
+	if o.CleanupClient == nil {
+		o.CleanupClient = o.Client
+	}
 	d := &Driver{opts: o, log: o.Log.WithField("driver", o.DriverName), podres: podresources.New(o.PodResources)}
 	d.health = newHealthStream(o.HealthResend)
-	d.slices = &slicePublisher{driver: o.DriverName, node: o.NodeName, client: o.Client, log: d.log, co: newCoalescer(o.Clock, o.PublishInterval)}
+	m := o.Metrics.DRA()
+	d.slices = &slicePublisher{driver: o.DriverName, node: o.NodeName, client: o.Client, log: d.log, co: newCoalescer(o.Clock, o.PublishInterval), metrics: m}
 	d.devs = &devices{node: o.NodeName}
 	changed := make(chan struct{}, 1)
 	d.status = newStatusQueue(o.DriverName, o.StatusClient, d.devs, o.NoDeviceStatus, d.log)
+	d.status.metrics = m
 	for _, rc := range o.Resources {
 		r := &running{Resource: rc, changed: changed, pool: PoolName(o.NodeName, rc.IDPrefix)}
 		if err := checkPoolName(r.pool); err != nil {
@@ -189,10 +207,11 @@ func New(o Options) (*Driver, error) {
 	d.metadata = &metadataFiles{enabled: o.DeviceMetadata, driver: o.DriverName, pluginDir: o.PluginDir,
 		cdiDir: filepath.Dir(o.Writer.Path(k)), devs: d.devs}
 	holders := &holdersView{client: d.podres, checkpoint: o.Checkpoint, boot: o.BootID}
-	d.prep = &preparer{driver: o.DriverName, boot: o.BootID, devs: d.devs, checkpoint: o.Checkpoint, specs: d.specs,
+	d.prep = &preparer{driver: o.DriverName, boot: o.BootID, devs: d.devs, checkpoint: o.Checkpoint, specs: d.specs, metrics: m,
 		metadata: d.metadata, status: d.status, holders: holders, log: d.log}
 	d.guard = newHandoverGuard(d.devs.names(), o.NodeName, o.Client, holders.heldNow, d.log)
 	d.loop = newSliceLoop(o.DriverName, o.NodeName, d.devs, changed, d.guard, d.slices, d.health, o.PollInterval)
+	d.loop.metrics = m
 	return d, nil
 }
 
@@ -225,7 +244,7 @@ func (d *Driver) Run(ctx context.Context) error {
 		kubeletplugin.KubeClient(d.opts.Client),
 		kubeletplugin.RegistrarDirectoryPath(d.opts.RegistrarDir),
 		kubeletplugin.PluginDataDirectoryPath(d.opts.PluginDir),
-		kubeletplugin.GRPCInterceptor(d.prep.holders.intercept),
+		kubeletplugin.GRPCInterceptor(d.intercept),
 	}, d.metadata.options()...)...)
 	if err != nil {
 		return fmt.Errorf("start the kubelet plugin: %w", err)
@@ -238,8 +257,13 @@ func (d *Driver) Run(ctx context.Context) error {
 		g.Go(func() error { return r.Runner.Run(gctx) })
 	}
 	g.Go(func() error { return d.guard.watchNode(gctx) })
-	cleaner := &staleCleaner{claims: d.opts.Checkpoint.Claims, api: d.opts.Client.ResourceV1(), clock: d.opts.Clock,
-		interval: d.opts.CleanupInterval, grace: d.opts.CleanupGrace, log: d.log, drop: d.prep.dropStale}
+	// The clean-up starts once the driver serves: its first pass reads
+	// every checkpointed claim, which must not delay the first publish or
+	// the registration.
+	ready := make(chan struct{})
+	g.Go(func() error { return d.closeWhenReady(gctx, ready) })
+	cleaner := &staleCleaner{claims: d.opts.Checkpoint.Claims, api: d.opts.CleanupClient.ResourceV1(), clock: d.opts.Clock,
+		interval: d.opts.CleanupInterval, grace: d.opts.CleanupGrace, log: d.log, drop: d.prep.dropStale, ready: ready}
 	g.Go(func() error { return cleaner.run(gctx) })
 	g.Go(func() error { return d.status.run(gctx) })
 	g.Go(func() error { return d.loop.run(gctx, helper) })
@@ -298,6 +322,37 @@ func (d *Driver) Alive(ctx context.Context) error {
 	return nil
 }
 
+// intercept is the helper's gRPC interceptor, on its registration and
+// DRA servers alike: it records the kubelet's registration status, and
+// hands the DRA calls to the PodResources view's (holdersView.intercept).
+func (d *Driver) intercept(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	if st, ok := req.(*registerapi.RegistrationStatus); ok {
+		resp, err := handler(ctx, req)
+		d.registered.Store(err == nil && st.PluginRegistered)
+		return resp, err
+	}
+	return d.prep.holders.intercept(ctx, req, info, handler)
+}
+
+// readyPoll is how often closeWhenReady looks at Ready.
+const readyPoll = 20 * time.Millisecond
+
+// closeWhenReady closes ready once the driver is Ready (registered, its
+// devices published), or returns when ctx is done.
+func (d *Driver) closeWhenReady(ctx context.Context, ready chan<- struct{}) error {
+	t := time.NewTicker(readyPoll)
+	defer t.Stop()
+	for d.Ready() != nil {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+	}
+	close(ready)
+	return nil
+}
+
 // Ready reports whether the kubelet registered the driver and its devices
 // were handed to the ResourceSlice controller.
 func (d *Driver) Ready() error {
@@ -305,7 +360,7 @@ func (d *Driver) Ready() error {
 	if h == nil {
 		return errors.New("not serving the kubelet yet")
 	}
-	if st := h.RegistrationStatus(); st == nil || !st.PluginRegistered {
+	if !d.registered.Load() {
 		return errors.New("not registered with the kubelet")
 	}
 	if !d.slices.published.Load() {

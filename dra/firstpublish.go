@@ -68,12 +68,12 @@ func firstSlices(driver, node string, nodeUID types.UID, name string, pool resou
 	return out
 }
 
-// publishAtOnce creates the slices of driver's pools on node that have
-// none in the API (see "The first publish" above), before the first
-// PublishResources. Best effort: on any error it stops and leaves the rest
+// publishAtOnce creates the slices of driver's pools on node (of UID
+// nodeUID; "": read here) that have none in the API (see "The first
+// publish" above), before the first PublishResources. Best effort: on any error it stops and leaves the rest
 // to the controller, which creates what is missing and adopts what was
 // created. It returns how many slices it created.
-func publishAtOnce(ctx context.Context, client kubernetes.Interface, driver, node string, log *logrus.Entry, pools map[string]resourceslice.Pool) int {
+func publishAtOnce(ctx context.Context, client kubernetes.Interface, driver, node string, nodeUID types.UID, log *logrus.Entry, pools map[string]resourceslice.Pool) int {
 	api := client.ResourceV1().ResourceSlices()
 	list, err := api.List(ctx, metav1.ListOptions{FieldSelector: resourceapi.ResourceSliceSelectorDriver + "=" + driver +
 		"," + resourceapi.ResourceSliceSelectorNodeName + "=" + node})
@@ -88,7 +88,6 @@ func publishAtOnce(ctx context.Context, client kubernetes.Interface, driver, nod
 			have[s.Spec.Pool.Name] = true
 		}
 	}
-	var nodeUID types.UID
 	n := 0
 	for _, name := range slices.Sorted(maps.Keys(pools)) {
 		if have[name] {

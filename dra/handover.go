@@ -3,12 +3,14 @@ package dra
 import (
 	"context"
 	"strings"
+	"time"
 
 	"github.com/sirupsen/logrus"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
@@ -155,6 +157,39 @@ func (gs *guards) logChanges() {
 		}
 		log.WithField("because", strings.Join(why, "; ")).Warn("handover guard up: the devices carry the handover taint")
 	}
+}
+
+// primeTimeout bounds the node GET and the PodResources List of prime: a
+// slow API server or kubelet delays the first slices by at most this,
+// and they then carry the taint.
+const primeTimeout = time.Second
+
+// prime resolves the guards before the first publish: one GET of the node
+// and one PodResources List, side by side, within primeTimeout. What does
+// not answer leaves its guard up (the taint stays until the node watch or
+// the poll tells). It returns the node's UID ("" when the GET failed),
+// which the first slices name as their owner.
+func (h *handoverGuard) prime(ctx context.Context) types.UID {
+	ctx, cancel := context.WithTimeout(ctx, primeTimeout)
+	defer cancel()
+	var (
+		n    *corev1.Node
+		nerr error
+		done = make(chan struct{})
+	)
+	go func() {
+		defer close(done)
+		n, nerr = h.client.CoreV1().Nodes().Get(ctx, h.nodeName, metav1.GetOptions{})
+	}()
+	res := h.poll(ctx)
+	<-done
+	var uid types.UID
+	if nerr == nil {
+		h.node(h.reported(n))
+		uid = n.UID
+	}
+	h.held(res)
+	return uid
 }
 
 // poll asks PodResources which resources device-plugin containers hold

@@ -318,6 +318,21 @@ func (h *harness) published() map[string]resourceapi.Device {
 	return out
 }
 
+// deleteSlices deletes every ResourceSlice in the API, as if none had
+// been published yet.
+func (h *harness) deleteSlices() {
+	h.t.Helper()
+	list, err := h.client.ResourceV1().ResourceSlices().List(context.Background(), metav1.ListOptions{})
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	for _, sl := range list.Items {
+		if err := h.client.ResourceV1().ResourceSlices().Delete(context.Background(), sl.Name, metav1.DeleteOptions{}); err != nil {
+			h.t.Fatal(err)
+		}
+	}
+}
+
 func hasTaint(d resourceapi.Device, key string) bool {
 	return slices.ContainsFunc(d.Taints, func(t resourceapi.DeviceTaint) bool { return t.Key == testDriver+"/"+key })
 }

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/cdi-device-plugin/cdi-device-plugin/internal/ping"
+	"github.com/cdi-device-plugin/cdi-device-plugin/metrics"
 )
 
 // sliceLoop owns the handover guards and what was published: it
@@ -18,6 +19,8 @@ type sliceLoop struct {
 	guard        *handoverGuard
 	slices       *slicePublisher
 	health       *healthStream
+	// metrics tells the guards' state (nil: nothing).
+	metrics *metrics.DRA
 	// pollInterval is how often PodResources is asked while a guard is
 	// up (Options.PollInterval).
 	pollInterval time.Duration
@@ -54,9 +57,16 @@ func (l *sliceLoop) alive(ctx context.Context) error {
 // through helper.
 func (l *sliceLoop) run(ctx context.Context, helper resourcePublisher) error {
 	g := l.guard
-	poll := time.NewTimer(0) // the first look at once
+	// The guards resolved before the first publish: its slices are then
+	// the final ones, schedulable at once where no guard is up.
+	l.slices.nodeUID = g.prime(ctx)
+	poll := time.NewTimer(0) // while a guard is up, the next look at once
 	defer poll.Stop()
 	armed, polling := true, false
+	if !g.anyUp() {
+		poll.Stop()
+		armed = false
+	}
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	publish := func() error {
@@ -65,6 +75,9 @@ func (l *sliceLoop) run(ctx context.Context, helper resourcePublisher) error {
 			return err
 		}
 		l.health.set(deviceHealth(l.node, cur))
+		for i, r := range l.devs.res {
+			l.metrics.HandoverGuard(r.Name, g.up(i))
+		}
 		return nil
 	}
 	if err := publish(); err != nil {

@@ -14,6 +14,7 @@ import (
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 
 	"github.com/cdi-device-plugin/cdi-device-plugin/device"
+	"github.com/cdi-device-plugin/cdi-device-plugin/metrics"
 	"github.com/cdi-device-plugin/cdi-device-plugin/prestart"
 	"github.com/sirupsen/logrus"
 )
@@ -32,6 +33,9 @@ type preparer struct {
 	status       *statusQueue
 	holders      *holdersView
 	log          *logrus.Entry
+	// metrics counts the calls, the claims and the stale claims dropped
+	// (nil: none).
+	metrics *metrics.DRA
 
 	// mu serialises Prepare, Unprepare and the release of stale claims
 	// (the helper serialises the kubelet's calls too, but the checkpoint
@@ -93,7 +97,14 @@ func (pr *preparer) prepareClaims(ctx context.Context, claims []*resourceapi.Res
 	}
 	pr.metadata.add(out)
 	pr.status.prepared(claims, out, errs)
-	log := pr.log.WithField("claims", names(claims)).WithField("took", time.Since(start))
+	took := time.Since(start)
+	if len(errs) > 0 {
+		// Every claim of a failed call is failed (none is prepared).
+		pr.metrics.Request(metrics.OpPrepare, took, 0, len(claims))
+	} else {
+		pr.metrics.Request(metrics.OpPrepare, took, len(claims), 0)
+	}
+	log := pr.log.WithField("claims", names(claims)).WithField("took", took)
 	if len(errs) > 0 {
 		log.WithError(joined(errs, claims)).WithField("failed", strings.Join(failed, ",")).Warn("claims not prepared")
 	} else {

@@ -8,9 +8,11 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/cdi-device-plugin/cdi-device-plugin/metrics"
 	"github.com/sirupsen/logrus"
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/dynamic-resource-allocation/resourceslice"
 )
@@ -33,8 +35,13 @@ type slicePublisher struct {
 	co           *coalescer
 	// last is what was published last (nil: nothing yet).
 	last map[string]resourceslice.Pool
+	// nodeUID is the node's UID when known before the first publish (the
+	// owner of the slices it creates); "": publishAtOnce reads it.
+	nodeUID types.UID
 	// published: the devices were handed to the ResourceSlice controller.
 	published atomic.Bool
+	// metrics counts the publishes (nil: none).
+	metrics *metrics.DRA
 }
 
 // publish hands pools to the controller through helper, unless they are
@@ -45,10 +52,12 @@ func (p *slicePublisher) publish(ctx context.Context, helper resourcePublisher, 
 		return nil
 	}
 	if p.last == nil {
-		publishAtOnce(ctx, p.client, p.driver, p.node, p.log, pools) // not a second later (firstpublish.go)
+		publishAtOnce(ctx, p.client, p.driver, p.node, p.nodeUID, p.log, pools) // not a second later (firstpublish.go)
 	}
 	p.co.published()
-	if err := helper.PublishResources(ctx, resourceslice.DriverResources{Pools: pools}); err != nil {
+	err := helper.PublishResources(ctx, resourceslice.DriverResources{Pools: pools})
+	p.metrics.SlicesPublished(err)
+	if err != nil {
 		return fmt.Errorf("publish the ResourceSlices: %w", err)
 	}
 	n, ns := 0, 0

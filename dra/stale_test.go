@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cdi-device-plugin/cdi-device-plugin/metrics"
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -168,7 +169,8 @@ func TestStaleClaimHeldByContainer(t *testing.T) {
 	const interval, grace = time.Minute, 5 * time.Minute
 	fc := testingclock.NewFakeClock(time.Now())
 	h := newHarness(t, nil)
-	h.options = func(o *Options) { o.Clock, o.CleanupInterval, o.CleanupGrace = fc, interval, grace }
+	m := metrics.New("test")
+	h.options = func(o *Options) { o.Clock, o.CleanupInterval, o.CleanupGrace, o.Metrics = fc, interval, grace, m }
 	h.start()
 	for uid, r := range h.prepare(h.claim("a", "sim-0"), h.claim("b", "sim-1")) {
 		if r.Error != "" {
@@ -215,6 +217,14 @@ func TestStaleClaimHeldByContainer(t *testing.T) {
 	for id, want := range map[string]int64{"sim-n1-0": 1, "sim-n1-1": 1} {
 		if got := h.deviceState(id).ResetCount - resets[id]; got != want {
 			t.Errorf("%s reset %d times, want %d", id, got, want)
+		}
+	}
+	if got := metricValue(t, m, "cdi_device_plugin_dra_stale_claims_dropped_total", nil); got != 2 {
+		t.Errorf("stale claims dropped: %v, want 2", got)
+	}
+	for _, reason := range []string{"held", "unknown"} {
+		if got := metricValue(t, m, "cdi_device_plugin_dra_stale_claims_kept_total", map[string]string{"reason": reason}); got < 1 {
+			t.Errorf("stale claims kept (%s): %v, want at least 1", reason, got)
 		}
 	}
 }

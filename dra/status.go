@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/cdi-device-plugin/cdi-device-plugin/metrics"
 	"github.com/sirupsen/logrus"
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -52,9 +53,11 @@ type statusItem struct {
 type statusQueue struct {
 	rep statusReporter
 	// off: nothing is written (Options.NoDeviceStatus).
-	off   bool
-	log   *logrus.Entry
-	clock clock.Clock
+	off bool
+	// metrics counts the writes by result (nil: none).
+	metrics *metrics.DRA
+	log     *logrus.Entry
+	clock   clock.Clock
 
 	mu      sync.Mutex
 	pending map[types.UID]*statusItem
@@ -196,6 +199,7 @@ func (q *statusQueue) write(ctx context.Context, it *statusItem) {
 	}
 	if err == nil {
 		q.written[it.st.UID] = it.st
+		q.metrics.StatusWritten(metrics.StatusOK)
 		log.WithField("devices", len(it.st.Devices)).Debug("claim status written")
 		return
 	}
@@ -206,22 +210,26 @@ func (q *statusQueue) write(ctx context.Context, it *statusItem) {
 		return
 	}
 	if perm := deniedPermission(err, q.rep.driver); perm != "" {
+		q.metrics.StatusWritten(metrics.StatusDenied)
 		log.WithError(err).WithField("needs", perm).Warn("claim status not written: the driver's account may not write the claim's status; " +
 			"grant it " + perm + " (the claim is prepared all the same; its status is written at its next preparation)")
 		return
 	}
 	if claimGone(err) {
+		q.metrics.StatusWritten(metrics.StatusGone)
 		log.WithError(err).Info("claim status not written: the claim is gone or changed")
 		return
 	}
 	it.attempt++
 	if it.attempt >= statusAttempts {
+		q.metrics.StatusWritten(metrics.StatusGivenUp)
 		log.WithError(err).WithField("attempts", it.attempt).Warn("giving up writing the claim's status")
 		return
 	}
 	wait := min(statusRetryFirst<<(it.attempt-1), statusRetryMax)
 	it.notBefore = q.clock.Now().Add(wait)
 	q.pending[it.st.UID] = it
+	q.metrics.StatusWritten(metrics.StatusRetry)
 	log.WithError(err).WithField("retry in", wait).Warn("writing the claim's status failed")
 }
 

@@ -5,8 +5,10 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/cdi-device-plugin/cdi-device-plugin/device"
+	"github.com/cdi-device-plugin/cdi-device-plugin/metrics"
 	"github.com/cdi-device-plugin/cdi-device-plugin/podresources"
 	"github.com/sirupsen/logrus"
 	"k8s.io/apimachinery/pkg/types"
@@ -18,11 +20,17 @@ import (
 func (pr *preparer) unprepareClaims(ctx context.Context, claims []kubeletplugin.NamespacedObject) (map[types.UID]error, error) {
 	pr.lock()
 	defer pr.unlock()
+	start := time.Now()
 	out := make(map[types.UID]error, len(claims))
+	failed := 0
 	for _, c := range claims {
 		out[c.UID] = pr.unprepare(ctx, c.UID)
+		if out[c.UID] != nil {
+			failed++
+		}
 		pr.status.forget(c.UID)
 	}
+	pr.metrics.Request(metrics.OpUnprepare, time.Since(start), len(claims)-failed, failed)
 	return out, nil
 }
 
@@ -207,9 +215,11 @@ func (pr *preparer) dropStale(ctx context.Context, uid types.UID, log *logrus.En
 	}
 	res, err := pr.holders.list(ctx)
 	if err != nil {
+		pr.metrics.StaleKept(false)
 		return fmt.Errorf("%w: %w", ErrCannotTell, err)
 	}
 	if holders := claimHolders(res, pr.driver, pc); len(holders) > 0 {
+		pr.metrics.StaleKept(true)
 		return fmt.Errorf("%w: PodResources lists it on %s", ErrStillHeld, strings.Join(holders, ", "))
 	}
 	log.Warn("dropping a prepared claim gone from the API for longer than the grace period; its devices are released as Unprepare releases them")
@@ -225,6 +235,7 @@ func (pr *preparer) dropStale(ctx context.Context, uid types.UID, log *logrus.En
 	if err := pr.unprepare(ctx, uid); err != nil {
 		log.WithError(err).Error("dropping a prepared claim gone from the API")
 	}
+	pr.metrics.StaleDropped()
 	return nil
 }
 

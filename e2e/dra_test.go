@@ -690,6 +690,7 @@ func (c *cluster) scenarioDRAClaimPod(t *testing.T) {
 	c.checkStartState(t, pod, "c", ids, before)
 	c.checkClaimStatus(t, "d2", node)
 	c.checkDeviceMetadata(t, "d2", "c", node)
+	c.checkDRAMetrics(t)
 	d := eventually(t, time.Minute, "d2's allocatedResourcesStatus to list both devices Healthy", func() (bool, string) {
 		h, seen := c.claimHealth("d2")
 		n := 0
@@ -701,6 +702,52 @@ func (c *cluster) scenarioDRAClaimPod(t *testing.T) {
 		return n == 2 && len(h) == 2, seen
 	})
 	t.Logf("d2 runs with %v; both Healthy in its status after %v", ids, d.Round(time.Millisecond))
+}
+
+// checkDRAMetrics: the driver pod's /metrics count the Prepare of d2's
+// claim (a call and a claim, ok), its status written, the slices
+// published and the handover guard down; /healthz and /readyz answer ok.
+func (c *cluster) checkDRAMetrics(t *testing.T) {
+	t.Helper()
+	p, err := c.driverPod(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	url := "http://" + p.Status.PodIP + ":" + metricPort
+	var text string
+	eventually(t, 30*time.Second, "the driver's status write of d2's claim counted", func() (bool, string) {
+		text = c.mustNodeSh(t, "curl -fsS --max-time 10 "+url+"/metrics")
+		v := metricValue(text, "cdi_device_plugin_dra_claim_status_writes_total", `result="ok"`)
+		return v >= 1, fmt.Sprintf("status writes ok %v", v)
+	})
+	for _, m := range []struct {
+		name   string
+		labels []string
+		least  float64
+	}{
+		{"cdi_device_plugin_dra_request_duration_seconds_count", []string{`operation="prepare"`, `result="ok"`}, 1},
+		{"cdi_device_plugin_dra_claims_total", []string{`operation="prepare"`, `result="ok"`}, 1},
+		{"cdi_device_plugin_dra_slice_publishes_total", []string{`result="ok"`}, 1},
+	} {
+		if v := metricValue(text, m.name, m.labels...); v < m.least {
+			t.Errorf("%s%v = %v, want at least %v", m.name, m.labels, v, m.least)
+		}
+	}
+	if v := metricValue(text, "cdi_device_plugin_dra_handover_guard", `resource="`+draResource+`"`); v != 0 {
+		t.Errorf("cdi_device_plugin_dra_handover_guard of %s = %v, want 0", draResource, v)
+	}
+	for _, path := range []string{"/healthz", "/readyz"} {
+		if got := strings.TrimSpace(c.mustNodeSh(t, "curl -sS --max-time 5 "+url+path)); got != "ok" {
+			t.Errorf("driver %s: %q, want ok", path, got)
+		}
+	}
+	var ours []string
+	for _, l := range strings.Split(text, "\n") {
+		if strings.HasPrefix(l, "cdi_device_plugin_dra_") && !strings.Contains(l, "_bucket{") {
+			ours = append(ours, l)
+		}
+	}
+	t.Logf("curl %s/metrics | grep ^cdi_device_plugin_dra_ | grep -v _bucket:\n%s", url, strings.Join(ours, "\n"))
 }
 
 // checkClaimStatus: the status.devices of the pod's

@@ -18,7 +18,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
-// Scenario M2 (issue 21): one node per API in one cluster, and one pod
+// Scenario M2: one node per API in one cluster, and one pod
 // spec served by both. It needs two schedulable nodes, which the suite's
 // clusters (the local node, run.sh's first kind cluster) do not have:
 // e2e/kind/run.sh makes a second kind cluster for it and sets E2E_M2=1;

@@ -115,7 +115,7 @@ func (c *cluster) logTimes(ctx context.Context, pod string, follow bool, markers
 	return out
 }
 
-// Scenario 11 (issue 12, "plugin upgrade"): the DaemonSet is rolled to
+// Scenario 11 (plugin upgrade): the DaemonSet is rolled to
 // another tag of the plugin image while pod u1 holds 2 devices and
 // Deployment u2, asking for 1, is created during the rollout. u1 keeps its
 // container and its devices (no admission error), u2's pod runs with a

@@ -5,6 +5,7 @@
 package metrics
 
 import (
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -28,6 +29,10 @@ type Metrics struct {
 	healthTransitions *prometheus.CounterVec
 	reloads           *prometheus.CounterVec
 	recoveryGivenUp   *prometheus.CounterVec
+
+	// The DRA driver's series, registered at the first DRA call.
+	draOnce sync.Once
+	dra     *DRA
 }
 
 // New registers the plugin's metrics (and the Go runtime's and process's)

@@ -9,7 +9,7 @@ import (
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 )
 
-// TestAllocateAllocations (issue 28, item 7): an Allocate of 8 devices
+// TestAllocateAllocations: an Allocate of 8 devices
 // (CDI names for the CRI, the CDI annotation, one annotation per device,
 // the env variable) makes at most 16 allocations: the response's parts
 // each allocated once (the CDI devices in one array, the annotations' map

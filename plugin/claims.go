@@ -37,8 +37,16 @@ import (
 // device, and says why.
 
 // DefaultClaimPoll is how often PodResources is asked while a DRA claim
-// holds a device of the resource.
+// holds a device of the resource, and while a registration settles.
 const DefaultClaimPoll = 5 * time.Second
+
+// DefaultClaimSettle is how long after each registration PodResources is
+// asked again (every Interval) even when it answered that no claim holds
+// a device: a kubelet that restarted serves PodResources before its pod
+// manager has its pods back (kubelet v1.36.3 starts the PodResources
+// server beside its pod sync loop, and lists the claims of the pods that
+// manager has), so its first answers may leave out claims it holds.
+const DefaultClaimSettle = time.Minute
 
 // Default bounds of the backoff between failed PodResources Lists.
 const (
@@ -159,7 +167,11 @@ type ClaimGuard struct {
 	// RetryMin and RetryMax (defaults DefaultClaimRetryMin,
 	// DefaultClaimRetryMax) bound the backoff between failed Lists.
 	RetryMin, RetryMax time.Duration
-	Log                *logrus.Entry
+	// Settle (default DefaultClaimSettle) is how long after a
+	// registration PodResources is asked every Interval whatever it
+	// answers.
+	Settle time.Duration
+	Log    *logrus.Entry
 
 	once       sync.Once
 	registered chan struct{}
@@ -188,6 +200,9 @@ func (g *ClaimGuard) init() {
 		}
 		if g.RetryMin <= 0 {
 			g.RetryMin = DefaultClaimRetryMin
+		}
+		if g.Settle <= 0 {
+			g.Settle = DefaultClaimSettle
 		}
 		if g.RetryMax < g.RetryMin {
 			g.RetryMax = max(DefaultClaimRetryMax, g.RetryMin)
@@ -231,19 +246,20 @@ func (g *ClaimGuard) Start(ctx context.Context) {
 }
 
 // Run asks PodResources again while a claim holds a device, after every
-// registration, and, with a backoff, after a failed List, until ctx is
-// done.
+// registration and every Interval for Settle after it, and, with a
+// backoff, after a failed List, until ctx is done.
 func (g *ClaimGuard) Run(ctx context.Context) error {
 	g.init()
 	next := time.NewTimer(time.Hour)
 	defer next.Stop()
 	backoff := g.RetryMin
+	var settling time.Time // until when a registration settles
 	for {
 		switch {
 		case g.unavailable:
 			next.Reset(backoff)
 			backoff = min(2*backoff, g.RetryMax)
-		case len(g.holds) > 0:
+		case len(g.holds) > 0 || time.Now().Before(settling):
 			backoff = g.RetryMin
 			next.Reset(g.Interval)
 		default:
@@ -254,6 +270,7 @@ func (g *ClaimGuard) Run(ctx context.Context) error {
 		case <-ctx.Done():
 			return nil
 		case <-g.registered:
+			settling = time.Now().Add(g.Settle)
 			g.check(ctx)
 		case <-next.C:
 			g.check(ctx)

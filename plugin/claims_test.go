@@ -76,7 +76,7 @@ func TestClaimMatch(t *testing.T) {
 			map[string]device.Problem{"sim-2": held("ns/a")}},
 		{"another driver", []podresources.ClaimDevice{{Claim: "ns/a", Driver: "gpu.vendor.com", Pool: testNode, Device: "sim-2"}}, 1, nil},
 		{"another pool", []podresources.ClaimDevice{{Claim: "ns/a", Driver: testDriver, Pool: "node2", Device: "sim-2"}}, 1, nil},
-		// Issue 28: the driver publishes a resource with replicas too,
+		// The driver publishes a resource with replicas too,
 		// each device once, shared by several claims.
 		{"replicas: a shared device by driver, pool and device", []podresources.ClaimDevice{
 			{Claim: "ns/a", Driver: testDriver, Pool: testNode, Device: "sim-2"},
@@ -109,6 +109,9 @@ func TestClaimMatch(t *testing.T) {
 	}
 }
 
+// settleIntervals is the guard's Settle in runGuarded, in intervals.
+const settleIntervals = 10
+
 // guarded is a resource of 3 simulated devices (sim-node1-0 ..
 // sim-node1-2) run with a claim guard against the PodResources stand-in.
 type guarded struct {
@@ -140,7 +143,7 @@ func runGuarded(t *testing.T, interval time.Duration, noSocket bool, pods ...*po
 	logger, hook := logtest.NewNullLogger()
 	g.log = hook
 	log := logrus.NewEntry(logger)
-	guard := &ClaimGuard{Source: g.src, PodResources: podresClient(t, sock), Interval: interval, Log: log,
+	guard := &ClaimGuard{Source: g.src, PodResources: podresClient(t, sock), Interval: interval, Settle: settleIntervals * interval, Log: log,
 		Match: ClaimMatch{Kind: testKind(t), IDPrefix: "sim", Drivers: []string{testDriver}, Pools: []string{testNode}}}
 	p := newPlugin(t, g.dir, nil, func(o *Options) { o.Registered = guard.Registered })
 	r := &Resource{Source: g.src, Spec: &flakySpec{changed: make(chan struct{})}, Plugin: p, Claims: guard, Log: log}
@@ -290,8 +293,9 @@ func TestClaimGuardPollsOnlyWhileHeld(t *testing.T) {
 	}
 }
 
-// TestClaimGuardIdle: with nothing held, PodResources is asked
-// at the start and at the registration alone, not every interval.
+// TestClaimGuardIdle: with nothing held, PodResources is asked at the
+// start, at the registration and every interval while the registration
+// settles (Settle), and no more after that: not every interval for good.
 func TestClaimGuardIdle(t *testing.T) {
 	const interval = 10 * time.Millisecond
 	g := runGuarded(t, interval, false, claimPod("other", byName("gpu.vendor.com", testNode, "sim-1")))
@@ -305,9 +309,17 @@ func TestClaimGuardIdle(t *testing.T) {
 		}
 		time.Sleep(interval)
 	}
+	// Each ask while settling waits an interval: at most one per interval
+	// of the window, however slow the machine; the window is long over
+	// after five of its lengths.
+	time.Sleep(5 * settleIntervals * interval)
+	settled := g.pr.Calls()
+	if most := 2 + settleIntervals + 1; settled > most {
+		t.Fatalf("%d List calls by the end of the registration's settling, want at most %d", settled, most)
+	}
 	time.Sleep(30 * interval)
-	if n := g.pr.Calls(); n != 2 {
-		t.Fatalf("%d List calls with nothing held, want 2 (the start's and the registration's)", n)
+	if n := g.pr.Calls() - settled; n != 0 {
+		t.Fatalf("%d List calls with nothing held once the registration settled, want none", n)
 	}
 }
 
@@ -333,6 +345,42 @@ func TestClaimGuardKubeletRestart(t *testing.T) {
 		return u.Health("sim-node1-2") == pluginapi.Unhealthy && u.Healthy() == 2
 	}); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestClaimGuardSettlesAfterRegistration: the kubelet serves
+// PodResources before it has its pods back after a restart (the server
+// starts beside the pod sync, and a pod's claims are listed once the pod
+// manager has the pod), so an empty answer right after a registration
+// does not mean no claim holds a device: the guard keeps asking for a
+// while after each registration, and a claim listed then makes its
+// device Unhealthy with no other registration.
+func TestClaimGuardSettlesAfterRegistration(t *testing.T) {
+	g := runGuarded(t, 50*time.Millisecond, false)
+	if u := g.first(t); u.Healthy() != 3 {
+		t.Fatalf("first answer: %s", health(u))
+	}
+	if _, err := g.k.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	reg, err := g.k.WaitRegistration(5 * time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	calls := g.pr.Calls()
+	deadline := time.Now().Add(5 * time.Second)
+	for g.pr.Calls() == calls && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	// The pods come back into the kubelet's pod manager after its
+	// PodResources answered empty.
+	time.Sleep(200 * time.Millisecond)
+	g.pr.Set(claimPod("c1", byCDI("sim-2", "k8s.example.com/sim=sim-node1-2")))
+	_, updates := testutil.Watch(context.Background(), t, g.dir, reg.Request.Endpoint)
+	if _, err := kubeletsim.WaitFor(updates, 5*time.Second, func(u kubeletsim.Update) bool {
+		return u.Health("sim-node1-2") == pluginapi.Unhealthy && u.Healthy() == 2
+	}); err != nil {
+		t.Fatalf("a claim the kubelet lists after its empty answer at registration: %v", err)
 	}
 }
 

@@ -54,7 +54,7 @@ func TestListSize(t *testing.T) {
 	}
 }
 
-// TestCheckListSize (issue 18 item 8): count 4096 with 64 replicas lists
+// TestCheckListSize: count 4096 with 64 replicas lists
 // 262,144 IDs, which the kubelet cannot read: refused, naming the
 // resource, the IDs and the limit; the largest list under the limit is
 // accepted.
@@ -78,7 +78,7 @@ func TestCheckListSize(t *testing.T) {
 	}
 }
 
-// TestListAndWatchLogsAnUnreadableList (issue 18 item 8): a device list
+// TestListAndWatchLogsAnUnreadableList: a device list
 // larger than the kubelet reads (host devices can outgrow the limit at run
 // time) is logged as an error with its size; the kubelet stand-in, with
 // the kubelet's default receive limit, gets no list.

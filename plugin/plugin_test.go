@@ -509,7 +509,7 @@ func startHangingKubelet(t *testing.T, dir string) *hangingKubelet {
 	return h
 }
 
-// TestHungRegistrationDoesNotBlock (issue 8 item 10): while a Register
+// TestHungRegistrationDoesNotBlock: while a Register
 // call hangs, the plugin still serves a new socket when its own is
 // removed, and registers at once with a kubelet that comes back.
 func TestHungRegistrationDoesNotBlock(t *testing.T) {
@@ -547,7 +547,7 @@ func TestHungRegistrationDoesNotBlock(t *testing.T) {
 	}
 }
 
-// TestAnnotationsWithReplicas (item 11): with replicas, the per-device
+// TestAnnotationsWithReplicas: with replicas, the per-device
 // annotation does not depend on the order of the requested IDs.
 func TestAnnotationsWithReplicas(t *testing.T) {
 	p := newPlugin(t, testutil.ShortDir(t), snapshot(2, 0, 2), func(o *Options) { o.AnnotationPrefix = "example.com/dev" })
@@ -583,7 +583,7 @@ func (s *slowPreparer) Prepare(context.Context, []device.Device) error {
 	return nil
 }
 
-// TestStopWaitsForHandlers (issue 18 item 2): a PreStartContainer in flight
+// TestStopWaitsForHandlers: a PreStartContainer in flight
 // when the plugin stops (a reload restarting the resource) has ended when
 // Run returns, so that no preparation outlives its server and overlaps
 // one of the replacement's.

@@ -133,7 +133,7 @@ func TestResourceHoldsBackUnwrittenDevices(t *testing.T) {
 	}
 }
 
-// TestResourceTakesBackAnOrphanedSpec (issue 18 item 5): a newer process
+// TestResourceTakesBackAnOrphanedSpec: a newer process
 // takes the spec over (our devices are held back) and keeps it while it
 // serves its socket; once it is gone, leaving its spec behind, this one
 // takes the spec back without any file event and its devices are Healthy.

@@ -31,14 +31,15 @@ func claimDevice(driver, pool, dev string, cdi ...string) *podresourcesapi.Claim
 	return cr
 }
 
-// TestDRAClaimHeldAtStart (issue 21): on a node switched back from the
-// DRA driver, a device a claim of the driver still holds is Unhealthy in
-// the plugin's first ListAndWatch answer, counted under the reason
-// dra_claim and logged with its claim. The kubelet names it by its CDI
-// name, or (without CDI names) by the driver, the pool (the node name and
-// the ID prefix, issue 27; or the node name alone, as earlier versions
-// named it) and its ResourceSlice name; the driver's name is the DRA driver's
-// default, or --driver-name / DRIVER_NAME as the driver is given it.
+// TestDRAClaimHeldAtStart: on a node switched back from the DRA driver, a
+// device a claim of the driver still holds is Unhealthy in the plugin's
+// first ListAndWatch answer, counted under the reason dra_claim and logged
+// with its claim. The kubelet names it by its CDI name, or (without CDI
+// names) by the driver, the pool (the node name and the ID prefix, as the
+// driver names its pools now; or the node name alone, as earlier versions
+// named it) and its ResourceSlice name; the driver's name is the DRA
+// driver's default, or --driver-name / DRIVER_NAME as the driver is given
+// it.
 func TestDRAClaimHeldAtStart(t *testing.T) {
 	env := map[string]string{"NUMBER_DEVICES": "3", "RESOURCE_NAME": "example.com/sim", "DEVICE_ID_PREFIX": "sim",
 		"PRESTART_STEPS": "none", "NODE_NAME": "node1"}
@@ -100,7 +101,7 @@ func TestDRAClaimHeldAtStart(t *testing.T) {
 	}
 }
 
-// TestDRAClaimDefaultNameSkipsReplicas (issue 21): the claim guard takes
+// TestDRAClaimDefaultNameSkipsReplicas: the claim guard takes
 // the DRA driver's default name as the driver does (internal/dranames):
 // <class>.<domain> of the first resource the driver publishes. The first
 // resource has replicas (the driver does not publish it), so a claim of
@@ -148,7 +149,7 @@ func btoi(b bool) int {
 	return 0
 }
 
-// TestRecoverySparesDRAClaims (issue 21): a failed device that a DRA claim
+// TestRecoverySparesDRAClaims: a failed device that a DRA claim
 // holds is not prepared again in the background (its steps would reset
 // what the claim's pod uses); released, it is.
 func TestRecoverySparesDRAClaims(t *testing.T) {

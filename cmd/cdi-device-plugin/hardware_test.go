@@ -22,7 +22,7 @@ import (
 // 0000:00:06.0 (device/sysfs/testdata/nvidia-h100-vm/README.md).
 const h100 = "../../device/sysfs/testdata/nvidia-h100-vm"
 
-// TestPCIGPU (issue 20): on the fixture machine, a resource that selects
+// TestPCIGPU: on the fixture machine, a resource that selects
 // the NVIDIA function by its PCI identity advertises one device, with no
 // NUMA node; a container that gets it sees /dev/nvidia0 with the shared
 // nodes (the absent one skipped) and PCI_RESOURCE_EXAMPLE_COM_GPU, as a
@@ -87,7 +87,7 @@ resources:
 	}
 }
 
-// TestUSBSerial (issue 20): a USB serial adapter found by vendor and
+// TestUSBSerial: a USB serial adapter found by vendor and
 // product in a sysfs tree made here: its tty appears at the configured
 // container path with its bus node, the container learns its bus:device,
 // and a kernel event is not needed for the start.
@@ -217,7 +217,7 @@ func (s *sysTree) registered(dir, class, name, devname string, major, minor uint
 	s.write(filepath.Join(d, "uevent"), fmt.Sprintf("MAJOR=%d\nMINOR=%d\nDEVNAME=%s", major, minor, devname))
 }
 
-// TestFoundKindsRoundTrip (issue 20): each kind of function discovery
+// TestFoundKindsRoundTrip: each kind of function discovery
 // finds in a tree made here goes the whole way: found by the real source,
 // advertised, written into the spec by cdi/, and resolved by a fresh CDI
 // cache with InjectDevices as containerd does: the container gets every
@@ -344,7 +344,7 @@ func TestFoundKindsRoundTrip(t *testing.T) {
 	}
 }
 
-// TestGlobNUMA (issue 20): a hostDevices resource gives each node the NUMA
+// TestGlobNUMA: a hostDevices resource gives each node the NUMA
 // node of the device behind its numbers (/sys/dev/char/<major>:<minor>,
 // whose device is a function with its numa_node, in a tree made here),
 // reports it in ListAndWatch's TopologyInfo, and GetPreferredAllocation

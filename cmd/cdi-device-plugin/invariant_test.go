@@ -118,7 +118,7 @@ func waitResolves(t *testing.T, r *running, d dirs, timeout time.Duration, ids .
 	return spec
 }
 
-// TestHotPluggedHostDeviceResolves (issue item 1): a host device that
+// TestHotPluggedHostDeviceResolves: a host device that
 // appears after start gets a spec entry whose state-dir mount source
 // exists, so a container given it can start.
 func TestHotPluggedHostDeviceResolves(t *testing.T) {
@@ -163,7 +163,7 @@ func TestNoHostDeviceAtStart(t *testing.T) {
 	}
 }
 
-// TestSpecWriteFailureHoldsDevicesBack (item 2): while the spec cannot be
+// TestSpecWriteFailureHoldsDevicesBack: while the spec cannot be
 // written, a new device is not advertised Healthy (its CDI name would not
 // resolve) and cannot be allocated; the write is retried, and once it
 // succeeds the device is Healthy and resolves. Devices the spec on disk
@@ -201,7 +201,7 @@ func TestSpecWriteFailureHoldsDevicesBack(t *testing.T) {
 	}
 }
 
-// TestSpecRestored (item 3): our spec removed, emptied or replaced by
+// TestSpecRestored: our spec removed, emptied or replaced by
 // someone else is written back at once.
 func TestSpecRestored(t *testing.T) {
 	d := newDirs(t)
@@ -250,7 +250,7 @@ func TestSpecRestored(t *testing.T) {
 	}
 }
 
-// TestOwnerIsPerDeployment (item 3): two deployments with the same plugin
+// TestOwnerIsPerDeployment: two deployments with the same plugin
 // name in different namespaces do not remove each other's specs at start.
 func TestOwnerIsPerDeployment(t *testing.T) {
 	d := newDirs(t)
@@ -267,7 +267,7 @@ func TestOwnerIsPerDeployment(t *testing.T) {
 	}
 }
 
-// TestHostIDsInjectiveAndIndexesStable (item 7): net/tun and net_tun get
+// TestHostIDsInjectiveAndIndexesStable: net/tun and net_tun get
 // different IDs; a device keeps its index (and so its <ENV_PREFIX>_<i>)
 // when another one that sorts earlier appears, and across a restart in
 // which a device vanished.
@@ -333,7 +333,7 @@ func TestHostIDsInjectiveAndIndexesStable(t *testing.T) {
 	})
 }
 
-// TestCorruptStateAtStart (item 8): an unreadable state.json does not stop
+// TestCorruptStateAtStart: an unreadable state.json does not stop
 // the plugin; it is set aside, logged, and the device starts afresh.
 func TestCorruptStateAtStart(t *testing.T) {
 	d := newDirs(t)
@@ -358,10 +358,10 @@ func TestCorruptStateAtStart(t *testing.T) {
 	}
 }
 
-// TestRecoveryWithoutTheFailedPod (item 5): a host device whose exec step
+// TestRecoveryWithoutTheFailedPod: a host device whose exec step
 // failed becomes Healthy again once the cause is gone, without the kubelet
 // ever retrying that container (the pod may be gone). The kubelet's
-// PodResources API says no container holds it (issue 18 item 2).
+// PodResources API says no container holds it.
 func TestRecoveryWithoutTheFailedPod(t *testing.T) {
 	d := newDirs(t)
 	testutil.NeedMknod(t)
@@ -394,7 +394,7 @@ resources:
 	waitResolves(t, r, d, 10*time.Second, "ser-ttyR0")
 }
 
-// TestSpecAppearsWithFinalMode (item 9): the spec is never visible with
+// TestSpecAppearsWithFinalMode: the spec is never visible with
 // another mode than 0644: no chmod after it is in place (an IN_ATTRIB
 // event on its name would show one).
 func TestSpecAppearsWithFinalMode(t *testing.T) {

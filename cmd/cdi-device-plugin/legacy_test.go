@@ -30,7 +30,7 @@ func servePodResources(t *testing.T, d dirs, resource string, ids ...string) str
 	return sock
 }
 
-// TestLegacyHostIDs (issue 18 item 7): a kubelet checkpoint of a version
+// TestLegacyHostIDs: a kubelet checkpoint of a version
 // before the ':' escaping holds tun-net_tun for /dev/net_tun (now
 // tun-net:_tun).
 func TestLegacyHostIDs(t *testing.T) {

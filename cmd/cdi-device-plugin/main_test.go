@@ -139,7 +139,7 @@ func TestBadConfigExits2AndWritesNothing(t *testing.T) {
 		// Checked by the constructors, still before anything is written.
 		{"long socket dir", nil, []string{"--device-plugin-dir", "/" + strings.Repeat("d", 100)}, `device-plugin-dir="/ddd`},
 		{"bad exec template", map[string]string{"CONFIG_FILE": "EXEC_TEMPLATE"}, nil, `resources[0].prestart.steps[0].command="/bin/echo {{.Serial}}"`},
-		// Issue 18 item 8: 262,144 IDs, a list the kubelet cannot read.
+		// 262,144 IDs, a list the kubelet cannot read.
 		{"list too large", map[string]string{"CONFIG_FILE": "BIG_LIST"}, nil, `example.com/big can list 262144 device IDs`},
 		{"no CDI annotation key", map[string]string{"DEVICE_LIST_STRATEGY": "cdi-annotations", "PLUGIN_NAME": strings.Repeat("p", 24), "RESOURCE_NAME": "example.com/" + strings.Repeat("r", 30)},
 			[]string{"--device-plugin-dir", "/t"}, `RESOURCE_NAME="example.com/rrrr`},

@@ -337,7 +337,7 @@ func TestConfigReload(t *testing.T) {
 	}
 }
 
-// TestReloadStopsBeforePreparing (issue 18 item 2): a reload that changes
+// TestReloadStopsBeforePreparing: a reload that changes
 // a resource prepares the replacement only once the old part has stopped
 // (its handlers ended), so that two parts never prepare one device or save
 // one registry at once. A replacement that fails to prepare refuses the

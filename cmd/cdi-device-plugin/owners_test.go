@@ -15,7 +15,7 @@ import (
 	"github.com/cdi-device-plugin/cdi-device-plugin/internal/testutil"
 )
 
-// TestNodeInTwoResourcesRefused (issue 27, item 2): two resources of one
+// TestNodeInTwoResourcesRefused: two resources of one
 // process whose globs both match /dev/ttyR0 advertise neither device
 // Healthy (shared_node) on ListAndWatch, and the log names both devices
 // and the node; their other devices stay Healthy. When the node goes and

@@ -86,6 +86,7 @@ func restartOnly(a, b *config.Config) error {
 		{"cdiDir", a.CDIDir, b.CDIDir}, {"devRoot", a.DevRoot, b.DevRoot}, {"stateDir", a.StateDir, b.StateDir},
 		{"nodeName", a.NodeName, b.NodeName}, {"metricsAddress", a.MetricsAddress, b.MetricsAddress},
 		{"podResourcesSocket", a.PodResourcesSocket, b.PodResourcesSocket},
+		{"sysRoot", a.SysRoot, b.SysRoot}, {"procRoot", a.ProcRoot, b.ProcRoot},
 	} {
 		if f.old != f.cur {
 			return fmt.Errorf("%s %q -> %q: %w", f.name, f.old, f.cur, ErrNeedsRestart)

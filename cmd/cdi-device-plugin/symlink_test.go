@@ -77,7 +77,7 @@ func TestPlantedSymlinks(t *testing.T) {
 	}
 }
 
-// TestPlantedStateDirSymlink (issue 18 item 3): a symlink planted at one
+// TestPlantedStateDirSymlink: a symlink planted at one
 // device's state directory holds back no other device: the others are
 // advertised healthy, resolve and are prepared; that one is Unhealthy,
 // the log names the path, and its spec entry mounts nothing (no path that

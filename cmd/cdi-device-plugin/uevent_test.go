@@ -129,7 +129,7 @@ func (g *unboundGPU) bind(tb testing.TB) {
 	}
 }
 
-// TestUeventToListAndWatch (issue 20): a function unbound in a sysfs tree
+// TestUeventToListAndWatch: a function unbound in a sysfs tree
 // changes no node, so only its kernel event tells: injected through the
 // uevent seam, it makes the kubelet stand-in's ListAndWatch stream report
 // the device Unhealthy, and the bind event Healthy again. No timer
@@ -158,7 +158,7 @@ func TestUeventToListAndWatch(t *testing.T) {
 	}
 }
 
-// TestReboundToVFIO (issue 20): the function rebound from nvidia to
+// TestReboundToVFIO: the function rebound from nvidia to
 // vfio-pci (its unbind and bind events) under a selector that names no
 // driver is Unhealthy at once, and the spec keeps its NVIDIA node under
 // its CDI name (no vfio node swapped in); bound back to nvidia: Healthy.

@@ -89,7 +89,7 @@ func register(t *testing.T, d dirs, driver, addr string) *kubeletsim.DRA {
 	}
 }
 
-// TestDriverNameChangeRefused (issue 27, item 7): the default driver name
+// TestDriverNameChangeRefused: the default driver name
 // is the first published resource's; reordering the resources renames the
 // driver. A driver that starts under another name than the one its
 // checkpoint's prepared claims were prepared by refuses to start, with a

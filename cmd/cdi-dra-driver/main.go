@@ -176,24 +176,27 @@ func build(cfg *config.Config, f flags, client func(string) (kubernetes.Interfac
 	if fi, err := os.Stat(cfg.DevRoot); err != nil || !fi.IsDir() {
 		return nil, &config.FieldError{Field: "dev-root", Value: cfg.DevRoot, Reason: "must be an existing directory"}
 	}
-	kc, err := client(f.kubeconfig)
-	if err != nil {
-		return nil, &config.FieldError{Field: "kubeconfig", Value: f.kubeconfig, Reason: "no API client (empty: the in-cluster configuration): " + err.Error()}
+	// Three clients, each with a client-side rate limit of its own: the
+	// helper's (it reads the claims of each NodePrepareResources), the
+	// claims' status writes', and the stale-claim clean-up's (a read of
+	// every prepared claim once a minute): neither of the last two may
+	// hold up the first.
+	var clients [3]kubernetes.Interface
+	for i := range clients {
+		c, err := client(f.kubeconfig)
+		if err != nil {
+			return nil, &config.FieldError{Field: "kubeconfig", Value: f.kubeconfig, Reason: "no API client (empty: the in-cluster configuration): " + err.Error()}
+		}
+		clients[i] = c
 	}
-	// The claims' status is written through a client of its own: each
-	// client has its own client-side rate limit, and the status writes
-	// must not hold up the helper's reads of the claims to prepare.
-	sc, err := client(f.kubeconfig)
-	if err != nil {
-		return nil, &config.FieldError{Field: "kubeconfig", Value: f.kubeconfig, Reason: "no API client (empty: the in-cluster configuration): " + err.Error()}
-	}
+	kc, sc, cc := clients[0], clients[1], clients[2]
 	d := &driver{cfg: cfg, log: log, checkpoint: dra.NewCheckpoint(filepath.Join(cfg.StateDir, CheckpointFile))}
 	if cfg.MetricsAddress != "" {
 		d.metrics = metrics.New(version)
 	}
 	start := time.Now().UnixNano()
 	writer := cdi.NewWriter(cfg.CDIDir, cfg.Owner(), start)
-	d.opts = dra.Options{DriverName: f.driverName, NodeName: cfg.NodeName, Client: kc, StatusClient: sc,
+	d.opts = dra.Options{DriverName: f.driverName, NodeName: cfg.NodeName, Client: kc, StatusClient: sc, CleanupClient: cc,
 		RegistrarDir: f.registrarDir, PluginDir: pluginDir, Writer: writer, Checkpoint: d.checkpoint,
 		PodResources: cfg.PodResourcesSocket, Log: log, Metrics: d.metrics, CleanupGrace: grace, DeviceMetadata: metadata, NoDeviceStatus: !status}
 	// One registry of node owners for every resource: a host node in

@@ -85,7 +85,7 @@ func fakeClient(objs ...any) func(string) (kubernetes.Interface, error) {
 func TestBadConfigExits2AndWritesNothing(t *testing.T) {
 	noClient := func(string) (kubernetes.Interface, error) { return nil, errors.New("not in a cluster") }
 	// Two resources whose long ID prefixes differ only at the end: before
-	// the idPrefix bound, both published aaaa…a-0 (issue 27, item 8).
+	// idPrefix had a length bound, both published aaaa…a-0.
 	long := strings.Repeat("a", 70)
 	twoLong := filepath.Join(t.TempDir(), "config.yaml")
 	if err := os.WriteFile(twoLong, []byte("resources:\n- name: example.com/x\n  idPrefix: "+long+"x\n- name: example.com/y\n  idPrefix: "+long+"y\n"), 0o644); err != nil {
@@ -341,8 +341,8 @@ func TestInternalHoldsLeaves(t *testing.T) {
 }
 
 // TestDriverBoolFlags: device metadata (KEP-5304) and the claims' device
-// status (issue 29) are on by default; the flag or its env var turns each
-// off.
+// status (status.devices, KEP-4817) are on by default; the flag or its env
+// var turns each off.
 func TestDriverBoolFlags(t *testing.T) {
 	metadata := func(d *driver) bool { return d.opts.DeviceMetadata }
 	status := func(d *driver) bool { return !d.opts.NoDeviceStatus }

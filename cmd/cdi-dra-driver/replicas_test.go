@@ -116,11 +116,12 @@ func keys(m map[string]resourceapi.Device) []string {
 	return out
 }
 
-// TestReplicasPublished (issue 28, item 1; issue 21 published none): of
-// one config file, a resource with replicas above 1 is published beside
-// the other, each device once, allocatable to several claims with the
-// capacity <driver>/shares of its replicas; the other resource's devices
-// have neither. Publishing again (a device gone) keeps both.
+// TestReplicasPublished: of one config file, a resource with replicas
+// above 1 is published beside the other (the driver's first versions
+// published no such resource), each device once, allocatable to several
+// claims with the capacity <driver>/shares of its replicas; the other
+// resource's devices have neither. Publishing again (a device gone) keeps
+// both.
 func TestReplicasPublished(t *testing.T) {
 	testutil.NeedMknod(t)
 	d := newDirs(t)
@@ -174,12 +175,12 @@ func TestReplicasPublished(t *testing.T) {
 	}
 }
 
-// TestDefaultDriverNameSkipsReplicas (issue 21): with no --driver-name,
+// TestDefaultDriverNameSkipsReplicas: with no --driver-name,
 // the driver is named after the first resource without replicas: the
 // first resource has replicas, so the driver registers and publishes as
 // sim.example.com, the second's <class>.<domain>, the name the device
 // plugin's claim guard takes too (internal/dranames); it publishes both
-// resources (issue 28).
+// resources.
 func TestDefaultDriverNameSkipsReplicas(t *testing.T) {
 	testutil.NeedMknod(t)
 	d := newDirs(t)

@@ -11,7 +11,7 @@ import (
 	"github.com/cdi-device-plugin/cdi-device-plugin/internal/testutil"
 )
 
-// TestNodeInTwoResourcesTainted (issue 27, item 2): a host node in devices
+// TestNodeInTwoResourcesTainted: a host node in devices
 // of two resources the driver publishes (ttyR1, matched by both globs) is
 // no device's: both devices are tainted unhealthy in the ResourceSlices
 // with the cause shared_node, while the device of a node of its own

@@ -15,13 +15,12 @@ import (
 	"sigs.k8s.io/yaml"
 )
 
-// TestClusterScriptGuards: cluster.sh never stops or
-// removes what "up" did not make: "down" refuses without up's marker, and
-// "up" refuses a kubelet root it did not make ("check" runs up's checks
-// alone, so a broken guard cannot start a node here), and says what to do
-// next. Both refusals happen
-// before anything is touched, so the test is safe on a machine where a
-// real cluster (or another test's) runs.
+// TestClusterScriptGuards: cluster.sh never stops or removes what "up" did
+// not make: "down" refuses without up's marker, and "up" refuses a kubelet
+// root it did not make ("check" runs up's checks alone, so a broken guard
+// cannot start a node here), and says what to do next. Both refusals
+// happen before anything is touched, so the test is safe on a machine
+// where a real cluster (or another test's) runs.
 func TestClusterScriptGuards(t *testing.T) {
 	if os.Getuid() != 0 {
 		t.Skip("cluster.sh needs root")

@@ -39,7 +39,7 @@ func demoSandbox(t *testing.T) (root, calls string) {
 	return root, calls
 }
 
-// TestDemoMode (issue 28, item 9): make demo passes MODE to demo.sh, and
+// TestDemoMode: make demo passes MODE to demo.sh, and
 // demo.sh refuses a MODE it does not know, naming it, before it installs
 // or starts anything; MODE=dra and the default go on to bring the node up.
 func TestDemoMode(t *testing.T) {

@@ -21,10 +21,10 @@ func TestMaxLabel(t *testing.T) {
 	}
 }
 
-// TestDefaultDriverName (issue 21): <class>.<domain> of the first resource
+// TestDefaultDriverName: <class>.<domain> of the first resource
 // without replicas above 1; of the first resource when all have replicas
-// (the rule of the versions that did not publish those: issue 28 keeps
-// it, so that an upgrade does not rename the driver).
+// (the rule of the versions that did not publish those, kept so that an
+// upgrade does not rename the driver).
 func TestDefaultDriverName(t *testing.T) {
 	one, two := 1, 2
 	sim := config.Resource{Name: "example.com/sim", Domain: "example.com", Class: "sim"}
@@ -51,7 +51,7 @@ func TestDefaultDriverName(t *testing.T) {
 	}
 }
 
-// TestPoolName (issue 27, item 10): a pool per resource, <node>/<the ID
+// TestPoolName: a pool per resource, <node>/<the ID
 // prefix as a DNS label>.
 func TestPoolName(t *testing.T) {
 	for _, c := range []struct{ node, prefix, want string }{

@@ -1,0 +1,78 @@
+package dra
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	apiresource "k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	clienttesting "k8s.io/client-go/testing"
+)
+
+// TestFirstSlicesSchedulable: the slices the driver creates first are the
+// final ones: the handover guard is resolved before the first publish (one
+// GET of the node, one PodResources List), so on a node that does not
+// report the resource and where no device-plugin container holds a device,
+// no device of the first slices carries the handover taint (it came off
+// only with a second write, about a second later, before). Where the node
+// reports the resource, or PodResources cannot answer, the first slices
+// carry it, as before.
+func TestFirstSlicesSchedulable(t *testing.T) {
+	for _, c := range []struct {
+		name    string
+		setup   func(h *harness)
+		tainted bool
+	}{
+		{"nothing of the device plugin", func(*harness) {}, false},
+		{"the node reports the resource", func(h *harness) {
+			n, err := h.client.CoreV1().Nodes().Get(context.Background(), node, metav1.GetOptions{})
+			if err != nil {
+				h.t.Fatal(err)
+			}
+			n.Status.Allocatable = corev1.ResourceList{resName: apiresource.MustParse("4")}
+			if _, err := h.client.CoreV1().Nodes().UpdateStatus(context.Background(), n, metav1.UpdateOptions{}); err != nil {
+				h.t.Fatal(err)
+			}
+		}, true},
+		{"PodResources cannot answer", func(h *harness) {
+			// Not at a first start: that one asks PodResources whether a
+			// checkpoint was lost, and waits for it.
+			h.start()
+			h.stop()
+			// Its slices gone too, so that the restart creates them.
+			h.deleteSlices()
+			h.podres.SetErr(errors.New("kubelet restarting"))
+		}, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			h := newHarness(t, nil)
+			c.setup(h)
+			var mu sync.Mutex
+			var first []*resourceapi.ResourceSlice
+			h.client.PrependReactor("create", "resourceslices", func(a clienttesting.Action) (bool, runtime.Object, error) {
+				mu.Lock()
+				defer mu.Unlock()
+				first = append(first, a.(clienttesting.CreateAction).GetObject().(*resourceapi.ResourceSlice).DeepCopy())
+				return false, nil, nil
+			})
+			h.start()
+			h.waitFor("the first slice created", func() bool { mu.Lock(); defer mu.Unlock(); return len(first) > 0 })
+			mu.Lock()
+			defer mu.Unlock()
+			s := first[0]
+			if len(s.Spec.Devices) != 4 {
+				t.Fatalf("first slice: %d devices, want 4", len(s.Spec.Devices))
+			}
+			for _, d := range s.Spec.Devices {
+				if got := hasTaint(d, TaintHandover); got != c.tainted {
+					t.Errorf("%s in the first slice: handover taint %v, want %v", d.Name, got, c.tainted)
+				}
+			}
+		})
+	}
+}
