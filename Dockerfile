@@ -4,8 +4,9 @@
 #
 # The result is two static binaries on distroless/static, the plugin (the
 # entrypoint) and the DRA driver (/cdi-dra-driver), running as root (uid 0):
-# the plugin creates device nodes with mknod, which needs root and a privileged
-# container (see deploy/base/daemonset.yaml).
+# they own the host directories they write, and create device nodes with
+# mknod, which needs CAP_MKNOD alone, not a privileged container (see
+# deploy/README.md, "Capabilities").
 
 ARG GO_IMAGE=golang:1.26-bookworm
 ARG BASE_IMAGE=gcr.io/distroless/static-debian12

@@ -40,7 +40,7 @@ ENV_SRC    := deploy/systemd/cdi-device-plugin.env
 
 export IMAGE
 
-.PHONY: all help tree-check build install uninstall image-host-installer run test unit vet lint helm bench image deploy undeploy render clean bench-dra bench-fleet e2e e2e-next e2e-versions e2e-kind e2e-up e2e-down demo demo-down
+.PHONY: all help tree-check build install uninstall image-host-installer run test unit vet lint helm lint-chart bench image deploy undeploy render clean bench-dra bench-fleet e2e e2e-next e2e-versions e2e-kind e2e-up e2e-down demo demo-down
 
 all: build
 
@@ -102,10 +102,25 @@ helm: ## Build the pinned helm (HELM_VERSION) into $(TOOLS_CACHE) when missing
 	  GOBIN="$(dir $(HELM))" GOFLAGS=-buildvcs=false CGO_ENABLED=0 $(GO) install -ldflags "-s -w" helm.sh/helm/v3/cmd/helm@$(HELM_VERSION); \
 	fi
 
+# The chart: helm lint --strict in every mode, for each Kubernetes version
+# the project supports (the chart's kubeVersion), with its defaults and with
+# the values the e2e suite and the docs install it with
+# (deploy/testdata/helm-lint; values.schema.json checks them all).
+CHART       := deploy/helm/cdi-device-plugin
+CHART_MODES := device-plugin dra per-node
+CHART_LINT_VALUES := $(wildcard deploy/testdata/helm-lint/*.yaml)
+
+lint-chart: helm ## helm lint --strict of the chart: every mode, both supported Kubernetes versions, its defaults and deploy/testdata/helm-lint/*.yaml
+	@set -e; for v in $(K8S_VERSION) $(K8S_NEXT_VERSION); do for m in $(CHART_MODES); do for f in "" $(CHART_LINT_VALUES); do \
+	  if ! out="$$("$(HELM)" lint --strict --quiet $(CHART) --kube-version $$v --set mode=$$m $${f:+-f $$f} 2>&1)"; then \
+	    echo "helm lint --strict $(CHART) --kube-version $$v --set mode=$$m $${f:+-f $$f}:"; echo "$$out"; exit 1; fi; \
+	done; done; done; \
+	echo "helm lint --strict $(CHART): clean in modes $(CHART_MODES), Kubernetes $(K8S_VERSION) and $(K8S_NEXT_VERSION), with its defaults and $(notdir $(CHART_LINT_VALUES))"
+
 unit: helm ## Unit and integration tests with the race detector (needs root for mknod)
 	$(GO) test -race -count=1 ./...
 
-test: vet unit ## What CI runs first: make vet (golangci-lint, the tree check, go vet, gofmt), then make unit (helm build, race-enabled tests)
+test: vet lint-chart unit ## What CI runs first: make vet (golangci-lint, the tree check, go vet, gofmt), make lint-chart (helm lint), then make unit (race-enabled tests)
 
 # make bench: Go benchmarks (cmd/cdi-device-plugin's: UeventToListAndWatch,
 # the whole plugin against the kubelet stand-in), then dp-bench runs our plugin and two peers
@@ -222,7 +237,7 @@ e2e-down: ## Stop the local node and clean up after it
 demo: ## Local node, plugin with 4 devices, a pod using 2: prints what the pod sees; MODE=dra: the DRA driver instead (docs/dra.md)
 	MODE="$(MODE)" e2e/local/demo.sh
 
-demo-down: e2e-down ## Tear the demo down: the node, the plugin's specs, device nodes and state, the DRA claim checkpoint and claim specs
+demo-down: e2e-down ## Tear the demo down: the node, the plugin's specs, device nodes and state, the DRA claim checkpoint, claim specs and device-metadata specs
 
 clean: ## Remove build outputs (bin/, _artifacts/)
 	rm -rf $(BIN) _artifacts

@@ -15,17 +15,19 @@ import (
 	"github.com/cdi-device-plugin/cdi-device-plugin/internal/testutil"
 )
 
-// hostSource makes real char nodes (1:3) at rels below a fresh dev root and
-// returns the first snapshot of a host-device source matching globs.
+// hostSource makes real char nodes at rels below a fresh dev root, each
+// a node of its own (1:3, 1:4, ... in order: one node is one device,
+// whatever its names), and returns the first snapshot of a host-device
+// source matching globs.
 func hostSource(t *testing.T, globs []string, rels ...string) (*device.Source, *device.Snapshot) {
 	t.Helper()
 	root := t.TempDir()
-	for _, rel := range rels {
+	for i, rel := range rels {
 		p := filepath.Join(root, rel)
 		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
 			t.Fatal(err)
 		}
-		if err := unix.Mknod(p, unix.S_IFCHR|0o666, int(unix.Mkdev(1, 3))); err != nil {
+		if err := unix.Mknod(p, unix.S_IFCHR|0o666, int(unix.Mkdev(1, 3+uint32(i)))); err != nil {
 			t.Skipf("cannot create device nodes here (%v): run as root", err)
 		}
 	}
@@ -65,10 +67,13 @@ func TestLegacyAliasRoundTrip(t *testing.T) {
 		t.Fatal(err)
 	}
 	fresh := testutil.FreshCDICache(t, cdiDir)
-	for _, c := range []struct{ name, path string }{
-		{"x-n1-a_b", "/dev/a_b"},  // the checkpointed name of an earlier version
-		{"x-n1-a:_b", "/dev/a_b"}, // the current name
-		{"x-n1-c", "/dev/c"},
+	for _, c := range []struct {
+		name, path string
+		minor      int64
+	}{
+		{"x-n1-a_b", "/dev/a_b", 3},  // the checkpointed name of an earlier version
+		{"x-n1-a:_b", "/dev/a_b", 3}, // the current name
+		{"x-n1-c", "/dev/c", 4},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			q, err := res.Kind.QualifiedName(c.name)
@@ -80,8 +85,8 @@ func TestLegacyAliasRoundTrip(t *testing.T) {
 			if err != nil || len(unresolved) != 0 {
 				t.Fatalf("inject %s: %v %v", q, unresolved, err)
 			}
-			if len(oc.Linux.Devices) != 1 || oc.Linux.Devices[0].Path != c.path || oc.Linux.Devices[0].Major != 1 || oc.Linux.Devices[0].Minor != 3 {
-				t.Fatalf("devices %+v, want %s 1:3", oc.Linux.Devices, c.path)
+			if len(oc.Linux.Devices) != 1 || oc.Linux.Devices[0].Path != c.path || oc.Linux.Devices[0].Major != 1 || oc.Linux.Devices[0].Minor != c.minor {
+				t.Fatalf("devices %+v, want %s 1:%d", oc.Linux.Devices, c.path, c.minor)
 			}
 		})
 	}

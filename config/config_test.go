@@ -395,3 +395,67 @@ func TestIDPrefixBound(t *testing.T) {
 		t.Fatalf("a prefix of %d characters: %v, want a message with the bound", MaxIDPrefix+1, err)
 	}
 }
+
+// TestSharedNodeIsNoOnesOwn: what the configuration shows of a node that
+// would be a device's own and shared, or a device's own and a simulated
+// device's, is refused at load, naming the glob (or the sharedNodes
+// entry) and what else has the node. Nodes that several resources share,
+// and globs beside shared nodes they do not match, are fine.
+func TestSharedNodeIsNoOnesOwn(t *testing.T) {
+	for _, c := range []struct {
+		name, file, field, value string
+		says                     []string
+	}{
+		{
+			name:  "a glob matching its own resource's shared node",
+			file:  "resources:\n- name: example.com/gpu\n  hostDevices: [\"nvidia[0-9]\"]\n  sharedNodes: [nvidia0, nvidiactl]\n",
+			field: "resources[0].hostDevices[0]", value: "nvidia[0-9]", says: []string{"resources[0].sharedNodes[0]", "nvidia0"},
+		},
+		{
+			name: "a glob matching another resource's shared node",
+			file: "resources:\n- name: example.com/gpu\n  pci: {vendor: 10de}\n  sharedNodes: [/dev/nvidiactl]\n" +
+				"- name: example.com/nv\n  hostDevices: [\"/dev/nvidia*\"]\n",
+			field: "resources[1].hostDevices[0]", value: "/dev/nvidia*", says: []string{"resources[0].sharedNodes[0]", "/dev/nvidiactl"},
+		},
+		{
+			name:  "a glob matching a simulated resource's nodes",
+			file:  "resources:\n- name: example.com/fpga\n  count: 4\n  deviceFilePrefix: acme/fpga\n- name: example.com/raw\n  hostDevices: [\"acme/*-3\"]\n",
+			field: "resources[1].hostDevices[0]", value: "acme/*-3", says: []string{"acme/fpga-3", "resources[0]"},
+		},
+		{
+			name:  "a glob before the simulated resource",
+			file:  "resources:\n- name: example.com/raw\n  hostDevices: [\"fpga-*\"]\n- name: example.com/fpga\n  idPrefix: fpga\n  count: 2\n",
+			field: "resources[0].hostDevices[0]", value: "fpga-*", says: []string{"fpga-0", "resources[1]"},
+		},
+		{
+			name:  "a shared node that a simulated resource makes",
+			file:  "resources:\n- name: example.com/fpga\n  idPrefix: fpga\n  count: 2\n- name: example.com/gpu\n  pci: {vendor: 10de}\n  sharedNodes: [/dev/fpga-1]\n",
+			field: "resources[1].sharedNodes[0]", value: "/dev/fpga-1", says: []string{"resources[0]"},
+		},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			_, err := Load(nil, envOf(map[string]string{"CONFIG_FILE": writeFile(t, c.file)}), io.Discard)
+			var fe *FieldError
+			if !errors.Is(err, ErrInvalid) || !errors.As(err, &fe) {
+				t.Fatalf("got %v, want a FieldError", err)
+			}
+			if fe.Field != c.field || fe.Value != c.value {
+				t.Errorf("field %q value %q, want %q %q (%v)", fe.Field, fe.Value, c.field, c.value, err)
+			}
+			for _, w := range c.says {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("%q does not say %q", err, w)
+				}
+			}
+		})
+	}
+	for _, ok := range []string{
+		"resources:\n- name: example.com/a\n  pci: {vendor: 10de, device: \"2330\"}\n  sharedNodes: [nvidiactl]\n- name: example.com/b\n  pci: {vendor: 10de, device: \"2335\"}\n  sharedNodes: [nvidiactl]\n",
+		"resources:\n- name: example.com/gpu\n  hostDevices: [\"nvidia[0-9]\"]\n  sharedNodes: [nvidiactl]\n",
+		"resources:\n- name: example.com/fpga\n  idPrefix: fpga\n  count: 2\n- name: example.com/raw\n  hostDevices: [\"fpga-[2-9]\"]\n",
+	} {
+		if _, err := Load(nil, envOf(map[string]string{"CONFIG_FILE": writeFile(t, ok)}), io.Discard); err != nil {
+			t.Errorf("%q: %v", ok, err)
+		}
+	}
+}

@@ -13,20 +13,11 @@ import (
 // tables name each of them, and deploy/deploy.sh passes on each one a user
 // sets (all but those the DaemonSet sets itself), and no other.
 func TestEnvVarsDocumentedAndDeployable(t *testing.T) {
-	readme, err := os.ReadFile("../docs/configuration.md")
-	if err != nil {
-		t.Fatal(err)
-	}
 	deploy, err := os.ReadFile("../deploy/deploy.sh")
 	if err != nil {
 		t.Fatal(err)
 	}
-	var tableRows []string
-	for _, l := range strings.Split(string(readme), "\n") {
-		if strings.HasPrefix(l, "|") {
-			tableRows = append(tableRows, l)
-		}
-	}
+	tableRows := docTableRows(t)
 	m := regexp.MustCompile(`(?s)ENV_VARS=\((.*?)\)`).FindSubmatch(deploy)
 	if m == nil {
 		t.Fatal("no ENV_VARS=(...) in deploy/deploy.sh")

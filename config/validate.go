@@ -155,7 +155,65 @@ func (c *Config) defaultAndValidate() error {
 			files[r.DeviceFilePrefix] = i
 		}
 	}
+	return c.validateUnowned()
+}
+
+// validateUnowned refuses the nodes the configuration shows to be a
+// device's own and yet no device's: a node every device of a resource
+// shares (sharedNodes), or a node a simulated resource makes, that a
+// hostDevices glob matches (it would be a device of its own, in that
+// resource or another, beside the devices that share it or the simulated
+// device), and a sharedNodes entry that is a simulated resource's node.
+// Discovery finds the rest (symlinks, PCI and USB nodes) and holds such a
+// device back (shared_node).
+func (c *Config) validateUnowned() error {
+	for i := range c.Resources {
+		r := &c.Resources[i]
+		for j, g := range r.HostGlobs {
+			field := fmt.Sprintf("%s[%d]", c.ResourceField(i, "hostDevices"), j)
+			for k := range c.Resources {
+				o := &c.Resources[k]
+				for l, rel := range o.SharedRel {
+					if matches(g, rel) {
+						return fieldErr(field, r.HostDevices[j], "matches %s[%d] (%s): a node the devices of %s share is no device's own; narrow the glob",
+							c.ResourceField(k, "sharedNodes"), l, o.SharedNodes[l], o.Name)
+					}
+				}
+				if !o.Simulated() {
+					continue
+				}
+				for n := range o.DeviceCount() {
+					if rel := simulatedNode(o, n); matches(g, rel) {
+						return fieldErr(field, r.HostDevices[j], "matches %s, the node of simulated device %d of resources[%d] (%s), which the plugin makes: narrow the glob",
+							rel, n, k, o.Name)
+					}
+				}
+			}
+		}
+		for j, rel := range r.SharedRel {
+			for k := range c.Resources {
+				o := &c.Resources[k]
+				if !o.Simulated() {
+					continue
+				}
+				if n, err := strconv.Atoi(strings.TrimPrefix(rel, o.DeviceFilePrefix+"-")); err == nil && n >= 0 && n < o.DeviceCount() && rel == simulatedNode(o, n) {
+					return fieldErr(fmt.Sprintf("%s[%d]", c.ResourceField(i, "sharedNodes"), j), r.SharedNodes[j],
+						"is the node of simulated device %d of resources[%d] (%s), which the plugin makes for that device alone", n, k, o.Name)
+				}
+			}
+		}
+	}
 	return nil
+}
+
+// simulatedNode is the node, relative to the dev root, of simulated
+// device n of r.
+func simulatedNode(r *Resource, n int) string { return r.DeviceFilePrefix + "-" + strconv.Itoa(n) }
+
+// matches reports whether glob g matches rel.
+func matches(g, rel string) bool {
+	ok, _ := path.Match(g, rel)
+	return ok
 }
 
 func (c *Config) validateResource(i int, r *Resource) error {

@@ -20,7 +20,8 @@
 #                   driver runs its second binary, /cdi-dra-driver
 #   PLUGIN_NAME RESOURCE_NAME NUMBER_DEVICES DEVICE_ID_PREFIX ANNOTATION_PREFIX
 #   ENV_PREFIX DEVICE_FILE_PREFIX DEVICE_LIST_STRATEGY LOG_LEVEL LOG_FORMAT
-#   PRESTART_STEPS PRESTART_BUDGET SYS_ROOT PROC_ROOT
+#   PRESTART_STEPS PRESTART_BUDGET FIRMWARE_IMAGE FIRMWARE_SHA256 SYS_ROOT
+#   PROC_ROOT
 #                   passed to the plugin's (and the driver's) container env
 #                   only when set (an explicitly empty value is passed
 #                   through as ""); when unset the binary's default applies.
@@ -51,6 +52,9 @@
 #                   where the driver reaches the API server, when pods cannot
 #                   reach the kubernetes Service (a cluster without
 #                   kube-proxy); set as its KUBERNETES_SERVICE_HOST/PORT
+#   DEVICE_STATUS DEVICE_METADATA STALE_CLAIM_GRACE
+#                   passed to the driver's container env alone, as the
+#                   plugin settings above (docs/configuration.md)
 #
 # Side by side: every deployment is one Namespace plus one DaemonSet named
 # cdi-device-plugin, so two plugins need two namespaces. To make that the
@@ -102,6 +106,14 @@ ENV_VARS=(
 	DEV_ROOT
 )
 
+# The DRA driver's own variables, copied into its container's env alone
+# (the device plugin does not read them) when set, as ENV_VARS.
+DRIVER_VARS=(
+	DEVICE_STATUS
+	DEVICE_METADATA
+	STALE_CLAIM_GRACE
+)
+
 # quote VALUE: set REPLY to VALUE as a double-quoted YAML (= JSON) string, so
 # that "8", "true", "" or "a: b" all stay strings. (Sets a variable instead of
 # printing, so that die is not swallowed by a command substitution.)
@@ -116,6 +128,22 @@ quote() {
 		die "value contains a control character: $(printf '%q' "$1")"
 	fi
 	REPLY="\"${s}\""
+}
+
+# env_entries NAME...: set REPLY to the container env entries (of a
+# DaemonSet patch) of the variables named that are set in the environment,
+# even to "".
+env_entries() {
+	local var out=''
+	for var in "$@"; do
+		# Set, even to "" (${!var+x} rather than [[ -v ]], for bash 3.2).
+		if [[ -n ${!var+x} ]]; then
+			quote "${!var}"
+			out+="            - name: ${var}"$'\n'
+			out+="              value: ${REPLY}"$'\n'
+		fi
+	done
+	REPLY=${out}
 }
 
 # relpath FROM TO: set REPLY to the path of TO relative to the directory FROM
@@ -199,7 +227,7 @@ write_device_classes() {
 # for the DRA modes, the namespaced objects go into DIR/namespaced and DIR
 # adds the cluster-scoped ones, which must not get a namespace.
 write_overlay() {
-	local dir=$1 ns_dir image name tag='' digest='' var env='' dra_env='' patches=''
+	local dir=$1 ns_dir image name tag='' digest='' env='' dra_env='' patches=''
 
 	image=${IMAGE:-cdi-device-plugin:latest}
 	name=${image}
@@ -250,14 +278,8 @@ write_overlay() {
 		fi
 	} >"${ns_dir}/kustomization.yaml"
 
-	for var in "${ENV_VARS[@]}"; do
-		# Set, even to "" (${!var+x} rather than [[ -v ]], for bash 3.2).
-		if [[ -n ${!var+x} ]]; then
-			quote "${!var}"
-			env+="            - name: ${var}"$'\n'
-			env+="              value: ${REPLY}"$'\n'
-		fi
-	done
+	env_entries "${ENV_VARS[@]}"
+	env=${REPLY}
 	if [[ -n ${PLUGIN_CONFIG:-} ]]; then
 		[[ -f ${PLUGIN_CONFIG} && -r ${PLUGIN_CONFIG} ]] || die "PLUGIN_CONFIG: not a readable file: $(printf '%q' "${PLUGIN_CONFIG}")"
 		cp -- "${PLUGIN_CONFIG}" "${ns_dir}/config.yaml"
@@ -317,7 +339,8 @@ write_overlay() {
 			'      name: cdi-device-plugin')"$'\n'
 	fi
 	if [[ ${MODE} != device-plugin ]]; then
-		dra_env=${env}
+		env_entries "${DRIVER_VARS[@]}"
+		dra_env=${env}${REPLY}
 		quote "${DRIVER}"
 		dra_env+="            - name: DRIVER_NAME"$'\n'
 		dra_env+="              value: ${REPLY}"$'\n'

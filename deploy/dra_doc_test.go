@@ -16,6 +16,9 @@ import (
 	resourcev1 "k8s.io/api/resource/v1"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"sigs.k8s.io/yaml"
+
+	"github.com/cdi-device-plugin/cdi-device-plugin/config"
+	"github.com/cdi-device-plugin/cdi-device-plugin/dra"
 )
 
 // draDoc is the walk-through of the DRA driver on the demo node, relative
@@ -44,6 +47,9 @@ func demoRender(t *testing.T, mode string) *objects {
 
 // shBlock is a ```sh block of a Markdown file (indented ones included).
 var shBlock = regexp.MustCompile("(?s)(?:\\A|\n)( *)```sh\n(.*?)\n *```")
+
+// textBlock is a ```text block (an output) of a Markdown file.
+var textBlock = regexp.MustCompile("(?s)```text\n(.*?)\n *```")
 
 // heredoc is the body of a here-document: <<'EOF' or <<EOF up to EOF.
 var heredoc = regexp.MustCompile(`(?s)<<'?EOF'?\n(.*?)\nEOF(?:\n|\z)`)
@@ -111,8 +117,9 @@ func scriptValue(t *testing.T, file, name string) string {
 // deploys (the DeviceClasses and extended resources of e2e/local/demo.sh
 // render), in the test image and on the node the demo node has; the
 // names its commands use (the driver, its taint keys and attributes, the
-// namespace, the node label) are the rendered ones. docs/dra.md itself
-// runs on the demo node.
+// namespace, the node label) are the rendered ones; every resource of the
+// demo's config shows in its outputs: its pool, its first device's row, a
+// handover log line. docs/dra.md itself runs on the demo node.
 func TestDRADoc(t *testing.T) {
 	b, err := os.ReadFile(draDoc)
 	if err != nil {
@@ -230,6 +237,29 @@ func TestDRADoc(t *testing.T) {
 	for _, mode := range regexp.MustCompile(`cdi-device-plugin/mode=([a-z-]+)`).FindAllStringSubmatch(doc, -1) {
 		if !slices.Contains([]string{"dra", "device-plugin"}, mode[1]) {
 			t.Errorf("%s labels a node %s", draDoc, mode[0])
+		}
+	}
+	cfg, err := config.LoadWith(config.DRADriver, []string{"--config", "../e2e/local/demo-dra.yaml", "--node-name", node},
+		func(string) (string, bool) { return "", false }, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The outputs, each line without the indent of a list item's block.
+	var text strings.Builder
+	for _, m := range textBlock.FindAllStringSubmatch(doc, -1) {
+		for _, l := range strings.Split(m[1], "\n") {
+			text.WriteString(strings.TrimLeft(l, " ") + "\n")
+		}
+	}
+	for _, r := range cfg.Resources {
+		for what, want := range map[string]string{
+			"pool":              " " + dra.PoolName(node, r.IDPrefix) + " ",
+			"first device":      "\n" + dra.DeviceName(r.IDPrefix, 0) + "  ",
+			"handover log line": "resource=" + r.Name + "\n",
+		} {
+			if !strings.Contains(text.String(), want) {
+				t.Errorf("%s: no output shows the %s of %s (%q)", draDoc, what, r.Name, want)
+			}
 		}
 	}
 	for _, cmd := range []string{"make demo MODE=dra", "make demo-down"} {

@@ -11,6 +11,8 @@ package deploy_test
 
 import (
 	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -34,6 +36,7 @@ import (
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"sigs.k8s.io/kustomize/api/krusty"
 	"sigs.k8s.io/kustomize/kyaml/filesys"
+	"sigs.k8s.io/yaml"
 )
 
 // TestMain lets the test binary stand in for "kustomize build DIR" when
@@ -105,30 +108,46 @@ func decodeStrict(raw []byte, v any) error {
 	return d.Decode(v)
 }
 
-// decode splits a multi-document YAML stream into its objects; a kind
-// this package does not expect fails the test.
-func decode(t *testing.T, y []byte) *objects {
+// document is one object of a YAML stream, as JSON, with its type.
+type document struct {
+	APIVersion string `json:"apiVersion"`
+	Kind       string `json:"kind"`
+	raw        json.RawMessage
+}
+
+// documents splits a multi-document YAML stream into its objects, leaving
+// out empty documents.
+func documents(t *testing.T, y []byte) []document {
 	t.Helper()
-	o := &objects{raw: y}
+	var out []document
 	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(y), 4096)
 	for {
 		var raw json.RawMessage
 		if err := dec.Decode(&raw); errors.Is(err, io.EOF) {
-			break
+			return out
 		} else if err != nil {
 			t.Fatalf("decode: %v\n%s", err, y)
 		}
 		if len(raw) == 0 || string(raw) == "null" {
 			continue
 		}
-		var tm struct {
-			Kind string `json:"kind"`
-		}
-		if err := json.Unmarshal(raw, &tm); err != nil {
+		d := document{raw: raw}
+		if err := json.Unmarshal(raw, &d); err != nil {
 			t.Fatal(err)
 		}
+		out = append(out, d)
+	}
+}
+
+// decode splits a multi-document YAML stream into its objects; a kind
+// this package does not expect fails the test.
+func decode(t *testing.T, y []byte) *objects {
+	t.Helper()
+	o := &objects{raw: y}
+	for _, d := range documents(t, y) {
+		raw := d.raw
 		var err error
-		switch tm.Kind {
+		switch d.Kind {
 		case "DaemonSet":
 			err = decodeInto(raw, &o.DaemonSets)
 		case "ConfigMap":
@@ -148,10 +167,10 @@ func decode(t *testing.T, y []byte) *objects {
 		case "DeviceClass":
 			err = decodeInto(raw, &o.DeviceClasses)
 		default:
-			t.Fatalf("unexpected kind %q rendered:\n%s", tm.Kind, raw)
+			t.Fatalf("unexpected kind %q rendered:\n%s", d.Kind, raw)
 		}
 		if err != nil {
-			t.Fatalf("%s: %v\n%s", tm.Kind, err, raw)
+			t.Fatalf("%s: %v\n%s", d.Kind, err, raw)
 		}
 	}
 	return o
@@ -249,11 +268,14 @@ func helmRender(t *testing.T, args ...string) *objects {
 	return decode(t, out)
 }
 
-// helmTemplate renders the chart as release r in namespace ns; on failure
-// the output is stderr.
+// helmTemplate renders the chart as release r in namespace ns, for the
+// Kubernetes version the e2e suite runs (the chart's kubeVersion refuses
+// the helm build's default, 1.20, offline); a --kube-version in args wins.
+// On failure the output is stderr.
 func helmTemplate(t *testing.T, args ...string) ([]byte, error) {
 	t.Helper()
-	cmd := exec.Command(helm(t), append([]string{"template", "r", filepath.Join("helm", "cdi-device-plugin"), "--namespace", "ns"}, args...)...)
+	cmd := exec.Command(helm(t), append([]string{"template", "r", filepath.Join("helm", "cdi-device-plugin"), "--namespace", "ns",
+		"--kube-version", scriptValue(t, versionsEnv, "K8S_VERSION")}, args...)...)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	y, err := cmd.Output()
@@ -379,7 +401,9 @@ func clusterWide(o *objects) []objMeta {
 }
 
 // TestDriverRBAC: the driver's account may do what the driver needs and
-// nothing more. Claims: the kubeletplugin helper GETs each claim the
+// nothing more. Slices: the ResourceSlice controller lists and watches
+// them and creates, updates and deletes its own, and the first publish
+// lists and creates; nothing gets or patches one. Claims: the kubeletplugin helper GETs each claim the
 // kubelet asks it to prepare, and nothing lists or watches them; the
 // driver writes its entries of their status.devices by server-side apply
 // (a PATCH of the status), which Kubernetes 1.36 authorizes per driver
@@ -388,7 +412,7 @@ func clusterWide(o *objects) []objMeta {
 func TestDriverRBAC(t *testing.T) {
 	want := func(driver string) []rbacv1.PolicyRule {
 		return []rbacv1.PolicyRule{
-			{APIGroups: []string{"resource.k8s.io"}, Resources: []string{"resourceslices"}, Verbs: []string{"get", "list", "watch", "create", "update", "patch", "delete"}},
+			{APIGroups: []string{"resource.k8s.io"}, Resources: []string{"resourceslices"}, Verbs: []string{"list", "watch", "create", "update", "delete"}},
 			{APIGroups: []string{"resource.k8s.io"}, Resources: []string{"resourceclaims"}, Verbs: []string{"get"}},
 			{APIGroups: []string{""}, Resources: []string{"nodes"}, Verbs: []string{"get", "list", "watch"}},
 			{APIGroups: []string{"resource.k8s.io"}, Resources: []string{"resourceclaims/status"}, Verbs: []string{"patch"}},
@@ -420,6 +444,60 @@ func TestDriverRBAC(t *testing.T) {
 	t.Run("helm/dra.driverName", func(t *testing.T) {
 		check(t, renderers()[2].render(t, "dra", "--set", "env.RESOURCE_NAME=e2e.cdi.dev/sim", "--set", "dra.driverName=gpu.example.com"), "gpu.example.com")
 	})
+}
+
+// rbacDocs are the documents that list the driver's API access.
+var rbacDocs = []string{"README.md", "../docs/configuration.md", "../docs/host-install.md"}
+
+// rbacVerb is an RBAC verb as a document writes it, in backquotes or not.
+const rbacVerb = "`?((?:associated|arbitrary)-node:[a-z]+|get|list|watch|create|update|patch|delete|deletecollection)\\b`?"
+
+// docVerbs finds, in a document, the lists of verbs it gives a resource:
+// "`resource` verb, verb, ..." or "`resource` (verb, verb, ...)".
+func docVerbs(doc, resource string) [][]string {
+	list := regexp.MustCompile("`" + regexp.QuoteMeta(resource) + "`\\s*\\(?\\s*(" + rbacVerb + "(?:,\\s*" + rbacVerb + ")*)")
+	verb := regexp.MustCompile(rbacVerb)
+	var out [][]string
+	for _, m := range list.FindAllStringSubmatch(doc, -1) {
+		var vs []string
+		for _, v := range verb.FindAllStringSubmatch(m[1], -1) {
+			vs = append(vs, v[1])
+		}
+		slices.Sort(vs)
+		out = append(out, vs)
+	}
+	return out
+}
+
+// TestRBACDocs: every document that lists the driver's API access lists
+// the verbs the ClusterRole grants: those of resourceslices, resourceclaims
+// and nodes, and the two rules of the claims' status (a host-process
+// driver needs them too).
+func TestRBACDocs(t *testing.T) {
+	o := kustomizeRender(t, filepath.Join("modes", "dra"))
+	if len(o.ClusterRoles) != 1 {
+		t.Fatalf("%d ClusterRoles", len(o.ClusterRoles))
+	}
+	for _, doc := range rbacDocs {
+		b, err := os.ReadFile(doc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range o.ClusterRoles[0].Rules {
+			res := r.Resources[0]
+			want := slices.Clone(r.Verbs)
+			slices.Sort(want)
+			said := docVerbs(string(b), res)
+			if len(said) == 0 {
+				t.Errorf("%s does not list the verbs on %s (%v)", doc, res, want)
+			}
+			for _, vs := range said {
+				if !slices.Equal(vs, want) {
+					t.Errorf("%s lists %s %v; the ClusterRole grants %v", doc, res, vs, want)
+				}
+			}
+		}
+	}
 }
 
 // disjoint: no node can carry labels that both selectors select (a key
@@ -1152,6 +1230,69 @@ func TestDeployScriptSettings(t *testing.T) {
 	}
 }
 
+// scriptList is the words of the bash array NAME=( ... ) of deploy.sh.
+func scriptList(t *testing.T, name string) []string {
+	t.Helper()
+	b, err := os.ReadFile("deploy.sh")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`(?m)^` + name + `=\(([^)]*)\)`).FindSubmatch(b)
+	if m == nil {
+		t.Fatalf("deploy.sh has no %s=(...)", name)
+	}
+	return strings.Fields(string(m[1]))
+}
+
+// TestDeployScriptDriverVars: the DRA driver's own settings the docs
+// recommend (DEVICE_STATUS, DEVICE_METADATA, STALE_CLAIM_GRACE) reach the
+// driver's container when set, and not the device plugin's, which does
+// not read them.
+func TestDeployScriptDriverVars(t *testing.T) {
+	want := map[string]string{"DEVICE_STATUS": "false", "DEVICE_METADATA": "false", "STALE_CLAIM_GRACE": "10m"}
+	vars := []string{"MODE=per-node"}
+	for k, v := range want {
+		vars = append(vars, k+"="+v)
+	}
+	out, err := deployScript(t, vars...)
+	if err != nil {
+		t.Fatalf("deploy.sh render: %v\n%s", err, out)
+	}
+	o := decode(t, out)
+	env := func(c string) map[string]string {
+		got := map[string]string{}
+		for _, e := range o.daemonSet(t, c).Spec.Template.Spec.Containers[0].Env {
+			got[e.Name] = e.Value
+		}
+		return got
+	}
+	drv, dp := env(driverContainer), env(pluginContainer)
+	for k, v := range want {
+		if got, ok := drv[k]; !ok || got != v {
+			t.Errorf("the driver's env %s = %q (set: %v), want %q", k, got, ok, v)
+		}
+		if got, ok := dp[k]; ok {
+			t.Errorf("the device plugin's env has %s = %q: only the driver reads it", k, got)
+		}
+	}
+}
+
+// TestDeployScriptVarsDocumented: every variable deploy.sh passes to the
+// containers has a row in deploy/README.md's tables.
+func TestDeployScriptVarsDocumented(t *testing.T) {
+	doc, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, list := range []string{"ENV_VARS", "DRIVER_VARS"} {
+		for _, v := range scriptList(t, list) {
+			if !regexp.MustCompile("(?m)^\\| (`[A-Z_]+`, )*`" + v + "`[ ,]").Match(doc) {
+				t.Errorf("deploy/README.md has no row for %s (deploy.sh's %s)", v, list)
+			}
+		}
+	}
+}
+
 // TestDeployScriptRefuses: bad settings fail before anything is rendered,
 // with a message naming the setting.
 func TestDeployScriptRefuses(t *testing.T) {
@@ -1220,6 +1361,50 @@ func TestHelmValues(t *testing.T) {
 	}
 }
 
+// TestHelmConfigRollsTheDriver: the chart's ConfigMap has a fixed name,
+// so helm upgrade with another config changes no pod template by itself.
+// The device plugin reloads the mounted file live; the DRA driver reads
+// it only at start, so its pod template carries the config's checksum
+// (checksum/config) and a new config rolls it. The plugin's template
+// carries none: a roll would restart it for nothing. Without a config
+// neither has one (TestHelmMatchesKustomize compares the annotations).
+func TestHelmConfigRollsTheDriver(t *testing.T) {
+	const key = "checksum/config"
+	other := "resources:\n  - name: example.com/sim\n    count: 3\n    idPrefix: sim\n"
+	file, err := os.ReadFile("testdata/config.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := func(s string) string {
+		h := sha256.Sum256([]byte(s))
+		return hex.EncodeToString(h[:])
+	}
+	annotations := func(t *testing.T, args ...string) (plugin, driver map[string]string) {
+		t.Helper()
+		o := helmRender(t, append([]string{"--set", "mode=per-node"}, args...)...)
+		return o.daemonSet(t, pluginContainer).Spec.Template.Annotations, o.daemonSet(t, driverContainer).Spec.Template.Annotations
+	}
+	p1, d1 := annotations(t, "--set-file", "config=testdata/config.yaml")
+	p2, d2 := annotations(t, "--set-string", "config="+other)
+	if d1[key] != sum(string(file)) || d2[key] != sum(other) {
+		t.Errorf("the driver's %s is %q and %q, want the configs' sha256 %s and %s", key, d1[key], d2[key], sum(string(file)), sum(other))
+	}
+	if d1[key] == d2[key] {
+		t.Errorf("the driver's pod template is the same with two configs (%s %q): helm upgrade would not roll it", key, d1[key])
+	}
+	for _, p := range []map[string]string{p1, p2} {
+		if v, ok := p[key]; ok {
+			t.Errorf("the device plugin's pod template has %s %q: it reloads its config live, a roll restarts it for nothing", key, v)
+		}
+	}
+	p0, d0 := annotations(t)
+	for what, a := range map[string]map[string]string{"plugin": p0, "driver": d0} {
+		if v, ok := a[key]; ok {
+			t.Errorf("without a config the %s's pod template has %s %q", what, key, v)
+		}
+	}
+}
+
 // TestHelmRefuses: bad values fail the render with a message naming them.
 func TestHelmRefuses(t *testing.T) {
 	for _, c := range []struct {
@@ -1247,6 +1432,10 @@ func TestHelmRefuses(t *testing.T) {
 	}
 }
 
+// versionsEnv pins the Kubernetes versions the project supports, among
+// others, relative to this package.
+const versionsEnv = "../e2e/versions.env"
+
 // TestHelmLint: helm lint passes on the chart, in every mode.
 func TestHelmLint(t *testing.T) {
 	h := helm(t)
@@ -1257,6 +1446,158 @@ func TestHelmLint(t *testing.T) {
 				t.Fatalf("helm lint: %v\n%s", err, out)
 			}
 		})
+	}
+}
+
+// chartMeta is what Chart.yaml says of the versions.
+type chartMeta struct {
+	AppVersion  string `json:"appVersion"`
+	KubeVersion string `json:"kubeVersion"`
+}
+
+// TestChartVersions: the chart deploys the image tagged with its pinned
+// appVersion unless image.tag says another, and its kubeVersion is the
+// range of Kubernetes minors the project supports (e2e/versions.env:
+// K8S_VERSION's to K8S_NEXT_VERSION's): helm refuses a version outside
+// it, the minors before and after, and takes both pinned versions.
+func TestChartVersions(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join("helm", "cdi-device-plugin", "Chart.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var meta chartMeta
+	if err := yaml.Unmarshal(b, &meta); err != nil {
+		t.Fatal(err)
+	}
+	if !regexp.MustCompile(`^\d+\.\d+\.\d+$`).MatchString(meta.AppVersion) {
+		t.Errorf("Chart.yaml appVersion %q: want a pinned version (x.y.z), not a moving tag", meta.AppVersion)
+	}
+	images := func(t *testing.T, args ...string) []string {
+		t.Helper()
+		o := helmRender(t, append([]string{"--set", "mode=per-node"}, args...)...)
+		return []string{o.daemonSet(t, pluginContainer).Spec.Template.Spec.Containers[0].Image,
+			o.daemonSet(t, driverContainer).Spec.Template.Spec.Containers[0].Image}
+	}
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{nil, "cdi-device-plugin:" + meta.AppVersion},
+		{[]string{"--set", "image.repository=reg.example/cdp", "--set", "image.tag=v9"}, "reg.example/cdp:v9"},
+	} {
+		for _, got := range images(t, c.args...) {
+			if got != c.want {
+				t.Errorf("with %q the image is %s, want %s", c.args, got, c.want)
+			}
+		}
+	}
+
+	minor := func(name string) int {
+		v := scriptValue(t, versionsEnv, name)
+		m := regexp.MustCompile(`^v1\.(\d+)\.\d+$`).FindStringSubmatch(v)
+		if m == nil {
+			t.Fatalf("%s %s=%s: not v1.<minor>.<patch>", versionsEnv, name, v)
+		}
+		n, err := strconv.Atoi(m[1])
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	lo, hi := minor("K8S_VERSION"), minor("K8S_NEXT_VERSION")
+	if want := fmt.Sprintf(">=1.%d.0-0 <1.%d.0-0", lo, hi+1); meta.KubeVersion != want {
+		t.Errorf("Chart.yaml kubeVersion %q, want %q (%s)", meta.KubeVersion, want, versionsEnv)
+	}
+	for _, c := range []struct {
+		version string
+		ok      bool
+	}{
+		{fmt.Sprintf("v1.%d.9", lo-1), false},
+		{scriptValue(t, versionsEnv, "K8S_VERSION"), true},
+		{scriptValue(t, versionsEnv, "K8S_NEXT_VERSION"), true},
+		{fmt.Sprintf("v1.%d.0", hi+1), false},
+	} {
+		out, err := helmTemplate(t, "--kube-version", c.version)
+		if (err == nil) != c.ok {
+			t.Errorf("helm template for Kubernetes %s: %v, want it to pass: %v\n%s", c.version, err, c.ok, out)
+		}
+		if !c.ok && !strings.Contains(string(out), "incompatible") {
+			t.Errorf("helm template for Kubernetes %s failed without saying it is incompatible:\n%s", c.version, out)
+		}
+	}
+}
+
+// lintValues are value files of the settings the e2e suite and the docs
+// install the chart with; make lint-chart lints the chart with each.
+func lintValues(t *testing.T) []string {
+	t.Helper()
+	files, err := filepath.Glob(filepath.Join("testdata", "helm-lint", "*.yaml"))
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no testdata/helm-lint/*.yaml (%v)", err)
+	}
+	return files
+}
+
+// TestHelmSchema: values.schema.json takes the chart's defaults and the
+// values the e2e suite and the docs use (every mode), and refuses a
+// misspelt key anywhere, naming it: a key the chart does not read would
+// otherwise be ignored. Its env names are the variables deploy.sh
+// passes (ENV_VARS, DRIVER_VARS), DRIVER_NAME and the Go runtime's.
+func TestHelmSchema(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join("helm", "cdi-device-plugin", "values.schema.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var schema struct {
+		Properties struct {
+			Env struct {
+				Properties map[string]json.RawMessage `json:"properties"`
+			} `json:"env"`
+		} `json:"properties"`
+	}
+	if err := json.Unmarshal(b, &schema); err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for k := range schema.Properties.Env.Properties {
+		got = append(got, k)
+	}
+	want := append(append(scriptList(t, "ENV_VARS"), scriptList(t, "DRIVER_VARS")...), "DRIVER_NAME")
+	slices.Sort(got)
+	slices.Sort(want)
+	if !slices.Equal(got, want) {
+		t.Errorf("values.schema.json's env names %v, want deploy.sh's variables and DRIVER_NAME %v", got, want)
+	}
+
+	for _, mode := range modes {
+		for _, f := range append([]string{""}, lintValues(t)...) {
+			args := []string{"--set", "mode=" + mode}
+			if f != "" {
+				args = append(args, "-f", f)
+			}
+			if out, err := helmTemplate(t, args...); err != nil {
+				t.Errorf("helm template %q: %v\n%s", args, err, out)
+			}
+		}
+	}
+	for _, c := range []struct{ set, key string }{
+		{"imag.tag=v1", "imag"},
+		{"image.tga=v1", "tga"},
+		{"env.NUMBER_DEVICE=8", "NUMBER_DEVICE"},
+		{"metrics.prot=9500", "prot"},
+		{"dra.driverNam=gpu.example.com", "driverNam"},
+		{"dra.apiServer.hots=10.0.0.1", "hots"},
+		{"resources.request.cpu=1", "request"},
+		{"tolerations[0].operater=Exists", "operater"},
+	} {
+		out, err := helmTemplate(t, "--set", "mode=dra", "--set", c.set)
+		if err == nil {
+			t.Errorf("--set %s rendered", c.set)
+			continue
+		}
+		if !strings.Contains(string(out), "'"+c.key+"' not allowed") {
+			t.Errorf("--set %s failed without naming %s:\n%s", c.set, c.key, out)
+		}
 	}
 }
 

@@ -181,8 +181,9 @@ func TestHealthFollowsNodes(t *testing.T) {
 func TestHostDevices(t *testing.T) {
 	fn := useFakeNodes(t)
 	root := t.TempDir()
-	for _, n := range []string{"ttyX0", "ttyX1"} {
-		if err := fn.mknod(filepath.Join(root, n), unix.S_IFCHR|0o666, int(unix.Mkdev(4, 64))); err != nil {
+	// Two nodes (4:64, 4:65): one node is one device, whatever its names.
+	for i, n := range []string{"ttyX0", "ttyX1"} {
+		if err := fn.mknod(filepath.Join(root, n), unix.S_IFCHR|0o666, int(unix.Mkdev(4, 64+uint32(i)))); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -299,8 +300,9 @@ func TestWildcardDirectoriesWatched(t *testing.T) {
 func TestHostIDsInjective(t *testing.T) {
 	fn := useFakeNodes(t)
 	root := t.TempDir()
-	for _, p := range []string{"net/tun", "net_tun", "a_/b", "a/_b", "c:d", "c_d"} {
-		fn.make(t, filepath.Join(root, p), 10, 200)
+	// Six nodes: one node is one device, whatever its names.
+	for i, p := range []string{"net/tun", "net_tun", "a_/b", "a/_b", "c:d", "c_d"} {
+		fn.make(t, filepath.Join(root, p), 10, 200+uint32(i))
 	}
 	s, err := NewSource(Options{DevRoot: root, IDPrefix: "x", HostGlobs: []string{"net/tun", "net_tun", "a_/b", "a/_b", "c:d", "c_d"}})
 	if err != nil {

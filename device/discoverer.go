@@ -3,6 +3,7 @@ package device
 import (
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -85,12 +86,22 @@ func newDiscoverer(o Options) (discoverer, finder) {
 }
 
 // globs finds existing nodes matched by HostGlobs; a device is its node,
-// keyed by its path, and healthy while it is there.
+// keyed by the path it takes, and healthy while it is there. The aliases
+// of one node (udev's by-id and by-path names, the kernel's name: one
+// type and major:minor) are one device: it takes the name it is known by
+// (the registry; of two, the one with the lower index), else the first
+// name the globs match (globs in order, each one's matches sorted). A
+// partition whose disk the globs match too (Options.DiskOf) is a node of
+// its disk's device, not a device: whoever has the disk can write it.
 type globs struct{}
 
 func (globs) find(s *Source) (map[string]candidate, []string) {
 	out := map[string]candidate{}
 	var order []string
+	// byNode is the name each node found so far takes; aliases the other
+	// names of a node, by the name it takes.
+	byNode := map[nodeKey]string{}
+	var aliases map[string][]string
 	for _, g := range s.opts.HostGlobs {
 		matches, _ := filepath.Glob(filepath.Join(s.root, g))
 		for _, m := range matches {
@@ -111,6 +122,15 @@ func (globs) find(s *Source) (map[string]candidate, []string) {
 				}
 				continue
 			}
+			key := keyOf(Node{HostPath: m, Type: t, Major: major, Minor: minor})
+			if first, ok := byNode[key]; ok {
+				if aliases == nil {
+					aliases = map[string][]string{}
+				}
+				aliases[first] = append(aliases[first], rel)
+				continue
+			}
+			byNode[key] = rel
 			numa := NoNUMA
 			if s.opts.NUMAOf != nil {
 				numa = s.opts.NUMAOf(t, major, minor)
@@ -119,7 +139,78 @@ func (globs) find(s *Source) (map[string]candidate, []string) {
 			order = append(order, rel)
 		}
 	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.notDevices = nil
+	for first, others := range aliases {
+		names := append([]string{first}, others...)
+		name := s.knownAlias(names)
+		if name != first {
+			c := out[first]
+			delete(out, first)
+			c.key, c.suffix, c.node.HostPath = name, HostSuffix(name), name
+			out[name] = c
+			order[slices.Index(order, first)] = name
+			byNode[keyOf(Node{HostPath: filepath.Join(s.root, name), Type: c.node.Type, Major: c.node.Major, Minor: c.node.Minor})] = name
+		}
+		for _, a := range names {
+			if a != name {
+				s.notDevice(a, name, false)
+			}
+		}
+	}
+	order = s.foldPartitions(out, order, byNode)
 	return out, order
+}
+
+// foldPartitions makes each partition found (cands, in order) whose disk
+// is found too (byNode: the name each node takes) a node of its disk's
+// device, and returns the order without them. s.mu is held.
+func (s *Source) foldPartitions(cands map[string]candidate, order []string, byNode map[nodeKey]string) []string {
+	if s.opts.DiskOf == nil {
+		return order
+	}
+	kept := order[:0:0]
+	for _, rel := range order {
+		c := cands[rel]
+		if c.node.Type == Block {
+			if major, minor, ok := s.opts.DiskOf(c.node.Major, c.node.Minor); ok {
+				if disk, found := byNode[nodeKey{t: Block, major: major, minor: minor}]; found {
+					d := cands[disk]
+					d.extra = append(d.extra, c.node)
+					cands[disk] = d
+					delete(cands, rel)
+					s.notDevice(rel, disk, true)
+					continue
+				}
+			}
+		}
+		kept = append(kept, rel)
+	}
+	return kept
+}
+
+// notDevice records that name, which the globs match, is no device: it is
+// another name of the node of device of (an alias), or a partition of
+// the disk of device of. s.mu is held.
+func (s *Source) notDevice(name, of string, partition bool) {
+	if s.notDevices == nil {
+		s.notDevices = map[string]notDevice{}
+	}
+	s.notDevices[name] = notDevice{of: of, partition: partition}
+}
+
+// knownAlias is the name, of names (aliases of one node, the first the
+// globs matched first), that the node's device takes: the one known with
+// the lowest index, else the first. s.mu is held.
+func (s *Source) knownAlias(names []string) string {
+	best, index := names[0], -1
+	for _, n := range names {
+		if d, ok := s.known[n]; ok && (index < 0 || d.Index < index) {
+			best, index = n, d.Index
+		}
+	}
+	return best
 }
 
 func (globs) health(*Source, Device) Problem { return Problem{} }

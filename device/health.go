@@ -34,9 +34,12 @@ const (
 	// driver, or of another vendor or device ID; a USB device of another
 	// vendor, product or serial on its port): it keeps its old nodes.
 	CauseIdentityChanged
-	// CauseSharedNode means one of its host nodes, not a sharedNodes
-	// entry, is also a node of another device, of this resource or of
-	// another one of the process (Owners): neither is handed out.
+	// CauseSharedNode means one of its host nodes (a type and
+	// major:minor, whatever its path; a partition is a node of its disk)
+	// is also a node of another device, of this resource or of another
+	// one of the process (Owners): neither is handed out. Or it is a node
+	// no device may have as its own: a sharedNodes entry, or the node of a
+	// simulated device.
 	CauseSharedNode
 )
 

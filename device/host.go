@@ -78,11 +78,14 @@ func (s *Source) sharedNodes() []Node {
 }
 
 // sharedBeside is shared without the nodes that are d's own or other
-// nodes already (sharedNodes naming /dev/vfio/vfio, which a vfio-pci
-// function has of its own): a node appears once in a device.
+// nodes already, by path or by node (sharedNodes naming /dev/vfio/vfio,
+// which a vfio-pci function has of its own): a node appears once in a
+// device.
 func sharedBeside(shared []Node, d *Device) []Node {
+	same := func(a, b Node) bool { return a.HostPath == b.HostPath || keyOf(a) == keyOf(b) }
 	mine := func(n Node) bool {
-		return n.HostPath == d.HostPath || slices.ContainsFunc(d.Extra, func(e Node) bool { return e.HostPath == n.HostPath })
+		return same(n, Node{HostPath: d.HostPath, Type: d.Type, Major: d.Major, Minor: d.Minor}) ||
+			slices.ContainsFunc(d.Extra, func(e Node) bool { return same(e, n) })
 	}
 	if !slices.ContainsFunc(shared, mine) {
 		return shared
@@ -182,7 +185,7 @@ func (s *Source) scanHost(snap *Snapshot) *Snapshot {
 		case wrong:
 			d.SetProblem(Problem{Cause: CauseIdentityChanged, Message: why})
 		case !found:
-			d.SetProblem(Problem{Cause: CauseMissing})
+			d.SetProblem(s.notFound(k))
 		default:
 			d.SetProblem(s.disc.health(s, d))
 		}
@@ -190,6 +193,33 @@ func (s *Source) scanHost(snap *Snapshot) *Snapshot {
 	}
 	sort.Slice(snap.Devices, func(i, j int) bool { return snap.Devices[i].Index < snap.Devices[j].Index })
 	return snap
+}
+
+// notDevice is why a name the globs match is no device: it names the node
+// of device of (another name of it), or, with partition, a partition of
+// the disk that is the node of device of.
+type notDevice struct {
+	of        string
+	partition bool
+}
+
+// notFound is the problem of known device k that the scan did not find:
+// missing, and for a name that is now another device's node (an alias) or
+// a partition of it, that said. s.mu is held.
+func (s *Source) notFound(k string) Problem {
+	nd, ok := s.notDevices[k]
+	if !ok {
+		return Problem{Cause: CauseMissing}
+	}
+	what := "an alias of"
+	if nd.partition {
+		what = "a partition of"
+	}
+	of := filepath.Join(s.root, nd.of)
+	if d, known := s.known[nd.of]; known {
+		return Problemf(CauseMissing, "%s is %s %s, the node of %s: a node of that device", filepath.Join(s.root, k), what, of, d.Name)
+	}
+	return Problemf(CauseMissing, "%s is %s %s: a node of its device", filepath.Join(s.root, k), what, of)
 }
 
 // nodesStatus checks a discovered device's own and other nodes on disk.

@@ -21,12 +21,24 @@ const RegistryVersion = 1
 // of the format (a newer plugin, before a downgrade).
 var ErrRegistryVersion = errors.New("unknown registry version")
 
-// ErrRegistry is returned by Prepare for a registry file that does not
-// parse and cannot be rebuilt from the resource's CDI spec (Options.
-// Described): handing its IDs and indexes out again in discovery order
-// could give an ID a container holds to other hardware, so the source
-// refuses to start, and leaves the file as it is.
+// ErrRegistry is returned by Prepare for a registry file that cannot be
+// used as it is (it does not parse, or repeats an index, ID or key; or it
+// is missing or lists no device while the resource's CDI spec may
+// describe devices) and cannot be rebuilt from the resource's CDI spec
+// (Options.Described): handing its IDs and indexes out again in discovery
+// order could give an ID a container holds to other hardware, so the
+// source refuses to start, and leaves the file as it is.
 var ErrRegistry = errors.New("unusable device registry")
+
+// ErrNoSpec is what Options.Described's error wraps when the resource has
+// no CDI spec on disk: nothing describes its devices.
+var ErrNoSpec = errors.New("no CDI spec")
+
+// ErrForeignSpec is what Options.Described's error wraps when the CDI spec
+// on disk is not the resource's own (another deployment's, another
+// owner's: a plugin renamed, or run in a namespace since): what it
+// describes are not its devices.
+var ErrForeignSpec = errors.New("a CDI spec that is not ours")
 
 // Described is a device as the resource's CDI spec on disk describes it,
 // written by an earlier run (Options.Described).
@@ -79,28 +91,37 @@ type registryEntry struct {
 	Described *Identity `json:"described,omitempty"`
 }
 
-// loadRegistry restores the host devices seen by earlier runs. A missing
-// file is an empty registry; one that does not parse is rebuilt from the
-// resource's CDI spec (rebuildRegistry), or refused (ErrRegistry). Entries that the configuration no longer
-// gives (another ID prefix or node name, a path no glob matches) are
-// dropped, but their indexes are not given to anyone else.
+// loadRegistry restores the host devices seen by earlier runs. A registry
+// that is missing, or that lists no device, is no first start while the
+// resource's CDI spec describes devices: it is rebuilt from the spec
+// (rebuildRegistry), as one that does not parse, or that gives one index,
+// ID or key to two entries; or refused (ErrRegistry). Entries that the
+// configuration no longer gives (another ID prefix or node name, a path
+// no glob matches) are dropped, but their indexes are not given to anyone
+// else.
 func (s *Source) loadRegistry() error {
 	if s.opts.Registry == "" {
 		return nil
 	}
 	data, err := os.ReadFile(s.opts.Registry)
 	if errors.Is(err, fs.ErrNotExist) {
-		return nil
+		return s.rebuildRegistry(lostRegistry{why: "is missing"})
 	}
 	if err != nil {
 		return fmt.Errorf("device registry: %w", err)
 	}
 	var f registryFile
 	if err := json.Unmarshal(data, &f); err != nil {
-		return s.rebuildRegistry(err)
+		return s.rebuildRegistry(lostRegistry{why: fmt.Sprintf("does not parse (%v)", err), present: true, broken: true})
 	}
 	if f.Version != RegistryVersion {
 		return fmt.Errorf("device registry %s: version %d: %w (this plugin reads version %d)", s.opts.Registry, f.Version, ErrRegistryVersion, RegistryVersion)
+	}
+	if len(f.Devices) == 0 {
+		return s.rebuildRegistry(lostRegistry{why: "lists no device", present: true})
+	}
+	if why := repeated(f.Devices); why != "" {
+		return s.rebuildRegistry(lostRegistry{why: why, present: true, broken: true})
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -108,9 +129,6 @@ func (s *Source) loadRegistry() error {
 		s.nextIndex = max(s.nextIndex, e.Index+1)
 		if !s.disc.registered(s, e) || e.Index < 0 || (e.Type != Char && e.Type != Block) {
 			s.log.WithField("device", e.ID).WithField("path", e.Path).Info("forgetting a host device the configuration no longer gives")
-			continue
-		}
-		if _, dup := s.known[e.Path]; dup {
 			continue
 		}
 		rel := s.disc.entryNode(e)
@@ -128,6 +146,24 @@ func (s *Source) loadRegistry() error {
 		s.known[e.Path] = d
 	}
 	return nil
+}
+
+// repeated says which index, ID or key two entries of a registry have
+// ("" when none): such a registry would give one ID to two devices.
+func repeated(entries []registryEntry) string {
+	index, id, key := map[int]string{}, map[string]bool{}, map[string]bool{}
+	for _, e := range entries {
+		switch {
+		case index[e.Index] != "":
+			return fmt.Sprintf("gives index %d to %s and %s", e.Index, index[e.Index], e.Path)
+		case id[e.ID]:
+			return fmt.Sprintf("gives ID %s to two entries", e.ID)
+		case key[e.Path]:
+			return fmt.Sprintf("lists %s twice", e.Path)
+		}
+		index[e.Index], id[e.ID], key[e.Path] = e.Path, true, true
+	}
+	return ""
 }
 
 // matchesGlob reports whether rel is a clean path inside the root that one
@@ -176,26 +212,53 @@ func (s *Source) saveRegistry() {
 	}
 }
 
-// rebuildRegistry rebuilds a registry that does not parse (bad: why) from
-// the devices the resource's CDI spec on disk describes (Options.
-// Described), which name every device an earlier run advertised, and so
-// every ID a container can hold: each keeps its ID and index, and new
-// devices get indexes above theirs. A glob device is keyed by its node; a
-// device found by identity waits, as a vanished one, for the first device
-// found that is the same hardware (sameHardware), which takes its ID and
-// index. The unreadable file is kept aside as <file>.corrupt. Without a
-// spec that can be trusted (none, not ours, an index it does not say), it
-// refuses with ErrRegistry and touches nothing.
-func (s *Source) rebuildRegistry(bad error) error {
+// lostRegistry is why the registry cannot be used as it is: why (said
+// after its name), whether the file is there (present), and whether it is
+// broken (it does not parse, or repeats an entry): a registry that is
+// missing or lists no device is a first start when nothing describes
+// devices; a broken one never is.
+type lostRegistry struct {
+	why             string
+	present, broken bool
+}
+
+// rebuildRegistry rebuilds a registry that cannot be used as it is (lost
+// says why) from the devices the resource's CDI spec on disk describes
+// (Options.Described), which name every device an earlier run
+// advertised, and so every ID a container can hold: each keeps its ID and
+// index, and new devices get indexes above theirs. A glob device is keyed
+// by its node; a device found by identity waits, as a vanished one, for
+// the first device found that is the same hardware (sameHardware), which
+// takes its ID and index. A file that is there is kept aside as
+// <file>.corrupt. A registry that is missing or lists no device, with no
+// spec of the resource's own (ErrNoSpec, ErrForeignSpec) or one that
+// describes none of the resource's devices, is a first start. Otherwise,
+// without a spec that can be trusted (none, not ours, one that does not
+// parse, an index it does not say), it refuses with ErrRegistry and
+// touches nothing.
+func (s *Source) rebuildRegistry(lost lostRegistry) error {
 	refuse := func(why string) error {
-		return fmt.Errorf("device registry %s does not parse (%v), and cannot be rebuilt: %s: %w; "+
-			"it keeps the IDs and indexes that containers hold: only if no pod holds a device of this resource, "+
-			"remove %s and the resource's CDI spec, then start again", s.opts.Registry, bad, why, ErrRegistry, s.opts.Registry)
+		out := "only if no pod holds a device of this resource, remove the resource's CDI spec, then start again"
+		if lost.present {
+			out = fmt.Sprintf("only if no pod holds a device of this resource, remove %s and the resource's CDI spec, then start again", s.opts.Registry)
+		}
+		return fmt.Errorf("device registry %s %s, and cannot be rebuilt: %s: %w; it keeps the IDs and indexes that containers hold: %s",
+			s.opts.Registry, lost.why, why, ErrRegistry, out)
 	}
 	if s.opts.Described == nil {
+		if !lost.broken {
+			return nil // nothing describes devices: a first start
+		}
 		return refuse("no CDI spec to rebuild it from")
 	}
 	descs, err := s.opts.Described()
+	if (errors.Is(err, ErrNoSpec) || errors.Is(err, ErrForeignSpec)) && !lost.broken {
+		if errors.Is(err, ErrForeignSpec) {
+			s.log.WithError(err).WithField("registry", s.opts.Registry).WithField("reason", lost.why).
+				Warn("the device registry is lost and the resource's CDI spec is not ours: a first start")
+		}
+		return nil
+	}
 	if err != nil {
 		return refuse(err.Error())
 	}
@@ -233,16 +296,22 @@ func (s *Source) rebuildRegistry(bad error) error {
 			Type: ds.Node.Type, Major: ds.Node.Major, Minor: ds.Node.Minor, NUMANode: NoNUMA, Identity: ds.Identity,
 		}
 	}
-	aside := s.opts.Registry + ".corrupt"
-	if err := os.Rename(s.opts.Registry, aside); err != nil {
-		return fmt.Errorf("device registry: %w", err)
+	if len(known) == 0 && !lost.broken {
+		return nil // the spec describes none of ours: a first start
+	}
+	log := s.log.WithField("reason", lost.why).WithField("devices", len(known))
+	if lost.present {
+		aside := s.opts.Registry + ".corrupt"
+		if err := os.Rename(s.opts.Registry, aside); err != nil {
+			return fmt.Errorf("device registry: %w", err)
+		}
+		log = log.WithField("kept", aside)
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.known, s.nextIndex, s.recovered = known, next, true
 	s.saveRegistry()
-	s.log.WithError(bad).WithField("kept", aside).WithField("devices", len(known)).
-		Warn("the device registry did not parse; rebuilt from the CDI spec, every device keeps its ID and index")
+	log.Warn("the device registry could not be used as it is; rebuilt from the CDI spec, every device keeps its ID and index")
 	return nil
 }
 

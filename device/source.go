@@ -73,6 +73,13 @@ type Options struct {
 	// NUMAOf, when set, gives host glob devices their NUMA node from
 	// their numbers (sysfs.NUMAOfNode); NoNUMA when unknown.
 	NUMAOf func(t NodeType, major, minor uint32) int
+	// DiskOf, when set, tells a partition from its disk: for the block
+	// node major:minor, the numbers of the disk it is a partition of, and
+	// true; false for a whole disk or what it cannot tell (sysfs.DiskOf).
+	// A partition belongs to its disk: within one resource it is a node of
+	// its disk's device, across resources it and its disk are one node
+	// (Owners).
+	DiskOf func(major, minor uint32) (diskMajor, diskMinor uint32, ok bool)
 	// ContainerPath, when set, says where the own node (rel, relative to
 	// DevRoot) of host device index appears in containers.
 	ContainerPath func(index int, rel string) string
@@ -85,6 +92,9 @@ type Options struct {
 	// does not parse; its error says why the spec cannot be trusted (none,
 	// not ours), and Prepare then refuses with ErrRegistry.
 	Described func() ([]Described, error)
+	// Resource names the resource in what the owners say of its nodes
+	// (shared_node problems, logs); unset, its IDs do (<prefix>-*).
+	Resource string
 	// Owners, when set, is the registry of node owners shared by every
 	// source of the process: a host node claimed by devices of two
 	// resources makes both Unhealthy (CauseSharedNode). Unset, the source
@@ -119,6 +129,10 @@ type Source struct {
 	// recovered: known may hold devices rebuilt from the spec that wait for
 	// their hardware (adopt).
 	recovered bool
+	// notDevices are the names the globs match that are no device
+	// (globs.find): another name of a device's node, or a partition of
+	// its disk. A known device of such a name is not found (missing).
+	notDevices map[string]notDevice
 	// goneSince is when a known host device was first seen gone, by key.
 	goneSince map[string]time.Time
 	// noHolders is set while Holders cannot tell (logged once).
@@ -136,9 +150,11 @@ type Source struct {
 	// fullScans counts the rescans of every device Run made (tests).
 	fullScans atomic.Int64
 	// owners knows the nodes every source of the process claims;
-	// sharedPaths are the nodes this source's devices may share (absolute).
+	// sharedPaths are the nodes this source's devices may share
+	// (absolute); made the nodes its simulated devices make.
 	owners      *Owners
 	sharedPaths map[string]bool
+	made        []madeNode
 	// running is set once Run publishes (s.mu); before, a change of the
 	// conflicts updates current at once and sets resend, so that Run's
 	// first publish sends what it finds even if current says it already.
@@ -175,8 +191,10 @@ func NewSource(o Options) (*Source, error) {
 	if owners == nil {
 		owners = NewOwners(o.Log)
 	}
-	return &Source{opts: o, root: root, log: o.Log, kind: kind, disc: disc, known: map[string]Device{}, goneSince: map[string]time.Time{}, faults: map[string]Problem{},
-		poke: make(chan struct{}, 1), rescan: make(chan struct{}, 1), owners: owners, sharedPaths: sharedPaths(root, o)}, nil
+	s := &Source{opts: o, root: root, log: o.Log, kind: kind, disc: disc, known: map[string]Device{}, goneSince: map[string]time.Time{}, faults: map[string]Problem{},
+		poke: make(chan struct{}, 1), rescan: make(chan struct{}, 1), owners: owners, sharedPaths: sharedPaths(root, o)}
+	s.made = madeNodes(root, o, s.deviceName)
+	return s, nil
 }
 
 // Prepare readies the devices (the discoverer creates the simulated nodes,
@@ -284,13 +302,13 @@ func (s *Source) deviceName(suffix string) string {
 }
 
 // scan builds a snapshot from the disk as it is now, and the faults; the
-// nodes of its host devices are claimed (Owners), whose conflicts the
-// caller adds (withConflicts) when it makes the snapshot current.
+// source's stake in the host's nodes is given to the owners (the nodes
+// of its host devices, its shared nodes, the nodes it makes), whose
+// conflicts the caller adds (withConflicts) when it makes the snapshot
+// current.
 func (s *Source) scan() *Snapshot {
 	snap := s.scanNodes()
-	if s.disc != nil {
-		s.owners.claim(s, s.nodeClaims(snap), false)
-	}
+	s.owners.set(s, s.stake(snap), false)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for i := range snap.Devices {

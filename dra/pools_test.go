@@ -83,7 +83,7 @@ func TestSlicesPerResource(t *testing.T) {
 	before := h.slicesOf(sim)
 	h.client.ClearActions()
 
-	testutil.Mknod(t, filepath.Join(h.dev, "ser1"), 1, 3)
+	testutil.Mknod(t, filepath.Join(h.dev, "ser1"), 1, 5) // a node of its own: one node is one device
 	h.waitFor("ser-1 published", func() bool { _, ok := h.published()["ser-1"]; return ok })
 
 	simSlices := map[string]bool{}

@@ -124,6 +124,7 @@ func TestDRA(t *testing.T) {
 		{"D5-restarts", func(t *testing.T) { c.scenarioDRARestarts(t) }},
 		{"D6-health", func(t *testing.T) { c.scenarioDRAHealth(t, node) }},
 		{"D7-replicas-shares", func(t *testing.T) { c.scenarioDRAShares(t, node) }},
+		{"D8-examples", func(t *testing.T) { c.scenarioDRAExamples(t, node) }},
 		{"M-switch-node", func(t *testing.T) { c.scenarioSwitch(t, node) }},
 	}
 	for _, s := range steps {

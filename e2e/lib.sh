@@ -65,6 +65,26 @@ kcm_controllers() {
 	printf '%s' "${list}"
 }
 
+# remove_metadata_specs CDI_DIR PLUGINS_DIR SINCE: remove the CDI specs the
+# DRA kubelet plugin helper writes for a claim's device metadata
+# (<driver>_metadata_<claim UID>_<request>.json), newer than the file SINCE,
+# whose every mount is a file below PLUGINS_DIR/<driver>/dra-device-metadata/
+# (the kubelet's plugins directory): once that directory is gone they name
+# files that are not there. Any other spec is left alone.
+remove_metadata_specs() {
+	local cdi=$1 plugins=$2 since=$3 spec p n
+	for spec in "${cdi}"/*_metadata_*.json; do
+		[[ -f ${spec} && ! -L ${spec} && ${spec} -nt ${since} ]] || continue
+		n=0
+		while read -r p; do
+			[[ ${p} == "${plugins}"/*/dra-device-metadata/* ]] || continue 2
+			n=$((n + 1))
+		done < <(grep -Eo '"hostPath": ?"[^"]*"' "${spec}" | sed 's/.*"\([^"]*\)"$/\1/')
+		((n > 0)) && rm -f -- "${spec}"
+	done
+	return 0
+}
+
 # log MSG...: a progress line on stderr, tagged with LOG_TAG and the time.
 log() { printf '[%s %s] %s\n' "${LOG_TAG:-${0##*/}}" "$(date +%T)" "$*" >&2; }
 

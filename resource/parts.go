@@ -117,6 +117,7 @@ func Build(cfg *config.Config, i int, o Options) (*Parts, error) {
 		DevRoot:  cfg.DevRoot,
 		IDPrefix: rc.IDPrefix, NodeName: cfg.NodeName,
 		Replicas: rc.ReplicaCount(),
+		Resource: rc.Name,
 		Owners:   o.Owners,
 		Log:      log,
 	}
@@ -136,6 +137,8 @@ func Build(cfg *config.Config, i int, o Options) (*Parts, error) {
 		opts.SharedNodes = rc.SharedRel
 		opts.ForgetAfter = rc.ForgetAfterOrDefault()
 		opts.Holders = holders
+		sysRoot := cfg.SysRoot
+		opts.DiskOf = func(major, minor uint32) (uint32, uint32, bool) { return sysfs.DiskOf(sysRoot, major, minor) }
 		if rc.ContainerPath != "" {
 			opts.ContainerPath = rc.ContainerPathOf
 		}
@@ -150,7 +153,6 @@ func Build(cfg *config.Config, i int, o Options) (*Parts, error) {
 			opts.KernelEvents = kernelEvents(o.Uevents, "usb")
 		default:
 			opts.HostGlobs = rc.HostGlobs
-			sysRoot := cfg.SysRoot
 			opts.NUMAOf = func(t device.NodeType, major, minor uint32) int { return sysfs.NUMAOfNode(sysRoot, t, major, minor) }
 		}
 	}
@@ -182,19 +184,20 @@ func Build(cfg *config.Config, i int, o Options) (*Parts, error) {
 
 // describedBy reads the devices the CDI spec at path describes, for a
 // registry rebuilt from it (device.Options.Described). The spec must be
-// there, valid, of kind and written by owner (cdi.OwnerAnnotation); a
+// there (device.ErrNoSpec), valid, of kind and written by owner
+// (cdi.OwnerAnnotation; device.ErrForeignSpec); a
 // device's index is its <envPrefix>_<index> variable (-1 without one), its
 // identity its annotations.
 func describedBy(path, owner string, kind cdi.Kind, envPrefix string) ([]device.Described, error) {
 	spec, err := cdiapi.ReadSpec(path, 0)
 	if errors.Is(err, fs.ErrNotExist) {
-		return nil, fmt.Errorf("no CDI spec %s (a reboot empties its directory)", path)
+		return nil, fmt.Errorf("%w %s (a reboot empties its directory)", device.ErrNoSpec, path)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("CDI spec %s: %w", path, err)
 	}
 	if got := spec.Annotations[cdi.OwnerAnnotation]; got != owner || spec.Kind != kind.String() {
-		return nil, fmt.Errorf("CDI spec %s is not ours (kind %s, owner %q; ours: %s, %q)", path, spec.Kind, got, kind, owner)
+		return nil, fmt.Errorf("%w: %s (kind %s, owner %q; ours: %s, %q)", device.ErrForeignSpec, path, spec.Kind, got, kind, owner)
 	}
 	out := make([]device.Described, 0, len(spec.Devices))
 	for _, d := range spec.Devices {

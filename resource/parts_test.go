@@ -140,6 +140,45 @@ func TestCorruptRegistryRebuiltFromSpec(t *testing.T) {
 			t.Fatalf("after a restart: %v", again)
 		}
 	})
+	// A registry that is gone (the state directory cleaned) is missing
+	// state too: rebuilt from the spec, with no file to keep aside.
+	t.Run("rebuilt when missing", func(t *testing.T) {
+		if err := os.Remove(registry); err != nil {
+			t.Fatal(err)
+		}
+		p, err := start("dp")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := indexes(p); len(got) != 3 || got["ser-n1-ttyR3"] != 0 || got["ser-n1-ttyR1"] != 1 || got["ser-n1-ttyR0"] != 2 {
+			t.Fatalf("after the registry was removed: %v; want ttyR3 0, ttyR1 1, ttyR0 2 (glob order would give ttyR0 0)", got)
+		}
+		if _, err := os.Stat(registry); err != nil {
+			t.Fatalf("the rebuilt registry is not written: %v", err)
+		}
+	})
+	// Missing, with no spec of the resource's own: what the spec of
+	// another owner (a plugin renamed, now run in a namespace) describes
+	// are not its devices; without a spec nothing describes any.
+	for _, c := range []struct{ name, owner string }{{"missing, with a spec of another owner: a first start", "another"}, {"missing, without a spec: a first start", "dp"}} {
+		t.Run(c.name, func(t *testing.T) {
+			if err := os.Remove(registry); err != nil {
+				t.Fatal(err)
+			}
+			if c.owner == "dp" {
+				if err := os.Remove(specPath); err != nil {
+					t.Fatal(err)
+				}
+			}
+			p, err := start(c.owner)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := indexes(p); len(got) != 3 || got["ser-n1-ttyR0"] != 0 || got["ser-n1-ttyR1"] != 1 || got["ser-n1-ttyR3"] != 2 {
+				t.Fatalf("a first start: %v, want glob order", got)
+			}
+		})
+	}
 }
 
 // TestTempPatternsCoverEveryFile: every file a resource writes through a

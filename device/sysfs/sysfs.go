@@ -365,14 +365,8 @@ func busOf(dir string) string {
 // nodeOf reads the node a sysfs device directory registers: major:minor
 // from dev, the name from DEVNAME in uevent, block when its subsystem is.
 func nodeOf(dir string) (device.Node, bool) {
-	b, err := os.ReadFile(filepath.Join(dir, "dev"))
-	if err != nil {
-		return device.Node{}, false
-	}
-	majs, mins, ok := strings.Cut(strings.TrimSpace(string(b)), ":")
-	major, err1 := strconv.ParseUint(majs, 10, 12)
-	minor, err2 := strconv.ParseUint(mins, 10, 20)
-	if !ok || err1 != nil || err2 != nil {
+	major, minor, ok := devNumbers(dir)
+	if !ok {
 		return device.Node{}, false
 	}
 	name := ueventValue(filepath.Join(dir, "uevent"), "DEVNAME")
@@ -383,7 +377,23 @@ func nodeOf(dir string) (device.Node, bool) {
 	if linkBase(filepath.Join(dir, "subsystem")) == "block" {
 		t = device.Block
 	}
-	return device.Node{HostPath: name, Type: t, Major: uint32(major), Minor: uint32(minor)}, true
+	return device.Node{HostPath: name, Type: t, Major: major, Minor: minor}, true
+}
+
+// devNumbers reads the major:minor of the node a sysfs device directory
+// registers (its dev file).
+func devNumbers(dir string) (uint32, uint32, bool) {
+	b, err := os.ReadFile(filepath.Join(dir, "dev"))
+	if err != nil {
+		return 0, 0, false
+	}
+	majs, mins, ok := strings.Cut(strings.TrimSpace(string(b)), ":")
+	major, err1 := strconv.ParseUint(majs, 10, 12)
+	minor, err2 := strconv.ParseUint(mins, 10, 20)
+	if !ok || err1 != nil || err2 != nil {
+		return 0, 0, false
+	}
+	return uint32(major), uint32(minor), true
 }
 
 // ueventValue is KEY's value in a uevent file ("" when absent).
@@ -413,6 +423,23 @@ func NUMAOfNode(sysRoot string, t device.NodeType, major, minor uint32) int {
 		return device.NoNUMA
 	}
 	return numaUp(sysRoot, p)
+}
+
+// DiskOf tells a partition from its disk (device.Options.DiskOf): for the
+// block node major:minor, the numbers of the disk it is a partition of.
+// The kernel gives a partition a partition file in its sysfs directory
+// (<sysRoot>/dev/block/<major>:<minor>), which is in its disk's
+// (block/sdb/sdb1, nvme0n1/nvme0n1p1). A whole disk, and a node sysfs does
+// not know, is no partition.
+func DiskOf(sysRoot string, major, minor uint32) (uint32, uint32, bool) {
+	dir, err := filepath.EvalSymlinks(filepath.Join(sysRoot, "dev", "block", fmt.Sprintf("%d:%d", major, minor)))
+	if err != nil {
+		return 0, 0, false
+	}
+	if _, err := os.Stat(filepath.Join(dir, "partition")); err != nil {
+		return 0, 0, false
+	}
+	return devNumbers(filepath.Dir(dir))
 }
 
 // Discover returns the discovery of a resource whose devices are the PCI

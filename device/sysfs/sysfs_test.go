@@ -266,3 +266,33 @@ func itoa(n int) string {
 	}
 	return string(rune('0' + n))
 }
+
+// TestDiskOf: a partition (its sysfs directory has a partition file) is
+// told from its disk, whose directory holds it; a whole disk, a char
+// node and a node sysfs does not know are no partition.
+func TestDiskOf(t *testing.T) {
+	tr := newTree(t)
+	disk := filepath.Join(tr.sys, "devices", "pci0000:00", "0000:00:1f.2", "ata1", "host0", "target0:0:0", "0:0:0:0", "block", "sdb")
+	tr.classDevice(disk, "block", "sdb", "block", 8, 16)
+	tr.file(filepath.Join(disk, "sdb1", "partition"), "1\n")
+	tr.classDevice(filepath.Join(disk, "sdb1"), "block", "sdb1", "block", 8, 17)
+	nvme := filepath.Join(tr.sys, "devices", "pci0000:00", "0000:01:00.0", "nvme", "nvme0", "nvme0n1")
+	tr.classDevice(nvme, "block", "nvme0n1", "block", 259, 0)
+	tr.file(filepath.Join(nvme, "nvme0n1p1", "partition"), "1\n")
+	tr.classDevice(filepath.Join(nvme, "nvme0n1p1"), "block", "nvme0n1p1", "block", 259, 1)
+	for _, c := range []struct {
+		major, minor   uint32
+		dMajor, dMinor uint32
+		partition      bool
+		what           string
+	}{
+		{8, 17, 8, 16, true, "sdb1"},
+		{259, 1, 259, 0, true, "nvme0n1p1"},
+		{8, 16, 0, 0, false, "sdb, a disk"},
+		{8, 99, 0, 0, false, "a node sysfs does not know"},
+	} {
+		if ma, mi, ok := DiskOf(tr.sys, c.major, c.minor); ok != c.partition || ma != c.dMajor || mi != c.dMinor {
+			t.Errorf("%s: DiskOf(%d:%d) = %d:%d %v, want %d:%d %v", c.what, c.major, c.minor, ma, mi, ok, c.dMajor, c.dMinor, c.partition)
+		}
+	}
+}

@@ -662,6 +662,11 @@ sweep_plugin_leftovers() {
 		rm -f -- "${dra}/checkpoint.json" "${dra}"/.checkpoint.json.tmp-*
 	fi
 	rmdir "${dra}" /var/lib/cdi-device-plugin/devices /var/lib/cdi-device-plugin 2>/dev/null || true
+	# The CDI specs of the DRA driver's device metadata
+	# (<driver>_metadata_<uid>_<request>.json) of claims still prepared:
+	# they mount files below the kubelet's plugins directory, which down
+	# removes. Written since up, as the claim specs above.
+	remove_metadata_specs /var/run/cdi "${KUBELET_ROOT}/plugins" "${MARKER}"
 }
 
 down() {

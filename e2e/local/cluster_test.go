@@ -395,3 +395,71 @@ func TestKCMControllers(t *testing.T) {
 }
 
 func fileExists(p string) bool { _, err := os.Stat(p); return err == nil }
+
+// TestRemoveMetadataSpecs: "down" removes the CDI specs the DRA kubelet
+// plugin helper writes for a claim's device metadata
+// (<driver>_metadata_<claim UID>_<request>.json in the CDI dir) when they
+// were written since "up" and mount files below the kubelet's plugins
+// directory, which down removes: they would name files that are gone. An
+// older one, a vendor's spec of the same name pattern that mounts
+// something else, and the driver's other specs stay.
+func TestRemoveMetadataSpecs(t *testing.T) {
+	cdiDir, plugins := t.TempDir(), filepath.Join(t.TempDir(), "plugins")
+	marker := filepath.Join(t.TempDir(), "made-by-cluster-sh")
+	spec := func(name, hostPath string, age time.Duration) string {
+		p := filepath.Join(cdiDir, name)
+		body := fmt.Sprintf(`{
+  "cdiVersion": "0.5.0",
+  "kind": "sim.example.com/metadata",
+  "devices": [
+    {
+      "name": "u1_dev",
+      "containerEdits": {
+        "mounts": [
+          {
+            "hostPath": %q,
+            "containerPath": "/var/run/kubernetes.io/dra-device-attributes/resourceclaims/c/dev/sim.example.com-metadata.json",
+            "options": ["ro", "bind"]
+          }
+        ]
+      }
+    }
+  ]
+}
+`, hostPath)
+		if err := os.WriteFile(p, []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		at := time.Now().Add(-age)
+		if err := os.Chtimes(p, at, at); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	if err := os.WriteFile(marker, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	at := time.Now().Add(-time.Hour)
+	if err := os.Chtimes(marker, at, at); err != nil {
+		t.Fatal(err)
+	}
+	ours := filepath.Join(plugins, "sim.example.com", "dra-device-metadata", "default_c", "dev", "metadata.json")
+	gone := spec("sim.example.com_metadata_u1_dev.json", ours, 0)
+	kept := []string{
+		spec("sim.example.com_metadata_u0_dev.json", ours, 2*time.Hour), // before up
+		spec("gpu.vendor.com_metadata_u2_dev.json", "/opt/vendor/metadata.json", 0),
+		spec("k8s.sim.example.com-claim_u1.json", ours, 0), // not a metadata spec
+	}
+	out, err := exec.Command("bash", "-c", `source ../lib.sh && remove_metadata_specs "$@"`, "bash", cdiDir, plugins, marker).CombinedOutput()
+	if err != nil {
+		t.Fatalf("remove_metadata_specs: %v\n%s", err, out)
+	}
+	if fileExists(gone) {
+		t.Errorf("%s, written since up and naming %s, is still there", gone, ours)
+	}
+	for _, p := range kept {
+		if !fileExists(p) {
+			t.Errorf("%s was removed", p)
+		}
+	}
+}

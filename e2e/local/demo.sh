@@ -12,8 +12,9 @@
 #
 # The node stays up; "make demo-down" (e2e/local/cluster.sh down) removes
 # it, with the plugin's spec, device nodes and state and the DRA driver's
-# claim checkpoint. On a machine that has a kubelet of its own, cluster.sh
-# up refuses and says what to do (README.md, "Quick start").
+# claim checkpoint and claims' specs. On a machine that has a kubelet of
+# its own, cluster.sh up refuses and says what to do (README.md, "Quick
+# start").
 set -euo pipefail
 LOG_TAG=demo
 # shellcheck source=e2e/lib.sh
@@ -82,7 +83,8 @@ to the device plugin and back). Start with:
   source ${E2E_WORK}/env
   kubectl get resourceslices -o yaml
 Tear it down with:  make demo-down   (e2e/local/cluster.sh down: the node, the
-  specs, device nodes and state, the DRA driver's claim checkpoint)
+  specs, device nodes and state, the DRA driver's claim checkpoint and the
+  claim and device-metadata specs of claims still prepared)
 EOT
 }
 

@@ -10,6 +10,11 @@ app.kubernetes.io/name: cdi-device-plugin
 app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 
+{{/* The image of both DaemonSets: image.tag, else the chart's appVersion. */}}
+{{- define "cdi-device-plugin.image" -}}
+{{- printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion) -}}
+{{- end -}}
+
 {{/* The mode, checked: device-plugin, dra or per-node. */}}
 {{- define "cdi-device-plugin.mode" -}}
 {{- $m := .Values.mode | default "device-plugin" -}}
