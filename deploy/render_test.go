@@ -697,8 +697,16 @@ func checkDriver(t *testing.T, ds *appsv1.DaemonSet, driver string, dp *corev1.C
 	if len(ps.Volumes) != len(c.VolumeMounts) {
 		t.Errorf("%d volumes for %d mounts", len(ps.Volumes), len(c.VolumeMounts))
 	}
-	if u := ds.Spec.UpdateStrategy.RollingUpdate; u == nil || u.MaxSurge == nil || u.MaxSurge.IntValue() != 0 {
-		t.Errorf("update strategy %s: two drivers on one node would share its sockets; want maxSurge 0", asJSON(ds.Spec.UpdateStrategy))
+	// A surge: the new pod beside the old one, each naming its sockets
+	// after its pod UID (two drivers with the same sockets would take each
+	// other's place with the kubelet).
+	if u := ds.Spec.UpdateStrategy.RollingUpdate; u == nil || u.MaxSurge == nil || u.MaxSurge.IntValue() != 1 ||
+		u.MaxUnavailable == nil || u.MaxUnavailable.IntValue() != 0 {
+		t.Errorf("update strategy %s: want maxSurge 1, maxUnavailable 0 (no gap in which no claim can be prepared)", asJSON(ds.Spec.UpdateStrategy))
+	}
+	if i := slices.IndexFunc(c.Env, func(e corev1.EnvVar) bool { return e.Name == "POD_UID" }); i < 0 ||
+		c.Env[i].ValueFrom == nil || c.Env[i].ValueFrom.FieldRef == nil || c.Env[i].ValueFrom.FieldRef.FieldPath != "metadata.uid" {
+		t.Errorf("no POD_UID from the downward API's metadata.uid: two pods of a surge would share their sockets")
 	}
 }
 
@@ -1666,14 +1674,15 @@ func TestPluginKnowsTheDriver(t *testing.T) {
 	}
 }
 
-// rollingUpdateDoc finds what README.md says the DaemonSets' rolling update
-// is: "rolling update(s) `maxX: N`, `maxY: M`" (the tried surge it explains
-// is not introduced so).
-var rollingUpdateDoc = regexp.MustCompile("(?i)rolling updates?\\s+`max(Surge|Unavailable): (\\d+)`,\\s+`max(Surge|Unavailable): (\\d+)`")
+// rollingUpdateDoc finds what README.md says a DaemonSet's rolling update
+// is: "the plugin's (driver's) rolling update `maxX: N`, `maxY: M`" (the
+// tried surge it explains is not introduced so).
+var rollingUpdateDoc = regexp.MustCompile("(?i)(?:(plugin|driver)'s\\s+)?rolling updates?\\s+`max(Surge|Unavailable): (\\d+)`,\\s+`max(Surge|Unavailable): (\\d+)`")
 
 // TestREADMERollingUpdate: every rolling update README.md states is the
-// one the plugin's and the driver's DaemonSets have (kustomize's; the
-// chart's are the same: TestHelmMatchesKustomize).
+// one of the DaemonSet it names, the plugin's or the driver's (they differ:
+// the driver's surges), as kustomize renders them (the chart's are the
+// same: TestHelmMatchesKustomize).
 func TestREADMERollingUpdate(t *testing.T) {
 	doc, err := os.ReadFile("README.md")
 	if err != nil {
@@ -1684,18 +1693,25 @@ func TestREADMERollingUpdate(t *testing.T) {
 		t.Fatal("README.md states no rolling update")
 	}
 	objs := kustomizeRender(t, filepath.Join("modes", "per-node"))
-	for _, c := range []string{pluginContainer, driverContainer} {
+	sets := map[string]map[string]string{}
+	for who, c := range map[string]string{"plugin": pluginContainer, "driver": driverContainer} {
 		ds := objs.daemonSet(t, c)
 		u := ds.Spec.UpdateStrategy.RollingUpdate
 		if ds.Spec.UpdateStrategy.Type != appsv1.RollingUpdateDaemonSetStrategyType || u == nil || u.MaxSurge == nil || u.MaxUnavailable == nil {
 			t.Fatalf("%s: update strategy %s, want a rolling update with both settings", c, asJSON(ds.Spec.UpdateStrategy))
 		}
-		set := map[string]string{"Surge": u.MaxSurge.String(), "Unavailable": u.MaxUnavailable.String()}
-		for _, m := range said {
-			if m[1] == m[3] || set[m[1]] != m[2] || set[m[3]] != m[4] {
-				t.Errorf("README.md says %q; the %s DaemonSet has maxSurge: %s, maxUnavailable: %s",
-					strings.Join(strings.Fields(m[0]), " "), c, set["Surge"], set["Unavailable"])
-			}
+		sets[who] = map[string]string{"Surge": u.MaxSurge.String(), "Unavailable": u.MaxUnavailable.String()}
+	}
+	for _, m := range said {
+		stated := strings.Join(strings.Fields(m[0]), " ")
+		who := strings.ToLower(m[1])
+		if who == "" {
+			t.Errorf("README.md says %q without naming whose (the plugin's or the driver's): they differ", stated)
+			continue
+		}
+		set := sets[who]
+		if m[2] == m[4] || set[m[2]] != m[3] || set[m[4]] != m[5] {
+			t.Errorf("README.md says %q; the %s's DaemonSet has maxSurge: %s, maxUnavailable: %s", stated, who, set["Surge"], set["Unavailable"])
 		}
 	}
 }
