@@ -125,6 +125,7 @@ func TestDRA(t *testing.T) {
 		{"D6-health", func(t *testing.T) { c.scenarioDRAHealth(t, node) }},
 		{"D7-replicas-shares", func(t *testing.T) { c.scenarioDRAShares(t, node) }},
 		{"D8-examples", func(t *testing.T) { c.scenarioDRAExamples(t, node) }},
+		{"D9-rolling-update", func(t *testing.T) { c.scenarioDRARoll(t, node) }},
 		{"M-switch-node", func(t *testing.T) { c.scenarioSwitch(t, node) }},
 	}
 	for _, s := range steps {
