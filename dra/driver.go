@@ -244,6 +244,11 @@ func (d *Driver) Run(ctx context.Context) error {
 			return fmt.Errorf("kubelet plugin directory: %w", err)
 		}
 	}
+	if d.opts.RollingUpdateUID != "" {
+		for _, p := range removeDeadSockets(d.opts.RegistrarDir, d.opts.PluginDir, d.opts.DriverName) {
+			d.log.WithField("socket", p).Info("removed the socket of an instance of the driver that is gone")
+		}
+	}
 	helper, err := kubeletplugin.Start(ctx, d, append([]kubeletplugin.Option{
 		kubeletplugin.DriverName(d.opts.DriverName),
 		kubeletplugin.NodeName(d.opts.NodeName),

@@ -2,6 +2,7 @@ package dra
 
 import (
 	"context"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -95,4 +96,39 @@ func registeredAs(sock string) string {
 		return ""
 	}
 	return info.Name
+}
+
+// removeDeadSockets removes, at the start of an instance in a rolling
+// update, the sockets of instances of driver that died without removing
+// them (a pod killed with no grace): the registration sockets in
+// registrarDir named after driver (<driver>-<uid>-reg.sock) and the DRA
+// sockets in the driver's own pluginDir (dra-<uid>.sock) on which nobody
+// accepts a connection. The kubelet's plugin watcher would go on trying a
+// dead instance's registration socket; a live instance's sockets are
+// left. It returns the sockets it removed.
+func removeDeadSockets(registrarDir, pluginDir, driver string) []string {
+	var out []string
+	for _, g := range []string{filepath.Join(registrarDir, driver+"-*-reg.sock"), filepath.Join(pluginDir, "dra-*.sock")} {
+		matches, _ := filepath.Glob(g)
+		for _, p := range matches {
+			if fi, err := os.Lstat(p); err != nil || fi.Mode()&os.ModeSocket == 0 || accepts(p) {
+				continue
+			}
+			if err := os.Remove(p); err == nil {
+				out = append(out, p)
+			}
+		}
+	}
+	return out
+}
+
+// accepts reports whether a process accepts connections on the unix
+// socket sock.
+func accepts(sock string) bool {
+	c, err := net.DialTimeout("unix", sock, otherInstanceTimeout)
+	if err != nil {
+		return false
+	}
+	_ = c.Close()
+	return true
 }

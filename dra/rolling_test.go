@@ -1,6 +1,10 @@
 package dra
 
 import (
+	"errors"
+	"net"
+	"os"
+	"path/filepath"
 	"testing"
 
 	"k8s.io/apimachinery/pkg/types"
@@ -60,5 +64,44 @@ func TestRollingUpdate(t *testing.T) {
 		if hasTaint(d, TaintHandover) {
 			t.Errorf("%s tainted once the old instance stopped while the new one serves", name)
 		}
+	}
+}
+
+// TestDeadInstanceSockets: an instance started in a rolling update
+// removes the sockets an instance killed without grace left (nobody
+// accepts on them: the kubelet's plugin watcher would keep trying the
+// registration one), and leaves a live instance's.
+func TestDeadInstanceSockets(t *testing.T) {
+	h := newHarness(t, nil)
+	drv := filepath.Join(h.plugins, testDriver)
+	for _, dir := range []string{h.registrar, drv} {
+		if err := os.MkdirAll(dir, 0o750); err != nil {
+			t.Fatal(err)
+		}
+	}
+	dead := []string{filepath.Join(h.registrar, testDriver+"-pod-dead-reg.sock"), filepath.Join(drv, "dra-pod-dead.sock")}
+	for _, p := range dead {
+		l, err := net.Listen("unix", p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		l.(*net.UnixListener).SetUnlinkOnClose(false)
+		_ = l.Close()
+	}
+	live := filepath.Join(h.registrar, testDriver+"-pod-live-reg.sock")
+	l, err := net.Listen("unix", live)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	h.podUID = "pod-new"
+	h.start()
+	for _, p := range dead {
+		if _, err := os.Stat(p); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("a dead instance's socket %s left: %v", p, err)
+		}
+	}
+	if _, err := os.Stat(live); err != nil {
+		t.Errorf("a live instance's socket removed: %v", err)
 	}
 }
