@@ -95,7 +95,7 @@ func run(ctx context.Context, args []string, env config.Env, stderr io.Writer) i
 		return config.LoadWith(config.DevicePlugin, args, env, io.Discard, e)
 	}
 	if err := serve(ctx, cfg, driverName, load, logger, log, newGCTarget(env)); err != nil {
-		log.WithError(err).Error("exiting")
+		command.Exiting(log, err, stderr)
 		if errors.Is(err, config.ErrInvalid) {
 			return 2
 		}

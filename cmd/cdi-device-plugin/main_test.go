@@ -138,6 +138,8 @@ func TestBadConfigExits2AndWritesNothing(t *testing.T) {
 		{"unknown flag", nil, []string{"--frobnicate"}, "frobnicate"},
 		// Checked by the constructors, still before anything is written.
 		{"long socket dir", nil, []string{"--device-plugin-dir", "/" + strings.Repeat("d", 100)}, `device-plugin-dir="/ddd`},
+		// Said at every log level, not only those that show errors.
+		{"long socket dir, log level panic", map[string]string{"LOG_LEVEL": "panic"}, []string{"--device-plugin-dir", "/" + strings.Repeat("d", 100)}, `device-plugin-dir="/ddd`},
 		{"bad exec template", map[string]string{"CONFIG_FILE": "EXEC_TEMPLATE"}, nil, `resources[0].prestart.steps[0].command="/bin/echo {{.Serial}}"`},
 		// 262,144 IDs, a list the kubelet cannot read.
 		{"list too large", map[string]string{"CONFIG_FILE": "BIG_LIST"}, nil, `example.com/big can list 262144 device IDs`},

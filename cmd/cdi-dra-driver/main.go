@@ -121,7 +121,7 @@ func run(ctx context.Context, args []string, env config.Env, stderr io.Writer, c
 		return 1
 	}
 	if err := d.serve(ctx); err != nil {
-		log.WithError(err).Error("exiting")
+		command.Exiting(log, err, stderr)
 		return 1
 	}
 	log.Info("shut down cleanly")

@@ -53,3 +53,16 @@ func SweepTemps(patterns []string, log *logrus.Entry) {
 		}
 	}
 }
+
+// Exiting says why the command stops with err: logged at error, and,
+// where the log level drops that (fatal or panic, which the logging
+// library accepts and neither command logs at), written to stderr as the
+// configuration errors are, so that the process never ends with a status
+// and not a line.
+func Exiting(log *logrus.Entry, err error, stderr io.Writer) {
+	if log.Logger.IsLevelEnabled(logrus.ErrorLevel) {
+		log.WithError(err).Error("exiting")
+		return
+	}
+	fmt.Fprintln(stderr, "exiting:", err)
+}

@@ -2,6 +2,7 @@ package command
 
 import (
 	"bytes"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -82,5 +83,24 @@ func TestSweepTemps(t *testing.T) {
 		if !strings.Contains(log, want) {
 			t.Errorf("log has no %q:\n%s", want, log)
 		}
+	}
+}
+
+// TestExiting: the error a command stops with reaches stderr at every log
+// level: logged at error, and written plainly besides where the level
+// (fatal, panic) would drop it, so that a process never ends with a
+// status and not a line.
+func TestExiting(t *testing.T) {
+	for _, level := range []logrus.Level{logrus.DebugLevel, logrus.ErrorLevel, logrus.FatalLevel, logrus.PanicLevel} {
+		t.Run(level.String(), func(t *testing.T) {
+			var out bytes.Buffer
+			l := logrus.New()
+			l.SetOutput(&out)
+			l.SetLevel(level)
+			Exiting(logrus.NewEntry(l), errors.New("the kubelet is gone"), &out)
+			if n := strings.Count(out.String(), "the kubelet is gone"); n != 1 {
+				t.Fatalf("level %s: the error written %d times, want once:\n%s", level, n, out.String())
+			}
+		})
 	}
 }
