@@ -1110,3 +1110,21 @@ func TestResetOnly(t *testing.T) {
 		t.Fatalf("a failed reset left the device healthy: fault %q, state %+v", bf.get("sim-0"), state(t, broken, "sim-0"))
 	}
 }
+
+// TestExecFailureSaysWhy: a failed exec step's error ends with the last
+// line its command wrote (bounded), which the device's problem, the
+// claim's status and a binding failure condition carry: the user sees why
+// the command failed, not only its exit status.
+func TestExecFailureSaysWhy(t *testing.T) {
+	e, _ := NewExec([]string{"/bin/sh", "-c", "echo checking >&2; echo bitstream CRC mismatch >&2; exit 3"}, nil, time.Second)
+	r, _, _ := newRunner(t, e)
+	err := r.Prepare(context.Background(), devs(1))
+	if err == nil || !strings.HasSuffix(err.Error(), "exit status 3: bitstream CRC mismatch") {
+		t.Fatalf("error %v, want it to end with the command's last line", err)
+	}
+	long, _ := NewExec([]string{"/bin/sh", "-c", "printf '%0500d' 0 >&2; exit 1"}, nil, time.Second)
+	r, _, _ = newRunner(t, long)
+	if err := r.Prepare(context.Background(), devs(1)); err == nil || len(err.Error()) > 400 {
+		t.Fatalf("error of %d bytes, want the output bounded: %v", len(err.Error()), err)
+	}
+}

@@ -353,9 +353,14 @@ func (e *Exec) Run(ctx context.Context, t *Target) error {
 		l = l.WithField("output", text)
 	}
 	if err != nil {
-		if ctx.Err() != nil {
+		switch last := lastLine(text, maxErrorLine); {
+		case ctx.Err() != nil:
 			err = fmt.Errorf("%s: %w", args[0], ctx.Err())
-		} else {
+		case last != "":
+			// Why it failed, as the command said it last: the device's
+			// problem and the claim's status carry it.
+			err = fmt.Errorf("%s: %w: %s", args[0], err, last)
+		default:
 			err = fmt.Errorf("%s: %w", args[0], err)
 		}
 		l.WithError(err).Warn("exec step failed")
@@ -363,4 +368,17 @@ func (e *Exec) Run(ctx context.Context, t *Target) error {
 	}
 	l.Info("exec step done")
 	return nil
+}
+
+// maxErrorLine bounds the output line a failed exec step's error carries.
+const maxErrorLine = 200
+
+// lastLine is the last non-empty line of text, cut to at most max bytes.
+func lastLine(text string, max int) string {
+	lines := strings.Split(strings.TrimSpace(text), "\n")
+	l := strings.TrimSpace(lines[len(lines)-1])
+	if len(l) > max {
+		l = l[:max] + "..."
+	}
+	return l
 }
