@@ -459,3 +459,20 @@ func TestSharedNodeIsNoOnesOwn(t *testing.T) {
 		}
 	}
 }
+
+// TestPrepareBeforeBind: a resource asks the DRA driver to prepare its
+// devices before the scheduler binds a pod (prepareBeforeBind); off by
+// default, and a value that is no boolean is refused naming the field.
+func TestPrepareBeforeBind(t *testing.T) {
+	cfg, err := Load([]string{"--config", writeFile(t, "resources:\n- name: example.com/fpga\n  idPrefix: fpga\n  prepareBeforeBind: true\n- name: example.com/tty\n  idPrefix: tty\n")}, envOf(nil), io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !cfg.Resources[0].PrepareBeforeBind || cfg.Resources[1].PrepareBeforeBind {
+		t.Fatalf("prepareBeforeBind: %v, %v; want true, false", cfg.Resources[0].PrepareBeforeBind, cfg.Resources[1].PrepareBeforeBind)
+	}
+	_, err = Load([]string{"--config", writeFile(t, "resources:\n- name: example.com/fpga\n  prepareBeforeBind: soon\n")}, envOf(nil), io.Discard)
+	if err == nil || !strings.Contains(err.Error(), "prepareBeforeBind") {
+		t.Fatalf("prepareBeforeBind: soon: %v, want an error naming the field", err)
+	}
+}

@@ -259,6 +259,13 @@ type Resource struct {
 	// forgotten after this long (default 10m); one a container holds is
 	// kept, Unhealthy.
 	ForgetAfter *Duration `json:"forgetAfter,omitempty"`
+	// PrepareBeforeBind (the DRA driver only): the resource's devices are
+	// published with binding conditions, so the scheduler binds a pod to
+	// the node only once the node's driver ran the prestart steps for
+	// its claim, and sends it elsewhere when they fail. The device plugin
+	// cannot do this: its steps run in PreStartContainer, after binding,
+	// within the kubelet's 30 s.
+	PrepareBeforeBind bool `json:"prepareBeforeBind,omitempty"`
 
 	// Domain and Class are the two parts of Name (the CDI class).
 	Domain string `json:"-"`

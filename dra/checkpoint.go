@@ -70,8 +70,17 @@ type PreparedClaim struct {
 	// before it reset a device or removed the claim's spec). A driver that
 	// stopped during it finds the claim so at its next start: its spec
 	// missing is no reboot, and the retried Unprepare completes it.
-	Unpreparing bool             `json:"unpreparing,omitempty"`
-	Devices     []PreparedDevice `json:"devices"`
+	Unpreparing bool `json:"unpreparing,omitempty"`
+	// PreBind: the driver prepared the claim before the scheduler bound
+	// its pod (a resource with PrepareBeforeBind), and the kubelet has not
+	// asked for it yet: a claim deallocated meanwhile is released by the
+	// driver (prebind.go). The kubelet's Prepare clears it.
+	PreBind bool `json:"preBind,omitempty"`
+	// PreBinding: its steps are under way (recorded before they start): a
+	// driver that stopped in between completes them at its next start,
+	// not again on devices they completed on (PreparedDevice.GenBefore).
+	PreBinding bool             `json:"preBinding,omitempty"`
+	Devices    []PreparedDevice `json:"devices"`
 }
 
 // PreparedDevice is one allocated device of a prepared claim.
@@ -100,6 +109,10 @@ type PreparedDevice struct {
 	// did not publish such devices.
 	ShareID string `json:"shareID,omitempty"`
 	Shares  int    `json:"shares,omitempty"`
+	// GenBefore, for a claim prepared before binding (PreBinding), is the
+	// device's preparation count (its state's generation) before its
+	// steps ran: a larger one at a restart means they completed.
+	GenBefore int64 `json:"genBefore,omitempty"`
 }
 
 // Checkpoint is the claims the driver prepared, kept in a file (atomicfile:

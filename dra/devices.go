@@ -41,6 +41,10 @@ type Resource struct {
 	// Replicas, above 1, makes each device shareable by that many claims
 	// at once (Published.Shares; see shares.go).
 	Replicas int
+	// PrepareBeforeBind publishes the devices with binding conditions:
+	// the driver runs the steps of a claim's devices once it is allocated,
+	// before the scheduler binds its pod (prebind.go).
+	PrepareBeforeBind bool
 }
 
 // running is a Resource running: its follower publishes the snapshots
@@ -88,7 +92,7 @@ func (r *running) identityEnv(ids []string) (string, string) {
 // handover: its handover guard is up.
 func (r *running) published(handover bool) Published {
 	return Published{Resource: r.Name, Kind: r.Kind, IDPrefix: r.IDPrefix, Snapshot: r.snap.Load(), Handover: handover,
-		FirmwareSHA256: r.firmware, Shares: r.Replicas}
+		FirmwareSHA256: r.firmware, Shares: r.Replicas, PrepareBeforeBind: r.PrepareBeforeBind}
 }
 
 // devices are the driver's resources, in the configuration's order: where

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -152,6 +153,12 @@ func New(o Options) (*Driver, error) {
 	if o.NodeName == "" || o.Client == nil || o.Writer == nil || o.Checkpoint == nil {
 		return nil, fmt.Errorf("%w: a node name, a client, a CDI writer and a checkpoint are needed", ErrOptions)
 	}
+	for _, r := range o.Resources {
+		if r.PrepareBeforeBind && o.NoDeviceStatus {
+			return nil, fmt.Errorf("%w: resource %s prepares before binding (prepareBeforeBind), which writes the claims' status.devices: "+
+				"it cannot run with --device-status=false", ErrOptions, r.Name)
+		}
+	}
 	if err := o.Checkpoint.Adopt(o.DriverName); err != nil {
 		return nil, err
 	}
@@ -278,6 +285,10 @@ func (d *Driver) Run(ctx context.Context) error {
 		interval: d.opts.CleanupInterval, grace: d.opts.CleanupGrace, log: d.log, drop: d.prep.dropStale, ready: ready}
 	g.Go(func() error { return cleaner.run(gctx) })
 	g.Go(func() error { return d.status.run(gctx) })
+	if slices.ContainsFunc(d.opts.Resources, func(r Resource) bool { return r.PrepareBeforeBind }) {
+		b := &prebinder{driver: d.opts.DriverName, node: d.opts.NodeName, client: d.opts.Client, prep: d.prep, log: d.log.WithField("part", "prepare before bind")}
+		g.Go(func() error { return b.run(gctx) })
+	}
 	g.Go(func() error { return d.loop.run(gctx, helper) })
 	err = g.Wait()
 	helper.Stop() // its slice controller too: nothing publishes after this
@@ -295,15 +306,6 @@ func (d *Driver) Run(ctx context.Context) error {
 		return nil
 	}
 	return err
-}
-
-// rollingLock is the helper's lock file during a rolling update ("": no
-// rolling update).
-func rollingLock(o Options) string {
-	if o.RollingUpdateUID == "" {
-		return ""
-	}
-	return filepath.Join(o.PluginDir, serializeLockFile)
 }
 
 // PrepareResourceClaims prepares the devices of the claims of one kubelet

@@ -18,6 +18,9 @@ var (
 	// ErrCallFailed: another claim of the same call failed; none of the
 	// call's claims is prepared.
 	ErrCallFailed = errors.New("another claim of the same call failed")
+	// ErrPreBinding: the claim's devices are being prepared before its pod
+	// is bound (PrepareBeforeBind); the kubelet asks again.
+	ErrPreBinding = errors.New("the claim's devices are being prepared before binding")
 	// ErrStillHeld: the kubelet's PodResources lists the claim on a
 	// container: the stale-claim clean-up keeps it.
 	ErrStillHeld = errors.New("a container still holds the claim")

@@ -154,7 +154,7 @@ func (h *harness) build() *Driver {
 			runner = h.wrap(runner)
 		}
 		opts.Resources = append(opts.Resources, Resource{Name: rc.Name, Kind: p.Kind, IDPrefix: rc.IDPrefix, EnvPrefix: rc.EnvPrefix,
-			Source: p.Source, Spec: p.Spec, Runner: runner, Replicas: rc.ReplicaCount()})
+			Source: p.Source, Spec: p.Spec, Runner: runner, Replicas: rc.ReplicaCount(), PrepareBeforeBind: rc.PrepareBeforeBind})
 	}
 	if h.options != nil {
 		h.options(&opts)

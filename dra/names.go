@@ -49,6 +49,16 @@ const (
 	AttrUSBSerial      = "usbSerial"
 )
 
+// The binding conditions of the devices of a resource with
+// PrepareBeforeBind, below the driver name (<driver>/prepared,
+// <driver>/prepareFailed): the scheduler binds a pod once the claim's
+// status.devices has the first True for each device, and sends it
+// elsewhere when the second turns True.
+const (
+	ConditionPrepared      = "prepared"
+	ConditionPrepareFailed = "prepareFailed"
+)
+
 // CapacityShares is the consumable capacity of a device of a resource
 // with replicas, below the driver name (<driver>/shares; SharesCapacity):
 // the device's replicas, of which a claim takes one unless it asks for

@@ -125,6 +125,10 @@ func (pr *preparer) prepare(ctx context.Context, claims []*resourceapi.ResourceC
 				errs[c.UID] = fmt.Errorf("claim %s/%s: %w", c.Namespace, c.Name, err)
 				continue
 			}
+			if pc.PreBinding {
+				errs[c.UID] = fmt.Errorf("claim %s/%s: %w", c.Namespace, c.Name, ErrPreBinding)
+				continue
+			}
 			if pc.BootID == pr.boot && !pc.PrepareAgain {
 				plans = append(plans, &planned{claim: c, entry: pc, again: true})
 				continue
@@ -190,6 +194,13 @@ func (pr *preparer) prepare(ctx context.Context, claims []*resourceapi.ResourceC
 	for _, p := range plans {
 		if p.again {
 			pr.specs.ensure(p.claim.UID, p.entry)
+			if p.entry.PreBind {
+				// Prepared before binding: the kubelet has it now, and
+				// releases it (the driver no longer does).
+				p.entry.PreBind = false
+				next[p.claim.UID] = p.entry
+				added = true
+			}
 			continue
 		}
 		added = true

@@ -1,10 +1,14 @@
 package dra
 
 import (
+	"fmt"
+	"os"
 	"sync"
 
-	"github.com/cdi-device-plugin/cdi-device-plugin/metrics"
 	"github.com/sirupsen/logrus"
+	"go.etcd.io/etcd/client/pkg/v3/fileutil"
+
+	"github.com/cdi-device-plugin/cdi-device-plugin/metrics"
 )
 
 // preparer prepares and unprepares the claims of the kubelet's calls, and
@@ -51,4 +55,29 @@ func (pr *preparer) lock() error {
 func (pr *preparer) unlock() {
 	pr.holders.turn()
 	pr.mu.Unlock()
+}
+
+// lockAlone takes the locks of work the kubelet does not call (the release
+// of a stale claim, a preparation before binding): during a rolling update
+// the helper's cross-instance lock first (it serialises the kubelet's calls
+// to either instance, and this work must not run beside one of them), then
+// lock. The returned func lets both go.
+func (pr *preparer) lockAlone() (func(), error) {
+	release := func() {}
+	if pr.serializeLock != "" {
+		l, err := fileutil.LockFile(pr.serializeLock, os.O_RDWR|os.O_CREATE, 0o600)
+		if err != nil {
+			return nil, fmt.Errorf("lock %s: %w", pr.serializeLock, err)
+		}
+		release = func() { _ = l.Close() }
+	}
+	if err := pr.lock(); err != nil {
+		pr.unlock()
+		release()
+		return nil, err
+	}
+	return func() {
+		pr.unlock()
+		release()
+	}, nil
 }

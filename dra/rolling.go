@@ -132,3 +132,12 @@ func accepts(sock string) bool {
 	_ = c.Close()
 	return true
 }
+
+// rollingLock is the helper's lock file during a rolling update ("": no
+// rolling update).
+func rollingLock(o Options) string {
+	if o.RollingUpdateUID == "" {
+		return ""
+	}
+	return filepath.Join(o.PluginDir, serializeLockFile)
+}

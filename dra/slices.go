@@ -36,6 +36,10 @@ type Published struct {
 	// published once, allocatable to several claims at once, with the
 	// consumable capacity <driver>/shares of this many (Capacity).
 	Shares int
+	// PrepareBeforeBind: each device carries the binding condition
+	// <driver>/prepared and the binding failure condition
+	// <driver>/prepareFailed (Resource.PrepareBeforeBind).
+	PrepareBeforeBind bool
 }
 
 // Pools are the pools of the devices of res on node: one per resource,
@@ -126,6 +130,10 @@ func Device(driver string, p Published, d device.Device) resourceapi.Device {
 	}
 	if p.Handover {
 		out.Taints = append(out.Taints, resourceapi.DeviceTaint{Key: driver + "/" + TaintHandover, Effect: resourceapi.DeviceTaintEffectNoSchedule})
+	}
+	if p.PrepareBeforeBind {
+		out.BindingConditions = []string{driver + "/" + ConditionPrepared}
+		out.BindingFailureConditions = []string{driver + "/" + ConditionPrepareFailed}
 	}
 	if p.Shares > 1 {
 		out.AllowMultipleAllocations = new(bool)

@@ -248,3 +248,22 @@ func TestDriverAndDeviceNameChecks(t *testing.T) {
 }
 
 func asFieldError(err error, fe **config.FieldError) bool { return errors.As(err, fe) }
+
+// TestSlicesBindingConditions: the devices of a resource with
+// PrepareBeforeBind carry the binding condition <driver>/prepared and the
+// failure condition <driver>/prepareFailed; those of another resource
+// carry neither.
+func TestSlicesBindingConditions(t *testing.T) {
+	k := kindOf(t, "example.com", "sim")
+	d := simDevices(1, "n1").Devices[0]
+	for _, pbb := range []bool{true, false} {
+		got := Device(testDriver, Published{Resource: "example.com/sim", Kind: k, IDPrefix: "sim", PrepareBeforeBind: pbb}, d)
+		wantBC, wantBF := []string(nil), []string(nil)
+		if pbb {
+			wantBC, wantBF = []string{testDriver + "/prepared"}, []string{testDriver + "/prepareFailed"}
+		}
+		if !slices.Equal(got.BindingConditions, wantBC) || !slices.Equal(got.BindingFailureConditions, wantBF) {
+			t.Errorf("prepareBeforeBind %v: binding conditions %v, failure conditions %v; want %v, %v", pbb, got.BindingConditions, got.BindingFailureConditions, wantBC, wantBF)
+		}
+	}
+}

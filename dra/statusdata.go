@@ -105,7 +105,21 @@ type deviceStatus struct {
 	Message      string
 	// Since is when the condition took its status (LastTransitionTime).
 	Since time.Time
+	// Binding is the binding condition the device reports, for a device
+	// allocated with the driver's binding conditions: bindingPrepared
+	// (<driver>/prepared True) or bindingFailed (<driver>/prepareFailed
+	// True, with Reason and Message); bindingNone writes neither.
+	Binding binding
 }
+
+// binding is which binding condition a device reports.
+type binding int
+
+const (
+	bindingNone binding = iota
+	bindingPrepared
+	bindingFailed
+)
 
 // claimStatus is what the driver reports for one claim.
 type claimStatus struct {
@@ -153,6 +167,11 @@ func (q statusReporter) outcome(c *resourceapi.ResourceClaim, r kubeletplugin.Pr
 				if dv.PoolName == ds.Pool && dv.DeviceName == ds.Device && (dv.ShareID == nil || string(*dv.ShareID) == ds.ShareID) {
 					ds.CDIDeviceIDs = append(ds.CDIDeviceIDs, dv.CDIDeviceIDs...)
 				}
+			}
+			// Its binding condition stays True (the kubelet's Prepare of
+			// a claim prepared before binding writes the status again).
+			if slices.Contains(res.BindingConditions, q.driver+"/"+ConditionPrepared) {
+				ds.Binding = bindingPrepared
 			}
 		case own == nil:
 			ds.Reason, ds.Message = ReasonNotPrepared, r.Err.Error()
@@ -257,6 +276,14 @@ func (q statusReporter) apply(ctx context.Context, st claimStatus) error {
 		}
 		e := resourceapply.AllocatedDeviceStatus().WithDriver(q.driver).WithPool(ds.Pool).WithDevice(ds.Device).
 			WithConditions(cond).WithData(runtime.RawExtension{Raw: data})
+		switch ds.Binding {
+		case bindingPrepared:
+			e.WithConditions(metav1apply.Condition().WithType(q.driver + "/" + ConditionPrepared).WithStatus(metav1.ConditionTrue).
+				WithReason(string(ReasonPrepared)).WithMessage("prepared before binding").WithLastTransitionTime(metav1.NewTime(ds.Since)))
+		case bindingFailed:
+			e.WithConditions(metav1apply.Condition().WithType(q.driver + "/" + ConditionPrepareFailed).WithStatus(metav1.ConditionTrue).
+				WithReason(string(ds.Reason)).WithMessage(truncate(ds.Message, maxStatusMessage)).WithLastTransitionTime(metav1.NewTime(ds.Since)))
+		}
 		if ds.ShareID != "" {
 			e.WithShareID(ds.ShareID)
 		}

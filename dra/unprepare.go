@@ -3,13 +3,11 @@ package dra
 import (
 	"context"
 	"fmt"
-	"os"
 	"slices"
 	"strings"
 	"time"
 
 	"github.com/sirupsen/logrus"
-	"go.etcd.io/etcd/client/pkg/v3/fileutil"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 
@@ -213,21 +211,11 @@ func (pr *preparer) spareDevicePluginHeld(ctx context.Context, log *logrus.Entry
 // answer (ErrCannotTell). Kept claims are asked about again at the next
 // pass.
 func (pr *preparer) dropStale(ctx context.Context, uid types.UID, log *logrus.Entry) error {
-	if pr.serializeLock != "" {
-		// Another instance of the driver may serve the kubelet now (a
-		// rolling update): the helper serialises their calls with this
-		// lock, and the release must not run beside one of them.
-		l, err := fileutil.LockFile(pr.serializeLock, os.O_RDWR|os.O_CREATE, 0o600)
-		if err != nil {
-			return fmt.Errorf("lock %s: %w", pr.serializeLock, err)
-		}
-		defer l.Close()
-	}
-	if err := pr.lock(); err != nil {
-		pr.unlock()
+	unlock, err := pr.lockAlone()
+	if err != nil {
 		return err
 	}
-	defer pr.unlock()
+	defer unlock()
 	pc, ok := pr.checkpoint.Claims()[uid]
 	if !ok {
 		return nil

@@ -25,6 +25,9 @@ type DRA struct {
 const (
 	OpPrepare   = "prepare"
 	OpUnprepare = "unprepare"
+	// OpPrepareBeforeBind is a claim prepared before the scheduler binds
+	// its pod (a resource with prepareBeforeBind), not a kubelet call.
+	OpPrepareBeforeBind = "prepare_before_bind"
 )
 
 // Results of a claim status write (StatusWritten).
@@ -51,7 +54,7 @@ func newDRA(reg *prometheus.Registry) *DRA {
 	d := &DRA{
 		requests: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: Namespace, Name: "dra_request_duration_seconds",
-			Help:    "Duration of the kubelet's NodePrepareResources and NodeUnprepareResources calls as the driver serves them, by operation (prepare, unprepare) and result (ok, or error when a claim of the call failed).",
+			Help:    "Duration of the kubelet's NodePrepareResources and NodeUnprepareResources calls as the driver serves them, and of the preparations of claims before binding, by operation (prepare, unprepare, prepare_before_bind) and result (ok, or error when a claim failed).",
 			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 45},
 		}, []string{"operation", "result"}),
 		claims: prometheus.NewCounterVec(prometheus.CounterOpts{

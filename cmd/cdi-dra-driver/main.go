@@ -234,7 +234,7 @@ func build(cfg *config.Config, f flags, client func(string) (kubernetes.Interfac
 			mounts = append(mounts, cdi.Mount{HostPath: m.HostPath, ContainerPath: m.ContainerPath, ReadOnly: m.ReadOnly})
 		}
 		d.opts.Resources = append(d.opts.Resources, dra.Resource{Name: rc.Name, Kind: p.Kind, IDPrefix: rc.IDPrefix, EnvPrefix: rc.EnvPrefix,
-			Mounts: mounts, Source: p.Source, Spec: p.Spec, Runner: p.Runner, Replicas: rc.ReplicaCount()})
+			Mounts: mounts, Source: p.Source, Spec: p.Spec, Runner: p.Runner, Replicas: rc.ReplicaCount(), PrepareBeforeBind: rc.PrepareBeforeBind})
 	}
 	return d, nil
 }
