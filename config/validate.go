@@ -477,3 +477,23 @@ func validateStep(f func(string) string, r *Resource, p *Prestart, j int) error 
 	}
 	return nil
 }
+
+// ParseLevel reads a log level as --log-level takes it; a bad one is a
+// FieldError of log-level.
+func ParseLevel(s string) (Level, error) {
+	l, ok := parseLevel(s)
+	if !ok {
+		return "", fieldErr("log-level", s, "must be one of trace, debug, info, warn, error")
+	}
+	return l, nil
+}
+
+// ParseLogFormat reads a log format as --log-format takes it; a bad one
+// is a FieldError of log-format.
+func ParseLogFormat(s string) (LogFormat, error) {
+	f := LogFormat(s)
+	if err := oneOf("log-format", f, LogText, LogJSON); err != nil {
+		return "", err
+	}
+	return f, nil
+}

@@ -23,14 +23,13 @@ import (
 	"golang.org/x/sync/errgroup"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/cdi-device-plugin/cdi-device-plugin/cdi"
 	"github.com/cdi-device-plugin/cdi-device-plugin/config"
 	"github.com/cdi-device-plugin/cdi-device-plugin/device"
 	"github.com/cdi-device-plugin/cdi-device-plugin/dra"
 	"github.com/cdi-device-plugin/cdi-device-plugin/internal/command"
+	"github.com/cdi-device-plugin/cdi-device-plugin/internal/kubeclient"
 	"github.com/cdi-device-plugin/cdi-device-plugin/internal/logs"
 	"github.com/cdi-device-plugin/cdi-device-plugin/metrics"
 	"github.com/cdi-device-plugin/cdi-device-plugin/resource"
@@ -49,7 +48,7 @@ const CheckpointFile = "dra/checkpoint.json"
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
-	code := run(ctx, os.Args[1:], os.LookupEnv, os.Stderr, newClient)
+	code := run(ctx, os.Args[1:], os.LookupEnv, os.Stderr, kubeclient.New)
 	stop()
 	os.Exit(code)
 }
@@ -84,22 +83,6 @@ func (f *flags) extra() []config.Extra {
 
 // podUIDPattern is what --pod-uid may hold: it names the sockets.
 var podUIDPattern = regexp.MustCompile(`^[A-Za-z0-9._-]{1,64}$`)
-
-// newClient makes an API client: from kubeconfig, or in-cluster when
-// empty; each with a client-side rate limit of its own.
-func newClient(kubeconfig string) (kubernetes.Interface, error) {
-	var rc *rest.Config
-	var err error
-	if kubeconfig == "" {
-		rc, err = rest.InClusterConfig()
-	} else {
-		rc, err = clientcmd.BuildConfigFromFlags("", kubeconfig)
-	}
-	if err != nil {
-		return nil, err
-	}
-	return kubernetes.NewForConfig(rc)
-}
 
 // run runs the driver until ctx is done and returns the exit status: 0 on
 // a clean shutdown, 2 for bad configuration (before anything is touched),
