@@ -70,6 +70,11 @@ func TestFileModes(t *testing.T) {
 		filepath.Join(d.state, "devices", "*", "*.json"):  0o644,
 		filepath.Join(d.state, "devices", "*", "*.bin"):   0o644,
 		filepath.Join(d.state, "devices", "*", "scratch"): fs.ModeDir | 0o755,
+		// A lock file per device, held while steps run on it (two
+		// processes never prepare one device at once): the plugin's
+		// alone, beside the directories containers see.
+		filepath.Join(d.state, "locks"):           fs.ModeDir | 0o700,
+		filepath.Join(d.state, "locks", "*.lock"): 0o600,
 	}
 	seen := map[string]bool{}
 	for pattern, mode := range want {

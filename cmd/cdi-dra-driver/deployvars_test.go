@@ -24,7 +24,9 @@ func TestDeployScriptPassesTheDriverFlags(t *testing.T) {
 		t.Fatal("deploy/deploy.sh has no DRIVER_VARS=(...)")
 	}
 	got := strings.Fields(string(m[1]))
-	bySelf := []string{"DRIVER_NAME", "KUBELET_REGISTRAR_DIR", "KUBELET_PLUGINS_DIR", "KUBECONFIG"}
+	// Set by deploy.sh on its own terms, or by the manifests: POD_UID
+	// comes from the downward API (the pod's UID), never from the script.
+	bySelf := []string{"DRIVER_NAME", "KUBELET_REGISTRAR_DIR", "KUBELET_PLUGINS_DIR", "KUBECONFIG", "POD_UID"}
 	var want []string
 	for _, e := range (&flags{}).extra() {
 		if !slices.Contains(bySelf, e.Env) {
