@@ -404,8 +404,9 @@ func clusterWide(o *objects) []objMeta {
 // nothing more. Slices: the ResourceSlice controller lists and watches
 // them and creates, updates and deletes its own, and the first publish
 // lists and creates; nothing gets or patches one. Claims: the kubeletplugin helper GETs each claim the
-// kubelet asks it to prepare, and nothing lists or watches them; the
-// driver writes its entries of their status.devices by server-side apply
+// kubelet asks it to prepare, and the prepare-before-bind informer lists
+// and watches those labelled for its node (a label selector, which RBAC
+// cannot express: the grant is for every claim); the driver writes its entries of their status.devices by server-side apply
 // (a PATCH of the status), which Kubernetes 1.36 authorizes per driver
 // (resourceclaims/driver, associated-node:patch, the driver's own name
 // only).
@@ -413,7 +414,7 @@ func TestDriverRBAC(t *testing.T) {
 	want := func(driver string) []rbacv1.PolicyRule {
 		return []rbacv1.PolicyRule{
 			{APIGroups: []string{"resource.k8s.io"}, Resources: []string{"resourceslices"}, Verbs: []string{"list", "watch", "create", "update", "delete"}},
-			{APIGroups: []string{"resource.k8s.io"}, Resources: []string{"resourceclaims"}, Verbs: []string{"get"}},
+			{APIGroups: []string{"resource.k8s.io"}, Resources: []string{"resourceclaims"}, Verbs: []string{"get", "list", "watch"}},
 			{APIGroups: []string{""}, Resources: []string{"nodes"}, Verbs: []string{"get", "list", "watch"}},
 			{APIGroups: []string{"resource.k8s.io"}, Resources: []string{"resourceclaims/status"}, Verbs: []string{"patch"}},
 			{APIGroups: []string{"resource.k8s.io"}, Resources: []string{"resourceclaims/driver"}, ResourceNames: []string{driver}, Verbs: []string{"associated-node:patch"}},
