@@ -622,32 +622,62 @@ func docVerbs(doc, resource string) [][]string {
 	return out
 }
 
+// controllerParagraph tells a paragraph that gives the DRA controller's
+// API access (it names the controller's account) from the driver's.
+var controllerParagraph = regexp.MustCompile(`controller's\s+account`)
+
 // TestRBACDocs: every document that lists the driver's API access lists
 // the verbs the ClusterRole grants: those of resourceslices, resourceclaims
 // and nodes, and the two rules of the claims' status (a host-process
-// driver needs them too).
+// driver needs them too). Each lists the controller's too, in a paragraph
+// that names the controller's account: the verbs of its ClusterRole, and
+// no access to what only the driver has.
 func TestRBACDocs(t *testing.T) {
 	o := kustomizeRender(t, filepath.Join("modes", "dra"))
-	roles := o.of(driverApp).roles
-	if len(roles) != 1 {
-		t.Fatalf("%d ClusterRoles of the driver", len(roles))
+	d, c := o.of(driverApp).roles, o.of(controllerApp).roles
+	if len(d) != 1 || len(c) != 1 {
+		t.Fatalf("%d ClusterRoles of the driver, %d of the controller", len(d), len(c))
+	}
+	controllerHas := map[string]bool{}
+	for _, r := range c[0].Rules {
+		controllerHas[r.Resources[0]] = true
 	}
 	for _, doc := range rbacDocs {
 		b, err := os.ReadFile(doc)
 		if err != nil {
 			t.Fatal(err)
 		}
-		for _, r := range roles[0].Rules {
-			res := r.Resources[0]
-			want := slices.Clone(r.Verbs)
-			slices.Sort(want)
-			said := docVerbs(string(b), res)
-			if len(said) == 0 {
-				t.Errorf("%s does not list the verbs on %s (%v)", doc, res, want)
+		var driverText, controllerText strings.Builder
+		for _, p := range strings.Split(string(b), "\n\n") {
+			if controllerParagraph.MatchString(p) {
+				controllerText.WriteString(p + "\n\n")
+			} else {
+				driverText.WriteString(p + "\n\n")
 			}
-			for _, vs := range said {
-				if !slices.Equal(vs, want) {
-					t.Errorf("%s lists %s %v; the ClusterRole grants %v", doc, res, vs, want)
+		}
+		for _, who := range []struct {
+			name, text string
+			rules      []rbacv1.PolicyRule
+		}{{"driver", driverText.String(), d[0].Rules}, {"controller", controllerText.String(), c[0].Rules}} {
+			for _, r := range who.rules {
+				res := r.Resources[0]
+				want := slices.Clone(r.Verbs)
+				slices.Sort(want)
+				said := docVerbs(who.text, res)
+				if len(said) == 0 {
+					t.Errorf("%s does not list the %s's verbs on %s (%v)", doc, who.name, res, want)
+				}
+				for _, vs := range said {
+					if !slices.Equal(vs, want) {
+						t.Errorf("%s lists the %s's %s %v; its ClusterRole grants %v", doc, who.name, res, vs, want)
+					}
+				}
+			}
+		}
+		for _, r := range d[0].Rules {
+			if res := r.Resources[0]; !controllerHas[res] {
+				if said := docVerbs(controllerText.String(), res); len(said) > 0 {
+					t.Errorf("%s gives the controller's account %s %v; its ClusterRole grants none", doc, res, said)
 				}
 			}
 		}
