@@ -147,7 +147,21 @@ func (pr *preparer) prepare(ctx context.Context, claims []*resourceapi.ResourceC
 	if len(errs) > 0 {
 		return nil, errs
 	}
-	// The steps, per resource, on the devices of every claim prepared now.
+	pr.runSteps(ctx, plans, errs)
+	if len(errs) > 0 {
+		return nil, errs
+	}
+	if err := pr.commit(plans, cp, errs); err != nil {
+		return nil, errs
+	}
+	return answer(plans), nil
+}
+
+// runSteps runs the steps, per resource, on the devices of every claim
+// of plans prepared now; errs gets each claim the failures of its own
+// devices (all of them when the runner's error does not say which device
+// failed).
+func (pr *preparer) runSteps(ctx context.Context, plans []*planned, errs map[types.UID]error) {
 	for _, r := range pr.devs.res {
 		var devs []device.Device
 		for _, p := range plans {
@@ -157,8 +171,6 @@ func (pr *preparer) prepare(ctx context.Context, claims []*resourceapi.ResourceC
 			continue
 		}
 		if err := r.Runner.Prepare(ctx, devs); err != nil {
-			// Each claim gets the failures of its own devices (all of
-			// them when the error does not say which device failed).
 			failed := stepFailures(err)
 			for _, p := range plans {
 				var own []error
@@ -176,11 +188,13 @@ func (pr *preparer) prepare(ctx context.Context, claims []*resourceapi.ResourceC
 			}
 		}
 	}
-	if len(errs) > 0 {
-		return nil, errs
-	}
-	// The claims' specs, then the checkpoint; a failure undoes the specs
-	// written here.
+}
+
+// commit writes the claims' specs, then the checkpoint (cp with the
+// claims of plans prepared now, and those prepared before binding handed
+// to the kubelet); a failure undoes the specs written here, and errs gets
+// every claim of plans the error.
+func (pr *preparer) commit(plans []*planned, cp map[types.UID]PreparedClaim, errs map[types.UID]error) error {
 	var written []types.UID
 	undo := func() {
 		for _, uid := range written {
@@ -207,7 +221,7 @@ func (pr *preparer) prepare(ctx context.Context, claims []*resourceapi.ResourceC
 		if err := pr.specs.write(p.claim.UID, &p.entry); err != nil {
 			errs[p.claim.UID] = fmt.Errorf("claim %s/%s: %w", p.claim.Namespace, p.claim.Name, err)
 			undo()
-			return nil, errs
+			return errs[p.claim.UID]
 		}
 		if p.entry.ClaimSpec != "" {
 			written = append(written, p.claim.UID)
@@ -217,16 +231,16 @@ func (pr *preparer) prepare(ctx context.Context, claims []*resourceapi.ResourceC
 	// Claims all prepared already (the kubelet asks again after it
 	// restarts): the checkpoint on disk holds them; no write, no fsync.
 	if !added {
-		return answer(plans), nil
+		return nil
 	}
 	if err := pr.checkpoint.Save(next); err != nil {
 		undo()
 		for _, p := range plans {
 			errs[p.claim.UID] = fmt.Errorf("claim %s/%s: %w", p.claim.Namespace, p.claim.Name, err)
 		}
-		return nil, errs
+		return err
 	}
-	return answer(plans), nil
+	return nil
 }
 
 // sameAllocation checks that claim c's allocation now names the devices

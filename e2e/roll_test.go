@@ -5,7 +5,6 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -46,8 +45,8 @@ func (r rollResult) longest() (string, time.Duration) {
 }
 
 // scenarioDRARoll: the driver's DaemonSet rolled twice while claim pod d9
-// runs and a new claim pod (1 device, its container runs 2 s) is created
-// every second: first with the strategy the driver had before rolling
+// runs and a new claim pod (1 device, its container exits at once) is
+// created every second: first with the strategy the driver had before rolling
 // updates with overlap (maxUnavailable 1, maxSurge 0: the old pod goes,
 // then the new one starts), for the measure, then as deployed (maxSurge
 // 1, maxUnavailable 0: the new pod beside the old one, POD_UID). As
@@ -104,9 +103,10 @@ func (c *cluster) scenarioDRARoll(t *testing.T, node string) {
 }
 
 // rollDriver rolls the driver's DaemonSet with the rolling update strategy
-// (JSON) while a claim pod is created every second, until the new driver
-// pod is ready, the old one gone, and 5 s more; it waits for every claim
-// pod to end, deleting each that did, and watches the node's slices
+// (JSON) while a claim pod (its container exits at once) is created every
+// second, until the new driver pod is ready, the old one gone, and 5 s
+// more; each claim pod is read and deleted as it ends (its device free
+// again), and all have ended when it returns; it watches the node's slices
 // (taints recorded when watchTaints).
 func (c *cluster) rollDriver(t *testing.T, node, how, strategy string, watchTaints bool) rollResult {
 	t.Helper()
@@ -148,7 +148,7 @@ func (c *cluster) rollDriver(t *testing.T, node, how, strategy string, watchTain
 			name := fmt.Sprintf("r-%s-%d", how, n)
 			p := c.claimPod(name, "one", "")
 			p.Spec.RestartPolicy = corev1.RestartPolicyNever
-			p.Spec.Containers[0].Command = []string{"sh", "-c", "sleep 2"}
+			p.Spec.Containers[0].Command = []string{"true"}
 			if _, err := c.cs.CoreV1().Pods(podNS).Create(ctx, p, metav1.CreateOptions{}); err != nil {
 				mu.Lock()
 				res.failed = append(res.failed, name+": create: "+err.Error())
@@ -163,6 +163,61 @@ func (c *cluster) rollDriver(t *testing.T, node, how, strategy string, watchTain
 				return
 			case <-tick.C:
 			}
+		}
+	}()
+	// Claim pods that ended are read and deleted as they end, so that
+	// their devices are free again: a new pod waits for the driver, not
+	// for a device.
+	pending := map[string]bool{}
+	reap := func() {
+		mu.Lock()
+		for _, n := range created {
+			pending[n] = true
+		}
+		created = nil
+		names := make([]string, 0, len(pending))
+		for n := range pending {
+			names = append(names, n)
+		}
+		mu.Unlock()
+		for _, n := range names {
+			p, err := c.getPod(n)
+			switch {
+			case apierrors.IsNotFound(err):
+				mu.Lock()
+				delete(pending, n)
+				res.failed = append(res.failed, n+": gone")
+				mu.Unlock()
+				continue
+			case err != nil:
+				continue
+			}
+			if p.Status.Phase != corev1.PodSucceeded && p.Status.Phase != corev1.PodFailed {
+				continue
+			}
+			mu.Lock()
+			if p.Status.Phase == corev1.PodFailed {
+				res.failed = append(res.failed, fmt.Sprintf("%s: %s %s", n, p.Status.Reason, p.Status.Message))
+			}
+			if st := startedAt(p); !st.IsZero() {
+				res.waits[n] = st.Sub(p.CreationTimestamp.Time)
+				res.started++
+			}
+			delete(pending, n)
+			mu.Unlock()
+			c.deletePod(t, n)
+		}
+	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(200 * time.Millisecond):
+			}
+			reap()
 		}
 	}()
 	// The node's slices, every 100 ms.
@@ -224,38 +279,10 @@ func (c *cluster) rollDriver(t *testing.T, node, how, strategy string, watchTain
 	time.Sleep(5 * time.Second)
 	close(stop)
 	wg.Wait()
-	mu.Lock()
-	names := slices.Clone(created)
-	mu.Unlock()
-	// Every claim pod ends; its wait is its container's start.
-	pending := map[string]bool{}
-	for _, n := range names {
-		pending[n] = true
-	}
 	eventually(t, 3*time.Minute, "the "+how+" roll's claim pods ended", func() (bool, string) {
-		for n := range pending {
-			p, err := c.getPod(n)
-			if apierrors.IsNotFound(err) {
-				delete(pending, n)
-				res.failed = append(res.failed, n+": gone")
-				continue
-			}
-			if err != nil {
-				continue
-			}
-			switch p.Status.Phase {
-			case corev1.PodSucceeded, corev1.PodFailed:
-				if p.Status.Phase == corev1.PodFailed {
-					res.failed = append(res.failed, fmt.Sprintf("%s: %s %s", n, p.Status.Reason, p.Status.Message))
-				}
-				if st := startedAt(p); !st.IsZero() {
-					res.waits[n] = st.Sub(p.CreationTimestamp.Time)
-					res.started++
-				}
-				delete(pending, n)
-				c.deletePod(t, n)
-			}
-		}
+		reap()
+		mu.Lock()
+		defer mu.Unlock()
 		left := make([]string, 0, len(pending))
 		for n := range pending {
 			left = append(left, n)
