@@ -47,9 +47,10 @@ all: build
 help: ## List the targets with what they do
 	@awk 'BEGIN {FS = ":[^#]*## "} /^[a-zA-Z0-9_-]+:[^#]*## / {printf "  %-22s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
-build: ## Build the plugin, the DRA driver and the bench tool into $(BIN)/
+build: ## Build the plugin, the DRA driver, its controller and the bench tool into $(BIN)/
 	CGO_ENABLED=0 $(GO) build -trimpath -tags $(GO_TAGS) -ldflags "$(LDFLAGS)" -o $(BIN)/cdi-device-plugin ./cmd/cdi-device-plugin
 	CGO_ENABLED=0 $(GO) build -trimpath -tags $(GO_TAGS) -ldflags "$(LDFLAGS)" -o $(BIN)/cdi-dra-driver ./cmd/cdi-dra-driver
+	CGO_ENABLED=0 $(GO) build -trimpath -tags $(GO_TAGS) -ldflags "$(LDFLAGS)" -o $(BIN)/cdi-dra-controller ./cmd/cdi-dra-controller
 	CGO_ENABLED=0 $(GO) build -trimpath -o $(BIN)/dp-bench ./cmd/dp-bench
 
 install: ## Install the binary (build it first), the systemd unit and, unless present, its env file (DESTDIR, PREFIX)

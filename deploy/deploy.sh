@@ -10,14 +10,19 @@
 #
 #   MODE            device-plugin (default): the device plugin's DaemonSet;
 #                   dra: the DRA driver's DaemonSet, its ServiceAccount,
-#                   ClusterRole and binding, admission policy and one
-#                   DeviceClass per resource; per-node: both DaemonSets, on
-#                   the nodes labelled cdi-device-plugin/mode=device-plugin
-#                   and cdi-device-plugin/mode=dra respectively
+#                   ClusterRole and binding, admission policy, one
+#                   DeviceClass per resource, and its controller's
+#                   Deployment (one pod in the cluster: prepareBeforeBind)
+#                   with its own ServiceAccount, ClusterRole and binding;
+#                   per-node: both DaemonSets, on the nodes labelled
+#                   cdi-device-plugin/mode=device-plugin and
+#                   cdi-device-plugin/mode=dra respectively, and what dra
+#                   adds
 #   NAMESPACE       target namespace (default: $PLUGIN_NAME if set, else
 #                   simple-device-plugin)
 #   IMAGE           plugin image (default: cdi-device-plugin:latest); the DRA
-#                   driver runs its second binary, /cdi-dra-driver
+#                   driver runs its second binary, /cdi-dra-driver, and
+#                   its controller the third, /cdi-dra-controller
 #   PLUGIN_NAME RESOURCE_NAME NUMBER_DEVICES DEVICE_ID_PREFIX ANNOTATION_PREFIX
 #   ENV_PREFIX DEVICE_FILE_PREFIX DEVICE_LIST_STRATEGY LOG_LEVEL LOG_FORMAT
 #   PRESTART_STEPS PRESTART_BUDGET FIRMWARE_IMAGE FIRMWARE_SHA256 SYS_ROOT
@@ -43,15 +48,17 @@
 #                   example.com/simple-device; required with PLUGIN_CONFIG:
 #                   the names of its resources)
 #   DRIVER_NAME     the driver's name (default: <class>.<domain> of the first
-#                   of DRA_RESOURCES: sim.example.com for example.com/sim)
+#                   of DRA_RESOURCES: sim.example.com for example.com/sim);
+#                   its controller gets it too
 #   DRA_EXTENDED_RESOURCE
 #                   true (default): each DeviceClass has extendedResourceName,
 #                   so pods asking for the extended resource are served
 #                   through DRA; false: claims only
 #   API_SERVER_HOST API_SERVER_PORT
-#                   where the driver reaches the API server, when pods cannot
-#                   reach the kubernetes Service (a cluster without
-#                   kube-proxy); set as its KUBERNETES_SERVICE_HOST/PORT
+#                   where the driver and its controller reach the API
+#                   server, when pods cannot reach the kubernetes Service (a
+#                   cluster without kube-proxy); set as their
+#                   KUBERNETES_SERVICE_HOST/PORT
 #   DEVICE_STATUS DEVICE_METADATA STALE_CLAIM_GRACE
 #                   passed to the driver's container env alone, as the
 #                   plugin settings above (docs/configuration.md)
@@ -64,7 +71,7 @@
 # "delete" with the same variables removes only that one. The DRA driver's
 # cluster-wide objects (ClusterRole, ClusterRoleBinding, the admission
 # policy and its binding) are named cdi-dra-driver-<namespace> for the same
-# reason.
+# reason, its controller's cdi-dra-controller-<namespace>.
 set -euo pipefail
 
 usage() {
@@ -227,7 +234,7 @@ write_device_classes() {
 # for the DRA modes, the namespaced objects go into DIR/namespaced and DIR
 # adds the cluster-scoped ones, which must not get a namespace.
 write_overlay() {
-	local dir=$1 ns_dir image name tag='' digest='' env='' dra_env='' patches=''
+	local dir=$1 ns_dir image name tag='' digest='' env='' dra_env='' api_env='' patches=''
 
 	image=${IMAGE:-cdi-device-plugin:latest}
 	name=${image}
@@ -261,6 +268,7 @@ write_overlay() {
 			printf 'components:\n'
 			relpath "${ns_dir}" "${COMPONENTS_DIR}"
 			printf '  - %s/%s\n' "${REPLY}" dra-driver
+			printf '  - %s/%s\n' "${REPLY}" dra-controller
 			if [[ ${MODE} == dra ]]; then
 				printf '  - %s/%s\n' "${REPLY}" dra-only
 			else
@@ -341,19 +349,22 @@ write_overlay() {
 	if [[ ${MODE} != device-plugin ]]; then
 		env_entries "${DRIVER_VARS[@]}"
 		dra_env=${env}${REPLY}
+		# What the driver and its controller both get: the driver's name
+		# and where the API server is.
 		quote "${DRIVER}"
-		dra_env+="            - name: DRIVER_NAME"$'\n'
-		dra_env+="              value: ${REPLY}"$'\n'
+		api_env="            - name: DRIVER_NAME"$'\n'
+		api_env+="              value: ${REPLY}"$'\n'
 		if [[ -n ${API_SERVER_HOST:-}${API_SERVER_PORT:-} ]]; then
 			[[ -n ${API_SERVER_HOST:-} && ${API_SERVER_PORT:-} =~ ^[0-9]+$ ]] ||
 				die "API_SERVER_HOST and API_SERVER_PORT go together (a host and a port number)"
 			quote "${API_SERVER_HOST}"
-			dra_env+="            - name: KUBERNETES_SERVICE_HOST"$'\n'
-			dra_env+="              value: ${REPLY}"$'\n'
+			api_env+="            - name: KUBERNETES_SERVICE_HOST"$'\n'
+			api_env+="              value: ${REPLY}"$'\n'
 			quote "${API_SERVER_PORT}"
-			dra_env+="            - name: KUBERNETES_SERVICE_PORT"$'\n'
-			dra_env+="              value: ${REPLY}"$'\n'
+			api_env+="            - name: KUBERNETES_SERVICE_PORT"$'\n'
+			api_env+="              value: ${REPLY}"$'\n'
 		fi
+		dra_env+=${api_env}
 		{
 			printf '%s\n' \
 				'apiVersion: apps/v1' \
@@ -402,6 +413,29 @@ write_overlay() {
 			'      group: apps' \
 			'      kind: DaemonSet' \
 			'      name: cdi-dra-driver')"$'\n'
+		# The controller: the same name and API server, and, of the
+		# settings, the log's alone (it reads no other).
+		env_entries LOG_LEVEL LOG_FORMAT
+		{
+			printf '%s\n' \
+				'apiVersion: apps/v1' \
+				'kind: Deployment' \
+				'metadata:' \
+				'  name: cdi-dra-controller' \
+				'spec:' \
+				'  template:' \
+				'    spec:' \
+				'      containers:' \
+				'        - name: cdi-dra-controller' \
+				'          env:'
+			printf '%s' "${api_env}${REPLY}"
+		} >"${ns_dir}/controller-patch.yaml"
+		patches+="$(printf '%s\n' \
+			'  - path: controller-patch.yaml' \
+			'    target:' \
+			'      group: apps' \
+			'      kind: Deployment' \
+			'      name: cdi-dra-controller')"$'\n'
 	fi
 	if [[ -n ${patches} ]]; then
 		printf 'patches:\n%s' "${patches}" >>"${ns_dir}/kustomization.yaml"

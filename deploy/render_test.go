@@ -6,7 +6,8 @@
 // matters for running them safely: security contexts, volumes and mounts,
 // probes, ports, resources, environment, update strategy, priority,
 // tolerations and node selectors of the DaemonSets; the DRA driver's RBAC,
-// admission policy and DeviceClasses.
+// admission policy and DeviceClasses; the DRA controller's Deployment and
+// RBAC.
 package deploy_test
 
 import (
@@ -33,6 +34,7 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	resourcev1 "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"sigs.k8s.io/kustomize/api/krusty"
 	"sigs.k8s.io/kustomize/kyaml/filesys"
@@ -89,6 +91,7 @@ func helm(t *testing.T) string {
 type objects struct {
 	raw                 []byte
 	DaemonSets          []appsv1.DaemonSet
+	Deployments         []appsv1.Deployment
 	ConfigMaps          []corev1.ConfigMap
 	Namespaces          []corev1.Namespace
 	ServiceAccounts     []corev1.ServiceAccount
@@ -150,6 +153,8 @@ func decode(t *testing.T, y []byte) *objects {
 		switch d.Kind {
 		case "DaemonSet":
 			err = decodeInto(raw, &o.DaemonSets)
+		case "Deployment":
+			err = decodeInto(raw, &o.Deployments)
 		case "ConfigMap":
 			err = decodeInto(raw, &o.ConfigMaps)
 		case "Namespace":
@@ -206,9 +211,62 @@ func (o *objects) daemonSet(t *testing.T, container string) *appsv1.DaemonSet {
 	return found
 }
 
+// appObjects are the objects of one app (app.kubernetes.io/name) that
+// talk to the API server: its account, what the account may do, and the
+// Deployment that runs it.
+type appObjects struct {
+	accounts    []corev1.ServiceAccount
+	roles       []rbacv1.ClusterRole
+	bindings    []rbacv1.ClusterRoleBinding
+	deployments []appsv1.Deployment
+}
+
+// of returns the objects labelled app.kubernetes.io/name=app
+// (driverApp, controllerApp), in the order rendered.
+func (o *objects) of(app string) appObjects {
+	var a appObjects
+	is := func(m metav1.ObjectMeta) bool { return m.Labels["app.kubernetes.io/name"] == app }
+	for _, x := range o.ServiceAccounts {
+		if is(x.ObjectMeta) {
+			a.accounts = append(a.accounts, x)
+		}
+	}
+	for _, x := range o.ClusterRoles {
+		if is(x.ObjectMeta) {
+			a.roles = append(a.roles, x)
+		}
+	}
+	for _, x := range o.ClusterRoleBindings {
+		if is(x.ObjectMeta) {
+			a.bindings = append(a.bindings, x)
+		}
+	}
+	for i := range o.Deployments {
+		if is(o.Deployments[i].ObjectMeta) {
+			a.deployments = append(a.deployments, o.Deployments[i])
+		}
+	}
+	return a
+}
+
+// envValue returns the value of container c's variable name, and whether it
+// is set.
+func envValue(c *corev1.Container, name string) (string, bool) {
+	for _, e := range c.Env {
+		if e.Name == name {
+			return e.Value, true
+		}
+	}
+	return "", false
+}
+
 const (
 	pluginContainer = "cdi-device-plugin"
 	driverContainer = "cdi-dra-driver"
+	// The apps of the DRA driver's DaemonSet and of its controller's
+	// Deployment, and the controller's container.
+	driverApp       = "cdi-dra-driver"
+	controllerApp   = "cdi-dra-controller"
 	modeLabel       = "cdi-device-plugin/mode"
 	defaultResource = "example.com/simple-device"
 	defaultDriver   = "simple-device.example.com"
@@ -220,27 +278,28 @@ var modes = []string{"device-plugin", "dra", "per-node"}
 // deploy.sh, helm arguments for helm; the kustomize directories take none.
 type renderer struct {
 	name string
-	// namespace the objects are rendered for, and the DRA driver's account.
-	namespace, account string
-	render             func(t *testing.T, mode string, extra ...string) *objects
+	// namespace the objects are rendered for, the DRA driver's account and
+	// its controller's.
+	namespace, account, controllerAccount string
+	render                                func(t *testing.T, mode string, extra ...string) *objects
 }
 
 func renderers() []renderer {
 	return []renderer{
-		{"kustomize", "simple-device-plugin", "cdi-dra-driver", func(t *testing.T, mode string, extra ...string) *objects {
+		{"kustomize", "simple-device-plugin", "cdi-dra-driver", "cdi-dra-controller", func(t *testing.T, mode string, extra ...string) *objects {
 			if len(extra) != 0 {
 				t.Fatalf("the kustomize directories take no settings: %q", extra)
 			}
 			return kustomizeRender(t, filepath.Join("modes", mode))
 		}},
-		{"deploy.sh", "ns", "cdi-dra-driver", func(t *testing.T, mode string, extra ...string) *objects {
+		{"deploy.sh", "ns", "cdi-dra-driver", "cdi-dra-controller", func(t *testing.T, mode string, extra ...string) *objects {
 			out, err := deployScript(t, append([]string{"MODE=" + mode, "NAMESPACE=ns"}, extra...)...)
 			if err != nil {
 				t.Fatalf("deploy.sh render: %v\n%s", err, out)
 			}
 			return decode(t, out)
 		}},
-		{"helm", "ns", "r-dra-driver", func(t *testing.T, mode string, extra ...string) *objects {
+		{"helm", "ns", "r-dra-driver", "r-dra-controller", func(t *testing.T, mode string, extra ...string) *objects {
 			return helmRender(t, append([]string{"--set", "mode=" + mode}, extra...)...)
 		}},
 	}
@@ -311,7 +370,9 @@ func asJSON(v any) string {
 }
 
 // TestModes: each mode renders its objects and no others, cluster-wide
-// objects carry no namespace, and the driver's objects refer to each other.
+// objects carry no namespace, and the driver's objects refer to each
+// other, as do its controller's: with the driver, one controller in the
+// cluster (a Deployment), with its own account and ClusterRole.
 func TestModes(t *testing.T) {
 	for _, r := range renderers() {
 		for _, mode := range modes {
@@ -328,19 +389,39 @@ func TestModes(t *testing.T) {
 				if mode != "device-plugin" {
 					n = 1
 				}
+				d, ctl := o.of(driverApp), o.of(controllerApp)
 				for _, c := range []struct {
 					kind string
 					got  int
 				}{
-					{"ServiceAccount", len(o.ServiceAccounts)},
-					{"ClusterRole", len(o.ClusterRoles)},
-					{"ClusterRoleBinding", len(o.ClusterRoleBindings)},
+					{"ServiceAccount", len(d.accounts)},
+					{"ClusterRole", len(d.roles)},
+					{"ClusterRoleBinding", len(d.bindings)},
 					{"ValidatingAdmissionPolicy", len(o.Policies)},
 					{"ValidatingAdmissionPolicyBinding", len(o.PolicyBindings)},
 					{"DeviceClass", len(o.DeviceClasses)},
+					{"controller's ServiceAccount", len(ctl.accounts)},
+					{"controller's ClusterRole", len(ctl.roles)},
+					{"controller's ClusterRoleBinding", len(ctl.bindings)},
+					{"controller's Deployment", len(ctl.deployments)},
 				} {
 					if c.got != n {
 						t.Errorf("%d %s rendered, want %d", c.got, c.kind, n)
+					}
+				}
+				// Nothing but these: every account, role, binding and
+				// Deployment is the driver's or the controller's.
+				for _, c := range []struct {
+					kind      string
+					got, want int
+				}{
+					{"ServiceAccounts", len(o.ServiceAccounts), 2 * n},
+					{"ClusterRoles", len(o.ClusterRoles), 2 * n},
+					{"ClusterRoleBindings", len(o.ClusterRoleBindings), 2 * n},
+					{"Deployments", len(o.Deployments), n},
+				} {
+					if c.got != c.want {
+						t.Errorf("%d %s rendered, want %d", c.got, c.kind, c.want)
 					}
 				}
 				// kustomize's built-in schema does not know DeviceClass and
@@ -356,10 +437,15 @@ func TestModes(t *testing.T) {
 						t.Errorf("DaemonSet %s in namespace %q, want %q", ds.Name, ds.Namespace, r.namespace)
 					}
 				}
+				for _, dep := range o.Deployments {
+					if r.name != "helm" && dep.Namespace != r.namespace {
+						t.Errorf("Deployment %s in namespace %q, want %q", dep.Name, dep.Namespace, r.namespace)
+					}
+				}
 				if drv == nil {
 					return
 				}
-				sa, crb, vap, vapb := o.ServiceAccounts[0], o.ClusterRoleBindings[0], o.Policies[0], o.PolicyBindings[0]
+				sa, crb, vap, vapb := d.accounts[0], d.bindings[0], o.Policies[0], o.PolicyBindings[0]
 				if got := drv.Spec.Template.Spec.ServiceAccountName; got != sa.Name || got != r.account {
 					t.Errorf("driver's serviceAccountName %q, ServiceAccount %q, want %q", got, sa.Name, r.account)
 				}
@@ -367,11 +453,30 @@ func TestModes(t *testing.T) {
 				if !equality.Semantic.DeepEqual(crb.Subjects, want) {
 					t.Errorf("ClusterRoleBinding subjects %s, want %s", asJSON(crb.Subjects), asJSON(want))
 				}
-				if crb.RoleRef.Kind != "ClusterRole" || crb.RoleRef.Name != o.ClusterRoles[0].Name {
-					t.Errorf("ClusterRoleBinding refers to %s, not to the ClusterRole %s", asJSON(crb.RoleRef), o.ClusterRoles[0].Name)
+				if crb.RoleRef.Kind != "ClusterRole" || crb.RoleRef.Name != d.roles[0].Name {
+					t.Errorf("ClusterRoleBinding refers to %s, not to the ClusterRole %s", asJSON(crb.RoleRef), d.roles[0].Name)
 				}
 				if vapb.Spec.PolicyName != vap.Name {
 					t.Errorf("the policy binding names policy %q, not %q", vapb.Spec.PolicyName, vap.Name)
+				}
+				// The controller's objects, as the driver's (their
+				// numbers are checked above).
+				if len(ctl.accounts) != 1 || len(ctl.roles) != 1 || len(ctl.bindings) != 1 || len(ctl.deployments) != 1 {
+					return
+				}
+				csa, ccrb, dep := ctl.accounts[0], ctl.bindings[0], ctl.deployments[0]
+				if got := dep.Spec.Template.Spec.ServiceAccountName; got != csa.Name || got != r.controllerAccount {
+					t.Errorf("controller's serviceAccountName %q, ServiceAccount %q, want %q", got, csa.Name, r.controllerAccount)
+				}
+				want = []rbacv1.Subject{{Kind: "ServiceAccount", Name: r.controllerAccount, Namespace: r.namespace}}
+				if !equality.Semantic.DeepEqual(ccrb.Subjects, want) {
+					t.Errorf("controller's ClusterRoleBinding subjects %s, want %s", asJSON(ccrb.Subjects), asJSON(want))
+				}
+				if ccrb.RoleRef.Kind != "ClusterRole" || ccrb.RoleRef.Name != ctl.roles[0].Name {
+					t.Errorf("controller's ClusterRoleBinding refers to %s, not to the ClusterRole %s", asJSON(ccrb.RoleRef), ctl.roles[0].Name)
+				}
+				if ctl.roles[0].Name == d.roles[0].Name || csa.Name == sa.Name {
+					t.Errorf("the controller shares the driver's ClusterRole %q or account %q", d.roles[0].Name, sa.Name)
 				}
 			})
 		}
@@ -404,8 +509,9 @@ func clusterWide(o *objects) []objMeta {
 // nothing more. Slices: the ResourceSlice controller lists and watches
 // them and creates, updates and deletes its own, and the first publish
 // lists and creates; nothing gets or patches one. Claims: the kubeletplugin helper GETs each claim the
-// kubelet asks it to prepare, and nothing lists or watches them; the
-// driver writes its entries of their status.devices by server-side apply
+// kubelet asks it to prepare, and the prepare-before-bind informer lists
+// and watches those labelled for its node (a label selector, which RBAC
+// cannot express: the grant is for every claim); the driver writes its entries of their status.devices by server-side apply
 // (a PATCH of the status), which Kubernetes 1.36 authorizes per driver
 // (resourceclaims/driver, associated-node:patch, the driver's own name
 // only).
@@ -413,7 +519,7 @@ func TestDriverRBAC(t *testing.T) {
 	want := func(driver string) []rbacv1.PolicyRule {
 		return []rbacv1.PolicyRule{
 			{APIGroups: []string{"resource.k8s.io"}, Resources: []string{"resourceslices"}, Verbs: []string{"list", "watch", "create", "update", "delete"}},
-			{APIGroups: []string{"resource.k8s.io"}, Resources: []string{"resourceclaims"}, Verbs: []string{"get"}},
+			{APIGroups: []string{"resource.k8s.io"}, Resources: []string{"resourceclaims"}, Verbs: []string{"get", "list", "watch"}},
 			{APIGroups: []string{""}, Resources: []string{"nodes"}, Verbs: []string{"get", "list", "watch"}},
 			{APIGroups: []string{"resource.k8s.io"}, Resources: []string{"resourceclaims/status"}, Verbs: []string{"patch"}},
 			{APIGroups: []string{"resource.k8s.io"}, Resources: []string{"resourceclaims/driver"}, ResourceNames: []string{driver}, Verbs: []string{"associated-node:patch"}},
@@ -421,10 +527,11 @@ func TestDriverRBAC(t *testing.T) {
 	}
 	check := func(t *testing.T, o *objects, driver string) {
 		t.Helper()
-		if len(o.ClusterRoles) != 1 {
-			t.Fatalf("%d ClusterRoles", len(o.ClusterRoles))
+		roles := o.of(driverApp).roles
+		if len(roles) != 1 {
+			t.Fatalf("%d ClusterRoles of the driver", len(roles))
 		}
-		if got := o.ClusterRoles[0].Rules; !equality.Semantic.DeepEqual(got, want(driver)) {
+		if got := roles[0].Rules; !equality.Semantic.DeepEqual(got, want(driver)) {
 			t.Errorf("rules %s\nwant %s", asJSON(got), asJSON(want(driver)))
 		}
 	}
@@ -432,7 +539,7 @@ func TestDriverRBAC(t *testing.T) {
 		t.Run(r.name, func(t *testing.T) {
 			o := r.render(t, "dra")
 			check(t, o, defaultDriver)
-			if sa := o.ServiceAccounts[0]; sa.AutomountServiceAccountToken == nil || *sa.AutomountServiceAccountToken {
+			if sa := o.of(driverApp).accounts[0]; sa.AutomountServiceAccountToken == nil || *sa.AutomountServiceAccountToken {
 				t.Errorf("the ServiceAccount mounts its token into every pod that uses it; only the driver's pod should ask for it")
 			}
 		})
@@ -443,6 +550,52 @@ func TestDriverRBAC(t *testing.T) {
 	})
 	t.Run("helm/dra.driverName", func(t *testing.T) {
 		check(t, renderers()[2].render(t, "dra", "--set", "env.RESOURCE_NAME=e2e.cdi.dev/sim", "--set", "dra.driverName=gpu.example.com"), "gpu.example.com")
+	})
+}
+
+// controllerRules are what the DRA controller's account may do, and
+// nothing more: its informer lists and watches every ResourceClaim (the
+// one watch of all claims in the cluster), and it labels a claim with a
+// merge patch of its metadata; get, for a claim read by name. Nothing
+// else: no status, no slices, no nodes, no events.
+var controllerRules = []rbacv1.PolicyRule{
+	{APIGroups: []string{"resource.k8s.io"}, Resources: []string{"resourceclaims"}, Verbs: []string{"get", "list", "watch", "patch"}},
+}
+
+// TestControllerRBAC: the controller's ClusterRole grants controllerRules
+// exactly, in every mode that has a driver and whatever the driver's
+// name; its account mounts its token only into the controller's pod. Its
+// ClusterRole and binding are named per installation, as the driver's:
+// deploy.sh suffixes them with the namespace, the chart names them after
+// the release and the namespace.
+func TestControllerRBAC(t *testing.T) {
+	names := map[string]string{"kustomize": "cdi-dra-controller", "deploy.sh": "cdi-dra-controller-ns", "helm": "r-dra-controller-ns"}
+	check := func(t *testing.T, o *objects, renderer string) {
+		t.Helper()
+		c := o.of(controllerApp)
+		if len(c.roles) != 1 || len(c.accounts) != 1 || len(c.bindings) != 1 {
+			t.Fatalf("%d ClusterRoles, %d ServiceAccounts, %d ClusterRoleBindings of the controller, want 1 each", len(c.roles), len(c.accounts), len(c.bindings))
+		}
+		if want := names[renderer]; c.roles[0].Name != want || c.bindings[0].Name != want {
+			t.Errorf("the controller's ClusterRole %q and binding %q, want %q", c.roles[0].Name, c.bindings[0].Name, want)
+		}
+		if got := c.roles[0].Rules; !equality.Semantic.DeepEqual(got, controllerRules) {
+			t.Errorf("rules %s\nwant %s", asJSON(got), asJSON(controllerRules))
+		}
+		if sa := c.accounts[0]; sa.AutomountServiceAccountToken == nil || *sa.AutomountServiceAccountToken {
+			t.Errorf("the controller's ServiceAccount mounts its token into every pod that uses it; only the controller's pod should ask for it")
+		}
+	}
+	for _, r := range renderers() {
+		for _, mode := range []string{"dra", "per-node"} {
+			t.Run(r.name+"/"+mode, func(t *testing.T) { check(t, r.render(t, mode), r.name) })
+		}
+	}
+	t.Run("deploy.sh/DRIVER_NAME", func(t *testing.T) {
+		check(t, renderers()[1].render(t, "per-node", "RESOURCE_NAME=e2e.cdi.dev/sim", "DRIVER_NAME=gpu.example.com"), "deploy.sh")
+	})
+	t.Run("helm/dra.driverName", func(t *testing.T) {
+		check(t, renderers()[2].render(t, "dra", "--set", "dra.driverName=gpu.example.com"), "helm")
 	})
 }
 
@@ -469,31 +622,62 @@ func docVerbs(doc, resource string) [][]string {
 	return out
 }
 
+// controllerParagraph tells a paragraph that gives the DRA controller's
+// API access (it names the controller's account) from the driver's.
+var controllerParagraph = regexp.MustCompile(`controller's\s+account`)
+
 // TestRBACDocs: every document that lists the driver's API access lists
 // the verbs the ClusterRole grants: those of resourceslices, resourceclaims
 // and nodes, and the two rules of the claims' status (a host-process
-// driver needs them too).
+// driver needs them too). Each lists the controller's too, in a paragraph
+// that names the controller's account: the verbs of its ClusterRole, and
+// no access to what only the driver has.
 func TestRBACDocs(t *testing.T) {
 	o := kustomizeRender(t, filepath.Join("modes", "dra"))
-	if len(o.ClusterRoles) != 1 {
-		t.Fatalf("%d ClusterRoles", len(o.ClusterRoles))
+	d, c := o.of(driverApp).roles, o.of(controllerApp).roles
+	if len(d) != 1 || len(c) != 1 {
+		t.Fatalf("%d ClusterRoles of the driver, %d of the controller", len(d), len(c))
+	}
+	controllerHas := map[string]bool{}
+	for _, r := range c[0].Rules {
+		controllerHas[r.Resources[0]] = true
 	}
 	for _, doc := range rbacDocs {
 		b, err := os.ReadFile(doc)
 		if err != nil {
 			t.Fatal(err)
 		}
-		for _, r := range o.ClusterRoles[0].Rules {
-			res := r.Resources[0]
-			want := slices.Clone(r.Verbs)
-			slices.Sort(want)
-			said := docVerbs(string(b), res)
-			if len(said) == 0 {
-				t.Errorf("%s does not list the verbs on %s (%v)", doc, res, want)
+		var driverText, controllerText strings.Builder
+		for _, p := range strings.Split(string(b), "\n\n") {
+			if controllerParagraph.MatchString(p) {
+				controllerText.WriteString(p + "\n\n")
+			} else {
+				driverText.WriteString(p + "\n\n")
 			}
-			for _, vs := range said {
-				if !slices.Equal(vs, want) {
-					t.Errorf("%s lists %s %v; the ClusterRole grants %v", doc, res, vs, want)
+		}
+		for _, who := range []struct {
+			name, text string
+			rules      []rbacv1.PolicyRule
+		}{{"driver", driverText.String(), d[0].Rules}, {"controller", controllerText.String(), c[0].Rules}} {
+			for _, r := range who.rules {
+				res := r.Resources[0]
+				want := slices.Clone(r.Verbs)
+				slices.Sort(want)
+				said := docVerbs(who.text, res)
+				if len(said) == 0 {
+					t.Errorf("%s does not list the %s's verbs on %s (%v)", doc, who.name, res, want)
+				}
+				for _, vs := range said {
+					if !slices.Equal(vs, want) {
+						t.Errorf("%s lists the %s's %s %v; its ClusterRole grants %v", doc, who.name, res, vs, want)
+					}
+				}
+			}
+		}
+		for _, r := range d[0].Rules {
+			if res := r.Resources[0]; !controllerHas[res] {
+				if said := docVerbs(controllerText.String(), res); len(said) > 0 {
+					t.Errorf("%s gives the controller's account %s %v; its ClusterRole grants none", doc, res, said)
 				}
 			}
 		}
@@ -759,6 +943,189 @@ func TestDriverDaemonSet(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			checkDriver(t, c.render(t).daemonSet(t, driverContainer), c.driver, dp, c.config)
+		})
+	}
+}
+
+// controllerEnv are the variables cmd/cdi-dra-controller reads (but
+// KUBECONFIG: in a pod, the in-cluster configuration), and client-go's
+// KUBERNETES_SERVICE_HOST and _PORT: all its Deployment may set.
+var controllerEnv = []string{"DRIVER_NAME", "LOG_LEVEL", "LOG_FORMAT", "KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT"}
+
+// controllerSecurity is the controller's container security context: it
+// only talks to the API server, so it runs as a user of its own, with no
+// capability, no privilege escalation and a read-only root.
+var controllerSecurity = &corev1.SecurityContext{
+	Privileged:               ptr(false),
+	RunAsUser:                ptr(int64(65532)),
+	RunAsGroup:               ptr(int64(65532)),
+	RunAsNonRoot:             ptr(true),
+	AllowPrivilegeEscalation: ptr(false),
+	ReadOnlyRootFilesystem:   ptr(true),
+	Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
+}
+
+// controllerTolerations lets the controller run on a control-plane node
+// as on any other: it needs no node's devices.
+var controllerTolerations = []corev1.Toleration{
+	{Key: "node-role.kubernetes.io/control-plane", Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoSchedule},
+}
+
+func ptr[T any](v T) *T { return &v }
+
+// checkController checks the DRA controller's Deployment beside the
+// driver's DaemonSet of the same render: one replica, replaced by
+// deleting it first (never two markers), the driver's image and name
+// (DRIVER_NAME), its settings of the API server and the log, as the
+// driver has them, an unprivileged pod with no host access, and
+// cluster-critical.
+func checkController(t *testing.T, o *objects) {
+	t.Helper()
+	ds := o.daemonSet(t, driverContainer)
+	deps := o.of(controllerApp).deployments
+	if ds == nil || len(deps) != 1 {
+		t.Fatalf("the driver's DaemonSet rendered: %v; %d Deployments of the controller, want 1", ds != nil, len(deps))
+	}
+	dep, drv := &deps[0], &ds.Spec.Template.Spec.Containers[0]
+	if dep.Spec.Replicas == nil || *dep.Spec.Replicas != 1 {
+		t.Errorf("replicas %v, want 1: the controller runs once in the cluster", dep.Spec.Replicas)
+	}
+	if dep.Spec.Strategy.Type != appsv1.RecreateDeploymentStrategyType || dep.Spec.Strategy.RollingUpdate != nil {
+		t.Errorf("strategy %s, want Recreate: the old controller goes before the new one starts", asJSON(dep.Spec.Strategy))
+	}
+	sel := dep.Spec.Selector
+	if sel == nil || len(sel.MatchLabels) == 0 || len(sel.MatchExpressions) != 0 {
+		t.Fatalf("selector %s", asJSON(sel))
+	}
+	for k, v := range sel.MatchLabels {
+		if dep.Spec.Template.Labels[k] != v {
+			t.Errorf("the selector's %s=%s is not the pod template's (%q)", k, v, dep.Spec.Template.Labels[k])
+		}
+	}
+	if got := dep.Spec.Template.Labels["app.kubernetes.io/name"]; got != controllerApp {
+		t.Errorf("the pod's app.kubernetes.io/name %q, want %q (not the driver's: its pods are listed by it)", got, controllerApp)
+	}
+	ps := &dep.Spec.Template.Spec
+	if len(ps.Containers) != 1 || len(ps.InitContainers) != 0 {
+		t.Fatalf("%d containers, %d init containers, want 1 and none", len(ps.Containers), len(ps.InitContainers))
+	}
+	c := &ps.Containers[0]
+	if c.Name != controllerApp || !slices.Equal(c.Command, []string{"/cdi-dra-controller"}) || len(c.Args) != 0 {
+		t.Errorf("container %s: command %q args %q, want the image's /cdi-dra-controller", c.Name, c.Command, c.Args)
+	}
+	if c.Image != drv.Image || c.ImagePullPolicy != drv.ImagePullPolicy {
+		t.Errorf("image %s (%s), want the driver's %s (%s)", c.Image, c.ImagePullPolicy, drv.Image, drv.ImagePullPolicy)
+	}
+	seen := map[string]bool{}
+	for _, e := range c.Env {
+		if seen[e.Name] {
+			t.Errorf("env %s set twice", e.Name)
+		}
+		seen[e.Name] = true
+		if !slices.Contains(controllerEnv, e.Name) || e.ValueFrom != nil {
+			t.Errorf("env %s: the controller reads only %v, as values", asJSON(e), controllerEnv)
+		}
+	}
+	for _, name := range controllerEnv {
+		want, set := envValue(drv, name)
+		if got, ok := envValue(c, name); got != want || ok != set {
+			t.Errorf("env %s = %q (set: %v); the driver's %q (set: %v)", name, got, ok, want, set)
+		}
+	}
+	if name, _ := envValue(c, "DRIVER_NAME"); name == "" {
+		t.Errorf("no DRIVER_NAME")
+	}
+	if ps.AutomountServiceAccountToken == nil || !*ps.AutomountServiceAccountToken || ps.ServiceAccountName == "" {
+		t.Errorf("the controller needs its service account's token (in-cluster client): automount %v, account %q", ps.AutomountServiceAccountToken, ps.ServiceAccountName)
+	}
+	if ps.HostNetwork || ps.HostPID || ps.HostIPC || len(ps.Volumes) != 0 || len(c.VolumeMounts) != 0 || len(c.Ports) != 0 {
+		t.Errorf("host namespaces (network %v, pid %v, ipc %v), volumes %s, mounts %s, ports %s: want none",
+			ps.HostNetwork, ps.HostPID, ps.HostIPC, asJSON(ps.Volumes), asJSON(c.VolumeMounts), asJSON(c.Ports))
+	}
+	if ps.SecurityContext == nil || ps.SecurityContext.SeccompProfile == nil || ps.SecurityContext.SeccompProfile.Type != corev1.SeccompProfileTypeRuntimeDefault {
+		t.Errorf("pod securityContext %s, want seccomp RuntimeDefault", asJSON(ps.SecurityContext))
+	}
+	if !equality.Semantic.DeepEqual(c.SecurityContext, controllerSecurity) {
+		t.Errorf("securityContext %s\nwant %s", asJSON(c.SecurityContext), asJSON(controllerSecurity))
+	}
+	if ps.PriorityClassName != "system-cluster-critical" {
+		t.Errorf("priorityClassName %q, want system-cluster-critical: no claim with binding conditions is bound while it is away", ps.PriorityClassName)
+	}
+	for _, res := range []corev1.ResourceName{corev1.ResourceCPU, corev1.ResourceMemory} {
+		req, hasReq := c.Resources.Requests[res]
+		lim, hasLim := c.Resources.Limits[res]
+		if !hasReq || !hasLim || req.Cmp(lim) > 0 {
+			t.Errorf("%s: request %s (set: %v), limit %s (set: %v), want both, the request at most the limit", res, req.String(), hasReq, lim.String(), hasLim)
+		}
+	}
+	if len(ps.NodeSelector) != 0 || ps.Affinity != nil {
+		t.Errorf("nodeSelector %v, affinity %s: the controller runs on any node, whatever the mode", ps.NodeSelector, asJSON(ps.Affinity))
+	}
+	// Never a toleration of every taint, as the DaemonSets have: a
+	// NoExecute one (unreachable, not-ready) would keep the one
+	// controller on a lost node instead of starting it on another.
+	for _, tol := range ps.Tolerations {
+		if tol.Key == "" || tol.Effect != corev1.TaintEffectNoSchedule {
+			t.Errorf("toleration %s: want only NoSchedule taints of a key", asJSON(tol))
+		}
+	}
+}
+
+// TestControllerDeployment: the DRA controller's Deployment in modes dra
+// and per-node, with the defaults and with other drivers' names, settings
+// of the log and of the API server: checkController.
+func TestControllerDeployment(t *testing.T) {
+	for _, r := range renderers() {
+		for _, mode := range []string{"dra", "per-node"} {
+			t.Run(r.name+"/"+mode, func(t *testing.T) {
+				o := r.render(t, mode)
+				checkController(t, o)
+				if got := o.of(controllerApp).deployments[0].Spec.Template.Spec.Tolerations; !equality.Semantic.DeepEqual(got, controllerTolerations) {
+					t.Errorf("tolerations %s, want %s", asJSON(got), asJSON(controllerTolerations))
+				}
+			})
+		}
+	}
+	deploySh, helmR := renderers()[1], renderers()[2]
+	for _, c := range []struct {
+		name, driver string
+		render       func(t *testing.T) *objects
+	}{
+		{"deploy.sh/RESOURCE_NAME", "sim.e2e.cdi.dev", func(t *testing.T) *objects {
+			return deploySh.render(t, "per-node", "RESOURCE_NAME=e2e.cdi.dev/sim")
+		}},
+		{"deploy.sh/DRIVER_NAME", "gpu.example.com", func(t *testing.T) *objects {
+			return deploySh.render(t, "dra", "RESOURCE_NAME=e2e.cdi.dev/sim", "DRIVER_NAME=gpu.example.com")
+		}},
+		{"deploy.sh/PLUGIN_CONFIG", "sim.example.com", func(t *testing.T) *objects {
+			return deploySh.render(t, "dra", "PLUGIN_CONFIG=testdata/config.yaml", "DRA_RESOURCES=example.com/sim")
+		}},
+		{"deploy.sh/settings", defaultDriver, func(t *testing.T) *objects {
+			return deploySh.render(t, "per-node", "LOG_LEVEL=debug", "LOG_FORMAT=json", "API_SERVER_HOST=10.0.0.9", "API_SERVER_PORT=16443",
+				"DEVICE_STATUS=true", "NUMBER_DEVICES=4", "IMAGE=reg.example:5000/cdp:v1")
+		}},
+		{"helm/env.RESOURCE_NAME", "sim.e2e.cdi.dev", func(t *testing.T) *objects {
+			return helmR.render(t, "per-node", "--set", "env.RESOURCE_NAME=e2e.cdi.dev/sim")
+		}},
+		{"helm/dra.driverName", "gpu.example.com", func(t *testing.T) *objects {
+			return helmR.render(t, "dra", "--set", "env.RESOURCE_NAME=e2e.cdi.dev/sim", "--set", "dra.driverName=gpu.example.com")
+		}},
+		{"helm/config", "sim.example.com", func(t *testing.T) *objects {
+			return helmR.render(t, "dra", "--set-file", "config=testdata/config.yaml")
+		}},
+		{"helm/settings", defaultDriver, func(t *testing.T) *objects {
+			return helmR.render(t, "per-node", "--set", "env.LOG_LEVEL=debug", "--set", "env.LOG_FORMAT=json",
+				"--set", "dra.apiServer.host=10.0.0.9", "--set-string", "dra.apiServer.port=16443",
+				"--set-string", "env.DEVICE_STATUS=true", "--set-string", "env.NUMBER_DEVICES=4",
+				"--set", "image.repository=reg.example/cdp", "--set", "image.tag=v1")
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			o := c.render(t)
+			checkController(t, o)
+			if got, _ := envValue(&o.of(controllerApp).deployments[0].Spec.Template.Spec.Containers[0], "DRIVER_NAME"); got != c.driver {
+				t.Errorf("the controller's DRIVER_NAME %q, want %q", got, c.driver)
+			}
 		})
 	}
 }
@@ -1033,25 +1400,21 @@ func TestAdmissionPolicyDriver(t *testing.T) {
 	}
 }
 
-// compareDaemonSets compares the parts of two renders' DaemonSets that
-// must not drift apart.
-func compareDaemonSets(t *testing.T, what string, k, h *appsv1.DaemonSet) {
-	t.Helper()
-	if (k == nil) != (h == nil) {
-		t.Errorf("%s: rendered by kustomize %v, by helm %v", what, k != nil, h != nil)
-		return
-	}
-	if k == nil {
-		return
-	}
-	kp, hp := &k.Spec.Template.Spec, &h.Spec.Template.Spec
+// podField is a part of two renders' objects that must not drift apart.
+type podField struct {
+	name string
+	k, h any
+}
+
+// podFields are the parts of two renders' pod templates (one container
+// each) that must not drift apart.
+func podFields(k, h *corev1.PodTemplateSpec) []podField {
+	kp, hp := &k.Spec, &h.Spec
 	kc, hc := &kp.Containers[0], &hp.Containers[0]
-	for _, f := range []struct {
-		name string
-		k, h any
-	}{
+	return []podField{
 		{"pod securityContext", kp.SecurityContext, hp.SecurityContext},
 		{"container securityContext", kc.SecurityContext, hc.SecurityContext},
+		{"container name", kc.Name, hc.Name},
 		{"command", kc.Command, hc.Command},
 		{"args", kc.Args, hc.Args},
 		{"volumes", kp.Volumes, hp.Volumes},
@@ -1066,13 +1429,49 @@ func compareDaemonSets(t *testing.T, what string, k, h *appsv1.DaemonSet) {
 		{"priorityClassName", kp.PriorityClassName, hp.PriorityClassName},
 		{"tolerations", kp.Tolerations, hp.Tolerations},
 		{"nodeSelector", kp.NodeSelector, hp.NodeSelector},
+		{"affinity", kp.Affinity, hp.Affinity},
 		{"hostNetwork", kp.HostNetwork, hp.HostNetwork},
-		{"updateStrategy", k.Spec.UpdateStrategy, h.Spec.UpdateStrategy},
-		{"pod annotations", k.Spec.Template.Annotations, h.Spec.Template.Annotations},
-	} {
+		{"pod annotations", k.Annotations, h.Annotations},
+	}
+}
+
+// compareFields reports each field whose two renders differ.
+func compareFields(t *testing.T, what string, fields []podField) {
+	t.Helper()
+	for _, f := range fields {
 		if !equality.Semantic.DeepEqual(f.k, f.h) {
 			t.Errorf("%s: %s differ:\nkustomize: %s\nhelm:      %s", what, f.name, asJSON(f.k), asJSON(f.h))
 		}
+	}
+}
+
+// compareDaemonSets compares the parts of two renders' DaemonSets that
+// must not drift apart.
+func compareDaemonSets(t *testing.T, what string, k, h *appsv1.DaemonSet) {
+	t.Helper()
+	if (k == nil) != (h == nil) {
+		t.Errorf("%s: rendered by kustomize %v, by helm %v", what, k != nil, h != nil)
+		return
+	}
+	if k == nil {
+		return
+	}
+	compareFields(t, what, append(podFields(&k.Spec.Template, &h.Spec.Template),
+		podField{"updateStrategy", k.Spec.UpdateStrategy, h.Spec.UpdateStrategy}))
+}
+
+// compareDeployments compares the parts of two renders' controller
+// Deployments that must not drift apart.
+func compareDeployments(t *testing.T, k, h []appsv1.Deployment) {
+	t.Helper()
+	if len(k) != len(h) {
+		t.Errorf("the controller's Deployments: kustomize renders %d, helm %d", len(k), len(h))
+		return
+	}
+	for i := range k {
+		compareFields(t, "the controller's Deployment", append(podFields(&k[i].Spec.Template, &h[i].Spec.Template),
+			podField{"replicas", k[i].Spec.Replicas, h[i].Spec.Replicas},
+			podField{"strategy", k[i].Spec.Strategy, h[i].Spec.Strategy}))
 	}
 }
 
@@ -1098,11 +1497,7 @@ func TestHelmMatchesKustomize(t *testing.T) {
 					len(k.ClusterRoles), len(k.Policies), len(k.PolicyBindings), len(k.ServiceAccounts),
 					len(h.ClusterRoles), len(h.Policies), len(h.PolicyBindings), len(h.ServiceAccounts))
 			}
-			for i := range k.ClusterRoles {
-				if !equality.Semantic.DeepEqual(k.ClusterRoles[i].Rules, h.ClusterRoles[i].Rules) {
-					t.Errorf("ClusterRole rules differ:\nkustomize: %s\nhelm:      %s", asJSON(k.ClusterRoles[i].Rules), asJSON(h.ClusterRoles[i].Rules))
-				}
-			}
+			compareDeployments(t, k.of(controllerApp).deployments, h.of(controllerApp).deployments)
 			for i := range k.Policies {
 				// All but whose account: see TestAdmissionPolicy.
 				kp, hp := k.Policies[i].Spec, h.Policies[i].Spec
@@ -1114,9 +1509,24 @@ func TestHelmMatchesKustomize(t *testing.T) {
 					t.Errorf("policy bindings' actions differ")
 				}
 			}
-			for i := range k.ServiceAccounts {
-				if !equality.Semantic.DeepEqual(k.ServiceAccounts[i].AutomountServiceAccountToken, h.ServiceAccounts[i].AutomountServiceAccountToken) {
-					t.Errorf("ServiceAccounts' automountServiceAccountToken differ")
+			// Each app's ClusterRoles and accounts, the driver's and the
+			// controller's: the two renders need not order them alike.
+			for _, app := range []string{driverApp, controllerApp} {
+				ko, ho := k.of(app), h.of(app)
+				if len(ko.roles) != len(ho.roles) || len(ko.accounts) != len(ho.accounts) {
+					t.Errorf("the %s's ClusterRoles and accounts: kustomize renders %d and %d, helm %d and %d",
+						app, len(ko.roles), len(ko.accounts), len(ho.roles), len(ho.accounts))
+					continue
+				}
+				for i := range ko.roles {
+					if !equality.Semantic.DeepEqual(ko.roles[i].Rules, ho.roles[i].Rules) {
+						t.Errorf("%s's ClusterRole rules differ:\nkustomize: %s\nhelm:      %s", app, asJSON(ko.roles[i].Rules), asJSON(ho.roles[i].Rules))
+					}
+				}
+				for i := range ko.accounts {
+					if !equality.Semantic.DeepEqual(ko.accounts[i].AutomountServiceAccountToken, ho.accounts[i].AutomountServiceAccountToken) {
+						t.Errorf("%s's ServiceAccounts' automountServiceAccountToken differ", app)
+					}
 				}
 			}
 		})
@@ -1143,6 +1553,23 @@ func TestDeployScriptMatchesKustomize(t *testing.T) {
 				// deploy.sh's patches put the entries they set first.
 				if kd != nil && !equality.Semantic.DeepEqual(sorted(kd), sorted(dd)) {
 					t.Errorf("%s differs:\nkustomize: %s\ndeploy.sh: %s", c, asJSON(kd), asJSON(dd))
+				}
+			}
+			kc, dc := k.of(controllerApp).deployments, d.of(controllerApp).deployments
+			if len(kc) != len(dc) {
+				t.Fatalf("the controller's Deployments: kustomize %d, deploy.sh %d", len(kc), len(dc))
+			}
+			for i := range kc {
+				kd, dd := kc[i].DeepCopy(), dc[i].DeepCopy()
+				for _, x := range []*appsv1.Deployment{kd, dd} {
+					cs := x.Spec.Template.Spec.Containers
+					slices.SortFunc(cs[0].Env, func(a, b corev1.EnvVar) int { return strings.Compare(a.Name, b.Name) })
+				}
+				if !equality.Semantic.DeepEqual(kd, dd) {
+					t.Errorf("the controller's Deployment differs:\nkustomize: %s\ndeploy.sh: %s", asJSON(kd), asJSON(dd))
+				}
+				if kc[i].Namespace != "simple-device-plugin" || dc[i].Namespace != "simple-device-plugin" {
+					t.Errorf("the controller's Deployment in namespace %q (kustomize), %q (deploy.sh), want simple-device-plugin", kc[i].Namespace, dc[i].Namespace)
 				}
 			}
 			if !slices.Equal(classes(t, k), classes(t, d)) {
@@ -1413,6 +1840,57 @@ func TestHelmConfigRollsTheDriver(t *testing.T) {
 	}
 }
 
+// TestHelmController: the chart renders the DRA controller with the
+// driver (dra.controller.enabled, true by default), and not at all when
+// turned off (one installed by another release serves the driver's
+// claims, or prepareBeforeBind is not used): no account, role, binding or
+// Deployment, the driver's objects unchanged. Its values reach it.
+func TestHelmController(t *testing.T) {
+	for _, mode := range []string{"dra", "per-node"} {
+		t.Run(mode, func(t *testing.T) {
+			on, off := helmRender(t, "--set", "mode="+mode), helmRender(t, "--set", "mode="+mode, "--set", "dra.controller.enabled=false")
+			if c := on.of(controllerApp); len(c.deployments) != 1 || len(c.accounts) != 1 || len(c.roles) != 1 || len(c.bindings) != 1 {
+				t.Errorf("by default: %d Deployments, %d accounts, %d roles, %d bindings of the controller, want 1 each",
+					len(c.deployments), len(c.accounts), len(c.roles), len(c.bindings))
+			}
+			if c := off.of(controllerApp); len(c.deployments)+len(c.accounts)+len(c.roles)+len(c.bindings) != 0 {
+				t.Errorf("dra.controller.enabled=false: %d Deployments, %d accounts, %d roles, %d bindings of the controller, want none",
+					len(c.deployments), len(c.accounts), len(c.roles), len(c.bindings))
+			}
+			if len(off.Deployments) != 0 {
+				t.Errorf("dra.controller.enabled=false: %d Deployments", len(off.Deployments))
+			}
+			a, b := on.of(driverApp), off.of(driverApp)
+			if !equality.Semantic.DeepEqual(a.accounts, b.accounts) || !equality.Semantic.DeepEqual(a.roles, b.roles) ||
+				!equality.Semantic.DeepEqual(a.bindings, b.bindings) ||
+				!equality.Semantic.DeepEqual(on.daemonSet(t, driverContainer), off.daemonSet(t, driverContainer)) {
+				t.Errorf("dra.controller.enabled=false changes the driver's objects")
+			}
+		})
+	}
+	t.Run("values", func(t *testing.T) {
+		o := helmRender(t, "--set", "mode=dra", "--set", "dra.controller.resources.limits.memory=512Mi",
+			"--set", "dra.controller.nodeSelector.pool=infra", "--set", "dra.controller.priorityClassName=infra-critical",
+			"--set", "dra.controller.tolerations[0].key=infra", "--set", "dra.controller.tolerations[0].operator=Exists",
+			"--set", "dra.controller.tolerations[0].effect=NoSchedule")
+		ps := &o.of(controllerApp).deployments[0].Spec.Template.Spec
+		if q := ps.Containers[0].Resources.Limits[corev1.ResourceMemory]; q.String() != "512Mi" {
+			t.Errorf("memory limit %s, want 512Mi", q.String())
+		}
+		if !equality.Semantic.DeepEqual(ps.NodeSelector, map[string]string{"pool": "infra"}) || ps.PriorityClassName != "infra-critical" {
+			t.Errorf("nodeSelector %v, priorityClassName %q", ps.NodeSelector, ps.PriorityClassName)
+		}
+		want := []corev1.Toleration{{Key: "infra", Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoSchedule}}
+		if !equality.Semantic.DeepEqual(ps.Tolerations, want) {
+			t.Errorf("tolerations %s, want %s", asJSON(ps.Tolerations), asJSON(want))
+		}
+		// The DaemonSets' own placement values are not the controller's.
+		if ds := o.daemonSet(t, driverContainer); ds.Spec.Template.Spec.PriorityClassName != "system-node-critical" {
+			t.Errorf("the driver's priorityClassName %q", ds.Spec.Template.Spec.PriorityClassName)
+		}
+	})
+}
+
 // TestHelmRefuses: bad values fail the render with a message naming them.
 func TestHelmRefuses(t *testing.T) {
 	for _, c := range []struct {
@@ -1484,7 +1962,8 @@ func TestChartVersions(t *testing.T) {
 		t.Helper()
 		o := helmRender(t, append([]string{"--set", "mode=per-node"}, args...)...)
 		return []string{o.daemonSet(t, pluginContainer).Spec.Template.Spec.Containers[0].Image,
-			o.daemonSet(t, driverContainer).Spec.Template.Spec.Containers[0].Image}
+			o.daemonSet(t, driverContainer).Spec.Template.Spec.Containers[0].Image,
+			o.of(controllerApp).deployments[0].Spec.Template.Spec.Containers[0].Image}
 	}
 	for _, c := range []struct {
 		args []string
@@ -1597,6 +2076,8 @@ func TestHelmSchema(t *testing.T) {
 		{"dra.apiServer.hots=10.0.0.1", "hots"},
 		{"resources.request.cpu=1", "request"},
 		{"tolerations[0].operater=Exists", "operater"},
+		{"dra.controller.enabld=false", "enabld"},
+		{"dra.controller.resources.limit.cpu=1", "limit"},
 	} {
 		out, err := helmTemplate(t, "--set", "mode=dra", "--set", c.set)
 		if err == nil {
@@ -1612,8 +2093,9 @@ func TestHelmSchema(t *testing.T) {
 // TestPluginKnowsTheDriver: the device plugin's claim guard knows the DRA
 // driver's claims by the driver's name, so the plugin gets the driver's
 // DRIVER_NAME wherever it is not its own default: per-node, both
-// DaemonSets carry the same name, the default one or one given; with only
-// the device plugin installed, the name given reaches it.
+// DaemonSets carry the same name, the default one or one given, and so
+// does the controller's Deployment; with only the device plugin
+// installed, the name given reaches it, and no controller is installed.
 func TestPluginKnowsTheDriver(t *testing.T) {
 	env := func(t *testing.T, o *objects, c string) (string, bool) {
 		t.Helper()
@@ -1669,6 +2151,15 @@ func TestPluginKnowsTheDriver(t *testing.T) {
 				if d, _ := env(t, o, driverContainer); d != got {
 					t.Errorf("the driver's DRIVER_NAME %q, the plugin's %q", d, got)
 				}
+				deps := o.of(controllerApp).deployments
+				if len(deps) != 1 {
+					t.Fatalf("%d Deployments of the controller, want 1", len(deps))
+				}
+				if d, _ := envValue(&deps[0].Spec.Template.Spec.Containers[0], "DRIVER_NAME"); d != got {
+					t.Errorf("the controller's DRIVER_NAME %q, the plugin's %q", d, got)
+				}
+			} else if n := len(o.Deployments); n != 0 {
+				t.Errorf("%d Deployments without the driver: its controller has nothing to mark", n)
 			}
 		})
 	}

@@ -169,19 +169,24 @@ func (c *cluster) scenarioM2(t *testing.T) {
 	// Each DaemonSet runs on its node only. Ready: the driver's readiness
 	// is its registration with the kubelet, which a pod it serves needs (a
 	// slice can be published before it; a pod scheduled then would fail
-	// its first preparation, "driver ... is not registered").
-	d := eventually(t, 3*time.Minute, "the device plugin ready on "+dpNode+" and the driver on "+draNode+", nothing else", func() (bool, string) {
+	// its first preparation, "driver ... is not registered"). The driver's
+	// controller, one pod in the cluster, runs on either node.
+	d := eventually(t, 3*time.Minute, "the device plugin ready on "+dpNode+", the driver on "+draNode+", its controller on either, nothing else", func() (bool, string) {
 		l, err := c.cs.CoreV1().Pods(draNS).List(ctx, metav1.ListOptions{})
 		if err != nil {
 			return false, err.Error()
 		}
 		var seen []string
-		ok := len(l.Items) == 2
+		ok := len(l.Items) == 3
 		for i := range l.Items {
 			p := &l.Items[i]
 			app := p.Labels["app.kubernetes.io/name"]
 			ready := podReady(p)
 			seen = append(seen, fmt.Sprintf("%s (%s) on %q: %s, ready %v", p.Name, app, p.Spec.NodeName, p.Status.Phase, ready))
+			if app == "cdi-dra-controller" {
+				ok = ok && (p.Spec.NodeName == dpNode || p.Spec.NodeName == draNode) && ready
+				continue
+			}
 			want := map[string]string{"cdi-device-plugin": dpNode, "cdi-dra-driver": draNode}[app]
 			ok = ok && p.Spec.NodeName == want && ready
 		}

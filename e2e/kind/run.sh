@@ -382,7 +382,8 @@ make_images() {
 		return 0
 	fi
 	# What the Dockerfile's image holds (the static binaries at
-	# /cdi-device-plugin, the entrypoint, and /cdi-dra-driver, run as root),
+	# /cdi-device-plugin, the entrypoint, /cdi-dra-driver and
+	# /cdi-dra-controller, run as root),
 	# from the binaries built here; busybox
 	# from Debian's static build, one symlink per applet.
 	local dir=${work_dir}/images applets=() a
@@ -390,9 +391,10 @@ make_images() {
 	log "making ${PLUGIN_IMAGE} and ${LOCAL_TEST_IMAGE}"
 	(cd -- "${repo_root}" && CGO_ENABLED=0 go build -trimpath -o "${dir}/mkimage" ./e2e/cmd/mkimage)
 	(cd -- "${repo_root}" && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X main.version=e2e" \
-		-o "${dir}/" ./cmd/cdi-device-plugin ./cmd/cdi-dra-driver)
+		-o "${dir}/" ./cmd/cdi-device-plugin ./cmd/cdi-dra-driver ./cmd/cdi-dra-controller)
 	"${dir}/mkimage" -o "${dir}/plugin.tar" -tag "${PLUGIN_IMAGE}" \
 		-file /cdi-device-plugin="${dir}/cdi-device-plugin" -file /cdi-dra-driver="${dir}/cdi-dra-driver" \
+		-file /cdi-dra-controller="${dir}/cdi-dra-controller" \
 		-entrypoint /cdi-device-plugin -user 0:0
 	for a in $(/bin/busybox --list); do
 		[[ ${a} == busybox ]] || applets+=(-symlink "/bin/${a}=busybox")

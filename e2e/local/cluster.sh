@@ -299,7 +299,7 @@ images() {
 	local img=${E2E_WORK}/images applets=() a
 	mkdir -p "${img}"
 	(cd "${REPO}" && CGO_ENABLED=0 go build -trimpath -o "${img}/mkimage" ./e2e/cmd/mkimage)
-	(cd "${REPO}" && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X main.version=e2e" -o "${img}/" ./cmd/cdi-device-plugin ./cmd/cdi-dra-driver)
+	(cd "${REPO}" && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X main.version=e2e" -o "${img}/" ./cmd/cdi-device-plugin ./cmd/cdi-dra-driver ./cmd/cdi-dra-controller)
 	for a in $(/bin/busybox --list); do
 		[[ ${a} == busybox ]] || applets+=(-symlink "/bin/${a}=busybox")
 	done
@@ -309,9 +309,11 @@ images() {
 	"${img}/mkimage" -o "${img}/pause.tar" -tag "${PAUSE_IMAGE}" -file /bin/busybox=/bin/busybox \
 		-entrypoint /bin/busybox -cmd sh -cmd -c -cmd "trap 'exit 0' TERM INT; while :; do /bin/busybox sleep 3600 & wait; done"
 	# The plugin image holds what the Dockerfile's does: the static binaries
-	# at /cdi-device-plugin (the entrypoint) and /cdi-dra-driver, run as root.
+	# at /cdi-device-plugin (the entrypoint), /cdi-dra-driver and
+	# /cdi-dra-controller, run as root (the controller's Deployment names a
+	# non-root user).
 	"${img}/mkimage" -o "${img}/plugin.tar" -tag "${PLUGIN_IMAGE}" -file /cdi-device-plugin="${img}/cdi-device-plugin" \
-		-file /cdi-dra-driver="${img}/cdi-dra-driver" \
+		-file /cdi-dra-driver="${img}/cdi-dra-driver" -file /cdi-dra-controller="${img}/cdi-dra-controller" \
 		-entrypoint /cdi-device-plugin -user 0:0
 	for a in busybox pause plugin; do
 		"${BIN}/ctr" -a "${SOCK}" -n k8s.io images import "${img}/${a}.tar" >/dev/null

@@ -107,3 +107,25 @@ helm.sh/chart: {{ .Chart.Name }}-{{ .Chart.Version | replace "+" "_" }}
 app.kubernetes.io/name: cdi-dra-driver
 app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
+
+{{/* The DRA controller's ServiceAccount. */}}
+{{- define "cdi-device-plugin.controllerServiceAccount" -}}
+{{- printf "%s-dra-controller" .Release.Name -}}
+{{- end -}}
+
+{{/* The DRA controller's cluster-wide objects: one set per release. */}}
+{{- define "cdi-device-plugin.controllerClusterName" -}}
+{{- printf "%s-dra-controller-%s" .Release.Name .Release.Namespace -}}
+{{- end -}}
+
+{{- define "cdi-device-plugin.controllerLabels" -}}
+app.kubernetes.io/name: cdi-dra-controller
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ .Chart.Name }}-{{ .Chart.Version | replace "+" "_" }}
+{{- end -}}
+
+{{- define "cdi-device-plugin.controllerSelector" -}}
+app.kubernetes.io/name: cdi-dra-controller
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
