@@ -3,6 +3,7 @@ package config
 import (
 	"errors"
 	"flag"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -474,5 +475,34 @@ func TestPrepareBeforeBind(t *testing.T) {
 	_, err = Load([]string{"--config", writeFile(t, "resources:\n- name: example.com/fpga\n  prepareBeforeBind: soon\n")}, envOf(nil), io.Discard)
 	if err == nil || !strings.Contains(err.Error(), "prepareBeforeBind") {
 		t.Fatalf("prepareBeforeBind: soon: %v, want an error naming the field", err)
+	}
+}
+
+// TestPrepareBeforeBindBudget: a resource prepared before binding may
+// give its steps up to MaxPreBindBudget (the DRA driver runs them out of
+// any kubelet call, within the scheduler's binding timeout); any other
+// resource keeps the kubelet's 29 s, and neither more than its bound.
+func TestPrepareBeforeBindBudget(t *testing.T) {
+	for _, c := range []struct {
+		name, budget string
+		pbb          bool
+		ok           bool
+	}{
+		{"2m before binding", "2m", true, true},
+		{"10m before binding", "10m", true, true},
+		{"11m before binding", "11m", true, false},
+		{"2m in PreStartContainer", "2m", false, false},
+		{"29s in PreStartContainer", "29s", false, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			file := writeFile(t, fmt.Sprintf("resources:\n- name: example.com/fpga\n  prepareBeforeBind: %v\n  prestart:\n    budget: %s\n    steps: [{type: reprogram, timeout: %s}]\n", c.pbb, c.budget, c.budget))
+			_, err := Load([]string{"--config", file}, envOf(nil), io.Discard)
+			if (err == nil) != c.ok {
+				t.Fatalf("budget %s, prepareBeforeBind %v: %v, want ok %v", c.budget, c.pbb, err, c.ok)
+			}
+			if err != nil && !strings.Contains(err.Error(), "prestart.budget") {
+				t.Errorf("the error does not name prestart.budget: %v", err)
+			}
+		})
 	}
 }

@@ -167,6 +167,11 @@ const (
 	MaxReplicas = 64
 	// MaxBudget keeps a PreStartContainer call below the kubelet's 30 s limit.
 	MaxBudget = 29 * time.Second
+	// MaxPreBindBudget bounds the steps of a resource prepared before
+	// binding (PrepareBeforeBind), which the DRA driver runs out of any
+	// kubelet call: the scheduler's default binding timeout (10 minutes),
+	// after which it gives the devices up anyway.
+	MaxPreBindBudget = 10 * time.Minute
 	// MaxRecoveryInterval bounds the first wait before a background
 	// re-preparation.
 	MaxRecoveryInterval = time.Hour
@@ -259,7 +264,9 @@ type Resource struct {
 	// forgotten after this long (default 10m); one a container holds is
 	// kept, Unhealthy.
 	ForgetAfter *Duration `json:"forgetAfter,omitempty"`
-	// PrepareBeforeBind (the DRA driver only): the resource's devices are
+	// PrepareBeforeBind (the DRA driver only; its prestart budget may be
+	// up to MaxPreBindBudget, which the device plugin cuts to MaxBudget:
+	// KubeletBudget): the resource's devices are
 	// published with binding conditions, so the scheduler binds a pod to
 	// the node only once the node's driver ran the prestart steps for
 	// its claim, and sends it elsewhere when they fail. The device plugin

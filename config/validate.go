@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"tags.cncf.io/container-device-interface/pkg/parser"
 )
@@ -407,8 +408,11 @@ func validAnnotationKey(k string) error {
 func validatePrestart(f func(string) string, r *Resource) error {
 	p := r.Prestart
 	def(&p.Budget.Duration, DefaultBudget)
-	if p.Budget.Duration < 0 || p.Budget.Duration > MaxBudget {
-		return fieldErr(f("prestart.budget"), p.Budget.String(), "must be above 0 and at most %s (the kubelet allows 30s)", MaxBudget)
+	switch {
+	case r.PrepareBeforeBind && (p.Budget.Duration < 0 || p.Budget.Duration > MaxPreBindBudget):
+		return fieldErr(f("prestart.budget"), p.Budget.String(), "must be above 0 and at most %s (prepared before binding: the scheduler's default binding timeout)", MaxPreBindBudget)
+	case !r.PrepareBeforeBind && (p.Budget.Duration < 0 || p.Budget.Duration > MaxBudget):
+		return fieldErr(f("prestart.budget"), p.Budget.String(), "must be above 0 and at most %s (the kubelet allows 30s; up to %s with prepareBeforeBind, under DRA)", MaxBudget, MaxPreBindBudget)
 	}
 	def(&p.OnFailure, DefaultOnFailure)
 	if err := oneOf(f("prestart.onFailure"), p.OnFailure, OnFailureUnhealthy, OnFailureIgnore); err != nil {
@@ -497,3 +501,9 @@ func ParseLogFormat(s string) (LogFormat, error) {
 	}
 	return f, nil
 }
+
+// KubeletBudget is what of budget a preparation inside a kubelet call may
+// take: at most MaxBudget (a resource prepared before binding may have
+// more, for the DRA driver's preparations out of the kubelet's calls; the
+// device plugin's PreStartContainer cannot use it).
+func KubeletBudget(budget time.Duration) time.Duration { return min(budget, MaxBudget) }

@@ -141,7 +141,7 @@ func (h *harness) build() *Driver {
 	opts.Log.Logger.SetOutput(io.MultiWriter(testWriter{h.t}, &h.logs))
 	for i := range cfg.Resources {
 		rc := &cfg.Resources[i]
-		p, err := resource.Build(cfg, i, resource.Options{Writer: w, Socket: filepath.Join(drv, SocketFile(h.podUID)), Siblings: h.podUID != "", Log: opts.Log,
+		p, err := resource.Build(cfg, i, resource.Options{Writer: w, Socket: filepath.Join(drv, SocketFile(h.podUID)), Siblings: h.podUID != "", PrepareBeforeBind: true, Log: opts.Log,
 			Holders: func(context.Context) ([]string, error) { return cp.Held(rc.Name), nil }})
 		if err != nil {
 			h.t.Fatal(err)

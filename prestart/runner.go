@@ -144,6 +144,9 @@ func (r *Runner) Steps() []string {
 	return names
 }
 
+// Budget bounds a whole call of the runner (Options.Budget).
+func (r *Runner) Budget() time.Duration { return r.opts.Budget }
+
 // HasSteps reports whether PreStartContainer is needed.
 func (r *Runner) HasSteps() bool { return len(r.opts.Steps) > 0 }
 

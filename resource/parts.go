@@ -32,6 +32,12 @@ type Options struct {
 	// Socket is the socket this process serves for the resource, written
 	// into the spec (cdi.Resource.Socket).
 	Socket string
+	// PrepareBeforeBind: this process prepares the resources with
+	// prepareBeforeBind before binding, out of any kubelet call (the DRA
+	// driver), so their steps get their whole budget; elsewhere (the
+	// device plugin's PreStartContainer) it is cut to the kubelet's
+	// (config.KubeletBudget).
+	PrepareBeforeBind bool
 	// Siblings: another process may serve the resource beside this one,
 	// from Socket's directory (cdi.Resource.Siblings: the DRA driver
 	// during a rolling update).
@@ -164,7 +170,7 @@ func Build(cfg *config.Config, i int, o Options) (*Parts, error) {
 		return nil, fmt.Errorf("%s: %w", rc.Name, err)
 	}
 	stateRoot := stateRoot(cfg.StateDir)
-	runner, err := newRunner(cfg, i, stateRoot, src, holders, log, o.Metrics)
+	runner, err := newRunner(cfg, i, stateRoot, src, holders, log, o.Metrics, o.PrepareBeforeBind && rc.PrepareBeforeBind)
 	if err != nil {
 		return nil, err
 	}
@@ -368,13 +374,19 @@ func (s StateSpec) Write(snap *device.Snapshot) error {
 
 // newRunner builds the prestart runner of resource i from its steps; a
 // command that does not parse is an error of its field.
-func newRunner(cfg *config.Config, i int, stateRoot string, src *device.Source, holders func(context.Context) ([]string, error), log *logrus.Entry, m *metrics.Metrics) (*prestart.Runner, error) {
+func newRunner(cfg *config.Config, i int, stateRoot string, src *device.Source, holders func(context.Context) ([]string, error), log *logrus.Entry, m *metrics.Metrics,
+	preBind bool) (*prestart.Runner, error) {
 	rc := &cfg.Resources[i]
 	opts := prestart.Options{Resource: rc.Name, StateRoot: stateRoot, LockDir: lockDir(cfg.StateDir), Health: src, Log: log, Metrics: m,
 		// Background recovery spares the devices containers hold.
 		Holders: holders}
 	if p := rc.Prestart; p != nil {
 		opts.Budget = p.Budget.Duration
+		if k := config.KubeletBudget(opts.Budget); !preBind && k < opts.Budget {
+			log.WithField("budget", opts.Budget).WithField("used", k).Warn("prestart budget cut to the kubelet's call limit here: " +
+				"a longer budget applies to the DRA driver's preparation before binding (prepareBeforeBind) alone")
+			opts.Budget = k
+		}
 		opts.MarkUnhealthy = p.OnFailure.MarksUnhealthy()
 		opts.Recovery = p.Recovery
 		opts.RecoveryInterval = p.RecoveryInterval.Duration

@@ -202,7 +202,7 @@ func build(cfg *config.Config, f flags, client func(string) (kubernetes.Interfac
 	for i := range cfg.Resources {
 		rc := &cfg.Resources[i]
 		name := rc.Name
-		p, err := resource.Build(cfg, i, resource.Options{Writer: writer, Socket: draSock, Siblings: uid != "", Log: log, Metrics: d.metrics, Owners: owners,
+		p, err := resource.Build(cfg, i, resource.Options{Writer: writer, Socket: draSock, Siblings: uid != "", PrepareBeforeBind: true, Log: log, Metrics: d.metrics, Owners: owners,
 			// Prepared claims hold their devices: no background
 			// re-preparation resets them, and a vanished one is not
 			// forgotten.
