@@ -65,11 +65,11 @@ func (h *harness) pbbClaim(name string, devices ...string) *drav1.Claim {
 
 // waitBinding waits until the claim's status of the driver's device has
 // condition cond True, and returns that condition.
-func (h *harness) waitBinding(name, device, cond string) *metav1.Condition {
+func (h *harness) waitBinding(name, dev, cond string) *metav1.Condition {
 	h.t.Helper()
 	var seen []metav1.Condition
 	for end := time.Now().Add(deadline); time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
-		st, ok := h.claimStatusOf(name, testDriver)[device]
+		st, ok := h.claimStatusOf(name, testDriver)[dev]
 		if !ok {
 			continue
 		}
@@ -78,7 +78,7 @@ func (h *harness) waitBinding(name, device, cond string) *metav1.Condition {
 			return c
 		}
 	}
-	h.t.Fatalf("claim %s, device %s: no %s/%s True within %v: %+v", name, device, testDriver, cond, deadline, seen)
+	h.t.Fatalf("claim %s, device %s: no %s/%s True within %v: %+v", name, dev, testDriver, cond, deadline, seen)
 	return nil
 }
 

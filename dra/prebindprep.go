@@ -48,7 +48,7 @@ func (pr *preparer) prebindPrepare(ctx context.Context, c *resourceapi.ResourceC
 		return nil
 	}
 	stepErr := pr.prebindSteps(ctx, p, resume)
-	entry, err := pr.prebindFinish(c, p, stepErr)
+	entry, err := pr.prebindFinish(c, stepErr)
 	if err != nil {
 		return err
 	}
@@ -185,7 +185,7 @@ func (pr *preparer) prebindSteps(ctx context.Context, p *planned, resume bool) e
 // dropped (its devices failed their preparation are Unhealthy, as the
 // runner marks them; no reset runs for a claim never prepared). It returns
 // the entry as recorded.
-func (pr *preparer) prebindFinish(c *resourceapi.ResourceClaim, p *planned, stepErr error) (PreparedClaim, error) {
+func (pr *preparer) prebindFinish(c *resourceapi.ResourceClaim, stepErr error) (PreparedClaim, error) {
 	unlock, err := pr.lockAlone()
 	if err != nil {
 		return PreparedClaim{}, fmt.Errorf("%w: %w", errRetry, err)

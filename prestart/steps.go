@@ -373,12 +373,12 @@ func (e *Exec) Run(ctx context.Context, t *Target) error {
 // maxErrorLine bounds the output line a failed exec step's error carries.
 const maxErrorLine = 200
 
-// lastLine is the last non-empty line of text, cut to at most max bytes.
-func lastLine(text string, max int) string {
+// lastLine is the last non-empty line of text, cut to at most most bytes.
+func lastLine(text string, most int) string {
 	lines := strings.Split(strings.TrimSpace(text), "\n")
 	l := strings.TrimSpace(lines[len(lines)-1])
-	if len(l) > max {
-		l = l[:max] + "..."
+	if len(l) > most {
+		l = l[:most] + "..."
 	}
 	return l
 }
