@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -26,6 +27,7 @@ import (
 
 	"github.com/cdi-device-plugin/cdi-device-plugin/cdi"
 	"github.com/cdi-device-plugin/cdi-device-plugin/config"
+	"github.com/cdi-device-plugin/cdi-device-plugin/device"
 	"github.com/cdi-device-plugin/cdi-device-plugin/internal/kubeletsim"
 	"github.com/cdi-device-plugin/cdi-device-plugin/internal/testutil"
 	"github.com/cdi-device-plugin/cdi-device-plugin/prestart"
@@ -340,4 +342,79 @@ func (h *harness) deleteSlices() {
 
 func hasTaint(d resourceapi.Device, key string) bool {
 	return slices.ContainsFunc(d.Taints, func(t resourceapi.DeviceTaint) bool { return t.Key == testDriver+"/"+key })
+}
+
+// crashPoint is the claim checkpoint as it was when a resource's runner
+// first returned from op (Prepare or Reset): the files of a driver that
+// would crash right then, to put back once the driver stopped.
+type crashPoint struct {
+	h    *harness
+	mu   sync.Mutex
+	data []byte
+}
+
+// runnerOp is the runner call a crashPoint copies the checkpoint after.
+type runnerOp int
+
+const (
+	afterPrepare runnerOp = iota
+	afterReset
+)
+
+// crashAfter wraps each runner of the next start so that the checkpoint
+// is copied when op first returns.
+func (h *harness) crashAfter(op runnerOp) *crashPoint {
+	cp := &crashPoint{h: h}
+	h.wrap = func(r Runner) Runner { return &copyingRunner{Runner: r, op: op, after: cp.copy} }
+	return cp
+}
+
+func (cp *crashPoint) path() string { return filepath.Join(cp.h.state, "dra", "checkpoint.json") }
+
+func (cp *crashPoint) copy() {
+	b, err := os.ReadFile(cp.path())
+	if err != nil {
+		cp.h.t.Error(err)
+	}
+	cp.mu.Lock()
+	defer cp.mu.Unlock()
+	if cp.data == nil {
+		cp.data = b
+	}
+}
+
+// restore puts the copy in place of the checkpoint (the driver stopped).
+func (cp *crashPoint) restore() {
+	cp.h.t.Helper()
+	cp.mu.Lock()
+	defer cp.mu.Unlock()
+	if cp.data == nil {
+		cp.h.t.Fatal("the runner call to crash after did not run")
+	}
+	if err := os.WriteFile(cp.path(), cp.data, 0o600); err != nil {
+		cp.h.t.Fatal(err)
+	}
+}
+
+// copyingRunner calls after once its op returned.
+type copyingRunner struct {
+	Runner
+	op    runnerOp
+	after func()
+}
+
+func (c *copyingRunner) Prepare(ctx context.Context, devs []device.Device) error {
+	err := c.Runner.Prepare(ctx, devs)
+	if c.op == afterPrepare {
+		c.after()
+	}
+	return err
+}
+
+func (c *copyingRunner) Reset(ctx context.Context, devs []device.Device) error {
+	err := c.Runner.Reset(ctx, devs)
+	if c.op == afterReset {
+		c.after()
+	}
+	return err
 }

@@ -5,7 +5,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -16,7 +15,6 @@ import (
 	drav1 "k8s.io/kubelet/pkg/apis/dra/v1"
 
 	"github.com/cdi-device-plugin/cdi-device-plugin/bindmarker"
-	"github.com/cdi-device-plugin/cdi-device-plugin/device"
 )
 
 // pbbConfig is resName with 3 devices prepared before binding: a step
@@ -200,19 +198,6 @@ func TestPrepareBeforeBindNotInTheWay(t *testing.T) {
 	h.waitBinding("slow", "sim-1", ConditionPrepared)
 }
 
-// prepPoint is a runner whose Prepare calls after once the real one
-// returned: the on-disk state of a driver that would crash right then.
-type prepPoint struct {
-	Runner
-	after func()
-}
-
-func (p *prepPoint) Prepare(ctx context.Context, devs []device.Device) error {
-	err := p.Runner.Prepare(ctx, devs)
-	p.after()
-	return err
-}
-
 // TestPrepareBeforeBindCrash: the claim is in the checkpoint before its
 // steps run; a driver that stops in the middle of a preparation before
 // binding completes it at its next start: steps that completed are not
@@ -220,33 +205,12 @@ func (p *prepPoint) Prepare(ctx context.Context, devs []device.Device) error {
 // written before the stop).
 func TestPrepareBeforeBindCrash(t *testing.T) {
 	h := newPBBHarness(t)
-	ckpt := filepath.Join(h.state, "dra", "checkpoint.json")
-	var (
-		mu      sync.Mutex
-		atCrash []byte
-	)
-	h.wrap = func(r Runner) Runner {
-		return &prepPoint{Runner: r, after: func() {
-			b, err := os.ReadFile(ckpt)
-			if err != nil {
-				t.Error(err)
-			}
-			mu.Lock()
-			defer mu.Unlock()
-			if atCrash == nil {
-				atCrash = b
-			}
-		}}
-	}
+	crash := h.crashAfter(afterPrepare)
 	h.start()
 	c := h.pbbClaim("c", "sim-1")
 	h.waitBinding("c", "sim-1", ConditionPrepared)
 	h.stop()
-	mu.Lock()
-	if err := os.WriteFile(ckpt, atCrash, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	mu.Unlock()
+	crash.restore()
 	if pc := h.checkpointed()[types.UID(c.Uid)]; !pc.PreBinding {
 		t.Fatalf("the checkpoint at the crash: %+v, want the steps under way", pc)
 	}

@@ -130,22 +130,7 @@ func TestPrefetchNotAfterWait(t *testing.T) {
 // retry does not reset it again.
 func TestLastShareReleaseAfterCrash(t *testing.T) {
 	h := newSharedHarness(t)
-	ckpt := filepath.Join(h.state, "dra", "checkpoint.json")
-	var (
-		mu      sync.Mutex
-		atCrash []byte
-	)
-	h.wrap = func(r Runner) Runner {
-		return &stopPoint{Runner: r, after: func() {
-			b, err := os.ReadFile(ckpt)
-			if err != nil {
-				t.Error(err)
-			}
-			mu.Lock()
-			atCrash = b
-			mu.Unlock()
-		}}
-	}
+	crash := h.crashAfter(afterReset)
 	h.start()
 	a := h.sharedClaim("a", share{"sim-0", "s-a", 1})
 	if r := h.prepare(a)[a.Uid]; r.Error != "" {
@@ -155,11 +140,7 @@ func TestLastShareReleaseAfterCrash(t *testing.T) {
 		t.Fatal(r.GetError())
 	}
 	h.stop()
-	mu.Lock()
-	if err := os.WriteFile(ckpt, atCrash, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	mu.Unlock()
+	crash.restore()
 	h.wrap = nil
 	h.start()
 	c := h.sharedClaim("c", share{"sim-0", "s-c", 1})

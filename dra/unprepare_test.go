@@ -1,18 +1,13 @@
 package dra
 
 import (
-	"context"
 	"errors"
 	"os"
-	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 
 	"k8s.io/apimachinery/pkg/types"
 	podresourcesapi "k8s.io/kubelet/pkg/apis/podresources/v1"
-
-	"github.com/cdi-device-plugin/cdi-device-plugin/device"
 )
 
 // TestUnprepareAsksPodResources: Unprepare resets a
@@ -75,19 +70,6 @@ func TestUnprepareAsksPodResources(t *testing.T) {
 	}
 }
 
-// stopPoint is a runner whose Reset calls after once the real reset
-// returned: the on-disk state of a driver that would crash right then.
-type stopPoint struct {
-	Runner
-	after func()
-}
-
-func (s *stopPoint) Reset(ctx context.Context, devs []device.Device) error {
-	err := s.Runner.Reset(ctx, devs)
-	s.after()
-	return err
-}
-
 // TestUnprepareCrash: a driver that crashes in the
 // middle of Unprepare (after the reset, with the claim's spec removed and
 // the checkpoint entry not dropped yet) does not take the missing spec for
@@ -97,22 +79,7 @@ func (s *stopPoint) Reset(ctx context.Context, devs []device.Device) error {
 // after the driver stopped.
 func TestUnprepareCrash(t *testing.T) {
 	h := newHarness(t, nil)
-	ckpt := filepath.Join(h.state, "dra", "checkpoint.json")
-	var (
-		mu      sync.Mutex
-		atCrash []byte
-	)
-	h.wrap = func(r Runner) Runner {
-		return &stopPoint{Runner: r, after: func() {
-			b, err := os.ReadFile(ckpt)
-			if err != nil {
-				t.Error(err)
-			}
-			mu.Lock()
-			atCrash = b
-			mu.Unlock()
-		}}
-	}
+	crash := h.crashAfter(afterReset)
 	h.start()
 	cl := h.claim("c", "sim-2")
 	if r := h.prepare(cl)[cl.Uid]; r.Error != "" {
@@ -127,14 +94,7 @@ func TestUnprepareCrash(t *testing.T) {
 		t.Fatalf("reset %d times at unprepare, want 1", n)
 	}
 	h.stop()
-	mu.Lock()
-	defer mu.Unlock()
-	if atCrash == nil {
-		t.Fatal("the reset did not run")
-	}
-	if err := os.WriteFile(ckpt, atCrash, 0o600); err != nil {
-		t.Fatal(err)
-	}
+	crash.restore()
 	if _, err := os.Stat(spec); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("claim spec still there: %v", err)
 	}

@@ -208,45 +208,25 @@ func (c *cluster) rollDriver(t *testing.T, node, how, strategy string, watchTain
 			c.deletePod(t, n)
 		}
 	}
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for {
-			select {
-			case <-stop:
-				return
-			case <-time.After(200 * time.Millisecond):
-			}
-			reap()
-		}
-	}()
+	every(&wg, stop, 200*time.Millisecond, reap)
 	// The node's slices, every 100 ms.
 	t0 := time.Now()
 	if watchTaints {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
-				select {
-				case <-stop:
-					return
-				case <-time.After(100 * time.Millisecond):
-				}
-				sl, err := c.draSlices(ctx, node)
-				if err != nil {
-					continue
-				}
-				for i := range sl {
-					for _, d := range sl[i].Spec.Devices {
-						for _, tn := range d.Taints {
-							mu.Lock()
-							res.tainted = append(res.tainted, fmt.Sprintf("%s %s at %v", d.Name, tn.Key, time.Since(t0).Round(100*time.Millisecond)))
-							mu.Unlock()
-						}
+		every(&wg, stop, 100*time.Millisecond, func() {
+			sl, err := c.draSlices(ctx, node)
+			if err != nil {
+				return
+			}
+			for i := range sl {
+				for _, d := range sl[i].Spec.Devices {
+					for _, tn := range d.Taints {
+						mu.Lock()
+						res.tainted = append(res.tainted, fmt.Sprintf("%s %s at %v", d.Name, tn.Key, time.Since(t0).Round(100*time.Millisecond)))
+						mu.Unlock()
 					}
 				}
 			}
-		}()
+		})
 	}
 	patch := fmt.Sprintf(`{"spec":{"updateStrategy":{"rollingUpdate":%s},"template":{"metadata":{"annotations":{"e2e.cdi.dev/restarted-at":"%d"}}}}}`,
 		strategy, time.Now().UnixNano())
@@ -291,6 +271,23 @@ func (c *cluster) rollDriver(t *testing.T, node, how, strategy string, watchTain
 		return len(pending) == 0, "waiting for " + strings.Join(left, ",")
 	})
 	return res
+}
+
+// every runs f every period, in a goroutine wg counts, until stop is
+// closed.
+func every(wg *sync.WaitGroup, stop <-chan struct{}, period time.Duration, f func()) {
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(period):
+			}
+			f()
+		}
+	}()
 }
 
 // startedAt is when the pod's first container started (zero when it did
