@@ -3,18 +3,15 @@ package bindmarker
 import (
 	"context"
 	"encoding/json"
-	"fmt"
 	"time"
 
 	"github.com/sirupsen/logrus"
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/tools/cache"
-	"k8s.io/client-go/util/workqueue"
 
+	"github.com/cdi-device-plugin/cdi-device-plugin/internal/claimqueue"
 	"github.com/cdi-device-plugin/cdi-device-plugin/internal/logs"
 )
 
@@ -55,68 +52,37 @@ func (m *Marker) Run(ctx context.Context) error {
 	if log == nil {
 		log = logs.Discard()
 	}
-	factory := informers.NewSharedInformerFactory(m.Client, m.Resync)
-	inf := factory.Resource().V1().ResourceClaims().Informer()
-	queue := workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[types.NamespacedName](),
-		workqueue.TypedRateLimitingQueueConfig[types.NamespacedName]{Name: "bind-marker"})
-	enqueue := func(obj any) {
-		if c, ok := obj.(*resourceapi.ResourceClaim); ok && m.nodeFor(c) != "" {
-			queue.Add(types.NamespacedName{Namespace: c.Namespace, Name: c.Name})
-		}
+	q := claimqueue.Queue{
+		Client: m.Client, Name: "bind-marker", Resync: m.Resync,
+		Want: func(c *resourceapi.ResourceClaim) bool { return m.nodeFor(c) != "" },
+		Sync: func(ctx context.Context, key types.NamespacedName, c *resourceapi.ResourceClaim) error {
+			return m.mark(ctx, key, c, log)
+		},
+		Started: func(func(types.NamespacedName)) {
+			log.WithField("driver", m.Driver).Info("marking the claims allocated with the driver's binding conditions for their node")
+		},
+		Failed: func(key types.NamespacedName, err error) {
+			log.WithError(err).WithField("claim", key.String()).Warn("labelling a claim for its node's driver; tried again")
+		},
 	}
-	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    enqueue,
-		UpdateFunc: func(_, obj any) { enqueue(obj) },
-	}); err != nil {
-		return fmt.Errorf("claim informer: %w", err)
-	}
-	factory.Start(ctx.Done())
-	defer factory.Shutdown()
-	if !cache.WaitForCacheSync(ctx.Done(), inf.HasSynced) {
-		queue.ShutDown()
-		return nil
-	}
-	log.WithField("driver", m.Driver).Info("marking the claims allocated with the driver's binding conditions for their node")
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for m.next(ctx, queue, inf.GetStore(), log) {
-		}
-	}()
-	<-ctx.Done()
-	queue.ShutDown()
-	<-done
-	return nil
+	return q.Run(ctx)
 }
 
-// next marks the next claim of queue; false once the queue shut down.
-func (m *Marker) next(ctx context.Context, queue workqueue.TypedRateLimitingInterface[types.NamespacedName], store cache.Store, log *logrus.Entry) bool {
-	key, shutdown := queue.Get()
-	if shutdown {
-		return false
+// mark labels claim c (nil: gone) with the node of its devices, unless it
+// has no such node or is labelled so already.
+func (m *Marker) mark(ctx context.Context, key types.NamespacedName, c *resourceapi.ResourceClaim, log *logrus.Entry) error {
+	if c == nil {
+		return nil
 	}
-	defer queue.Done(key)
-	obj, exists, err := store.GetByKey(key.String())
-	if err != nil || !exists {
-		queue.Forget(key)
-		return true
-	}
-	c := obj.(*resourceapi.ResourceClaim)
 	node := m.nodeFor(c)
 	label, value := NodeLabel(m.Driver), NodeValue(node)
 	if node == "" || c.Labels[label] == value {
-		queue.Forget(key)
-		return true
+		return nil
 	}
 	patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"labels": map[string]string{label: value}}})
 	if _, err := m.Client.ResourceV1().ResourceClaims(c.Namespace).Patch(ctx, c.Name, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
-		if ctx.Err() == nil {
-			log.WithError(err).WithField("claim", key.String()).Warn("labelling a claim for its node's driver; tried again")
-			queue.AddRateLimited(key)
-		}
-		return true
+		return err
 	}
-	queue.Forget(key)
 	log.WithField("claim", key.String()).WithField("node", node).Debug("claim labelled for its node's driver")
-	return true
+	return nil
 }

@@ -2,19 +2,16 @@ package dra
 
 import (
 	"context"
-	"fmt"
 	"slices"
 
 	"github.com/sirupsen/logrus"
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/tools/cache"
-	"k8s.io/client-go/util/workqueue"
 
 	"github.com/cdi-device-plugin/cdi-device-plugin/bindmarker"
+	"github.com/cdi-device-plugin/cdi-device-plugin/internal/claimqueue"
 )
 
 // prebinder hears of the claims to prepare before binding: it watches the
@@ -51,70 +48,24 @@ func (b *prebinder) ours(c *resourceapi.ResourceClaim) bool {
 func (b *prebinder) run(ctx context.Context) error {
 	sel := metav1.FormatLabelSelector(&metav1.LabelSelector{MatchLabels: map[string]string{
 		bindmarker.NodeLabel(b.driver): bindmarker.NodeValue(b.node)}})
-	factory := informers.NewSharedInformerFactoryWithOptions(b.client, 0,
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = sel }))
-	inf := factory.Resource().V1().ResourceClaims().Informer()
-	queue := workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[types.NamespacedName](),
-		workqueue.TypedRateLimitingQueueConfig[types.NamespacedName]{Name: "prepare-before-bind"})
-	enqueue := func(obj any) {
-		if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
-			obj = t.Obj
-		}
-		if c, ok := obj.(*resourceapi.ResourceClaim); ok {
-			queue.Add(types.NamespacedName{Namespace: c.Namespace, Name: c.Name})
-		}
-	}
-	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc: enqueue, UpdateFunc: func(_, obj any) { enqueue(obj) }, DeleteFunc: enqueue,
-	}); err != nil {
-		return fmt.Errorf("claim informer: %w", err)
-	}
-	factory.Start(ctx.Done())
-	defer factory.Shutdown()
-	if !cache.WaitForCacheSync(ctx.Done(), inf.HasSynced) {
-		queue.ShutDown()
-		return nil
-	}
-	// The claims prepared, or under way, before a restart: their
-	// allocation is looked at again (released, completed or reported).
-	for _, pc := range b.prep.checkpoint.Claims() {
-		if pc.PreBind {
-			queue.Add(types.NamespacedName{Namespace: pc.Namespace, Name: pc.Name})
-		}
-	}
-	b.log.WithField("selector", sel).Info("watching the claims to prepare before binding")
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for b.next(ctx, queue, inf.GetStore()) {
-		}
-	}()
-	<-ctx.Done()
-	queue.ShutDown()
-	<-done
-	return nil
-}
-
-// next works on the next claim of queue; false once it shut down.
-func (b *prebinder) next(ctx context.Context, queue workqueue.TypedRateLimitingInterface[types.NamespacedName], store cache.Store) bool {
-	key, shutdown := queue.Get()
-	if shutdown {
-		return false
-	}
-	defer queue.Done(key)
-	var c *resourceapi.ResourceClaim
-	if obj, exists, err := store.GetByKey(key.String()); err == nil && exists {
-		c = obj.(*resourceapi.ResourceClaim)
-	}
-	if err := b.sync(ctx, key, c); err != nil {
-		if ctx.Err() == nil {
+	q := claimqueue.Queue{
+		Client: b.client, Name: "prepare-before-bind", LabelSelector: sel, Sync: b.sync,
+		Started: func(add func(types.NamespacedName)) {
+			// The claims prepared, or under way, before a restart: their
+			// allocation is looked at again (released, completed or
+			// reported).
+			for _, pc := range b.prep.checkpoint.Claims() {
+				if pc.PreBind {
+					add(types.NamespacedName{Namespace: pc.Namespace, Name: pc.Name})
+				}
+			}
+			b.log.WithField("selector", sel).Info("watching the claims to prepare before binding")
+		},
+		Failed: func(key types.NamespacedName, err error) {
 			b.log.WithError(err).WithField("claim", key.String()).Warn("preparing or releasing a claim before binding; tried again")
-			queue.AddRateLimited(key)
-		}
-		return true
+		},
 	}
-	queue.Forget(key)
-	return true
+	return q.Run(ctx)
 }
 
 // sync brings the claim key (c: as the API has it now, nil when gone) in
