@@ -349,7 +349,7 @@ resources:
 	}
 }
 
-// TestLoadWithExtraFlags (issue 21): a command's own flags (the DRA
+// TestLoadWithExtraFlags: a command's own flags (the DRA
 // driver's) take the flag, else the environment, else the default, beside
 // the shared ones; Load itself does not know them.
 func TestLoadWithExtraFlags(t *testing.T) {
@@ -380,7 +380,7 @@ func TestLoadWithExtraFlags(t *testing.T) {
 	}
 }
 
-// TestIDPrefixBound (issue 27, item 8): idPrefix is at most MaxIDPrefix
+// TestIDPrefixBound: idPrefix is at most MaxIDPrefix
 // characters, the message says the bound and why; one at the bound is
 // taken.
 func TestIDPrefixBound(t *testing.T) {

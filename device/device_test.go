@@ -258,7 +258,7 @@ func runSource(t *testing.T, s *Source) <-chan *Snapshot {
 	return out
 }
 
-// TestWildcardDirectoriesWatched (issue 8 item 6): a glob with wildcard
+// TestWildcardDirectoriesWatched: a glob with wildcard
 // directories sees nodes come and go in every matching directory,
 // including directories created after start.
 func TestWildcardDirectoriesWatched(t *testing.T) {

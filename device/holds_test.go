@@ -7,7 +7,7 @@ import (
 	"time"
 )
 
-// TestHolds (issue 21): a device held elsewhere (a DRA claim) is
+// TestHolds: a device held elsewhere (a DRA claim) is
 // unhealthy for its hold while its node is fine, in the snapshot Refresh
 // makes and in those Run publishes; the hold is independent of the faults
 // (a preparation's success clears its fault, not the hold) and yields to

@@ -150,7 +150,7 @@ func TestDiscoveredDevices(t *testing.T) {
 	}
 }
 
-// TestKernelEventRescans (issue 20): a function unbound from its driver
+// TestKernelEventRescans: a function unbound from its driver
 // changes no node, so only its kernel event tells; the source rescans on
 // it and publishes the device Unhealthy, then Healthy when it is bound
 // again. The latency from the event to the snapshot is logged (dp-bench
@@ -203,7 +203,7 @@ func TestKernelEventRescans(t *testing.T) {
 	}
 }
 
-// TestForgetVanished (issue 20): a device gone for ForgetAfter that no
+// TestForgetVanished: a device gone for ForgetAfter that no
 // container holds is forgotten (snapshot and registry); one a container
 // holds stays, Unhealthy; while the holders cannot be told, nothing goes.
 // Forgotten indexes are not given again.
@@ -262,7 +262,7 @@ func TestForgetVanished(t *testing.T) {
 	}
 }
 
-// TestMatchesNothingSaidOnce (issue 20): a selector that matches nothing
+// TestMatchesNothingSaidOnce: a selector that matches nothing
 // is no error; the resource advertises none and says so once, until a
 // device matches again.
 func TestMatchesNothingSaidOnce(t *testing.T) {
@@ -331,7 +331,7 @@ func vfio(f Found, group string) Found {
 	return f
 }
 
-// TestIdentityChanged (issue 20): a known device found again under its
+// TestIdentityChanged: a known device found again under its
 // key with another identity (a function rebound from nvidia to vfio-pci
 // by a selector that names no driver; another vendor or device ID; a USB
 // device of another product or serial on the same port) is Unhealthy
@@ -454,7 +454,7 @@ func TestUSBIdentityChanged(t *testing.T) {
 	}
 }
 
-// TestRebindOnPurpose (issue 20): the way out for an operator who rebinds
+// TestRebindOnPurpose: the way out for an operator who rebinds
 // a function on purpose: after forgetAfter, a rebound device that no
 // container holds is forgotten, and found again as a new device (the next
 // index) with its new nodes.
@@ -482,7 +482,7 @@ func TestRebindOnPurpose(t *testing.T) {
 	})
 }
 
-// TestVFIOContainerNode (issue 20): a function bound to vfio-pci has the
+// TestVFIOContainerNode: a function bound to vfio-pci has the
 // shared /dev/vfio/vfio among its own nodes (the discovery gives it): once
 // in the device even when sharedNodes names it too, and a device without
 // it is Unhealthy (missing), as for any of its nodes.

@@ -42,7 +42,7 @@ func logged(hook *test.Hook, words ...string) bool {
 	return false
 }
 
-// TestSharedNodeOneResource (issue 27, item 2): two devices of one
+// TestSharedNodeOneResource: two devices of one
 // resource that both list a host node (a root port given its GPU's nodes
 // by a discovery that walked too far) are both Unhealthy (shared_node),
 // and the log names both devices and the node; a device of its own stays
@@ -106,7 +106,7 @@ func entries(hook *test.Hook) string {
 	return b.String()
 }
 
-// TestSharedNodeTwoResources (issue 27, item 2): a node in devices of two
+// TestSharedNodeTwoResources: a node in devices of two
 // resources of one process (sources sharing one Owners) makes both
 // Unhealthy, each running in its own goroutine; when the second stops
 // claiming it (its rescan, or it stops), the first is Healthy again

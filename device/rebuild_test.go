@@ -11,7 +11,7 @@ import (
 	"testing"
 )
 
-// TestRebuiltRegistry (issue 27, item 9): devices found by identity, whose
+// TestRebuiltRegistry: devices found by identity, whose
 // registry does not parse, keep their IDs and indexes from the devices the
 // spec describes, however discovery orders them now; a new one gets the
 // next index. A described device that is not there waits (Unhealthy,

@@ -16,7 +16,7 @@ func adapter(port string, tty uint32, key string) Found {
 		Identity: Identity{USBBus: 1, USBDevice: 3 + int(tty), USBVendor: "10c4", USBProduct: "ea60", USBSerial: "0001", USBPort: port}}
 }
 
-// TestUSBMatch (issue 27, item 3): which device a source remembers a USB
+// TestUSBMatch: which device a source remembers a USB
 // device found is, by the registry a run left: a registry of an earlier
 // version (no ports recorded: the port a key names, else the one device
 // left with the identity); two remembered devices one found device could

@@ -26,7 +26,7 @@ func nodesOf(found []device.Found) []string {
 	return out
 }
 
-// TestFunctionOwnsItsNodes (issue 27, items 1 and 4): on a server laid out
+// TestFunctionOwnsItsNodes: on a server laid out
 // as real ones are, a bridge, a switch port or a USB controller owns none
 // of the nodes of the devices behind it; a function's nodes are those the
 // kernel registers for it, down to the next device of a bus; a USB
@@ -97,7 +97,7 @@ func TestFunctionOwnsItsNodes(t *testing.T) {
 	}
 }
 
-// TestSelectorBeforeWalk (issue 27, item 1): a function the selector does
+// TestSelectorBeforeWalk: a function the selector does
 // not pick is not read past its identity: its nodes are not looked for,
 // so an NVIDIA information file that does not parse, of a GPU the selector
 // leaves out, is no warning and skips nothing.

@@ -153,7 +153,7 @@ func TestMalformed(t *testing.T) {
 	}
 }
 
-// TestUnreadableSkipped (issue 20): a PCI function or USB device that
+// TestUnreadableSkipped: a PCI function or USB device that
 // cannot be read does not hold back the others of its bus: it is skipped
 // with a warning that names it, said once while it stays so (not on every
 // rescan), again if it breaks again after it was read; one whose vendor

@@ -210,7 +210,7 @@ func TestListenerLost(t *testing.T) {
 	}
 }
 
-// TestListenKernelOnly (issue 27, item 12): a process that may send to the
+// TestListenKernelOnly: a process that may send to the
 // uevent group (CAP_NET_ADMIN in its network namespace) sends a
 // kernel-shaped message from a netlink socket of its own: its sender port
 // is not 0, the kernel's, so the listener drops it, as udev does; the
@@ -291,7 +291,7 @@ func (s *scripted) recv(p []byte) (int, unix.Sockaddr, error) {
 	return n, from, nil
 }
 
-// TestKernelSocketSender (issue 27, item 12): through the seam that
+// TestKernelSocketSender: through the seam that
 // carries each datagram's sender, only those of port 0 (the kernel) reach
 // the handler; a process's (port 4242) and one of no netlink address are
 // dropped, and the listener ends cleanly on Close.

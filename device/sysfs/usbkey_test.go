@@ -76,7 +76,7 @@ func (u *usbSource) check(t *testing.T, snap *device.Snapshot, want []adapterAt,
 	return got
 }
 
-// TestUSBSameSerial (issue 27, item 3): two adapters that share vendor,
+// TestUSBSameSerial: two adapters that share vendor,
 // product and serial (0001, as cheap CP210x ship) are two devices with
 // IDs of their own; when the first is unplugged the second keeps its own
 // ID and index (the first's stays listed, missing), and no ID ever names
@@ -140,7 +140,7 @@ func TestUSBSameSerial(t *testing.T) {
 	})
 }
 
-// TestUSBSerialKept (issue 27, item 3): an adapter whose serial was unique
+// TestUSBSerialKept: an adapter whose serial was unique
 // when found keeps its ID when a second with that serial is plugged in
 // (which gets an ID of its own), and the second keeps its own when the
 // first is unplugged.
@@ -176,7 +176,7 @@ func byID(snap *device.Snapshot) map[string]string {
 	return out
 }
 
-// TestUSBTwinsAcrossRestart (issue 27, item 3): adapter A (serial 0001,
+// TestUSBTwinsAcrossRestart: adapter A (serial 0001,
 // unique when found: known by its serial) and adapter B, plugged in later
 // with the same serial (known by its port), keep their IDs across a
 // restart whatever is plugged in then, and an ID never names the other
