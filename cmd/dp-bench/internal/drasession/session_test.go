@@ -253,6 +253,17 @@ func TestNodePools(t *testing.T) {
 	if !ok || n != 3 || !slices.Equal(devs, []string{"n/fpga/fpga-0", "n/fpga/fpga-1", "n/sim/sim-0", "n/sim/sim-1"}) || ps.names() != "n/fpga,n/sim" {
 		t.Fatalf("complete %v, %d slices, devices %v, pools %s", ok, n, devs, ps.names())
 	}
+	// A device that carries a taint is not yet published: the scheduler
+	// does not allocate it.
+	if got := ps.tainted(); len(got) != 0 {
+		t.Fatalf("tainted %v, want none", got)
+	}
+	ps["n/sim"]["a"].Spec.Devices[1].Taints = append(ps["n/sim"]["a"].Spec.Devices[1].Taints, struct {
+		Key string `json:"key"`
+	}{"drv/handover"})
+	if got := ps.tainted(); !slices.Equal(got, []string{"n/sim/sim-1 drv/handover"}) {
+		t.Fatalf("tainted %v, want [n/sim/sim-1 drv/handover]", got)
+	}
 	c := benchClaim("ns", "c1", "drv", "n", []string{"n/sim/sim-1", "d-0"})
 	r := c.Status.Allocation.Devices.Results
 	if len(r) != 2 || r[0].Pool != "n/sim" || r[0].Device != "sim-1" || r[1].Pool != "n" || r[1].Device != "d-0" {

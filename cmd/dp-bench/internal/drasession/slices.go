@@ -17,30 +17,55 @@ import (
 // them.
 type pool map[string]*apiclient.ResourceSlice
 
-// complete returns the devices of the pool's newest generation, in slice
-// order, and the number of its slices; ok is false while some are
-// missing.
-func (pl pool) complete() (devices []string, n int, ok bool) {
+// current returns the slices of the pool's newest generation, by name,
+// and their number; ok is false while some are missing.
+func (pl pool) current() (cur []*apiclient.ResourceSlice, ok bool) {
 	var gen int64 = -1
 	for _, s := range pl {
 		gen = max(gen, s.Spec.Pool.Generation)
 	}
-	var cur []*apiclient.ResourceSlice
 	for _, s := range pl {
 		if s.Spec.Pool.Generation == gen {
 			cur = append(cur, s)
 		}
 	}
 	if len(cur) == 0 || int64(len(cur)) != cur[0].Spec.Pool.ResourceSliceCount {
-		return nil, len(cur), false
+		return cur, false
 	}
 	sort.Slice(cur, func(i, j int) bool { return cur[i].Metadata.Name < cur[j].Metadata.Name })
+	return cur, true
+}
+
+// complete returns the devices of the pool's newest generation, in slice
+// order, and the number of its slices; ok is false while some are
+// missing.
+func (pl pool) complete() (devices []string, n int, ok bool) {
+	cur, ok := pl.current()
+	if !ok {
+		return nil, len(cur), false
+	}
 	for _, s := range cur {
 		for _, d := range s.Spec.Devices {
 			devices = append(devices, d.Name)
 		}
 	}
 	return devices, len(cur), true
+}
+
+// tainted returns the devices of the pool's newest generation that carry
+// a taint, each with its taints' keys: the scheduler does not allocate
+// them (the driver's taints are NoSchedule or NoExecute).
+func (pl pool) tainted() []string {
+	cur, _ := pl.current()
+	var out []string
+	for _, s := range cur {
+		for _, d := range s.Spec.Devices {
+			for _, t := range d.Taints {
+				out = append(out, d.Name+" "+t.Key)
+			}
+		}
+	}
+	return out
 }
 
 // nodePools are the driver's pools of the node by name: the pool named
@@ -74,6 +99,19 @@ func (ps nodePools) complete() (devices []string, n int, ok bool) {
 	return devices, n, ok
 }
 
+// tainted returns the tainted devices of every pool's newest generation,
+// each as <pool>/<device> <taint key>.
+func (ps nodePools) tainted() []string {
+	var out []string
+	for name, pl := range ps {
+		for _, d := range pl.tainted() {
+			out = append(out, name+"/"+d)
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
 // names are the pools' names, sorted.
 func (ps nodePools) names() string {
 	names := make([]string, 0, len(ps))
@@ -85,7 +123,8 @@ func (ps nodePools) names() string {
 }
 
 // slices waits for the driver's ResourceSlices of the node's pools with
-// all their devices.
+// all their devices, none of them tainted: a device is published when the
+// scheduler may allocate it.
 func (x *draSession) slices(ctx context.Context) error {
 	pl := nodePools{}
 	var others []string // pools of the driver not of the node
@@ -111,7 +150,7 @@ func (x *draSession) slices(ctx context.Context) error {
 				pl[s.Spec.Pool.Name][s.Metadata.Name] = s
 			}
 			devs, n, ok := pl.complete()
-			if !ok || (x.t.DRA.Devices > 0 && len(devs) < x.t.DRA.Devices) {
+			if !ok || (x.t.DRA.Devices > 0 && len(devs) < x.t.DRA.Devices) || len(pl.tainted()) > 0 {
 				continue
 			}
 			x.res.Measure("start-sliced", report.Ms(ev.At.Sub(x.p.Start)), report.Ms(x.apiBase))
@@ -131,7 +170,7 @@ func (x *draSession) slices(ctx context.Context) error {
 			return fmt.Errorf("the driver exited: %w", x.p.Err())
 		case <-timeout.C:
 			devs, n, _ := pl.complete()
-			x.res.Fail("dra-slices", "within %s: %d devices in %d slices of pool(s) %s of node %s (other pools: %v)", x.s.Register, len(devs), n, pl.names(), x.node, others)
+			x.res.Fail("dra-slices", "within %s: %d devices in %d slices of pool(s) %s of node %s, tainted %v (other pools: %v)", x.s.Register, len(devs), n, pl.names(), x.node, pl.tainted(), others)
 			return errors.New("its devices were not published")
 		case <-ctx.Done():
 			return ctx.Err()

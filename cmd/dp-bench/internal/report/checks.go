@@ -98,7 +98,7 @@ const emptyRPC = "NodeUnprepareResources p50, no claims (empty RPC)"
 // DRAMetrics are what is measured in every run of a DRA driver.
 var DRAMetrics = []MetricDef{
 	{"start-registered", "process start → registered (GetInfo, NotifyRegistrationStatus answered)", "ms", exitGo},
-	{"start-sliced", "process start → all its devices in ResourceSlices (watch event)", "ms", "dp-bench's own ResourceSlice: create → watch event"},
+	{"start-sliced", "process start → all its devices schedulable in ResourceSlices (published untainted; watch event)", "ms", "dp-bench's own ResourceSlice: create → watch event"},
 	{"dra-devices", "devices published", "", ""},
 	{"prepare-1", "NodePrepareResources p50, new claim, 1 device", "µs", emptyRPC},
 	{"prepare-8", "NodePrepareResources p50, new claim, 8 devices", "µs", emptyRPC},
