@@ -6,6 +6,7 @@ import (
 
 	"github.com/sirupsen/logrus"
 	resourceapi "k8s.io/api/resource/v1"
+	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
@@ -88,5 +89,27 @@ func (b *prebinder) sync(ctx context.Context, key types.NamespacedName, c *resou
 	if !b.ours(c) {
 		return nil
 	}
+	if b.failedReported(c) {
+		// Its outcome is final until the scheduler deallocates it (which
+		// clears its status.devices): a second try would find the device
+		// Unhealthy from the first and replace the step's reason.
+		b.log.WithFields(logrus.Fields{"claim": key.String(), "resourceVersion": c.ResourceVersion}).
+			Info("claim not prepared again: its failure to prepare before binding is reported, the scheduler deallocates it")
+		return nil
+	}
 	return b.prep.prebindPrepare(ctx, c)
+}
+
+// failedReported reports whether claim c's status has the driver's failure
+// condition True on a device of this node. The API server keeps only
+// entries of allocated devices in status.devices, so such an entry is of
+// c's current allocation.
+func (b *prebinder) failedReported(c *resourceapi.ResourceClaim) bool {
+	for _, d := range c.Status.Devices {
+		if d.Driver == b.driver && bindmarker.NodeOfPool(d.Pool) == b.node &&
+			apimeta.IsStatusConditionTrue(d.Conditions, b.driver+"/"+ConditionPrepareFailed) {
+			return true
+		}
+	}
+	return false
 }

@@ -128,6 +128,36 @@ func TestPrepareBeforeBindFails(t *testing.T) {
 	h.waitFor("sim-0 tainted unhealthy", func() bool { return hasTaint(h.published()["sim-0"], TaintUnhealthy) })
 }
 
+// TestPrepareBeforeBindFailedOnce: a claim whose failure is reported is
+// not prepared again when it changes before the scheduler deallocates it
+// (our own status write, the scheduler's reservation): a second try
+// would find the device Unhealthy and replace the step's reason with
+// DeviceUnhealthy, so the pod's events would no longer say which step
+// failed.
+func TestPrepareBeforeBindFailedOnce(t *testing.T) {
+	h := newPBBHarness(t)
+	h.start()
+	h.pbbClaim("c", "sim-0")
+	h.waitBinding("c", "sim-0", ConditionPrepareFailed)
+	claims := h.client.ResourceV1().ResourceClaims(claimNS)
+	obj, err := claims.Get(context.Background(), "c", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The fake API keeps the version it is given: it names this change.
+	obj.Annotations, obj.ResourceVersion = map[string]string{"touched": "yes"}, "touched"
+	if obj, err = claims.Update(context.Background(), obj, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	h.waitFor("the changed claim looked at", func() bool {
+		return strings.Contains(h.logs.String(), "resourceVersion="+obj.ResourceVersion)
+	})
+	cond := h.waitBinding("c", "sim-0", ConditionPrepareFailed)
+	if cond.Reason != string(StepReason("exec")) {
+		t.Errorf("failure condition reason %q after the claim changed, want %q (the step's)", cond.Reason, StepReason("exec"))
+	}
+}
+
 // TestPrepareBeforeBindReleased: a claim prepared before binding that
 // loses its allocation before its pod is bound here (the scheduler gave
 // up waiting, or the pod was deleted) is released as Unprepare releases a
