@@ -663,6 +663,13 @@ sweep_plugin_leftovers() {
 	if [[ -f ${dra}/checkpoint.json && ! -L ${dra}/checkpoint.json && ${dra}/checkpoint.json -nt ${MARKER} ]]; then
 		rm -f -- "${dra}/checkpoint.json" "${dra}"/.checkpoint.json.tmp-*
 	fi
+	# The busybox that the exec steps of the demo's and the suite's
+	# resources prepared before binding run (e2e/local/demo.sh, scenario
+	# D10), put there since up.
+	local bin=/var/lib/cdi-device-plugin/e2e-bin
+	if [[ -d ${bin} && ! -L ${bin} && ${bin} -nt ${MARKER} ]]; then
+		rm -rf -- "${bin}"
+	fi
 	rmdir "${dra}" /var/lib/cdi-device-plugin/devices /var/lib/cdi-device-plugin 2>/dev/null || true
 	# The CDI specs of the DRA driver's device metadata
 	# (<driver>_metadata_<uid>_<request>.json) of claims still prepared:
