@@ -184,7 +184,8 @@ func (c *cluster) draTeardown(t *testing.T) {
 	_ = c.cs.ResourceV1().ResourceSlices().DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{FieldSelector: "spec.driver=" + draDriver})
 	if _, err := c.nodeSh("rm -rf /dev/" + draIDPrefix + "-* " + draSpecFile + " /var/run/cdi/k8s.e2e.cdi.dev-dra-* " +
 		draStateDir + "/" + draIDPrefix + "-* " + draCkpt + " /var/run/cdi/" + draDriver + "_metadata_* " +
-		"/var/lib/kubelet/plugins/" + draDriver + "/dra-device-metadata " + filepath.Dir(pbbBusybox)); err != nil {
+		"/var/lib/kubelet/plugins/" + draDriver + "/dra-device-metadata " + filepath.Dir(pbbBusybox) + " " +
+		filepath.Join(filepath.Dir(draStateDir), "locks", draIDPrefix+"-*.lock")); err != nil {
 		t.Errorf("node cleanup: %v", err)
 	}
 }
