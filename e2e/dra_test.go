@@ -55,7 +55,8 @@ const (
 
 // draConfig is the driver's configuration file: the DRA resource as the
 // environment variables of draVars give it (4 devices, the default reset
-// and reprogram steps) and the shared resource of scenario D7.
+// and reprogram steps), the shared resource of scenario D7 and the
+// resources prepared before binding of scenario D10.
 const draConfig = `resources:
 - name: ` + draResource + `
   count: 4
@@ -75,7 +76,7 @@ const draConfig = `resources:
   prestart:
     steps:
     - type: reset
-`
+` + pbbConfig
 
 var draConfigOnce = sync.OnceValues(func() (string, error) {
 	dir, err := os.MkdirTemp("", "cdi-e2e-dra-")
@@ -126,6 +127,7 @@ func TestDRA(t *testing.T) {
 		{"D7-replicas-shares", func(t *testing.T) { c.scenarioDRAShares(t, node) }},
 		{"D8-examples", func(t *testing.T) { c.scenarioDRAExamples(t, node) }},
 		{"D9-rolling-update", func(t *testing.T) { c.scenarioDRARoll(t, node) }},
+		{"D10-prepare-before-bind", func(t *testing.T) { c.scenarioDRAPrepareBeforeBind(t, node) }},
 		{"M-switch-node", func(t *testing.T) { c.scenarioSwitch(t, node) }},
 	}
 	for _, s := range steps {
@@ -146,10 +148,10 @@ func (c *cluster) draVars() map[string]string {
 		"DEVICE_FILE_PREFIX": draIDPrefix,
 		"ENV_PREFIX":         draEnv,
 		"LOG_LEVEL":          "debug",
-		// Both resources of draConfig (its resource variables above
+		// Every resource of draConfig (its resource variables above
 		// are then ignored), a DeviceClass each.
 		"PLUGIN_CONFIG": draConfigFile(),
-		"DRA_RESOURCES": draResource + "," + draSharedResource,
+		"DRA_RESOURCES": draResource + "," + draSharedResource + "," + pbbResources(),
 		// Where pods reach the API server on the local node (no
 		// kube-proxy there); empty on kind.
 		"API_SERVER_HOST": os.Getenv("E2E_API_SERVER_HOST"),
@@ -182,7 +184,8 @@ func (c *cluster) draTeardown(t *testing.T) {
 	_ = c.cs.ResourceV1().ResourceSlices().DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{FieldSelector: "spec.driver=" + draDriver})
 	if _, err := c.nodeSh("rm -rf /dev/" + draIDPrefix + "-* " + draSpecFile + " /var/run/cdi/k8s.e2e.cdi.dev-dra-* " +
 		draStateDir + "/" + draIDPrefix + "-* " + draCkpt + " /var/run/cdi/" + draDriver + "_metadata_* " +
-		"/var/lib/kubelet/plugins/" + draDriver + "/dra-device-metadata"); err != nil {
+		"/var/lib/kubelet/plugins/" + draDriver + "/dra-device-metadata " + filepath.Dir(pbbBusybox) + " " +
+		filepath.Join(filepath.Dir(draStateDir), "locks", draIDPrefix+"-*.lock")); err != nil {
 		t.Errorf("node cleanup: %v", err)
 	}
 }

@@ -642,7 +642,11 @@ sweep_plugin_leftovers() {
 		grep -Eo '"hostPath": ?"[^"]*"' "${spec}" | sed 's/.*"\([^"]*\)"$/\1/' | while read -r p; do
 			case ${p} in
 			/dev/*) if sim_node "${p}"; then rm -f -- "${p}"; fi ;;
-			/var/lib/cdi-device-plugin/devices/*) rm -rf -- "${p}" ;;
+			/var/lib/cdi-device-plugin/devices/*)
+				# The device's state and its lock file (<state-dir>/locks/<device>.lock,
+				# which the steps of every instance lock).
+				rm -rf -- "${p}" "/var/lib/cdi-device-plugin/locks/${p##*/}.lock"
+				;;
 			esac
 		done
 		rm -f -- "${spec}"
@@ -663,7 +667,14 @@ sweep_plugin_leftovers() {
 	if [[ -f ${dra}/checkpoint.json && ! -L ${dra}/checkpoint.json && ${dra}/checkpoint.json -nt ${MARKER} ]]; then
 		rm -f -- "${dra}/checkpoint.json" "${dra}"/.checkpoint.json.tmp-*
 	fi
-	rmdir "${dra}" /var/lib/cdi-device-plugin/devices /var/lib/cdi-device-plugin 2>/dev/null || true
+	# The busybox that the exec steps of the demo's and the suite's
+	# resources prepared before binding run (e2e/local/demo.sh, scenario
+	# D10), put there since up.
+	local bin=/var/lib/cdi-device-plugin/e2e-bin
+	if [[ -d ${bin} && ! -L ${bin} && ${bin} -nt ${MARKER} ]]; then
+		rm -rf -- "${bin}"
+	fi
+	rmdir "${dra}" /var/lib/cdi-device-plugin/devices /var/lib/cdi-device-plugin/locks /var/lib/cdi-device-plugin 2>/dev/null || true
 	# The CDI specs of the DRA driver's device metadata
 	# (<driver>_metadata_<uid>_<request>.json) of claims still prepared:
 	# they mount files below the kubelet's plugins directory, which down

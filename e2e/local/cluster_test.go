@@ -141,11 +141,14 @@ func TestFeatureGatesYAML(t *testing.T) {
 		want    map[string]bool
 		wantErr string
 	}{
-		{"pinned", "", "", map[string]bool{"DRAExtendedResource": true, "DRADeviceTaints": true, "ResourceHealthStatus": true, "DRAConsumableCapacity": true}, ""},
-		{"1.36", "v1.36.3", "", map[string]bool{"DRAExtendedResource": true, "DRADeviceTaints": true, "ResourceHealthStatus": true, "DRAConsumableCapacity": true}, ""},
-		// DRAExtendedResource is GA and locked in 1.37, DRADeviceTaints GA:
-		// setting either only earns a warning; the beta gate stays pinned.
-		{"1.37", "v1.37.2", "", map[string]bool{"ResourceHealthStatus": true, "DRAConsumableCapacity": true}, ""},
+		{"pinned", "", "", map[string]bool{"DRAExtendedResource": true, "DRADeviceTaints": true, "ResourceHealthStatus": true, "DRAConsumableCapacity": true,
+			"DRADeviceBindingConditions": true, "DRAResourceClaimDeviceStatus": true}, ""},
+		{"1.36", "v1.36.3", "", map[string]bool{"DRAExtendedResource": true, "DRADeviceTaints": true, "ResourceHealthStatus": true, "DRAConsumableCapacity": true,
+			"DRADeviceBindingConditions": true, "DRAResourceClaimDeviceStatus": true}, ""},
+		// DRAExtendedResource and DRAResourceClaimDeviceStatus are GA and
+		// locked in 1.37, DRADeviceTaints GA: setting one only earns a
+		// warning; the beta gates stay pinned.
+		{"1.37", "v1.37.2", "", map[string]bool{"ResourceHealthStatus": true, "DRAConsumableCapacity": true, "DRADeviceBindingConditions": true}, ""},
 		{"no line for the minor", "v1.99.0", "", nil, "e2e/versions.env has no FEATURE_GATES_1_99 for K8S_VERSION=v1.99.0"},
 		{"not a version", "latest", "", nil, "K8S_VERSION=latest is not vMAJOR.MINOR.PATCH"},
 		{"given", "", "A=true,B=false", map[string]bool{"A": true, "B": false}, ""},
@@ -262,8 +265,9 @@ func TestMakeVersions(t *testing.T) {
 		args []string
 		want []string
 	}{
-		{"pinned", nil, []string{"K8S_VERSION=v1.36.3", "FEATURE_GATES=DRAExtendedResource=true,DRADeviceTaints=true,ResourceHealthStatus=true,DRAConsumableCapacity=true"}},
-		{"command line", []string{"K8S_VERSION=v1.37.2"}, []string{"K8S_VERSION=v1.37.2", "FEATURE_GATES=ResourceHealthStatus=true,DRAConsumableCapacity=true"}},
+		{"pinned", nil, []string{"K8S_VERSION=v1.36.3", "FEATURE_GATES=DRAExtendedResource=true,DRADeviceTaints=true,ResourceHealthStatus=true,DRAConsumableCapacity=true," +
+			"DRADeviceBindingConditions=true,DRAResourceClaimDeviceStatus=true"}},
+		{"command line", []string{"K8S_VERSION=v1.37.2"}, []string{"K8S_VERSION=v1.37.2", "FEATURE_GATES=ResourceHealthStatus=true,DRAConsumableCapacity=true,DRADeviceBindingConditions=true"}},
 		{"gates on the command line", []string{"K8S_VERSION=v1.37.2", "FEATURE_GATES=A=true"}, []string{"K8S_VERSION=v1.37.2", "FEATURE_GATES=A=true"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {

@@ -3,12 +3,14 @@
 # devices, run a pod that asks for 2 and print what it sees.
 #
 # make demo MODE=dra: bring the local node up and deploy the demo's
-# resources (e2e/local/demo-dra.yaml: example.com/sim, 4 devices, and
-# example.com/shared, 1 device with replicas: 2) with deploy.sh
-# MODE=per-node, the node labelled cdi-device-plugin/mode=dra: the DRA
-# driver serves them, its DeviceClasses sim.example.com and
-# shared.example.com; relabelled device-plugin, the device plugin does.
-# docs/dra.md walks through it.
+# resources (e2e/local/demo-dra.yaml: example.com/sim, 4 devices,
+# example.com/shared, 1 device with replicas: 2, and example.com/fpga, 2
+# devices prepared before binding) with deploy.sh MODE=per-node, the node
+# labelled cdi-device-plugin/mode=dra: the DRA driver serves them, its
+# DeviceClasses sim.example.com, shared.example.com and fpga.example.com,
+# and its controller (one Deployment) labels the claims to prepare before
+# binding; relabelled device-plugin, the device plugin does. docs/dra.md
+# walks through it.
 #
 # The node stays up; "make demo-down" (e2e/local/cluster.sh down) removes
 # it, with the plugin's spec, device nodes and state and the DRA driver's
@@ -38,7 +40,7 @@ esac
 demo_deploy() {
 	if [[ ${MODE} == dra ]]; then
 		MODE=per-node NAMESPACE=demo PLUGIN_CONFIG=e2e/local/demo-dra.yaml \
-			DRA_RESOURCES=example.com/sim,example.com/shared IMAGE="${E2E_PLUGIN_IMAGE:-}" \
+			DRA_RESOURCES=example.com/sim,example.com/shared,example.com/fpga IMAGE="${E2E_PLUGIN_IMAGE:-}" \
 			API_SERVER_HOST="${E2E_API_SERVER_HOST:-}" API_SERVER_PORT="${E2E_API_SERVER_PORT:-}" \
 			deploy/deploy.sh "$1"
 	else
@@ -62,9 +64,13 @@ esac
 # demo_dra: the node labelled dra, the DRA driver serving the demo's
 # resources; the device plugin waits for nodes labelled device-plugin.
 demo_dra() {
+	# The busybox of example.com/fpga's exec step, where the driver's
+	# container sees the node's /var/lib/cdi-device-plugin.
+	install -D -m 0755 /bin/busybox /var/lib/cdi-device-plugin/e2e-bin/busybox
 	k label node --all cdi-device-plugin/mode=dra --overwrite
 	demo_deploy apply
 	k -n demo rollout status ds/cdi-dra-driver --timeout=180s
+	k -n demo rollout status deploy/cdi-dra-controller --timeout=180s
 	echo "waiting for the driver to publish the 4 devices of example.com/sim ..."
 	local n=0
 	for _ in $(seq 60); do
@@ -79,7 +85,7 @@ demo_dra() {
 
 The node stays up, its devices served through DRA. Walk through it:
 docs/dra.md (claims, limits-only pods, a shared device, moving the node
-to the device plugin and back). Start with:
+to the device plugin and back, preparing before binding). Start with:
   source ${E2E_WORK}/env
   kubectl get resourceslices -o yaml
 Tear it down with:  make demo-down   (e2e/local/cluster.sh down: the node, the
