@@ -273,6 +273,10 @@ type Resource struct {
 	// cannot do this: its steps run in PreStartContainer, after binding,
 	// within the kubelet's 30 s.
 	PrepareBeforeBind bool `json:"prepareBeforeBind,omitempty"`
+	// Faults make simulated devices fail on purpose (docs/simulation.md);
+	// FaultSeed makes their probabilities the same every run.
+	Faults    []Fault `json:"faults,omitempty"`
+	FaultSeed int64   `json:"faultSeed,omitempty"`
 
 	// Domain and Class are the two parts of Name (the CDI class).
 	Domain string `json:"-"`

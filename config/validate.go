@@ -279,6 +279,9 @@ func (c *Config) validateResource(i int, r *Resource) error {
 			return err
 		}
 	}
+	if err := validateFaults(f, r); err != nil {
+		return err
+	}
 	for j, m := range r.Mounts {
 		for _, p := range []struct{ name, v string }{{"hostPath", m.HostPath}, {"containerPath", m.ContainerPath}} {
 			if err := cleanAbs(fmt.Sprintf("%s[%d].%s", f("mounts"), j, p.name), p.v); err != nil {
