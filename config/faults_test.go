@@ -95,3 +95,29 @@ func TestFaultsParsed(t *testing.T) {
 		t.Errorf("flapping: %+v", f[4])
 	}
 }
+
+// TestFaultControlFlag: the fault control is off unless --fault-control
+// or FAULT_CONTROL enables it, in both binaries; a bad value names the flag.
+func TestFaultControlFlag(t *testing.T) {
+	for _, cmd := range []Command{DevicePlugin, DRADriver} {
+		env := map[string]string{"NODE_NAME": "n1"}
+		cfg, err := LoadWith(cmd, nil, envOf(env), io.Discard)
+		if err != nil || cfg.FaultControl {
+			t.Fatalf("%s by default: %v, on %v", cmd, err, cfg != nil && cfg.FaultControl)
+		}
+		cfg, err = LoadWith(cmd, []string{"--fault-control=true"}, envOf(env), io.Discard)
+		if err != nil || !cfg.FaultControl {
+			t.Fatalf("%s --fault-control=true: %v", cmd, err)
+		}
+		env["FAULT_CONTROL"] = "true"
+		if cfg, err = LoadWith(cmd, nil, envOf(env), io.Discard); err != nil || !cfg.FaultControl {
+			t.Fatalf("%s FAULT_CONTROL=true: %v", cmd, err)
+		}
+		env["FAULT_CONTROL"] = "sometimes"
+		_, err = LoadWith(cmd, nil, envOf(env), io.Discard)
+		var fe *FieldError
+		if !errors.As(err, &fe) || fe.Field != "fault-control" || fe.Value != "sometimes" {
+			t.Fatalf("%s FAULT_CONTROL=sometimes: %v", cmd, err)
+		}
+	}
+}

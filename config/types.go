@@ -203,6 +203,11 @@ type Config struct {
 	ProcRoot  string     `json:"procRoot,omitempty"`
 	Resources []Resource `json:"resources,omitempty"`
 
+	// FaultControlFlag is --fault-control as written; FaultControl, it
+	// parsed, serves the fault control socket (docs/simulation.md).
+	FaultControlFlag string `json:"-"`
+	FaultControl     bool   `json:"-"`
+
 	// Level is LogLevel parsed.
 	Level Level `json:"-"`
 	// ConfigFile is the file the configuration was read from, if any.

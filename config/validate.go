@@ -113,6 +113,13 @@ func (c *Config) defaultAndValidate() error {
 	if c.NodeName != "" && (len(c.NodeName) > 253 || !validDNSSubdomain(c.NodeName)) {
 		return fieldErr("node-name", c.NodeName, "must be a DNS subdomain (lowercase letters, digits, '-' and '.')")
 	}
+	if c.FaultControlFlag != "" {
+		on, err := strconv.ParseBool(c.FaultControlFlag)
+		if err != nil {
+			return fieldErr("fault-control", c.FaultControlFlag, "must be true or false")
+		}
+		c.FaultControl = on
+	}
 	if c.MetricsAddress != "" {
 		_, port, err := net.SplitHostPort(c.MetricsAddress)
 		if n, perr := strconv.Atoi(port); err != nil || perr != nil || n < 0 || n > 65535 {

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"path/filepath"
 	"time"
 
 	"github.com/sirupsen/logrus"
@@ -168,4 +169,20 @@ func errStatus(err error, ok, dev string) (int, any, string) {
 		return http.StatusNotFound, err.Error(), dev
 	}
 	return http.StatusBadRequest, err.Error(), dev
+}
+
+// Open opens the control socket of binary cmd in stateDir, logging where
+// it listens, and returns what serves it until its context is done.
+func Open(stateDir string, cmd config.Command, injectors func() []*Injector, log *logrus.Entry, m *metrics.Metrics) (func(context.Context) error, error) {
+	if err := os.MkdirAll(stateDir, 0o755); err != nil {
+		return nil, fmt.Errorf("fault control: %w", err)
+	}
+	path := filepath.Join(stateDir, SocketName(cmd))
+	ln, err := Listen(path)
+	if err != nil {
+		return nil, err
+	}
+	log.WithField("socket", path).Warn("fault control on: simulated devices fail when asked (docs/simulation.md)")
+	c := &Control{Enabled: true, Injectors: injectors, Log: log.WithField("component", "fault-control"), Metrics: m}
+	return func(ctx context.Context) error { return c.Serve(ctx, ln) }, nil
 }

@@ -33,6 +33,9 @@ func (in *Injector) Inject(name string, f config.Fault) error {
 	if !ok {
 		return fmt.Errorf("%w %q in %s", ErrNoDevice, name, in.o.Resource)
 	}
+	if in.o.Count == 0 {
+		return fmt.Errorf("%s: faults apply to simulated devices; a host device fails for real", in.o.Resource)
+	}
 	f.Devices = nil
 	if err := config.ValidateFault(func(s string) string { return s }, &f, in.o.Count, in.o.Steps, false); err != nil {
 		return err
