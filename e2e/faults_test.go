@@ -146,17 +146,20 @@ func (c *cluster) scenarioDRAFaultLost(t *testing.T, node string) {
 		return e == resourceapi.DeviceTaintEffectNoExecute, why
 	})
 	t.Logf("lost fault injected into %s (%s): slice taint NoExecute %v after the injection", victimID, victim, time.Since(start).Round(time.Millisecond))
+	var evicted string
 	eventually(t, 3*time.Minute, "f1 evicted", func() (bool, string) {
 		q, err := c.getPod("f1")
 		switch {
 		case apierrors.IsNotFound(err):
+			evicted = "gone"
 			return true, ""
 		case err != nil:
 			return false, err.Error()
 		}
-		return q.UID != p.UID || q.DeletionTimestamp != nil || q.Status.Phase == corev1.PodFailed, fmt.Sprintf("phase %s", q.Status.Phase)
+		evicted = fmt.Sprintf("phase %s, deleting %v, conditions %+v", q.Status.Phase, q.DeletionTimestamp != nil, q.Status.Conditions)
+		return q.UID != p.UID || q.DeletionTimestamp != nil || q.Status.Phase == corev1.PodFailed, evicted
 	})
-	t.Logf("f1 evicted %v after the injection", time.Since(start).Round(time.Millisecond))
+	t.Logf("f1 evicted %v after the injection (%s)", time.Since(start).Round(time.Millisecond), evicted)
 	c.deletePod(t, "f1")
 	c.createPod(t, c.claimPod("f2", "fault-one", ""))
 	c.waitReady(t, "f2", 3*time.Minute)
