@@ -121,11 +121,12 @@ func (in *Injector) fire(name string, a *armed, now time.Time, why string) {
 }
 
 // Tick starts the faults whose time came and applies every device's
-// health as it is now.
-func (in *Injector) Tick() {
+// health as it is now; it reports whether a device's changed.
+func (in *Injector) Tick() bool {
 	now := in.o.Clock.Now()
 	in.mu.Lock()
 	defer in.mu.Unlock()
+	changed := false
 	for _, d := range in.o.Devices() {
 		st := in.state(d)
 		for _, a := range st.faults {
@@ -138,8 +139,9 @@ func (in *Injector) Tick() {
 				in.fire(d.Name, a, in.start.Add(t.After.Duration), "after "+t.After.String())
 			}
 		}
-		in.applyLocked(d.Name, st, now)
+		changed = in.applyLocked(d.Name, st, now) || changed
 	}
+	return changed
 }
 
 // Preparing counts a preparation of d and draws its faults' triggers:
@@ -247,15 +249,16 @@ func flappedDown(a *armed, now time.Time) bool {
 	return (now.Sub(a.since)/a.f.Period.Duration)%2 == 0
 }
 
-// applyLocked hands the device's health to the source when it changed.
-// The caller holds in.mu.
-func (in *Injector) applyLocked(name string, st *devState, now time.Time) {
+// applyLocked hands the device's health to the source when it changed,
+// and reports whether it did. The caller holds in.mu.
+func (in *Injector) applyLocked(name string, st *devState, now time.Time) bool {
 	p := st.problem(now)
 	if in.applied[name] == p {
-		return
+		return false
 	}
 	in.applied[name] = p
 	in.o.Apply(name, p)
+	return true
 }
 
 // Active is a fault that acts on a device now (List).

@@ -278,10 +278,11 @@ func (r *Parts) Prepare() (map[string]string, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", r.Name, err)
 	}
-	if len(faults) > 0 {
-		for name, problem := range faults {
-			r.Source.SetFault(name, problem)
-		}
+	for name, problem := range faults {
+		r.Source.SetFault(name, problem)
+	}
+	// The faults injected at start are there from the first publication.
+	if r.Faults.Tick() || len(faults) > 0 {
 		r.Source.Refresh()
 	}
 	r.Log.WithField("spec", r.Spec.Path()).WithField("devices", len(snap.Devices)).Info("resource prepared")

@@ -40,7 +40,7 @@ func faultClient(t *testing.T, sock string) func(method, path, body string) (int
 }
 
 // TestFaultControl: with --fault-control, a configured lost fault makes
-// its device Unhealthy on ListAndWatch from the start; a fault injected
+// its device Unhealthy on ListAndWatch from the first update; a fault injected
 // through the socket (mode 0600) makes another Unhealthy, and clearing
 // both makes them Healthy again, without a restart. Without the flag
 // there is no socket.
@@ -61,6 +61,15 @@ func TestFaultControl(t *testing.T) {
 			return true
 		}); err != nil {
 			t.Fatalf("%v; log:\n%s", err, r.stderr.String())
+		}
+	}
+	first, err := r.wait(5*time.Second, func(u kubeletsim.Update) bool { return len(u.Devices) == 3 })
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, dv := range first.Devices {
+		if dv.ID == "sim-2" && dv.Health != pluginapi.Unhealthy {
+			t.Errorf("the first update lists sim-2 %s: a fault at start must be there from the first publication", dv.Health)
 		}
 	}
 	health(map[string]string{"sim-0": pluginapi.Healthy, "sim-1": pluginapi.Healthy, "sim-2": pluginapi.Unhealthy})
