@@ -38,7 +38,9 @@ type Resource struct {
 	Spec   resource.SpecFile
 	Runner Runner
 	// Faults, optional, injects faults as time passes (fault.Injector).
-	Faults interface{ Run(ctx context.Context) error }
+	Faults interface {
+		Run(ctx context.Context) error
+	}
 
 	// Replicas, above 1, makes each device shareable by that many claims
 	// at once (Published.Shares; see shares.go).
