@@ -24,7 +24,7 @@ import (
 	"github.com/cdi-device-plugin/cdi-device-plugin/metrics"
 )
 
-// ErrNoDevice: the injector's resource has no device of that name.
+// ErrNoDevice is returned when the injector's resource has no device of that name.
 var ErrNoDevice = errors.New("no such device")
 
 // Options configure the injector of one resource.
