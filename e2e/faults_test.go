@@ -125,16 +125,14 @@ func (c *cluster) sliceTaint(node, name string) (resourceapi.DeviceTaintEffect, 
 // NoExecute in the ResourceSlice; the eviction controller evicts f1; a
 // new pod's claim gets another device. Cleared, the taint goes.
 func (c *cluster) scenarioDRAFaultLost(t *testing.T, node string) {
+	c.deletePod(t, "d6") // D6's pod holds every device
 	c.createClaimTemplate(t, "fault-one", 1)
 	c.createPod(t, c.claimPod("f1", "fault-one", ""))
 	c.waitReady(t, "f1", 3*time.Minute)
-	victimID := c.allocatedIDs(t, node, c.claimOf(t, "f1"))[0]
-	victim := ""
-	for name, id := range c.draDevices(t, node) {
-		if id == victimID {
-			victim = name
-		}
-	}
+	victim := c.allocatedDevice(t, "f1")
+	// The device's name in the spec, <idPrefix>-<node>-<index> (the id
+	// attribute may be left out: see scenarioDRAShares).
+	victimID := draIDPrefix + "-" + node + "-" + strings.TrimPrefix(victim, draIDPrefix+"-")
 	p, err := c.getPod("f1")
 	if err != nil {
 		t.Fatal(err)
@@ -163,8 +161,8 @@ func (c *cluster) scenarioDRAFaultLost(t *testing.T, node string) {
 	c.deletePod(t, "f1")
 	c.createPod(t, c.claimPod("f2", "fault-one", ""))
 	c.waitReady(t, "f2", 3*time.Minute)
-	if got := c.allocatedIDs(t, node, c.claimOf(t, "f2")); len(got) != 1 || got[0] == victimID {
-		t.Errorf("f2 got %v, want one device other than the lost %s", got, victimID)
+	if got := c.allocatedDevice(t, "f2"); got == victim {
+		t.Errorf("f2 got %s, the lost device", got)
 	}
 	start = time.Now()
 	c.faultRequest(t, driverFaults, "DELETE", "?device="+victimID, "", "cleared")
@@ -174,4 +172,14 @@ func (c *cluster) scenarioDRAFaultLost(t *testing.T, node string) {
 	})
 	t.Logf("fault cleared: taint gone %v after clearing", time.Since(start).Round(time.Millisecond))
 	c.deletePod(t, "f2")
+}
+
+// allocatedDevice is the slice name of the one device of the pod's claim.
+func (c *cluster) allocatedDevice(t *testing.T, pod string) string {
+	t.Helper()
+	rc := c.claimOf(t, pod)
+	if rc.Status.Allocation == nil || len(rc.Status.Allocation.Devices.Results) != 1 {
+		t.Fatalf("claim %s of %s: allocation %+v, want one device", rc.Name, pod, rc.Status.Allocation)
+	}
+	return rc.Status.Allocation.Devices.Results[0].Device
 }
