@@ -51,6 +51,7 @@ const (
 	logFormatUsage      = "log format: text or json"
 	metricsAddressUsage = "host:port to serve /metrics, /healthz and /readyz on (default: not served)"
 	sysRootUsage        = "where sysfs is read, for pci, usb and the NUMA node of host devices"
+	faultControlUsage   = "true: serve the fault control (inject and clear faults of simulated devices) on <state-dir>/<binary>-faults.sock, mode 0600; never on TCP"
 )
 
 // configFlag names the configuration file; it is read before the others.
@@ -96,6 +97,8 @@ var flagDefs = []flagDef{
 		driver: "the kubelet's PodResources socket: a claim is not prepared on a device a device-plugin container holds (nor while PodResources cannot tell), " +
 			"such a device is not reset, and its resource's devices are tainted (handover)",
 		set: func(c *Config, v string) { c.PodResourcesSocket = v }},
+	{name: "fault-control", env: "FAULT_CONTROL", def: "false", plugin: faultControlUsage, driver: faultControlUsage,
+		set: func(c *Config, v string) { c.FaultControlFlag = v }},
 	{name: "device-list-strategy", env: "DEVICE_LIST_STRATEGY", def: string(StrategyCDICRI),
 		plugin: "how Allocate names the devices to the runtime, comma-separated, combinable: cdi-cri, cdi-annotations, device-specs",
 		set: func(c *Config, v string) {

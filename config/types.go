@@ -203,6 +203,11 @@ type Config struct {
 	ProcRoot  string     `json:"procRoot,omitempty"`
 	Resources []Resource `json:"resources,omitempty"`
 
+	// FaultControlFlag is --fault-control as written; FaultControl, it
+	// parsed, serves the fault control socket (docs/simulation.md).
+	FaultControlFlag string `json:"-"`
+	FaultControl     bool   `json:"-"`
+
 	// Level is LogLevel parsed.
 	Level Level `json:"-"`
 	// ConfigFile is the file the configuration was read from, if any.
@@ -273,6 +278,10 @@ type Resource struct {
 	// cannot do this: its steps run in PreStartContainer, after binding,
 	// within the kubelet's 30 s.
 	PrepareBeforeBind bool `json:"prepareBeforeBind,omitempty"`
+	// Faults make simulated devices fail on purpose (docs/simulation.md);
+	// FaultSeed makes their probabilities the same every run.
+	Faults    []Fault `json:"faults,omitempty"`
+	FaultSeed int64   `json:"faultSeed,omitempty"`
 
 	// Domain and Class are the two parts of Name (the CDI class).
 	Domain string `json:"-"`

@@ -113,6 +113,13 @@ func (c *Config) defaultAndValidate() error {
 	if c.NodeName != "" && (len(c.NodeName) > 253 || !validDNSSubdomain(c.NodeName)) {
 		return fieldErr("node-name", c.NodeName, "must be a DNS subdomain (lowercase letters, digits, '-' and '.')")
 	}
+	if c.FaultControlFlag != "" {
+		on, err := strconv.ParseBool(c.FaultControlFlag)
+		if err != nil {
+			return fieldErr("fault-control", c.FaultControlFlag, "must be true or false")
+		}
+		c.FaultControl = on
+	}
 	if c.MetricsAddress != "" {
 		_, port, err := net.SplitHostPort(c.MetricsAddress)
 		if n, perr := strconv.Atoi(port); err != nil || perr != nil || n < 0 || n > 65535 {
@@ -278,6 +285,9 @@ func (c *Config) validateResource(i int, r *Resource) error {
 		if err := validatePrestart(f, r); err != nil {
 			return err
 		}
+	}
+	if err := validateFaults(f, r); err != nil {
+		return err
 	}
 	for j, m := range r.Mounts {
 		for _, p := range []struct{ name, v string }{{"hostPath", m.HostPath}, {"containerPath", m.ContainerPath}} {

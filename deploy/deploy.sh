@@ -111,6 +111,7 @@ ENV_VARS=(
 	SYS_ROOT
 	PROC_ROOT
 	DEV_ROOT
+	FAULT_CONTROL
 )
 
 # The DRA driver's own variables, copied into its container's env alone

@@ -41,6 +41,10 @@ const (
 	// no device may have as its own: a sharedNodes entry, or the node of a
 	// simulated device.
 	CauseSharedNode
+	// CauseInjected means a fault injected on purpose makes it unhealthy
+	// (a simulated device's unhealthy or flapping fault; a lost one is
+	// CauseMissing, as a real lost device is).
+	CauseInjected
 )
 
 var causeNames = [...]string{
@@ -55,11 +59,12 @@ var causeNames = [...]string{
 
 	CauseIdentityChanged: "identity_changed",
 	CauseSharedNode:      "shared_node",
+	CauseInjected:        "injected",
 }
 
 // Causes are the causes of an unhealthy device, in order.
 func Causes() []Cause {
-	return []Cause{CauseMissing, CauseWrongNode, CauseNodeError, CausePrepareFailed, CauseNotInSpec, CauseYielded, CauseHeldByDRA, CauseIdentityChanged, CauseSharedNode}
+	return []Cause{CauseMissing, CauseWrongNode, CauseNodeError, CausePrepareFailed, CauseNotInSpec, CauseYielded, CauseHeldByDRA, CauseIdentityChanged, CauseSharedNode, CauseInjected}
 }
 
 // String is the cause's label value ("" for CauseNone).
@@ -76,6 +81,10 @@ type Problem struct {
 	Cause Cause
 	// Message says what happened, for logs and errors.
 	Message string
+	// Evict asks the DRA driver to taint the device NoExecute, so that
+	// the pods using it are evicted (an injected lost fault with
+	// noExecute); NoSchedule otherwise.
+	Evict bool
 }
 
 // Problemf returns a problem of cause c.

@@ -139,6 +139,9 @@ type Source struct {
 	noHolders bool
 	// faults reported by others (a failed preparation), by device name.
 	faults map[string]Problem
+	// injected: faults injected on purpose (SetInjected), by device name;
+	// apart from faults, so that a preparation's success never clears one.
+	injected map[string]Problem
 	// holds: devices held elsewhere (DRA claims), by device name
 	// (SetHolds); apart from faults, which their owners set and clear.
 	holds map[string]Problem
@@ -251,6 +254,30 @@ func (s *Source) SetFault(name string, p Problem) {
 	}
 }
 
+// SetInjected marks a device unhealthy for a fault injected on purpose,
+// or clears it (p none); the device's node and its other faults still
+// come first and stay. Run publishes the change.
+func (s *Source) SetInjected(name string, p Problem) {
+	s.mu.Lock()
+	if s.injected[name] == p {
+		s.mu.Unlock()
+		return
+	}
+	if p.None() {
+		delete(s.injected, name)
+	} else {
+		if s.injected == nil {
+			s.injected = map[string]Problem{}
+		}
+		s.injected[name] = p
+	}
+	s.mu.Unlock()
+	select {
+	case s.poke <- struct{}{}:
+	default:
+	}
+}
+
 // SetHolds replaces the devices held elsewhere than through this resource
 // (by a DRA claim), by device name, each with its problem: a held device
 // whose node is fine and that has no fault is unhealthy for its hold.
@@ -318,9 +345,13 @@ func (s *Source) scan() *Snapshot {
 }
 
 // applyFault reports a device whose node is fine unhealthy when a fault is
-// set for it, else when something holds it (SetHolds). The caller holds
+// injected (SetInjected), else when one is set for it, else when something
+// holds it (SetHolds). The caller holds
 // s.mu.
 func (s *Source) applyFault(d *Device) {
+	if f := s.injected[d.Name]; !f.None() && d.Healthy {
+		d.SetProblem(f)
+	}
 	if f := s.faults[d.Name]; !f.None() && d.Healthy {
 		d.SetProblem(f)
 	}

@@ -37,6 +37,10 @@ type Resource struct {
 	Source resource.DeviceSource
 	Spec   resource.SpecFile
 	Runner Runner
+	// Faults, optional, injects faults as time passes (fault.Injector).
+	Faults interface {
+		Run(ctx context.Context) error
+	}
 
 	// Replicas, above 1, makes each device shareable by that many claims
 	// at once (Published.Shares; see shares.go).

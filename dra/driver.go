@@ -166,6 +166,9 @@ func (d *Driver) Run(ctx context.Context) error {
 	for _, r := range d.devs.res {
 		g.Go(func() error { return r.follower.Run(gctx) })
 		g.Go(func() error { return r.Runner.Run(gctx) })
+		if r.Faults != nil {
+			g.Go(func() error { return r.Faults.Run(gctx) })
+		}
 	}
 	g.Go(func() error { return d.guard.watchNode(gctx) })
 	// The clean-up starts once the driver serves: its first pass reads

@@ -126,7 +126,14 @@ func Device(driver string, p Published, d device.Device) resourceapi.Device {
 	str(AttrUSBSerial, id.USBSerial)
 	out := resourceapi.Device{Name: DeviceName(p.IDPrefix, d.Index), Attributes: attrs}
 	if !d.Healthy {
-		out.Taints = append(out.Taints, resourceapi.DeviceTaint{Key: driver + "/" + TaintUnhealthy, Value: d.Problem.Cause.String(), Effect: resourceapi.DeviceTaintEffectNoSchedule})
+		// NoExecute only when the problem asks for eviction (an injected
+		// lost fault with noExecute): the eviction controller then evicts
+		// the pods whose claims have the device.
+		effect := resourceapi.DeviceTaintEffectNoSchedule
+		if d.Problem.Evict {
+			effect = resourceapi.DeviceTaintEffectNoExecute
+		}
+		out.Taints = append(out.Taints, resourceapi.DeviceTaint{Key: driver + "/" + TaintUnhealthy, Value: d.Problem.Cause.String(), Effect: effect})
 	}
 	if p.Handover {
 		out.Taints = append(out.Taints, resourceapi.DeviceTaint{Key: driver + "/" + TaintHandover, Effect: resourceapi.DeviceTaintEffectNoSchedule})

@@ -124,6 +124,7 @@ func TestDRA(t *testing.T) {
 		{"D4-extended-resource", func(t *testing.T) { c.scenarioDRAExtended(t) }},
 		{"D5-restarts", func(t *testing.T) { c.scenarioDRARestarts(t) }},
 		{"D6-health", func(t *testing.T) { c.scenarioDRAHealth(t, node) }},
+		{"D6b-fault-lost-evicts", func(t *testing.T) { c.scenarioDRAFaultLost(t, node) }},
 		{"D7-replicas-shares", func(t *testing.T) { c.scenarioDRAShares(t, node) }},
 		{"D8-examples", func(t *testing.T) { c.scenarioDRAExamples(t, node) }},
 		{"D9-rolling-update", func(t *testing.T) { c.scenarioDRARoll(t, node) }},
@@ -148,6 +149,8 @@ func (c *cluster) draVars() map[string]string {
 		"DEVICE_FILE_PREFIX": draIDPrefix,
 		"ENV_PREFIX":         draEnv,
 		"LOG_LEVEL":          "debug",
+		// The fault control socket, for D6b.
+		"FAULT_CONTROL": "true",
 		// Every resource of draConfig (its resource variables above
 		// are then ignored), a DeviceClass each.
 		"PLUGIN_CONFIG": draConfigFile(),

@@ -52,6 +52,7 @@ func TestE2E(t *testing.T) {
 		{"9a-unprivileged-pod", func(t *testing.T) { c.scenarioUnprivileged(t) }},
 		{"9b-metrics-pod-devices", func(t *testing.T) { c.scenarioMetrics(t) }},
 		{"9c-health-in-pod-status", func(t *testing.T) { c.scenarioHealthInPodStatus(t) }},
+		{"9c2-injected-fault-in-pod-status", func(t *testing.T) { c.scenarioFaultInPodStatus(t) }},
 		{"9d-live-reload", func(t *testing.T) { c.scenarioLiveReload(t, node) }},
 		{"9e-rolling-update", func(t *testing.T) { c.scenarioRollingUpdate(t, node) }},
 		{"9f-helm-install", func(t *testing.T) { c.scenarioHelm(t, node) }},
@@ -78,6 +79,8 @@ func (c *cluster) pluginVars() map[string]string {
 		"ENV_PREFIX":         envPrefix,
 		"ANNOTATION_PREFIX":  annotPrefix,
 		"LOG_LEVEL":          "debug",
+		// The fault control socket, for 9c2.
+		"FAULT_CONTROL": "true",
 	}
 }
 

@@ -29,6 +29,8 @@ type Metrics struct {
 	healthTransitions *prometheus.CounterVec
 	reloads           *prometheus.CounterVec
 	recoveryGivenUp   *prometheus.CounterVec
+	injectedFaults    *prometheus.CounterVec
+	faultControl      *prometheus.CounterVec
 
 	// The DRA driver's series, registered at the first DRA call.
 	draOnce sync.Once
@@ -72,7 +74,7 @@ func New(version string) *Metrics {
 		healthTransitions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: Namespace, Name: "device_health_transitions_total",
 			Help: "Devices that became healthy or unhealthy, by resource, new health and reason " +
-				"(missing, wrong_node, node_error, prestart, no_cdi_spec, yielded, dra_claim, identity_changed, shared_node).",
+				"(missing, wrong_node, node_error, prestart, no_cdi_spec, yielded, dra_claim, identity_changed, shared_node, injected).",
 		}, []string{"resource", "health", "reason"}),
 		reloads: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: Namespace, Name: "config_reloads_total",
@@ -82,6 +84,15 @@ func New(version string) *Metrics {
 			Namespace: Namespace, Name: "recovery_given_up_total",
 			Help: "Failed devices whose background re-preparation was given up after its last attempt, by resource.",
 		}, []string{"resource"}),
+		injectedFaults: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: Namespace, Name: "injected_faults_total",
+			Help: "Faults injected on purpose into simulated devices, by resource and kind (lost, unhealthy, stepFails, slowStep, flapping): " +
+				"a health fault each time it starts, a step fault each step it acts on.",
+		}, []string{"resource", "kind"}),
+		faultControl: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: Namespace, Name: "fault_control_requests_total",
+			Help: "Requests to the fault control socket, by action (list, inject, clear) and result (ok, refused, error).",
+		}, []string{"action", "result"}),
 	}
 	build := prometheus.NewGauge(prometheus.GaugeOpts{
 		Namespace: Namespace, Name: "build_info",
@@ -89,7 +100,7 @@ func New(version string) *Metrics {
 	})
 	build.Set(1)
 	m.reg.MustRegister(m.devices, m.rpcDuration, m.stepFailures, m.registrations, m.kubeletRestarts,
-		m.streams, m.specWrites, m.healthTransitions, m.reloads, m.recoveryGivenUp, build,
+		m.streams, m.specWrites, m.healthTransitions, m.reloads, m.recoveryGivenUp, m.injectedFaults, m.faultControl, build,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -177,7 +188,7 @@ func (m *Metrics) Devices(resource string, healthy, unhealthy int) {
 
 // HealthTransition records a device that became healthy or unhealthy for
 // cause (device.Cause's label value: missing, wrong_node, node_error,
-// prestart, no_cdi_spec, yielded, dra_claim, identity_changed, shared_node).
+// prestart, no_cdi_spec, yielded, dra_claim, identity_changed, shared_node, injected).
 func (m *Metrics) HealthTransition(resource string, healthy bool, cause string) {
 	if m == nil {
 		return
@@ -206,7 +217,7 @@ func (m *Metrics) Forget(resource string) {
 	l := prometheus.Labels{"resource": resource}
 	for _, v := range []interface{ DeletePartialMatch(prometheus.Labels) int }{
 		m.devices, m.rpcDuration, m.stepFailures, m.registrations, m.kubeletRestarts, m.streams, m.specWrites, m.healthTransitions,
-		m.recoveryGivenUp,
+		m.recoveryGivenUp, m.injectedFaults,
 	} {
 		v.DeletePartialMatch(l)
 	}

@@ -42,6 +42,9 @@ type Resource struct {
 	Plugin *Plugin
 	// Recovery, optional, runs beside the others.
 	Recovery Background
+	// Faults, optional, injects faults as time passes (fault.Injector),
+	// beside the others.
+	Faults Background
 	// Claims, optional, reports Unhealthy the devices DRA claims hold: it
 	// asks before the first publication, then runs beside the others;
 	// until PodResources has answered once, no device is advertised
@@ -107,6 +110,9 @@ func (r *Resource) Run(ctx context.Context) error {
 	g.Go(func() error { return r.Plugin.Run(ctx) })
 	if r.Recovery != nil {
 		g.Go(func() error { return r.Recovery.Run(ctx) })
+	}
+	if r.Faults != nil {
+		g.Go(func() error { return r.Faults.Run(ctx) })
 	}
 	if r.Claims != nil {
 		g.Go(func() error { return r.Claims.Run(ctx) })

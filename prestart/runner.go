@@ -26,6 +26,14 @@ type HealthReporter interface {
 	SetFault(device string, p device.Problem)
 }
 
+// Faults are faults injected on purpose into the preparations
+// (fault.Injector): Preparing is told of every preparation of a device,
+// Step is asked before each of its steps, and fails or delays it.
+type Faults interface {
+	Preparing(d device.Device)
+	Step(ctx context.Context, device, step string) error
+}
+
 // StepError says which device and step failed, and why.
 type StepError struct {
 	Device, Step string
@@ -88,6 +96,9 @@ type Options struct {
 	// what a running container uses. Nil, or an error, and no device is
 	// prepared in the background.
 	Holders func(ctx context.Context) ([]string, error)
+	// Faults, when set, injects faults into the preparations (not into
+	// the resets of Reset): a step it fails counts as a failed step.
+	Faults Faults
 }
 
 // Runner prepares the devices of one resource.
@@ -417,13 +428,20 @@ func (r *Runner) runOne(ctx context.Context, d device.Device, steps []Step, prep
 	start := time.Now()
 	didReset := false
 	var failed *StepError
+	faults := r.opts.Faults
+	if !prepare {
+		faults = nil
+	}
+	if faults != nil {
+		faults.Preparing(d)
+	}
 	for _, s := range steps {
 		limit := s.Timeout()
 		if limit <= 0 {
 			limit = config.DefaultStepTimeout
 		}
 		sctx, cancel := context.WithTimeout(ctx, limit)
-		err := s.Run(sctx, t)
+		err := runStep(sctx, s, t, faults)
 		if err == nil && sctx.Err() != nil {
 			err = sctx.Err()
 		}
@@ -504,6 +522,17 @@ func (r *Runner) runOne(ctx context.Context, d device.Device, steps []Step, prep
 		r.opts.Health.SetFault(d.Name, device.Problem{})
 	}
 	return nil
+}
+
+// runStep runs step s on t, after what the injected faults do to it (a
+// delay, a failure in its place).
+func runStep(ctx context.Context, s Step, t *Target, faults Faults) error {
+	if faults != nil {
+		if err := faults.Step(ctx, t.ID, s.Name()); err != nil {
+			return err
+		}
+	}
+	return s.Run(ctx, t)
 }
 
 // heals reports whether a successful preparation makes a failed device

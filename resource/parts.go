@@ -18,6 +18,7 @@ import (
 	"github.com/cdi-device-plugin/cdi-device-plugin/config"
 	"github.com/cdi-device-plugin/cdi-device-plugin/device"
 	"github.com/cdi-device-plugin/cdi-device-plugin/device/sysfs"
+	"github.com/cdi-device-plugin/cdi-device-plugin/fault"
 	"github.com/cdi-device-plugin/cdi-device-plugin/internal/atomicfile"
 	"github.com/cdi-device-plugin/cdi-device-plugin/internal/logs"
 	"github.com/cdi-device-plugin/cdi-device-plugin/metrics"
@@ -72,6 +73,9 @@ type Parts struct {
 	Kind   cdi.Kind
 	Source *device.Source
 	Runner *prestart.Runner
+	// Faults injects the resource's faults (simulated devices only):
+	// run it beside the source.
+	Faults *fault.Injector
 	Spec   StateSpec
 	// StateRoot holds the device state directories.
 	StateRoot string
@@ -170,7 +174,8 @@ func Build(cfg *config.Config, i int, o Options) (*Parts, error) {
 		return nil, fmt.Errorf("%s: %w", rc.Name, err)
 	}
 	stateRoot := stateRoot(cfg.StateDir)
-	runner, err := newRunner(cfg, i, stateRoot, src, holders, log, o.Metrics, o.PrepareBeforeBind && rc.PrepareBeforeBind)
+	faults := newInjector(rc, src, log, o.Metrics)
+	runner, err := newRunner(cfg, i, stateRoot, src, holders, log, o.Metrics, o.PrepareBeforeBind && rc.PrepareBeforeBind, faults)
 	if err != nil {
 		return nil, err
 	}
@@ -182,7 +187,7 @@ func Build(cfg *config.Config, i int, o Options) (*Parts, error) {
 		specRes.NoStateMount = runner.BadState
 	}
 	return &Parts{
-		Name: rc.Name, Kind: kind, Source: src, Runner: runner, StateRoot: stateRoot, Log: log,
+		Name: rc.Name, Kind: kind, Source: src, Runner: runner, Faults: faults, StateRoot: stateRoot, Log: log,
 		Spec:     StateSpec{Spec: o.Writer.Spec(specRes), runner: runner},
 		registry: opts.Registry, podResourcesSocket: socket, podResources: podResources,
 	}, nil
@@ -273,10 +278,11 @@ func (r *Parts) Prepare() (map[string]string, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", r.Name, err)
 	}
-	if len(faults) > 0 {
-		for name, problem := range faults {
-			r.Source.SetFault(name, problem)
-		}
+	for name, problem := range faults {
+		r.Source.SetFault(name, problem)
+	}
+	// The faults injected at start are there from the first publication.
+	if r.Faults.Tick() || len(faults) > 0 {
 		r.Source.Refresh()
 	}
 	r.Log.WithField("spec", r.Spec.Path()).WithField("devices", len(snap.Devices)).Info("resource prepared")
@@ -375,9 +381,9 @@ func (s StateSpec) Write(snap *device.Snapshot) error {
 // newRunner builds the prestart runner of resource i from its steps; a
 // command that does not parse is an error of its field.
 func newRunner(cfg *config.Config, i int, stateRoot string, src *device.Source, holders func(context.Context) ([]string, error), log *logrus.Entry, m *metrics.Metrics,
-	preBind bool) (*prestart.Runner, error) {
+	preBind bool, faults prestart.Faults) (*prestart.Runner, error) {
 	rc := &cfg.Resources[i]
-	opts := prestart.Options{Resource: rc.Name, StateRoot: stateRoot, LockDir: lockDir(cfg.StateDir), Health: src, Log: log, Metrics: m,
+	opts := prestart.Options{Resource: rc.Name, StateRoot: stateRoot, LockDir: lockDir(cfg.StateDir), Health: src, Log: log, Metrics: m, Faults: faults,
 		// Background recovery spares the devices containers hold.
 		Holders: holders}
 	if p := rc.Prestart; p != nil {

@@ -20,7 +20,7 @@ func TestHelpListsItsOwnFlags(t *testing.T) {
 		t.Fatalf("-h: exit %d, stderr %q", code, stderr.String())
 	}
 	want := []string{"cdi-dir", "config", "dev-root", "device-list-strategy", "device-plugin-dir", "driver-name",
-		"log-format", "log-level", "metrics-address", "node-name", "pod-resources-socket", "proc-root", "state-dir",
+		"fault-control", "log-format", "log-level", "metrics-address", "node-name", "pod-resources-socket", "proc-root", "state-dir",
 		"sys-root", "version"}
 	if got := testutil.HelpFlags(stderr.String()); !slices.Equal(got, want) {
 		t.Errorf("-h lists %q, want %q:\n%s", got, want, stderr.String())

@@ -25,6 +25,7 @@ import (
 	"github.com/cdi-device-plugin/cdi-device-plugin/cdi"
 	"github.com/cdi-device-plugin/cdi-device-plugin/config"
 	"github.com/cdi-device-plugin/cdi-device-plugin/device"
+	"github.com/cdi-device-plugin/cdi-device-plugin/fault"
 	"github.com/cdi-device-plugin/cdi-device-plugin/internal/command"
 	"github.com/cdi-device-plugin/cdi-device-plugin/internal/dranames"
 	"github.com/cdi-device-plugin/cdi-device-plugin/internal/logs"
@@ -153,6 +154,14 @@ func serve(ctx context.Context, cfg *config.Config, driverName string, load func
 		log.WithField("address", ln.Addr().String()).Info("serving /metrics, /healthz and /readyz")
 		g.Go(func() error { return server.Serve(ctx, ln) })
 	}
+	if cfg.FaultControl {
+		serveFaults, err := fault.Open(cfg.StateDir, config.DevicePlugin, s.injectors, log, m)
+		if err != nil {
+			s.stopAll()
+			return err
+		}
+		g.Go(func() error { return serveFaults(ctx) })
+	}
 	temps := resource.StateTempPatterns(cfg.StateDir)
 	for _, in := range s.running {
 		temps = append(temps, in.part.TempPatterns()...)
@@ -269,7 +278,7 @@ func build(cfg *config.Config, i int, writer *cdi.Writer, owners *device.Owners,
 	}
 	return &part{
 		Parts: res, name: rc.Name, kind: res.Kind,
-		resource: &plugin.Resource{Source: res.Source, Spec: res.Spec, Plugin: p, Recovery: res.Runner, Claims: guard, Log: res.Log, Metrics: m},
+		resource: &plugin.Resource{Source: res.Source, Spec: res.Spec, Plugin: p, Recovery: res.Runner, Faults: res.Faults, Claims: guard, Log: res.Log, Metrics: m},
 	}, nil
 }
 

@@ -19,6 +19,7 @@ import (
 	"github.com/cdi-device-plugin/cdi-device-plugin/cdi"
 	"github.com/cdi-device-plugin/cdi-device-plugin/config"
 	"github.com/cdi-device-plugin/cdi-device-plugin/device"
+	"github.com/cdi-device-plugin/cdi-device-plugin/fault"
 	"github.com/cdi-device-plugin/cdi-device-plugin/internal/inotify"
 	"github.com/cdi-device-plugin/cdi-device-plugin/internal/logs"
 	"github.com/cdi-device-plugin/cdi-device-plugin/metrics"
@@ -52,6 +53,8 @@ type supervisor struct {
 	cfg     *config.Config
 	running map[string]*instance
 	served  atomic.Pointer[[]string]
+	// faults are the served resources' fault injectors (the control's).
+	faults atomic.Pointer[[]*fault.Injector]
 
 	wg     sync.WaitGroup
 	failed chan error // a resource failed: the process ends
@@ -69,11 +72,16 @@ func newSupervisor(logger *logrus.Logger, log *logrus.Entry, m *metrics.Metrics,
 	s := &supervisor{logger: logger, log: log, metrics: m, server: server, writer: writer, owners: device.NewOwners(log), start: start,
 		running: map[string]*instance{}, failed: make(chan error, 1)}
 	s.served.Store(&[]string{})
+	s.faults.Store(&[]*fault.Injector{})
 	return s
 }
 
 // servedResources lists the resources served now (safe from any goroutine).
 func (s *supervisor) servedResources() []string { return *s.served.Load() }
+
+// injectors lists the served resources' fault injectors (safe from any
+// goroutine).
+func (s *supervisor) injectors() []*fault.Injector { return *s.faults.Load() }
 
 // ErrNeedsRestart is returned by apply for a change it cannot make while
 // running.
@@ -278,15 +286,18 @@ func (s *supervisor) stopAll() {
 // the probes.
 func (s *supervisor) publish() {
 	names := make([]string, 0, len(s.running))
+	faults := make([]*fault.Injector, 0, len(s.running))
 	live, ready := map[string]metrics.Check{}, map[string]metrics.Check{}
 	for name, in := range s.running {
 		names = append(names, name)
+		faults = append(faults, in.part.Faults)
 		r := in.part.resource
 		live[name] = r.Alive
 		ready[name] = func(context.Context) error { return r.Ready() }
 	}
 	sort.Strings(names)
 	s.served.Store(&names)
+	s.faults.Store(&faults)
 	if s.server != nil {
 		s.server.SetChecks(live, ready)
 	}

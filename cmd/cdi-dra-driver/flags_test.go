@@ -19,7 +19,7 @@ func TestHelpListsItsOwnFlags(t *testing.T) {
 	if code := run(context.Background(), []string{"-h"}, envOf(nil), &stderr, fakeClient()); code != 0 {
 		t.Fatalf("-h: exit %d, stderr %q", code, stderr.String())
 	}
-	want := []string{"cdi-dir", "config", "dev-root", "device-metadata", "device-status", "driver-name", "kubeconfig",
+	want := []string{"cdi-dir", "config", "dev-root", "device-metadata", "device-status", "driver-name", "fault-control", "kubeconfig",
 		"kubelet-plugins-dir", "kubelet-registrar-dir", "log-format", "log-level", "metrics-address", "node-name",
 		"pod-resources-socket", "pod-uid", "proc-root", "stale-claim-grace", "state-dir", "sys-root", "version"}
 	if got := testutil.HelpFlags(stderr.String()); !slices.Equal(got, want) {

@@ -28,6 +28,7 @@ import (
 	"github.com/cdi-device-plugin/cdi-device-plugin/config"
 	"github.com/cdi-device-plugin/cdi-device-plugin/device"
 	"github.com/cdi-device-plugin/cdi-device-plugin/dra"
+	"github.com/cdi-device-plugin/cdi-device-plugin/fault"
 	"github.com/cdi-device-plugin/cdi-device-plugin/internal/command"
 	"github.com/cdi-device-plugin/cdi-device-plugin/internal/kubeclient"
 	"github.com/cdi-device-plugin/cdi-device-plugin/internal/logs"
@@ -217,7 +218,7 @@ func build(cfg *config.Config, f flags, client func(string) (kubernetes.Interfac
 			mounts = append(mounts, cdi.Mount{HostPath: m.HostPath, ContainerPath: m.ContainerPath, ReadOnly: m.ReadOnly})
 		}
 		d.opts.Resources = append(d.opts.Resources, dra.Resource{Name: rc.Name, Kind: p.Kind, IDPrefix: rc.IDPrefix, EnvPrefix: rc.EnvPrefix,
-			Mounts: mounts, Source: p.Source, Spec: p.Spec, Runner: p.Runner, Replicas: rc.ReplicaCount(), PrepareBeforeBind: rc.PrepareBeforeBind})
+			Mounts: mounts, Source: p.Source, Spec: p.Spec, Runner: p.Runner, Faults: p.Faults, Replicas: rc.ReplicaCount(), PrepareBeforeBind: rc.PrepareBeforeBind})
 	}
 	return d, nil
 }
@@ -249,6 +250,17 @@ func (d *driver) serve(ctx context.Context) error {
 	}
 	dra.SetKlogLog(d.log)
 	g, ctx := errgroup.WithContext(ctx)
+	if d.cfg.FaultControl {
+		faults := make([]*fault.Injector, len(d.parts))
+		for i, p := range d.parts {
+			faults[i] = p.Faults
+		}
+		serveFaults, err := fault.Open(d.cfg.StateDir, config.DRADriver, func() []*fault.Injector { return faults }, d.log, d.metrics)
+		if err != nil {
+			return err
+		}
+		g.Go(func() error { return serveFaults(ctx) })
+	}
 	if d.metrics != nil {
 		server := metrics.NewServer(d.metrics)
 		server.SetChecks(map[string]metrics.Check{"driver": drv.Alive},

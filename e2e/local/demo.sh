@@ -44,9 +44,11 @@ demo_deploy() {
 			API_SERVER_HOST="${E2E_API_SERVER_HOST:-}" API_SERVER_PORT="${E2E_API_SERVER_PORT:-}" \
 			deploy/deploy.sh "$1"
 	else
+		# FAULT_CONTROL: the fault control socket, for the recipe printed
+		# at the end (docs/simulation.md).
 		NAMESPACE=demo PLUGIN_NAME=demo RESOURCE_NAME=example.com/sim NUMBER_DEVICES=4 \
 			DEVICE_ID_PREFIX=sim DEVICE_FILE_PREFIX=sim ENV_PREFIX=SIM IMAGE="${E2E_PLUGIN_IMAGE:-}" \
-			deploy/deploy.sh "$1"
+			FAULT_CONTROL=true deploy/deploy.sh "$1"
 	fi
 }
 
@@ -147,7 +149,11 @@ for f in /run/cdi-device-plugin/*/state.json; do echo "$f:"; cat "$f"; echo; don
 echo
 echo "==== on the node ===="
 echo "CDI spec: $(ls /var/run/cdi/k8s.example.com-sim.json)"
+node=$(k get node -o 'jsonpath={.items[0].metadata.name}')
 cat <<EOT
+
+Make a device fail on purpose (docs/simulation.md), then watch kubectl -n demo get pod demo -o yaml:
+  curl --unix-socket /var/lib/cdi-device-plugin/cdi-device-plugin-faults.sock -X POST http://localhost/faults -d '{"device": "sim-${node}-0", "fault": {"kind": "unhealthy", "reason": "demo"}}'
 
 The node stays up. Try:
   source ${E2E_WORK}/env

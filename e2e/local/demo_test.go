@@ -86,3 +86,20 @@ func TestDemoMode(t *testing.T) {
 		})
 	}
 }
+
+// TestDemoFaultRecipe: the device-plugin demo deploys the plugin with
+// the fault control on and ends with a one-line curl recipe that injects
+// a fault through its socket.
+func TestDemoFaultRecipe(t *testing.T) {
+	b, err := os.ReadFile("demo.sh")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := string(b)
+	if !strings.Contains(s, "FAULT_CONTROL=true deploy/deploy.sh") {
+		t.Error("demo.sh does not deploy the plugin with FAULT_CONTROL=true")
+	}
+	if !strings.Contains(s, "  curl --unix-socket /var/lib/cdi-device-plugin/cdi-device-plugin-faults.sock -X POST http://localhost/faults -d ") {
+		t.Error("demo.sh prints no curl recipe of the plugin's fault control socket")
+	}
+}
