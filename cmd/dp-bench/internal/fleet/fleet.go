@@ -30,6 +30,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/apiclient"
+	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/audit"
 	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/controlplane"
 	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/report"
 	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/target"
@@ -267,6 +268,15 @@ func (f *fleet) run(ctx context.Context) error {
 	}
 	f.ft.StartSlicesS = last.Sub(start).Seconds()
 	f.ft.Devices = f.c.N * want
+	// Every figure of writes counts a node's by its user: a driver whose
+	// first publish is not its node's would read as no write at all.
+	ws, err := f.flushedAudit(ctx)
+	if err != nil {
+		return err
+	}
+	if err := audit.NodesCreated(ws, "resourceslices", f.names); err != nil {
+		return err
+	}
 	f.logf("%d nodes registered, %d devices published %.1f s after the start", f.c.N, f.ft.Devices, f.ft.StartSlicesS)
 
 	if err := f.schedule(ctx); err != nil {

@@ -131,12 +131,13 @@ func (f *fleet) window(ctx context.Context, d time.Duration, during func(context
 }
 
 // flushedAudit reads the audit log once what happened until now is in it:
-// the API server writes it in batches of at most 200 ms.
+// the log is written before each request is answered (blocking mode), but
+// a request sent just before now may still be on its way.
 func (f *fleet) flushedAudit(ctx context.Context) ([]audit.Write, error) {
 	if err := proc.Sleep(ctx, time.Second); err != nil {
 		return nil, err
 	}
-	return f.fc.audit()
+	return f.fc.audit(ctx)
 }
 
 // steady: nothing changes for Steady; every write of the drivers counts.
@@ -154,7 +155,7 @@ func (f *fleet) steady(ctx context.Context) error {
 		return err
 	}
 	f.ft.SteadyCPUMsPerNodeMin = perNodeMinuteMs(f.cpu().sub(cpu0).Drivers, f.c.N, to.Sub(from))
-	tally := audit.TallyWrites(ws, f.ft.Agent, "", from, to)
+	tally := audit.TallyWrites(ws, "", from, to)
 	if after, err := f.fc.metrics(ctx); err == nil {
 		f.ft.SteadyAll = audit.RequestWrites(before, after)
 	}
@@ -233,7 +234,7 @@ func (f *fleet) storm(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	c := audit.StormRates(ws, f.ft.Agent, f.c.N, from, end, to)
+	c := audit.StormRates(ws, f.c.N, from, end, to)
 	last, err := f.st.waitClean(ctx, f.names, time.Minute)
 	if err != nil {
 		return fmt.Errorf("after the storm: %w", err)
@@ -283,7 +284,7 @@ func (f *fleet) rollout(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("rollout: %w", err)
 	}
-	tally := audit.TallyWrites(ws, f.ft.Agent, "resourceslices", from, to)
+	tally := audit.TallyWrites(ws, "resourceslices", from, to)
 	f.ft.Rollout = tally
 	f.ft.RolloutS = rolled.Sub(from).Seconds()
 	f.ft.RolloutPerNode = float64(tally.Total) / float64(f.c.N)
