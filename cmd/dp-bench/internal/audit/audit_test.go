@@ -190,7 +190,7 @@ func TestNodesCreated(t *testing.T) {
 	ws := []Write{
 		{Node: "n1", Verb: "create", Resource: "resourceslices", Code: 201},
 		{Node: "n2", Verb: "update", Resource: "resourceslices", Code: 200},
-		{Node: "n3", Verb: "create", Resource: "resourceslices", Code: 409}, // refused
+		{Node: "n3", Verb: "create", Resource: "resourceslices", Code: 409},              // refused
 		{Agent: "cdi-dra-driver", Verb: "create", Resource: "resourceslices", Code: 201}, // no node's user
 	}
 	if err := NodesCreated(ws, "resourceslices", []string{"n1"}); err != nil {

@@ -48,6 +48,8 @@ func (f *fleet) schedule(ctx context.Context) error {
 		binds := audit.BindTimes(ws, names)
 		rd.BoundPerS, rd.PreparedPerS, missed = f.k.Rates(names, binds)
 		b2p, calls := f.k.Latencies(names, binds)
+		wd := f.k.WatchDelays(names, binds)
+		rd.WatchDelayP50Ms, rd.WatchDelayP99Ms = report.Ms(stats.Quantile(wd, 0.5)), report.Ms(stats.Quantile(wd, 0.99))
 		rd.BindToPreparedP50Ms, rd.BindToPreparedP99Ms = report.Ms(stats.Quantile(b2p, 0.5)), report.Ms(stats.Quantile(b2p, 0.99))
 		rd.PrepareCallP50Ms, rd.PrepareCallP99Ms = report.Ms(stats.Quantile(calls, 0.5)), report.Ms(stats.Quantile(calls, 0.99))
 		if missed > 0 {
@@ -111,6 +113,32 @@ func (f *fleet) memory() {
 	f.ft.DriverRSSMiB = stats.Median(rss)
 	f.ft.DriverRSSMaxMiB = slices.Max(rss)
 	f.ft.APIServerRSSMiB = report.MiB(f.fc.apiserverRSS())
+	f.ft.Health = f.healthStreams()
+}
+
+// healthStreams says what the stand-in's health streams read so far.
+func (f *fleet) healthStreams() string {
+	var opened, updates int64
+	var unserved int
+	var lastErr string
+	for _, n := range f.nodes {
+		opened += n.health.opened.Load()
+		updates += n.health.updates.Load()
+		if n.health.unserved.Load() {
+			unserved++
+		}
+		if e, ok := n.health.lastErr.Load().(string); ok {
+			lastErr = e
+		}
+	}
+	out := fmt.Sprintf("%d opened on %d nodes, %d updates read", opened, len(f.nodes), updates)
+	if unserved > 0 {
+		out += fmt.Sprintf("; not served by the driver on %d nodes", unserved)
+	}
+	if lastErr != "" {
+		out += "; a stream ended: " + lastErr
+	}
+	return out
 }
 
 // window runs during, waits until d has passed since it began, and

@@ -60,9 +60,12 @@ type TargetReport struct {
 	RolloutS            float64     `json:"rolloutS"`
 	RolloutPods         int         `json:"rolloutPods"`
 	RolloutFailed       []string    `json:"rolloutFailed,omitempty"`
-	DriverRSSMiB        float64     `json:"driverRSSMiB"`
-	DriverRSSMaxMiB     float64     `json:"driverRSSMaxMiB"`
-	APIServerRSSMiB     float64     `json:"apiServerRSSMiB"`
+	// Health is what the stand-in's health streams (NodeWatchResources,
+	// one per registered driver, as the kubelet opens) read.
+	Health          string  `json:"healthStreams"`
+	DriverRSSMiB    float64 `json:"driverRSSMiB"`
+	DriverRSSMaxMiB float64 `json:"driverRSSMaxMiB"`
+	APIServerRSSMiB float64 `json:"apiServerRSSMiB"`
 }
 
 // schedRound is one scheduling round's rates, pods per second from the
@@ -76,8 +79,12 @@ type schedRound struct {
 	// call alone; milliseconds.
 	BindToPreparedP50Ms float64 `json:"bindToPreparedP50Ms"`
 	BindToPreparedP99Ms float64 `json:"bindToPreparedP99Ms"`
-	PrepareCallP50Ms    float64 `json:"prepareCallP50Ms"`
-	PrepareCallP99Ms    float64 `json:"prepareCallP99Ms"`
+	// Of binding → prepared, the stand-in's pod watch: from the binding
+	// to the watch's event that showed it.
+	WatchDelayP50Ms  float64 `json:"watchDelayP50Ms"`
+	WatchDelayP99Ms  float64 `json:"watchDelayP99Ms"`
+	PrepareCallP50Ms float64 `json:"prepareCallP50Ms"`
+	PrepareCallP99Ms float64 `json:"prepareCallP99Ms"`
 	// On-CPU time from the first pod's creation to the last pod prepared
 	// (fleetcpu.go): all the drivers', per pod; the control plane's and
 	// the stand-in's (dp-bench), seconds.
@@ -115,10 +122,14 @@ func writeMarkdown(w io.Writer, rep *Report) {
 	row("start: every driver at once → all devices in ResourceSlices", "", func(t TargetReport) string { return fmt.Sprintf("%.1f s", t.StartSlicesS) })
 	row("claim pods (1 device each), created at once", "", func(t TargetReport) string { return fmt.Sprintf("%d of %d devices", t.Pods, t.Devices) })
 	row("scheduling: pods/s, creation → bound", "≥ the peer's", func(t TargetReport) string { return fmt.Sprintf("%.1f", t.BoundPerS) })
-	row("scheduling: pods/s, creation → prepared", "≥ the peer's", func(t TargetReport) string { return fmt.Sprintf("%.1f", t.PreparedPerS) })
+	row("scheduling: pods/s, creation → prepared (the stand-in's pod watch delay included, below)", "≥ the peer's", func(t TargetReport) string { return fmt.Sprintf("%.1f", t.PreparedPerS) })
 	row("per pod: binding → prepared, p50 / p99 (median of the rounds)", "", func(t TargetReport) string {
 		return fmt.Sprintf("%.0f / %.0f ms", roundsMedian(t.Rounds, func(r schedRound) float64 { return r.BindToPreparedP50Ms }),
 			roundsMedian(t.Rounds, func(r schedRound) float64 { return r.BindToPreparedP99Ms }))
+	})
+	row("of it, the stand-in's pod watch (binding → the watch's event), p50 / p99", "", func(t TargetReport) string {
+		return fmt.Sprintf("%.0f / %.0f ms", roundsMedian(t.Rounds, func(r schedRound) float64 { return r.WatchDelayP50Ms }),
+			roundsMedian(t.Rounds, func(r schedRound) float64 { return r.WatchDelayP99Ms }))
 	})
 	row("per pod: the NodePrepareResources call, p50 / p99 (median of the rounds)", "", func(t TargetReport) string {
 		return fmt.Sprintf("%.1f / %.1f ms", roundsMedian(t.Rounds, func(r schedRound) float64 { return r.PrepareCallP50Ms }),
@@ -150,6 +161,7 @@ func writeMarkdown(w io.Writer, rep *Report) {
 	row("rollout: pods failed (of those prepared, and those created during it)", "0", func(t TargetReport) string {
 		return fmt.Sprintf("%d (%d created during it; all prepared %.1f s after the restart)", len(t.RolloutFailed), t.RolloutPods, t.RolloutS)
 	})
+	row("health streams (NodeWatchResources, opened on each registration as the kubelet does)", "reported", func(t TargetReport) string { return t.Health })
 	row("driver resident memory per node, median (max)", "reported", func(t TargetReport) string {
 		return fmt.Sprintf("%.1f MiB (%.1f)", t.DriverRSSMiB, t.DriverRSSMaxMiB)
 	})
