@@ -82,3 +82,35 @@ func TestPodOf(t *testing.T) {
 		t.Error("a string read as a pod")
 	}
 }
+
+// TestTurns: the fleets take turns: each round starts with another
+// fleet, so that in as many rounds as fleets each goes first once (a
+// machine warming up, or slowing as the run goes on, weighs on each
+// alike, not on the fleet that always went first).
+func TestTurns(t *testing.T) {
+	fleets := []string{"ours", "ours, no status", "peer"}
+	var firsts []string
+	for r := range 3 {
+		got := turn(fleets, r)
+		if len(got) != 3 {
+			t.Fatalf("round %d: %v", r, got)
+		}
+		seen := map[string]bool{}
+		for _, f := range got {
+			seen[f] = true
+		}
+		if len(seen) != 3 {
+			t.Errorf("round %d: %v, want each fleet once", r, got)
+		}
+		firsts = append(firsts, got[0])
+	}
+	if want := []string{"ours", "ours, no status", "peer"}; strings.Join(firsts, "|") != strings.Join(want, "|") {
+		t.Errorf("first of each round %v, want %v", firsts, want)
+	}
+	if got := turn(fleets, 1); strings.Join(got, "|") != "ours, no status|peer|ours" {
+		t.Errorf("round 2: %v, want the order rotated by one", got)
+	}
+	if got := turn([]string{}, 4); len(got) != 0 {
+		t.Errorf("no fleet: %v", got)
+	}
+}

@@ -19,65 +19,64 @@ import (
 	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/stats"
 )
 
-// schedule: Fill of the devices claimed by pods created at once, Rounds
-// times; between two rounds the pods are deleted and their claims
-// unprepared and deleted (kubeletsim.Pods.Finish). The last round's pods
-// stay (the rollout needs them).
-func (f *fleet) schedule(ctx context.Context) error {
+// round is scheduling round r: Fill of the devices claimed by pods
+// created at once; after a round but the last, the pods are deleted and
+// their claims unprepared and deleted (kubeletsim.Pods.Finish). The last
+// round's pods stay (the rollout needs them).
+func (f *fleet) round(ctx context.Context, r int) error {
 	count := int(f.c.Fill * float64(f.ft.Devices))
-	for r := range f.c.Rounds {
-		cpu0 := f.cpu()
-		names, err := f.createPods(ctx, fmt.Sprintf("sched%d", r), count)
-		if err != nil {
-			return fmt.Errorf("round %d: creating pods: %w", r+1, err)
-		}
-		f.pods = count
-		if err := f.k.WaitPrepared(ctx, names, time.Minute+time.Duration(count)*200*time.Millisecond); err != nil {
-			if e := f.fc.alive(); e != nil {
-				return e
-			}
-			return fmt.Errorf("round %d: scheduling: %w; kube-scheduler: %s; kube-controller-manager: %s", r+1, err, f.fc.others[0].LogTail(1500), f.fc.others[1].LogTail(1500))
-		}
-		var rd schedRound
-		rd.DriverCPUPerPodMs, rd.ControlPlaneCPUS, rd.StandInCPUS = roundCPU(f.cpu().sub(cpu0), count)
-		ws, err := f.flushedAudit(ctx)
-		if err != nil {
-			return err
-		}
-		var missed int
-		binds := audit.BindTimes(ws, names)
-		rd.BoundPerS, rd.PreparedPerS, missed = f.k.Rates(names, binds)
-		b2p, calls := f.k.Latencies(names, binds)
-		wd := f.k.WatchDelays(names, binds)
-		rd.WatchDelayP50Ms, rd.WatchDelayP99Ms = report.Ms(stats.Quantile(wd, 0.5)), report.Ms(stats.Quantile(wd, 0.99))
-		rd.BindToPreparedP50Ms, rd.BindToPreparedP99Ms = report.Ms(stats.Quantile(b2p, 0.5)), report.Ms(stats.Quantile(b2p, 0.99))
-		rd.PrepareCallP50Ms, rd.PrepareCallP99Ms = report.Ms(stats.Quantile(calls, 0.5)), report.Ms(stats.Quantile(calls, 0.99))
-		if missed > 0 {
-			f.logf("round %d: %d bindings not in the audit log: the watch's times taken for them", r+1, missed)
-		}
-		f.ft.Rounds = append(f.ft.Rounds, rd)
-		f.logf("round %d: %d pods: %.1f/s bound, %.1f/s prepared; per pod, binding to prepared p50 %.0f ms, p99 %.0f ms; NodePrepareResources p50 %.1f ms, p99 %.1f ms; CPU: drivers %.1f ms a pod, control plane %.1f s, stand-in %.1f s",
-			r+1, count, rd.BoundPerS, rd.PreparedPerS, rd.BindToPreparedP50Ms, rd.BindToPreparedP99Ms, rd.PrepareCallP50Ms, rd.PrepareCallP99Ms,
-			rd.DriverCPUPerPodMs, rd.ControlPlaneCPUS, rd.StandInCPUS)
-		if r == f.c.Rounds-1 {
-			break
-		}
-		if err := f.k.Finish(ctx, names); err != nil {
-			return fmt.Errorf("round %d: %w", r+1, err)
-		}
-		if err := f.waitNoClaims(ctx, 2*time.Minute); err != nil {
-			return fmt.Errorf("round %d: %w", r+1, err)
-		}
-		if err := proc.Sleep(ctx, f.c.Settle); err != nil {
-			return err
-		}
+	cpu0 := f.cpu()
+	names, err := f.createPods(ctx, fmt.Sprintf("sched%d", r), count)
+	if err != nil {
+		return fmt.Errorf("round %d: creating pods: %w", r+1, err)
 	}
-	f.ft.Pods = count
+	f.pods = count
+	if err := f.k.WaitPrepared(ctx, names, time.Minute+time.Duration(count)*200*time.Millisecond); err != nil {
+		if e := f.fc.alive(); e != nil {
+			return e
+		}
+		return fmt.Errorf("round %d: scheduling: %w; kube-scheduler: %s; kube-controller-manager: %s", r+1, err, f.fc.others[0].LogTail(1500), f.fc.others[1].LogTail(1500))
+	}
+	var rd schedRound
+	rd.DriverCPUPerPodMs, rd.ControlPlaneCPUS, rd.StandInCPUS = roundCPU(f.cpu().sub(cpu0), count)
+	ws, err := f.flushedAudit(ctx)
+	if err != nil {
+		return err
+	}
+	var missed int
+	binds := audit.BindTimes(ws, names)
+	rd.BoundPerS, rd.PreparedPerS, missed = f.k.Rates(names, binds)
+	b2p, calls := f.k.Latencies(names, binds)
+	wd := f.k.WatchDelays(names, binds)
+	rd.WatchDelayP50Ms, rd.WatchDelayP99Ms = report.Ms(stats.Quantile(wd, 0.5)), report.Ms(stats.Quantile(wd, 0.99))
+	rd.BindToPreparedP50Ms, rd.BindToPreparedP99Ms = report.Ms(stats.Quantile(b2p, 0.5)), report.Ms(stats.Quantile(b2p, 0.99))
+	rd.PrepareCallP50Ms, rd.PrepareCallP99Ms = report.Ms(stats.Quantile(calls, 0.5)), report.Ms(stats.Quantile(calls, 0.99))
+	if missed > 0 {
+		f.logf("round %d: %d bindings not in the audit log: the watch's times taken for them", r+1, missed)
+	}
+	f.ft.Rounds = append(f.ft.Rounds, rd)
+	f.logf("round %d: %d pods: %.1f/s bound, %.1f/s prepared; per pod, binding to prepared p50 %.0f ms, p99 %.0f ms (the pod watch's delay p50 %.0f ms); NodePrepareResources p50 %.1f ms, p99 %.1f ms; CPU: drivers %.1f ms a pod, control plane %.1f s, stand-in %.1f s",
+		r+1, count, rd.BoundPerS, rd.PreparedPerS, rd.BindToPreparedP50Ms, rd.BindToPreparedP99Ms, rd.WatchDelayP50Ms, rd.PrepareCallP50Ms, rd.PrepareCallP99Ms,
+		rd.DriverCPUPerPodMs, rd.ControlPlaneCPUS, rd.StandInCPUS)
+	if r == f.c.Rounds-1 {
+		return nil
+	}
+	if err := f.k.Finish(ctx, names); err != nil {
+		return fmt.Errorf("round %d: %w", r+1, err)
+	}
+	if err := f.waitNoClaims(ctx, 2*time.Minute); err != nil {
+		return fmt.Errorf("round %d: %w", r+1, err)
+	}
+	return proc.Sleep(ctx, f.c.Settle)
+}
+
+// scheduled sums up the rounds: their medians.
+func (f *fleet) scheduled() {
+	f.ft.Pods = f.pods
 	f.ft.BoundPerS = roundsMedian(f.ft.Rounds, func(r schedRound) float64 { return r.BoundPerS })
 	f.ft.PreparedPerS = roundsMedian(f.ft.Rounds, func(r schedRound) float64 { return r.PreparedPerS })
 	f.ft.PrepareErrors = f.k.Errors()
-	f.logf("%d rounds of %d pods: medians %.1f/s bound, %.1f/s prepared", f.c.Rounds, count, f.ft.BoundPerS, f.ft.PreparedPerS)
-	return nil
+	f.logf("%d rounds of %d pods: medians %.1f/s bound, %.1f/s prepared", len(f.ft.Rounds), f.pods, f.ft.BoundPerS, f.ft.PreparedPerS)
 }
 
 // waitNoClaims waits until the fleet's namespace has no ResourceClaim
