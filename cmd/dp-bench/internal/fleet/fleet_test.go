@@ -114,3 +114,19 @@ func TestTurns(t *testing.T) {
 		t.Errorf("no fleet: %v", got)
 	}
 }
+
+// TestMemSamples: the API server's memory is read more than once, and
+// the figure says how many samples it rests on, their median and range;
+// samples that failed (0: the process gone) are not in it.
+func TestMemSamples(t *testing.T) {
+	m := memSamples([]float64{700, 0, 900, 650, 720})
+	if m.N != 4 || m.MedianMiB != 710 || m.MinMiB != 650 || m.MaxMiB != 900 {
+		t.Errorf("%+v, want 4 samples, median 710, 650-900", m)
+	}
+	if got := m.String(); got != "710 MiB (650–900, 4 samples)" {
+		t.Errorf("%q", got)
+	}
+	if got := memSamples(nil).String(); got != "no sample" {
+		t.Errorf("no sample: %q", got)
+	}
+}

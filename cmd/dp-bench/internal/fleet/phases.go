@@ -111,7 +111,6 @@ func (f *fleet) memory() {
 	}
 	f.ft.DriverRSSMiB = stats.Median(rss)
 	f.ft.DriverRSSMaxMiB = slices.Max(rss)
-	f.ft.APIServerRSSMiB = report.MiB(f.fc.apiserverRSS())
 	f.ft.Health = f.healthStreams()
 }
 
@@ -177,7 +176,28 @@ func (f *fleet) steady(ctx context.Context) error {
 		return err
 	}
 	cpu0 := f.cpu()
+	// The API server's memory, once a second through the window: one
+	// sample is wherever its GC happened to be.
+	var rss []float64
+	sampled := make(chan struct{})
+	sctx, stopSampling := context.WithCancel(ctx)
+	go func() {
+		defer close(sampled)
+		tick := time.NewTicker(time.Second)
+		defer tick.Stop()
+		for {
+			rss = append(rss, report.MiB(f.fc.apiserverRSS()))
+			select {
+			case <-sctx.Done():
+				return
+			case <-tick.C:
+			}
+		}
+	}()
 	ws, from, to, err := f.window(ctx, f.c.Steady, nil)
+	stopSampling()
+	<-sampled
+	f.ft.APIServerRSS = memSamples(rss)
 	if err != nil {
 		return err
 	}
@@ -188,6 +208,7 @@ func (f *fleet) steady(ctx context.Context) error {
 	}
 	f.ft.Steady = tally
 	f.ft.SteadyPerNodeMin = float64(tally.Total) / float64(f.c.N) / to.Sub(from).Minutes()
+	f.logf("steady: kube-apiserver resident memory %s", f.ft.APIServerRSS)
 	f.logf("steady %s: %d driver writes (%.2f per node per minute) %v; driver CPU %.2f ms per node per minute", to.Sub(from).Round(time.Second), tally.Total, f.ft.SteadyPerNodeMin, tally.ByKind, f.ft.SteadyCPUMsPerNodeMin)
 	return nil
 }

@@ -3,6 +3,7 @@ package fleet
 import (
 	"fmt"
 	"io"
+	"slices"
 	"sort"
 	"strings"
 
@@ -65,7 +66,38 @@ type TargetReport struct {
 	Health          string  `json:"healthStreams"`
 	DriverRSSMiB    float64 `json:"driverRSSMiB"`
 	DriverRSSMaxMiB float64 `json:"driverRSSMaxMiB"`
-	APIServerRSSMiB float64 `json:"apiServerRSSMiB"`
+	// APIServerRSS is the API server's memory sampled once a second
+	// through the steady window (the last round's pods and claims held).
+	APIServerRSS memStats `json:"apiServerRSS"`
+}
+
+// memStats sums up memory samples, MiB.
+type memStats struct {
+	N         int     `json:"samples"`
+	MedianMiB float64 `json:"medianMiB,omitempty"`
+	MinMiB    float64 `json:"minMiB,omitempty"`
+	MaxMiB    float64 `json:"maxMiB,omitempty"`
+}
+
+// memSamples sums up samples (MiB); 0 is a failed sample, left out.
+func memSamples(samples []float64) memStats {
+	var v []float64
+	for _, s := range samples {
+		if s > 0 {
+			v = append(v, s)
+		}
+	}
+	if len(v) == 0 {
+		return memStats{}
+	}
+	return memStats{N: len(v), MedianMiB: stats.Median(v), MinMiB: slices.Min(v), MaxMiB: slices.Max(v)}
+}
+
+func (m memStats) String() string {
+	if m.N == 0 {
+		return "no sample"
+	}
+	return fmt.Sprintf("%.0f MiB (%.0f–%.0f, %d samples)", m.MedianMiB, m.MinMiB, m.MaxMiB, m.N)
 }
 
 // schedRound is one scheduling round's rates, pods per second from the
@@ -165,7 +197,7 @@ func writeMarkdown(w io.Writer, rep *Report) {
 	row("driver resident memory per node, median (max)", "reported", func(t TargetReport) string {
 		return fmt.Sprintf("%.1f MiB (%.1f)", t.DriverRSSMiB, t.DriverRSSMaxMiB)
 	})
-	row("kube-apiserver resident memory after scheduling", "reported", func(t TargetReport) string { return fmt.Sprintf("%.0f MiB", t.APIServerRSSMiB) })
+	row("kube-apiserver resident memory in the steady window (the last round's pods held), once a second: median (range)", "reported", func(t TargetReport) string { return t.APIServerRSS.String() })
 	for _, t := range rep.Targets {
 		if t.Err != "" {
 			fmt.Fprintf(w, "\n%s stopped: %s\n", t.Name, report.MDEscape(t.Err))
