@@ -119,3 +119,30 @@ func TestFleetTargetsLikeForLike(t *testing.T) {
 		}
 	}
 }
+
+// TestFleetPrebindTargets: the prepare-before-bind fleet and the one
+// without differ only in prepareBeforeBind and the controller that
+// labels the claims: the same driver, resource and step.
+func TestFleetPrebindTargets(t *testing.T) {
+	ts, err := target.Load("fleet-prebind.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ts) != 2 {
+		t.Fatalf("%d targets, want 2", len(ts))
+	}
+	pbb, plain := ts[0], ts[1]
+	if len(pbb.DRA.Controller) == 0 || len(plain.DRA.Controller) != 0 {
+		t.Errorf("controllers %v and %v, want one for the first only", pbb.DRA.Controller, plain.DRA.Controller)
+	}
+	if !slices.Contains(pbb.DRA.Controller, pbb.DRA.Driver) {
+		t.Errorf("the controller %v does not name the driver %s", pbb.DRA.Controller, pbb.DRA.Driver)
+	}
+	a, b := pbb.Files["config.yaml"], plain.Files["config.yaml"]
+	if !strings.Contains(a, "prepareBeforeBind: true") || strings.Replace(a, "  prepareBeforeBind: true\n", "", 1) != b {
+		t.Errorf("configs differ by more than prepareBeforeBind:\n%s\n---\n%s", a, b)
+	}
+	if !slices.Equal(pbb.Command, plain.Command) || pbb.DRA.Driver != plain.DRA.Driver {
+		t.Errorf("commands or drivers differ: %v %v", pbb.Command, plain.Command)
+	}
+}

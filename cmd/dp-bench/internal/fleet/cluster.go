@@ -185,6 +185,12 @@ func (fc *fleetCluster) makeNode(ctx context.Context, name string) error {
 // plane's, impersonating fleet:<node> (of the group system:masters), so
 // that the audit log names the node of every write.
 func (fc *fleetCluster) nodeKubeconfig(node string) (string, error) {
+	return fc.userKubeconfig(audit.UserPrefix + node)
+}
+
+// userKubeconfig writes a kubeconfig that impersonates user (of the group
+// system:masters).
+func (fc *fleetCluster) userKubeconfig(as string) (string, error) {
 	b, err := os.ReadFile(fc.cp.Kubeconfig)
 	if err != nil {
 		return "", err
@@ -194,8 +200,8 @@ func (fc *fleetCluster) nodeKubeconfig(node string) (string, error) {
 	if !strings.Contains(s, user) {
 		return "", errors.New("the control plane's kubeconfig has no user dp-bench")
 	}
-	s = strings.Replace(s, user, user+"    as: "+audit.UserPrefix+node+"\n    as-groups: [system:masters]\n", 1)
-	path := filepath.Join(fc.dir, "kubeconfig-"+node)
+	s = strings.Replace(s, user, user+"    as: "+as+"\n    as-groups: [system:masters]\n", 1)
+	path := filepath.Join(fc.dir, "kubeconfig-"+strings.ReplaceAll(as, ":", "-"))
 	return path, os.WriteFile(path, []byte(s), 0o600)
 }
 
@@ -222,15 +228,20 @@ func (fc *fleetCluster) audit(ctx context.Context) ([]audit.Write, error) {
 	return audit.Parse(f)
 }
 
+// counters scrapes the series of the counter name.
+func (fc *fleetCluster) counters(ctx context.Context, name string) ([]audit.Counter, error) {
+	var body string
+	if err := fc.cp.Client.Do(ctx, http.MethodGet, "/metrics", nil, &body); err != nil {
+		return nil, err
+	}
+	return audit.ParseCounters(strings.NewReader(body), name)
+}
+
 // auditErrors is an error when the API server counted an audit event it
 // failed to write or dropped (apiserver_audit_error_total above 0): the
 // audit log then lacks writes, and every figure read from it is wrong.
 func (fc *fleetCluster) auditErrors(ctx context.Context) error {
-	var body string
-	if err := fc.cp.Client.Do(ctx, http.MethodGet, "/metrics", nil, &body); err != nil {
-		return err
-	}
-	cs, err := audit.ParseCounters(strings.NewReader(body), "apiserver_audit_error_total")
+	cs, err := fc.counters(ctx, "apiserver_audit_error_total")
 	if err != nil {
 		return err
 	}

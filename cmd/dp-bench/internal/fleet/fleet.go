@@ -236,6 +236,9 @@ type fleet struct {
 	st       *sliceTracker
 	tpl      string
 	pods     int
+	// labelled counts the events of the nodes' labelled claim watches
+	// (nil: the target has no controller, its drivers open none).
+	labelled *labelCount
 	// closers undo the setup, last first (close).
 	closers []func()
 }
@@ -321,6 +324,15 @@ func (f *fleet) setup(ctx context.Context) error {
 		return err
 	}
 	f.onClose(func() { cancel(); f.k.Wait(); f.podWatch.Wait() })
+	if len(f.t.DRA.Controller) > 0 {
+		if err := f.watchLabelled(wctx); err != nil {
+			return err
+		}
+		f.onClose(cancel)
+		if err := f.startController(); err != nil {
+			return err
+		}
+	}
 	var registered errgroup.Group
 	for _, n := range f.nodes {
 		registered.Go(func() error { return n.register(ctx, 2*time.Minute) })

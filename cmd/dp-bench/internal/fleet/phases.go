@@ -25,6 +25,10 @@ import (
 // round's pods stay (the rollout needs them).
 func (f *fleet) round(ctx context.Context, r int) error {
 	count := int(f.c.Fill * float64(f.ft.Devices))
+	mark, err := f.markTraffic(ctx)
+	if err != nil {
+		return err
+	}
 	cpu0 := f.cpu()
 	names, err := f.createPods(ctx, fmt.Sprintf("sched%d", r), count)
 	if err != nil {
@@ -39,10 +43,15 @@ func (f *fleet) round(ctx context.Context, r int) error {
 	}
 	var rd schedRound
 	rd.DriverCPUPerPodMs, rd.ControlPlaneCPUS, rd.StandInCPUS = roundCPU(f.cpu().sub(cpu0), count)
+	prepared := time.Now()
 	ws, err := f.flushedAudit(ctx)
 	if err != nil {
 		return err
 	}
+	if rd.Traffic, err = f.traffic(ctx, mark, ws, prepared); err != nil {
+		return err
+	}
+	f.logf("round %d: claim traffic %s", r+1, rd.Traffic)
 	var missed int
 	binds := audit.BindTimes(ws, names)
 	rd.BoundPerS, rd.PreparedPerS, missed = f.k.Rates(names, binds)
@@ -175,6 +184,10 @@ func (f *fleet) steady(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	mark, err := f.markTraffic(ctx)
+	if err != nil {
+		return err
+	}
 	cpu0 := f.cpu()
 	// The API server's memory, once a second through the window: one
 	// sample is wherever its GC happened to be.
@@ -207,6 +220,10 @@ func (f *fleet) steady(ctx context.Context) error {
 		f.ft.SteadyAll = audit.RequestWrites(before, after)
 	}
 	f.ft.Steady = tally
+	if f.ft.SteadyTraffic, err = f.traffic(ctx, mark, ws, to); err != nil {
+		return err
+	}
+	f.logf("steady: claim traffic %s", f.ft.SteadyTraffic)
 	f.ft.SteadyPerNodeMin = float64(tally.Total) / float64(f.c.N) / to.Sub(from).Minutes()
 	f.logf("steady: kube-apiserver resident memory %s", f.ft.APIServerRSS)
 	f.logf("steady %s: %d driver writes (%.2f per node per minute) %v; driver CPU %.2f ms per node per minute", to.Sub(from).Round(time.Second), tally.Total, f.ft.SteadyPerNodeMin, tally.ByKind, f.ft.SteadyCPUMsPerNodeMin)

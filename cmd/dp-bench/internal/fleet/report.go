@@ -46,6 +46,8 @@ type TargetReport struct {
 	// SteadyAll is apiserver_request_total's writes in the steady window,
 	// all clients (the control plane's own included).
 	SteadyAll map[string]float64 `json:"steadyAllClients,omitempty"`
+	// SteadyTraffic is the steady window's claim traffic.
+	SteadyTraffic *traffic `json:"steadyTraffic,omitempty"`
 
 	StormNA    string `json:"stormNA,omitempty"`
 	StormFlips int    `json:"stormFlips"`
@@ -123,6 +125,9 @@ type schedRound struct {
 	DriverCPUPerPodMs float64 `json:"driverCPUPerPodMs"`
 	ControlPlaneCPUS  float64 `json:"controlPlaneCPUS"`
 	StandInCPUS       float64 `json:"standInCPUS"`
+	// Traffic is the round's claim traffic, from the first pod's creation
+	// to the last pod prepared.
+	Traffic *traffic `json:"traffic,omitempty"`
 }
 
 // Markers of the fleet's tables in -fleet-md.
@@ -193,6 +198,10 @@ func writeMarkdown(w io.Writer, rep *Report) {
 	row("rollout: pods failed (of those prepared, and those created during it)", "0", func(t TargetReport) string {
 		return fmt.Sprintf("%d (%d created during it; all prepared %.1f s after the restart)", len(t.RolloutFailed), t.RolloutPods, t.RolloutS)
 	})
+	row("claim traffic while claims are allocated (a round, from the first pod's creation to the last prepared; the median round): driver writes per node; controller writes; claim watch events per node, to every watcher; of a node's labelled-claim watch per node (max)", "reported", func(t TargetReport) string {
+		return roundTraffic(t.Rounds)
+	})
+	row("claim traffic at rest (the steady window): the same", "reported", func(t TargetReport) string { return t.SteadyTraffic.String() })
 	row("health streams (NodeWatchResources, opened on each registration as the kubelet does)", "reported", func(t TargetReport) string { return t.Health })
 	row("driver resident memory per node, median (max)", "reported", func(t TargetReport) string {
 		return fmt.Sprintf("%.1f MiB (%.1f)", t.DriverRSSMiB, t.DriverRSSMaxMiB)
@@ -229,4 +238,31 @@ func kinds(m map[string]int) string {
 		parts = append(parts, fmt.Sprintf("%s %d", k, m[k]))
 	}
 	return ": " + strings.Join(parts, ", ")
+}
+
+func (t *traffic) String() string {
+	if t == nil {
+		return "not measured"
+	}
+	node := "no labelled-claim watch"
+	if t.NodeWatch != nil {
+		node = fmt.Sprintf("%.2f (%d)", t.NodeWatch.PerNode, t.NodeWatch.MaxNode)
+	}
+	return fmt.Sprintf("%.2f%s; %d%s; %.1f; %s", t.DriverWritesPerNode, kinds(t.DriverWrites.ByKind), t.ControllerWrites.Total, kinds(t.ControllerWrites.ByKind), t.ClaimWatchEventsPerNode, node)
+}
+
+// roundTraffic is the traffic of the round whose driver writes are the
+// median (the rounds are alike: each the same pods on the same devices).
+func roundTraffic(rs []schedRound) string {
+	var ts []*traffic
+	for _, r := range rs {
+		if r.Traffic != nil {
+			ts = append(ts, r.Traffic)
+		}
+	}
+	if len(ts) == 0 {
+		return "not measured"
+	}
+	sort.SliceStable(ts, func(i, j int) bool { return ts[i].DriverWrites.Total < ts[j].DriverWrites.Total })
+	return ts[(len(ts)-1)/2].String() + fmt.Sprintf(" (of %d rounds)", len(ts))
 }
