@@ -45,7 +45,7 @@ type Options struct {
 	Steady, Storm, Settle        time.Duration
 	StormRate                    int
 	Scheduler, ControllerManager string
-	MD, JSON                     string
+	MD, MDSection, JSON          string
 }
 
 // AddFlags defines the -fleet flags on fs.
@@ -61,6 +61,7 @@ func AddFlags(fs *flag.FlagSet) *Options {
 	fs.StringVar(&fo.Scheduler, "kube-scheduler", "", "fleet: the kube-scheduler binary")
 	fs.StringVar(&fo.ControllerManager, "kube-controller-manager", "", "fleet: the kube-controller-manager binary")
 	fs.StringVar(&fo.MD, "fleet-md", "", "fleet: write the tables into this Markdown file between the fleet markers")
+	fs.StringVar(&fo.MDSection, "fleet-md-section", "fleet", "fleet: the markers of -fleet-md to write between (<!-- dp-bench-<section>:begin ... -->)")
 	fs.StringVar(&fo.JSON, "fleet-json", "", "fleet: write the report as JSON to this file")
 	return fo
 }
@@ -201,7 +202,8 @@ func Run(ctx context.Context, c *Config, stdout, stderr io.Writer) int {
 	if fo.MD != "" {
 		var gen bytes.Buffer
 		writeMarkdown(&gen, rep)
-		if err := report.WriteBetween(fo.MD, mdBeginFleet, mdEndFleet, "", gen.Bytes()); err != nil {
+		begin, end := mdMarkers(fo.MDSection)
+		if err := report.WriteBetween(fo.MD, begin, end, "", gen.Bytes()); err != nil {
 			fmt.Fprintln(stderr, "dp-bench: -fleet-md:", err)
 			return 1
 		}

@@ -130,3 +130,23 @@ func TestMemSamples(t *testing.T) {
 		t.Errorf("no sample: %q", got)
 	}
 }
+
+// TestFleetSections: each -fleet-md-section has markers of its own, so
+// that one fleet's tables do not overwrite another's in the same file;
+// the default section keeps the markers of before.
+func TestFleetSections(t *testing.T) {
+	path := t.TempDir() + "/fleet.md"
+	for _, w := range []struct{ section, text string }{{"fleet", "plain\n"}, {"fleet-prebind", "prebind\n"}, {"fleet", "plain again\n"}} {
+		b, e := mdMarkers(w.section)
+		if err := report.WriteBetween(path, b, e, "", []byte(w.text)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got, _ := readFileString(path)
+	if !strings.Contains(got, "plain again") || !strings.Contains(got, "prebind") || strings.Contains(got, "plain\n") {
+		t.Errorf("file:\n%s", got)
+	}
+	if b, e := mdMarkers("fleet"); b != mdBeginFleet || e != mdEndFleet {
+		t.Errorf("default markers %q %q", b, e)
+	}
+}
