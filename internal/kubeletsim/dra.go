@@ -9,7 +9,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
-	"google.golang.org/grpc/status"
+	grpcstatus "google.golang.org/grpc/status"
 	drahealthv1 "k8s.io/kubelet/pkg/apis/dra-health/v1"
 	drav1 "k8s.io/kubelet/pkg/apis/dra/v1"
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
@@ -127,7 +127,7 @@ func (c *DRA) WatchHealth(ctx context.Context, update func(*drahealthv1.NodeWatc
 	switch {
 	case ctx.Err() != nil:
 		return ctx.Err()
-	case status.Code(err) == codes.Unimplemented:
+	case grpcstatus.Code(err) == codes.Unimplemented:
 		return fmt.Errorf("%w: %w", ErrNoHealth, err)
 	}
 	return err
