@@ -213,7 +213,11 @@ func TestStaleClaimHeldByContainer(t *testing.T) {
 	// No container holds it any more: dropped at the next pass.
 	h.podres.SetErr(nil)
 	fc.Step(interval)
-	h.waitFor("a dropped", func() bool { return len(h.checkpointed()) == 0 })
+	// The count follows the release, which saves the checkpoint without a:
+	// wait for both, not for the checkpoint alone.
+	h.waitFor("a dropped and counted", func() bool {
+		return len(h.checkpointed()) == 0 && metricValue(t, m, "cdi_device_plugin_dra_stale_claims_dropped_total", nil) == 2
+	})
 	for id, want := range map[string]int64{"sim-n1-0": 1, "sim-n1-1": 1} {
 		if got := h.deviceState(id).ResetCount - resets[id]; got != want {
 			t.Errorf("%s reset %d times, want %d", id, got, want)

@@ -484,13 +484,19 @@ func (c *cluster) scenarioHelm(t *testing.T, node string) {
 		_, _ = c.nodeSh("rm -rf /dev/e2e-helm-* /var/run/cdi/k8s.e2e.cdi.dev-helm.json /var/lib/cdi-device-plugin/devices/e2e-helm-*")
 	})
 	c.waitAllocatableOf(t, node, helmRes, 2, 2*time.Minute)
-	p, err := c.pluginPod(context.Background(), helmNS)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !p.Status.ContainerStatuses[0].Ready {
-		t.Errorf("helm-installed plugin pod %s not ready", p.Name)
-	}
+	// helm --wait does not wait for readiness here: a DaemonSet of one node
+	// with maxUnavailable 1 counts as ready with no pod ready. The kubelet
+	// reports the pod's phase and readiness apart from the registration
+	// that raises allocatable, so either may come first: wait for the
+	// probe to pass, as an operator's kubectl rollout status does.
+	var p *corev1.Pod
+	eventually(t, time.Minute, "the helm-installed plugin pod running and ready", func() (bool, string) {
+		var err error
+		if p, err = c.pluginPod(context.Background(), helmNS); err != nil {
+			return false, err.Error()
+		}
+		return podReady(p), fmt.Sprintf("pod %s: phase %s, not ready", p.Name, p.Status.Phase)
+	})
 	if sc := p.Spec.Containers[0].SecurityContext; sc == nil || (sc.Privileged != nil && *sc.Privileged) || sc.Capabilities == nil ||
 		!slices.Equal(sc.Capabilities.Add, []corev1.Capability{"MKNOD"}) {
 		t.Errorf("helm-installed plugin pod is not the unprivileged one: %+v", sc)
