@@ -40,7 +40,7 @@ ENV_SRC    := deploy/systemd/cdi-device-plugin.env
 
 export IMAGE
 
-.PHONY: all help tree-check build install uninstall image-host-installer run test unit vet lint helm lint-chart bench image deploy undeploy render clean bench-dra bench-fleet e2e e2e-next e2e-versions e2e-kind e2e-up e2e-down demo demo-down
+.PHONY: all help tree-check build install uninstall image-host-installer run test unit vet lint helm lint-chart bench image deploy undeploy render clean bench-dra bench-fleet bench-fleet-prebind e2e e2e-next e2e-versions e2e-kind e2e-up e2e-down demo demo-down
 
 all: build
 
@@ -190,6 +190,25 @@ bench-fleet: build ## dp-bench -fleet: our DRA driver and dra-example-driver on 
 	    -kube-apiserver $(BENCH_KUBE_APISERVER) -etcd $(BENCH_ETCD) -kube-scheduler $(BENCH_KUBE_SCHEDULER) \
 	    -kube-controller-manager $(BENCH_KUBE_CM) -feature-gates $(FEATURE_GATES) \
 	    -fleet-json $(BIN)/fleet.json -fleet-md docs/fleet.md
+
+# make bench-fleet-prebind: dp-bench -fleet runs our DRA driver with
+# prepareBeforeBind and its controller (cdi-dra-controller), and the same
+# driver and step without it (cmd/dp-bench/fleet-prebind.yaml), and
+# counts the claim traffic of each -> docs/fleet.md, section
+# "fleet-prebind". Counts, not timings: a small fleet tells them.
+PREBIND_NODES        ?= 20
+PREBIND_ROUNDS       ?= 3
+PREBIND_STEADY       ?= 1m
+PREBIND_STORM        ?= 0s
+
+bench-fleet-prebind: build ## dp-bench -fleet: our DRA driver with and without prepareBeforeBind, claim traffic -> docs/fleet.md
+	@set -e; for b in $(BENCH_KUBE_APISERVER) $(BENCH_ETCD) $(BENCH_KUBE_SCHEDULER) $(BENCH_KUBE_CM); do [ -x "$$b" ] || { \
+	    echo "dp-bench fleet: not run: no $$b (e2e/local/build-binaries.sh builds it)"; exit 1; }; done; \
+	  export DRA_BIN=$(BIN)/cdi-dra-driver DRA_CONTROLLER_BIN=$(BIN)/cdi-dra-controller; \
+	  nice $(BIN)/dp-bench -targets cmd/dp-bench/fleet-prebind.yaml -fleet $(PREBIND_NODES) -fleet-rounds $(PREBIND_ROUNDS) -fleet-steady $(PREBIND_STEADY) -fleet-storm $(PREBIND_STORM) \
+	    -kube-apiserver $(BENCH_KUBE_APISERVER) -etcd $(BENCH_ETCD) -kube-scheduler $(BENCH_KUBE_SCHEDULER) \
+	    -kube-controller-manager $(BENCH_KUBE_CM) -feature-gates $(FEATURE_GATES) \
+	    -fleet-json $(BIN)/fleet-prebind.json -fleet-md docs/fleet.md -fleet-md-section fleet-prebind
 
 image: ## Build the container image with the Dockerfile
 	$(CONTAINER) build -t $(IMAGE) --build-arg VERSION=$(VERSION) .

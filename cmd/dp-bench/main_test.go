@@ -3,9 +3,11 @@ package main
 import (
 	"bytes"
 	"context"
+	"slices"
 	"strings"
 	"testing"
 
+	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/target"
 	"github.com/cdi-device-plugin/cdi-device-plugin/internal/testutil"
 )
 
@@ -85,5 +87,62 @@ func TestFleetFlags(t *testing.T) {
 				t.Errorf("error %v, want one naming %s", err, tc.want)
 			}
 		})
+	}
+}
+
+// TestFleetTargetsLikeForLike: the fleet runs each of our columns beside
+// a peer column of the same kind: ours as deployed writes each prepared
+// claim's status.devices, and so does the peer with --gpu-device-status;
+// ours with --device-status=false, and the peer by default, do not.
+func TestFleetTargetsLikeForLike(t *testing.T) {
+	ts, err := target.Load("fleet.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	status := map[string]map[bool]bool{} // name -> writes the status -> present
+	for _, tg := range ts {
+		on := true
+		switch tg.Name {
+		case "cdi-dra-driver":
+			on = !slices.Contains(tg.Env, "DEVICE_STATUS=false")
+		case "dra-example-driver":
+			on = slices.Contains(tg.Command, "--gpu-device-status")
+		}
+		if status[tg.Name] == nil {
+			status[tg.Name] = map[bool]bool{}
+		}
+		status[tg.Name][on] = true
+	}
+	for _, name := range []string{"cdi-dra-driver", "dra-example-driver"} {
+		if !status[name][true] || !status[name][false] {
+			t.Errorf("%s: with the claim status %v, without %v; want both", name, status[name][true], status[name][false])
+		}
+	}
+}
+
+// TestFleetPrebindTargets: the prepare-before-bind fleet and the one
+// without differ only in prepareBeforeBind and the controller that
+// labels the claims: the same driver, resource and step.
+func TestFleetPrebindTargets(t *testing.T) {
+	ts, err := target.Load("fleet-prebind.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ts) != 2 {
+		t.Fatalf("%d targets, want 2", len(ts))
+	}
+	pbb, plain := ts[0], ts[1]
+	if len(pbb.DRA.Controller) == 0 || len(plain.DRA.Controller) != 0 {
+		t.Errorf("controllers %v and %v, want one for the first only", pbb.DRA.Controller, plain.DRA.Controller)
+	}
+	if !slices.Contains(pbb.DRA.Controller, pbb.DRA.Driver) {
+		t.Errorf("the controller %v does not name the driver %s", pbb.DRA.Controller, pbb.DRA.Driver)
+	}
+	a, b := pbb.Files["config.yaml"], plain.Files["config.yaml"]
+	if !strings.Contains(a, "prepareBeforeBind: true") || strings.Replace(a, "  prepareBeforeBind: true\n", "", 1) != b {
+		t.Errorf("configs differ by more than prepareBeforeBind:\n%s\n---\n%s", a, b)
+	}
+	if !slices.Equal(pbb.Command, plain.Command) || pbb.DRA.Driver != plain.DRA.Driver {
+		t.Errorf("commands or drivers differ: %v %v", pbb.Command, plain.Command)
 	}
 }

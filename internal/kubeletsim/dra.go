@@ -7,7 +7,9 @@ import (
 	"slices"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	grpcstatus "google.golang.org/grpc/status"
 	drahealthv1 "k8s.io/kubelet/pkg/apis/dra-health/v1"
 	drav1 "k8s.io/kubelet/pkg/apis/dra/v1"
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
@@ -104,6 +106,31 @@ func (c *DRA) UnprepareClaim(ctx context.Context, claim *drav1.Claim) error {
 	}
 	got, ok := resp.GetClaims()[claim.Uid]
 	return claimAnswer(claim, ok, got.GetError())
+}
+
+// ErrNoHealth is WatchHealth's error for a driver that does not serve the
+// health service: the kubelet goes on without its devices' health then.
+var ErrNoHealth = errors.New("the driver serves no health stream")
+
+// WatchHealth opens the health stream (NodeWatchResources) that the
+// kubelet opens on each driver it registered, and reads it until ctx ends
+// (ctx's error) or the stream does; each update goes to update. A stream
+// is a cost of the driver that the kubelet's calls alone leave out.
+func (c *DRA) WatchHealth(ctx context.Context, update func(*drahealthv1.NodeWatchResourcesResponse)) error {
+	s, err := c.Health.NodeWatchResources(ctx, &drahealthv1.NodeWatchResourcesRequest{})
+	for err == nil {
+		var r *drahealthv1.NodeWatchResourcesResponse
+		if r, err = s.Recv(); err == nil {
+			update(r)
+		}
+	}
+	switch {
+	case ctx.Err() != nil:
+		return ctx.Err()
+	case grpcstatus.Code(err) == codes.Unimplemented:
+		return fmt.Errorf("%w: %w", ErrNoHealth, err)
+	}
+	return err
 }
 
 // claimAnswer is the error of a driver's answer for claim c: none, not

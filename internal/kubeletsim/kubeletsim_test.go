@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+	drahealthv1 "k8s.io/kubelet/pkg/apis/dra-health/v1"
 	drav1 "k8s.io/kubelet/pkg/apis/dra/v1"
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 	podresourcesapi "k8s.io/kubelet/pkg/apis/podresources/v1"
@@ -372,4 +373,76 @@ func TestPodResources(t *testing.T) {
 	if n := p.Calls(); n != 4 {
 		t.Errorf("%d List calls counted, want 4 (the failed one included)", n)
 	}
+}
+
+// healthServer sends two health updates on each NodeWatchResources
+// stream, then holds it open until the client ends it, as a driver does.
+type healthServer struct {
+	drahealthv1.UnimplementedDRAResourceHealthServer
+}
+
+func (healthServer) NodeWatchResources(_ *drahealthv1.NodeWatchResourcesRequest, s grpc.ServerStreamingServer[drahealthv1.NodeWatchResourcesResponse]) error {
+	for _, h := range []drahealthv1.HealthStatus{drahealthv1.HealthStatus_HEALTHY, drahealthv1.HealthStatus_UNHEALTHY} {
+		up := &drahealthv1.NodeWatchResourcesResponse{Devices: []*drahealthv1.DeviceHealth{{
+			Device: &drahealthv1.DeviceIdentifier{PoolName: "p", DeviceName: "d0"}, Health: h}}}
+		if err := s.Send(up); err != nil {
+			return err
+		}
+	}
+	<-s.Context().Done()
+	return nil
+}
+
+// TestWatchHealth: the stand-in opens the health stream a kubelet opens
+// on a registered driver and reads its updates until it is told to stop;
+// a driver without the health service is told apart (ErrNoHealth), as the
+// kubelet goes on without its health then.
+func TestWatchHealth(t *testing.T) {
+	register := func(t *testing.T, health bool) *kubeletsim.DRA {
+		dir := testutil.ShortDir(t)
+		serveGRPC(t, filepath.Join(dir, "dra.sock"), func(srv *grpc.Server) {
+			drav1.RegisterDRAPluginServer(srv, draServer{})
+			if health {
+				drahealthv1.RegisterDRAResourceHealthServer(srv, healthServer{})
+			}
+		})
+		serveReg(t, filepath.Join(dir, "reg.sock"), &registerapi.PluginInfo{Type: registerapi.DRAPlugin, Name: "d.example.com",
+			Endpoint: filepath.Join(dir, "dra.sock"), SupportedVersions: []string{drav1.DRAPluginService}})
+		d, err := kubeletsim.RegisterDRA(context.Background(), filepath.Join(dir, "reg.sock"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = d.Close() })
+		return d
+	}
+	t.Run("served", func(t *testing.T) {
+		d := register(t, true)
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		got := make(chan drahealthv1.HealthStatus, 4)
+		done := make(chan error, 1)
+		go func() {
+			done <- d.WatchHealth(ctx, func(r *drahealthv1.NodeWatchResourcesResponse) {
+				for _, dev := range r.GetDevices() {
+					got <- dev.GetHealth()
+				}
+			})
+		}()
+		for _, want := range []drahealthv1.HealthStatus{drahealthv1.HealthStatus_HEALTHY, drahealthv1.HealthStatus_UNHEALTHY} {
+			if h := <-got; h != want {
+				t.Errorf("update %v, want %v", h, want)
+			}
+		}
+		cancel()
+		if err := <-done; !errors.Is(err, context.Canceled) {
+			t.Errorf("after the stop: %v, want context.Canceled", err)
+		}
+	})
+	t.Run("not served", func(t *testing.T) {
+		d := register(t, false)
+		err := d.WatchHealth(context.Background(), func(*drahealthv1.NodeWatchResourcesResponse) { t.Error("an update from no service") })
+		if !errors.Is(err, kubeletsim.ErrNoHealth) {
+			t.Errorf("error %v, want ErrNoHealth", err)
+		}
+	})
 }

@@ -422,6 +422,24 @@ func (k *Pods) Latencies(names []string, binds map[string]time.Time) (bindToPrep
 	return bindToPrepared, calls
 }
 
+// WatchDelays are, for each of the pods named that the audit log (binds)
+// and the stand-in's pod watch both saw bound, how much later the watch
+// showed the binding: the part of binding → prepared that is the
+// stand-in's (a kubelet's own watch has one too, of its own length).
+func (k *Pods) WatchDelays(names []string, binds map[string]time.Time) []time.Duration {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	var out []time.Duration
+	for _, name := range names {
+		t, b := k.pods[name], binds[name]
+		if t == nil || t.bound.IsZero() || b.IsZero() {
+			continue
+		}
+		out = append(out, t.bound.Sub(b))
+	}
+	return out
+}
+
 // Failures lists the pods that failed, with why.
 func (k *Pods) Failures() []string {
 	k.mu.Lock()

@@ -31,6 +31,11 @@ func TestPodLatencies(t *testing.T) {
 	if !slices.Equal(calls, []time.Duration{5 * time.Millisecond, 40 * time.Millisecond}) {
 		t.Errorf("calls %v, want [5ms 40ms]", calls)
 	}
+	// The watch's delay, part of binding → prepared: only for a pod that
+	// the audit log and the watch both saw bound.
+	if d := k.WatchDelays([]string{"a", "b", "c"}, map[string]time.Time{"a": ms(90), "c": ms(280)}); !slices.Equal(d, []time.Duration{10 * time.Millisecond, 20 * time.Millisecond}) {
+		t.Errorf("watch delays %v, want [10ms 20ms]", d)
+	}
 }
 
 // TestStandInFollowsClaim: the kubelet stand-in queues a bound pod once,

@@ -6,8 +6,10 @@
 // at level Metadata, nothing else) names the user agent and the user of
 // every write: it says which writes are the drivers', and each driver's
 // node, as each driver's kubeconfig impersonates UserPrefix+<node> (Parse,
-// TallyWrites, StormRates); and when the scheduler bound each pod
-// (BindTimes).
+// TallyWrites, StormRates, NodesCreated); and when the scheduler bound
+// each pod (BindTimes). The writes are told apart by that user, not by
+// the user agent, which a driver sets as it likes: a mismatch would read
+// as no write at all.
 package audit
 
 import (
@@ -40,7 +42,8 @@ const UserPrefix = "fleet:"
 type Write struct {
 	At       time.Time // stageTimestamp: when the answer was complete
 	Agent    string    // the user agent's product (before the first '/')
-	Node     string    // the impersonated fleet:<node>, else ""
+	User     string    // the impersonated user, else ""
+	Node     string    // <node> of an impersonated fleet:<node>, else ""
 	Verb     string
 	Resource string // resource[/subresource]
 	Name     string // the object's name ("" for a collection)
@@ -97,7 +100,10 @@ func Parse(r io.Reader) ([]Write, error) {
 		}
 		w.Agent, _, _ = strings.Cut(ev.UserAgent, "/")
 		if ev.ImpersonatedUser != nil {
-			w.Node, _ = strings.CutPrefix(ev.ImpersonatedUser.Username, UserPrefix)
+			w.User = ev.ImpersonatedUser.Username
+			if node, ok := strings.CutPrefix(w.User, UserPrefix); ok {
+				w.Node = node
+			}
 		}
 		if ev.ResponseStatus != nil {
 			w.Code = ev.ResponseStatus.Code
@@ -120,20 +126,36 @@ type Tally struct {
 	MaxNodeSecond int `json:"maxNodeSecond"`
 }
 
-// TallyWrites counts the writes of agent (a user-agent product, e.g.
-// cdi-dra-driver) done in [from, to), and only those to resource when it
-// is not "".
-func TallyWrites(ws []Write, agent, resource string, from, to time.Time) Tally {
+// TallyWrites counts the nodes' writes (those of a fleet:<node> user)
+// done in [from, to), and only those to resource when it is not "".
+func TallyWrites(ws []Write, resource string, from, to time.Time) Tally {
+	return tally(ws, func(w Write) string { return w.Node }, resource, from, to)
+}
+
+// TallyUser counts the writes of user (impersonated) done in [from, to),
+// and only those to resource when it is not "".
+func TallyUser(ws []Write, user, resource string, from, to time.Time) Tally {
+	return tally(ws, func(w Write) string {
+		if w.User == user {
+			return user
+		}
+		return ""
+	}, resource, from, to)
+}
+
+// tally counts the writes that who names ("": not counted) in [from, to).
+func tally(ws []Write, who func(Write) string, resource string, from, to time.Time) Tally {
 	t := Tally{ByKind: map[string]int{}, ByNode: map[string]int{}}
 	times := map[string][]time.Time{}
 	for _, w := range ws {
-		if w.Agent != agent || w.At.Before(from) || !w.At.Before(to) || (resource != "" && w.Resource != resource) {
+		node := who(w)
+		if node == "" || w.At.Before(from) || !w.At.Before(to) || (resource != "" && w.Resource != resource) {
 			continue
 		}
 		t.Total++
 		t.ByKind[w.Verb+" "+w.Resource]++
-		t.ByNode[w.Node]++
-		times[w.Node] = append(times[w.Node], w.At)
+		t.ByNode[node]++
+		times[node] = append(times[node], w.At)
 	}
 	for _, n := range t.ByNode {
 		t.MaxNode = max(t.MaxNode, n)
@@ -162,16 +184,40 @@ type StormCount struct {
 	DuringPerNodeS, WindowPerNodeS float64
 }
 
-// StormRates counts agent's slice writes of a health storm [from, end)
+// StormRates counts the nodes' slice writes of a health storm [from, end)
 // over nodes, and of the storm and the second after it [from, to).
-func StormRates(ws []Write, agent string, nodes int, from, end, to time.Time) StormCount {
+func StormRates(ws []Write, nodes int, from, end, to time.Time) StormCount {
 	c := StormCount{
-		During: TallyWrites(ws, agent, "resourceslices", from, end),
-		Window: TallyWrites(ws, agent, "resourceslices", from, to),
+		During: TallyWrites(ws, "resourceslices", from, end),
+		Window: TallyWrites(ws, "resourceslices", from, to),
 	}
 	c.DuringPerNodeS = perNodePerSecond(c.During, nodes, from, end)
 	c.WindowPerNodeS = perNodePerSecond(c.Window, nodes, from, to)
 	return c
+}
+
+// NodesCreated returns an error naming the nodes of which no successful
+// create of resource (e.g. resourceslices) is in ws: a driver publishes
+// its slices at its start, so a node without one is a driver whose
+// writes are not told apart as its node's, and every figure of writes
+// would read 0 for it.
+func NodesCreated(ws []Write, resource string, nodes []string) error {
+	made := map[string]bool{}
+	for _, w := range ws {
+		if w.Verb == "create" && w.Resource == resource && w.Code/100 == 2 && w.Node != "" {
+			made[w.Node] = true
+		}
+	}
+	var missing []string
+	for _, n := range nodes {
+		if !made[n] {
+			missing = append(missing, n)
+		}
+	}
+	if len(missing) > 0 {
+		return fmt.Errorf("no create %s by the user %s<node> of %d of %d nodes in the audit log: %s", resource, UserPrefix, len(missing), len(nodes), strings.Join(missing, ", "))
+	}
+	return nil
 }
 
 // BindTimes are when the API server answered each successful binding of
@@ -215,15 +261,21 @@ type RequestCount struct {
 	Value          float64
 }
 
-// ParseRequestTotals reads apiserver_request_total from the API server's
-// /metrics (the Prometheus text format).
-func ParseRequestTotals(r io.Reader) ([]RequestCount, error) {
-	var out []RequestCount
+// Counter is one series of a counter in /metrics.
+type Counter struct {
+	Labels map[string]string
+	Value  float64
+}
+
+// ParseCounters reads the series of the metric name (with labels) from
+// the API server's /metrics (the Prometheus text format).
+func ParseCounters(r io.Reader, name string) ([]Counter, error) {
+	var out []Counter
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 0, 64<<10), 4<<20)
 	for n := 1; sc.Scan(); n++ {
 		line := sc.Text()
-		rest, ok := strings.CutPrefix(line, "apiserver_request_total{")
+		rest, ok := strings.CutPrefix(line, name+"{")
 		if !ok {
 			continue
 		}
@@ -243,6 +295,41 @@ func ParseRequestTotals(r io.Reader) ([]RequestCount, error) {
 		if err != nil {
 			return nil, fmt.Errorf("/metrics line %d: value %q: %w", n, fields[0], err)
 		}
+		out = append(out, Counter{Labels: labels, Value: v})
+	}
+	return out, sc.Err()
+}
+
+// Sum is the sum of the series.
+func Sum(cs []Counter) float64 {
+	var s float64
+	for _, c := range cs {
+		s += c.Value
+	}
+	return s
+}
+
+// Select is the series whose label is value.
+func Select(cs []Counter, label, value string) []Counter {
+	var out []Counter
+	for _, c := range cs {
+		if c.Labels[label] == value {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// ParseRequestTotals reads apiserver_request_total from the API server's
+// /metrics (the Prometheus text format).
+func ParseRequestTotals(r io.Reader) ([]RequestCount, error) {
+	cs, err := ParseCounters(r, "apiserver_request_total")
+	if err != nil {
+		return nil, err
+	}
+	out := make([]RequestCount, 0, len(cs))
+	for _, c := range cs {
+		labels, v := c.Labels, c.Value
 		res := labels["resource"]
 		if g := labels["group"]; g != "" {
 			res += "." + g
@@ -252,7 +339,7 @@ func ParseRequestTotals(r io.Reader) ([]RequestCount, error) {
 		}
 		out = append(out, RequestCount{Verb: labels["verb"], Resource: res, Code: labels["code"], Value: v})
 	}
-	return out, sc.Err()
+	return out, nil
 }
 
 // parseLabels parses name="value",... with the format's escapes (\\, \",

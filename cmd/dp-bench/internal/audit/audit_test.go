@@ -15,6 +15,10 @@ const auditText = `{"kind":"Event","apiVersion":"audit.k8s.io/v1","level":"Metad
 {"kind":"Event","apiVersion":"audit.k8s.io/v1","level":"Metadata","auditID":"9a1c","stage":"ResponseComplete","requestURI":"/api/v1/namespaces/fleet/pods/sched-0/binding","verb":"create","user":{"username":"dp-bench","groups":["system:masters","system:authenticated"]},"sourceIPs":["127.0.0.1"],"userAgent":"kube-scheduler/v1.36.3 (linux/amd64) kubernetes/8a4e3c1/scheduler","objectRef":{"resource":"pods","namespace":"fleet","name":"sched-0","apiVersion":"v1","subresource":"binding"},"responseStatus":{"metadata":{},"code":201},"requestReceivedTimestamp":"2026-11-27T08:00:01.300000Z","stageTimestamp":"2026-11-27T08:00:01.310000Z"}
 `
 
+// controllerEvent is a write impersonating a user that is no node's.
+const controllerEvent = `{"kind":"Event","apiVersion":"audit.k8s.io/v1","level":"Metadata","auditID":"77","stage":"ResponseComplete","verb":"patch","user":{"username":"dp-bench"},"impersonatedUser":{"username":"fleet-controller"},"userAgent":"cdi-dra-controller/dev","objectRef":{"resource":"resourceclaims","namespace":"fleet","name":"c"},"responseStatus":{"code":200},"stageTimestamp":"2026-11-27T08:00:02Z"}
+`
+
 // mustParse is what parse reads of text: n things (what they are), or the
 // test fails.
 func mustParse[T any](t *testing.T, parse func(io.Reader) ([]T, error), text string, n int, what string) []T {
@@ -30,10 +34,11 @@ func mustParse[T any](t *testing.T, parse func(io.Reader) ([]T, error), text str
 }
 
 func TestParseAudit(t *testing.T) {
-	ws := mustParse(t, Parse, auditText, 2, "writes (the RequestReceived stage skipped)")
+	ws := mustParse(t, Parse, auditText+controllerEvent, 3, "writes (the RequestReceived stage skipped)")
 	want := []Write{
-		{Agent: "cdi-dra-driver", Node: "fleet-node-3", Verb: "update", Resource: "resourceslices", Name: "fleet-node-3-bench.example.com-x7k2p", Code: 200},
+		{Agent: "cdi-dra-driver", User: "fleet:fleet-node-3", Node: "fleet-node-3", Verb: "update", Resource: "resourceslices", Name: "fleet-node-3-bench.example.com-x7k2p", Code: 200},
 		{Agent: "kube-scheduler", Node: "", Verb: "create", Resource: "pods/binding", Name: "sched-0", Code: 201},
+		{Agent: "cdi-dra-controller", User: "fleet-controller", Node: "", Verb: "patch", Resource: "resourceclaims", Name: "c", Code: 200},
 	}
 	for i, w := range want {
 		got := ws[i]
@@ -58,6 +63,12 @@ func TestTallyWrites(t *testing.T) {
 		{At: at(600), Agent: "kube-scheduler", Verb: "create", Resource: "pods/binding"},
 		{At: at(700), Agent: "cdi-dra-driver", Node: "n2", Verb: "patch", Resource: "resourceclaims/status"},
 		{At: at(5000), Agent: "cdi-dra-driver", Node: "n2", Verb: "update", Resource: "resourceslices"}, // after the window
+		// A driver whose user agent is not its binary's name is still
+		// the node's: its user says so.
+		{At: at(2800), Agent: "kubelet-plugin", Node: "n2", Verb: "update", Resource: "resourceslices"},
+		// The driver's user agent without the node's user is not a
+		// driver's write (another client of the same library).
+		{At: at(900), Agent: "cdi-dra-driver", Verb: "update", Resource: "resourceslices"},
 	}
 	for _, tc := range []struct {
 		name, resource string
@@ -65,11 +76,11 @@ func TestTallyWrites(t *testing.T) {
 		maxSecond      int
 		kinds          map[string]int
 	}{
-		{"every resource", "", 5, 3, 2, map[string]int{"update resourceslices": 3, "create resourceslices": 1, "patch resourceclaims/status": 1}},
-		{"slices", "resourceslices", 4, 3, 2, map[string]int{"update resourceslices": 3, "create resourceslices": 1}},
+		{"every resource", "", 6, 3, 2, map[string]int{"update resourceslices": 4, "create resourceslices": 1, "patch resourceclaims/status": 1}},
+		{"slices", "resourceslices", 5, 3, 2, map[string]int{"update resourceslices": 4, "create resourceslices": 1}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got := TallyWrites(ws, "cdi-dra-driver", tc.resource, t0, at(5000))
+			got := TallyWrites(ws, tc.resource, t0, at(5000))
 			if got.Total != tc.total || got.MaxNode != tc.maxNode || got.MaxNodeSecond != tc.maxSecond {
 				t.Errorf("total %d, max of a node %d, max in a second %d; want %d, %d, %d", got.Total, got.MaxNode, got.MaxNodeSecond, tc.total, tc.maxNode, tc.maxSecond)
 			}
@@ -102,8 +113,9 @@ func TestStormRates(t *testing.T) {
 	}
 	// Another client's write and a driver's claim status are not counted.
 	ws = append(ws, Write{At: t0.Add(time.Second), Agent: "kube-scheduler", Verb: "create", Resource: "pods/binding"},
+		Write{At: t0.Add(time.Second), Agent: "kube-scheduler", User: "fleet-controller", Verb: "update", Resource: "resourceslices"},
 		Write{At: t0.Add(time.Second), Agent: "cdi-dra-driver", Node: "n1", Verb: "patch", Resource: "resourceclaims/status"})
-	r := StormRates(ws, "cdi-dra-driver", nodes, t0, end, to)
+	r := StormRates(ws, nodes, t0, end, to)
 	if r.During.Total != 90 || r.Window.Total != 93 {
 		t.Errorf("writes: %d during the storm, %d with the second after it; want 90, 93", r.During.Total, r.Window.Total)
 	}
@@ -168,5 +180,57 @@ func TestRequestTotals(t *testing.T) {
 		if _, err := ParseRequestTotals(strings.NewReader(bad)); err == nil || !strings.Contains(err.Error(), "line 1") {
 			t.Errorf("%q: error %v, want one naming line 1", bad, err)
 		}
+	}
+}
+
+// TestNodesCreated: every node's driver created at least one slice at
+// its start, by its node's user; a node with none is named (its writes
+// would be missing from every figure, not counted as 0).
+func TestNodesCreated(t *testing.T) {
+	ws := []Write{
+		{Node: "n1", Verb: "create", Resource: "resourceslices", Code: 201},
+		{Node: "n2", Verb: "update", Resource: "resourceslices", Code: 200},
+		{Node: "n3", Verb: "create", Resource: "resourceslices", Code: 409},              // refused
+		{Agent: "cdi-dra-driver", Verb: "create", Resource: "resourceslices", Code: 201}, // no node's user
+	}
+	if err := NodesCreated(ws, "resourceslices", []string{"n1"}); err != nil {
+		t.Errorf("n1: %v", err)
+	}
+	err := NodesCreated(ws, "resourceslices", []string{"n1", "n2", "n3", "n4"})
+	if err == nil || !strings.Contains(err.Error(), "3 of 4 nodes") || !strings.Contains(err.Error(), "n2, n3, n4") {
+		t.Errorf("error %v, want one naming n2, n3, n4", err)
+	}
+}
+
+// TestCounters: a counter's series are read with their labels and
+// summed; an audit error or a dropped event shows in
+// apiserver_audit_error_total.
+func TestCounters(t *testing.T) {
+	text := metricsText + `# HELP apiserver_audit_error_total [ALPHA] Counter of audit events that failed to be audited properly.
+# TYPE apiserver_audit_error_total counter
+apiserver_audit_error_total{plugin="log"} 3
+apiserver_audit_error_total{plugin="webhook"} 1
+apiserver_watch_events_total{group="resource.k8s.io",resource="resourceclaims",version="v1"} 40
+apiserver_watch_events_total{group="",resource="pods",version="v1"} 7
+`
+	cs, err := ParseCounters(strings.NewReader(text), "apiserver_audit_error_total")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(cs) != 2 || Sum(cs) != 4 || cs[0].Labels["plugin"] != "log" {
+		t.Errorf("audit errors %+v, want 2 series of 4 in all", cs)
+	}
+	w, err := ParseCounters(strings.NewReader(text), "apiserver_watch_events_total")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := Sum(Select(w, "resource", "resourceclaims")); got != 40 {
+		t.Errorf("claim watch events %g, want 40", got)
+	}
+	if cs, err := ParseCounters(strings.NewReader(metricsText), "apiserver_audit_error_total"); err != nil || len(cs) != 0 {
+		t.Errorf("no audit error series: %v, %v", cs, err)
+	}
+	if _, err := ParseCounters(strings.NewReader("apiserver_audit_error_total{plugin=\"log\"} x\n"), "apiserver_audit_error_total"); err == nil {
+		t.Error("a bad value read")
 	}
 }

@@ -51,8 +51,12 @@ func startFleetCluster(ctx context.Context, cpo controlplane.Options, fo *Option
 		fc.stop()
 		return nil, err
 	}
+	// Blocking: each event is written before the request is answered.
+	// The batch mode drops events when its buffer is full, and a figure
+	// of writes would then be short without a word; a failed write is
+	// counted in apiserver_audit_error_total (auditErrors).
 	cpo.Args = append(cpo.Args, "--audit-policy-file", policy, "--audit-log-path", fc.auditLog, "--audit-log-maxsize", "0",
-		"--audit-log-mode", "batch", "--audit-log-batch-max-wait", "200ms")
+		"--audit-log-mode", "blocking")
 	if fc.cp, err = controlplane.Start(ctx, cpo); err != nil {
 		fc.stop()
 		return nil, err
@@ -181,6 +185,12 @@ func (fc *fleetCluster) makeNode(ctx context.Context, name string) error {
 // plane's, impersonating fleet:<node> (of the group system:masters), so
 // that the audit log names the node of every write.
 func (fc *fleetCluster) nodeKubeconfig(node string) (string, error) {
+	return fc.userKubeconfig(audit.UserPrefix + node)
+}
+
+// userKubeconfig writes a kubeconfig that impersonates user (of the group
+// system:masters).
+func (fc *fleetCluster) userKubeconfig(as string) (string, error) {
 	b, err := os.ReadFile(fc.cp.Kubeconfig)
 	if err != nil {
 		return "", err
@@ -190,8 +200,8 @@ func (fc *fleetCluster) nodeKubeconfig(node string) (string, error) {
 	if !strings.Contains(s, user) {
 		return "", errors.New("the control plane's kubeconfig has no user dp-bench")
 	}
-	s = strings.Replace(s, user, user+"    as: "+audit.UserPrefix+node+"\n    as-groups: [system:masters]\n", 1)
-	path := filepath.Join(fc.dir, "kubeconfig-"+node)
+	s = strings.Replace(s, user, user+"    as: "+as+"\n    as-groups: [system:masters]\n", 1)
+	path := filepath.Join(fc.dir, "kubeconfig-"+strings.ReplaceAll(as, ":", "-"))
 	return path, os.WriteFile(path, []byte(s), 0o600)
 }
 
@@ -204,15 +214,41 @@ func (fc *fleetCluster) metrics(ctx context.Context) ([]audit.RequestCount, erro
 	return audit.ParseRequestTotals(strings.NewReader(body))
 }
 
-// audit reads the audit log's writes so far; the log is written in
-// batches of at most 200 ms, so a reader waits that long after a window.
-func (fc *fleetCluster) audit() ([]audit.Write, error) {
+// audit reads the audit log's writes so far, once the API server says
+// that it lost no event (auditErrors).
+func (fc *fleetCluster) audit(ctx context.Context) ([]audit.Write, error) {
+	if err := fc.auditErrors(ctx); err != nil {
+		return nil, err
+	}
 	f, err := os.Open(fc.auditLog)
 	if err != nil {
 		return nil, err
 	}
 	defer f.Close()
 	return audit.Parse(f)
+}
+
+// counters scrapes the series of the counter name.
+func (fc *fleetCluster) counters(ctx context.Context, name string) ([]audit.Counter, error) {
+	var body string
+	if err := fc.cp.Client.Do(ctx, http.MethodGet, "/metrics", nil, &body); err != nil {
+		return nil, err
+	}
+	return audit.ParseCounters(strings.NewReader(body), name)
+}
+
+// auditErrors is an error when the API server counted an audit event it
+// failed to write or dropped (apiserver_audit_error_total above 0): the
+// audit log then lacks writes, and every figure read from it is wrong.
+func (fc *fleetCluster) auditErrors(ctx context.Context) error {
+	cs, err := fc.counters(ctx, "apiserver_audit_error_total")
+	if err != nil {
+		return err
+	}
+	if n := audit.Sum(cs); n > 0 {
+		return fmt.Errorf("the API server failed to write or dropped %g audit events (apiserver_audit_error_total %v): the audit log's counts would be short", n, cs)
+	}
+	return nil
 }
 
 // apiserverRSS is the API server's resident memory, bytes.

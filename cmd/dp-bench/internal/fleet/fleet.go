@@ -1,16 +1,16 @@
 // Package fleet is dp-bench -fleet N: it runs every DRA target of
-// -targets on a fleet of N nodes, one target after the other, each with a
-// fresh private control plane (fleetCluster): etcd, kube-apiserver,
+// -targets on a fleet of N nodes, each with a fresh private control plane
+// (fleetCluster): etcd, kube-apiserver,
 // kube-scheduler and kube-controller-manager. One driver process per
 // node, with a kubelet stand-in per node (fleetNode, kubeletsim.Pods): the
 // scheduler allocates the claims of real pods from the drivers'
 // ResourceSlices, and the stand-in prepares them. It counts the drivers'
 // API writes (package audit), their CPU and memory, through scheduling
 // rounds, a steady window, a health storm and a rollout, and writes the
-// table of docs/fleet.md. The targets run apart, not side by side: at
-// N=100 two fleets at once would share two cores and one API server, and
-// each figure (the API server's memory above all) would be the sum of
-// both.
+// table of docs/fleet.md. The fleets are up together but work in turns,
+// never two at once (Run): two fleets working at once would share two
+// cores, and each figure would carry the other's load; one after the
+// other, the one that always ran first met the machine as it warmed up.
 package fleet
 
 import (
@@ -23,6 +23,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -30,6 +31,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/apiclient"
+	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/audit"
 	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/controlplane"
 	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/report"
 	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/target"
@@ -43,7 +45,7 @@ type Options struct {
 	Steady, Storm, Settle        time.Duration
 	StormRate                    int
 	Scheduler, ControllerManager string
-	MD, JSON                     string
+	MD, MDSection, JSON          string
 }
 
 // AddFlags defines the -fleet flags on fs.
@@ -59,6 +61,7 @@ func AddFlags(fs *flag.FlagSet) *Options {
 	fs.StringVar(&fo.Scheduler, "kube-scheduler", "", "fleet: the kube-scheduler binary")
 	fs.StringVar(&fo.ControllerManager, "kube-controller-manager", "", "fleet: the kube-controller-manager binary")
 	fs.StringVar(&fo.MD, "fleet-md", "", "fleet: write the tables into this Markdown file between the fleet markers")
+	fs.StringVar(&fo.MDSection, "fleet-md-section", "fleet", "fleet: the markers of -fleet-md to write between (<!-- dp-bench-<section>:begin ... -->)")
 	fs.StringVar(&fo.JSON, "fleet-json", "", "fleet: write the report as JSON to this file")
 	return fo
 }
@@ -99,40 +102,94 @@ type Config struct {
 }
 
 // Run runs every DRA target of c on a fleet, writes the report, and
-// returns dp-bench's exit status.
+// returns dp-bench's exit status. The fleets are all started first, one
+// after the other, and take turns: round r of each, in an order that
+// rotates from round to round (turn), then the steady window, the storm
+// and the rollout of each, in the next turn's order. No two fleets work
+// at the same time; the others are idle meanwhile.
 func Run(ctx context.Context, c *Config, stdout, stderr io.Writer) int {
 	fo := &c.Options
 	rep := &Report{Command: c.Command, Machine: report.DescribeMachine(), N: fo.N,
 		Steady: fo.Steady.String(), Storm: fmt.Sprintf("%s at %d/s", fo.Storm, fo.StormRate)}
-	// Every driver process of ours holds 2 inotify instances; the kernel
-	// allows fs.inotify.max_user_instances per user (128 by default), for
-	// the whole machine: a larger fleet's drivers fail to start.
-	if b, err := os.ReadFile("/proc/sys/fs/inotify/max_user_instances"); err == nil {
-		if limit, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil && 2*fo.N > limit {
-			fmt.Fprintf(stderr, "dp-bench: fleet: warning: -fleet=%d needs about %d inotify instances, fs.inotify.max_user_instances is %d: drivers will fail to start\n", fo.N, 2*fo.N, limit)
+	var targets []target.Target
+	for _, t := range c.Targets {
+		if t.DRA != nil {
+			targets = append(targets, t)
 		}
 	}
-	ok := true
-	for _, t := range c.Targets {
-		if t.DRA == nil {
+	// Every driver process of ours holds 2 inotify instances; the kernel
+	// allows fs.inotify.max_user_instances per user (128 by default), for
+	// the whole machine, and every fleet is up at once: a larger fleet's
+	// drivers fail to start.
+	if b, err := os.ReadFile("/proc/sys/fs/inotify/max_user_instances"); err == nil {
+		if limit, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil && 2*fo.N*len(targets) > limit {
+			fmt.Fprintf(stderr, "dp-bench: fleet: warning: -fleet=%d with %d fleets needs about %d inotify instances, fs.inotify.max_user_instances is %d: drivers will fail to start\n", fo.N, len(targets), 2*fo.N*len(targets), limit)
+		}
+	}
+	reports := make([]*TargetReport, len(targets))
+	var live []*fleet
+	defer func() {
+		for _, f := range live {
+			f.close()
+		}
+	}()
+	fail := func(f *fleet, err error) {
+		f.ft.Err = err.Error()
+		fmt.Fprintf(stderr, "dp-bench: fleet: %s: %s\n", f.t.Label(), err)
+		f.close()
+		live = slices.DeleteFunc(live, func(g *fleet) bool { return g == f })
+	}
+	for i, t := range targets {
+		reports[i] = &TargetReport{Name: t.Label(), Driver: t.DRA.Driver}
+		fmt.Fprintf(stderr, "dp-bench: fleet of %d: %s\n", fo.N, t.Label())
+		fc, err := startFleetCluster(ctx, c.ControlPlane, &c.Options)
+		if err != nil {
+			reports[i].Err = err.Error()
+			fmt.Fprintf(stderr, "dp-bench: fleet: %s: %s\n", t.Label(), err)
 			continue
 		}
-		fmt.Fprintf(stderr, "dp-bench: fleet of %d: %s\n", fo.N, t.Label())
-		ft, version := runTarget(ctx, t, c, stderr)
-		if version != "" {
-			rep.APIServer = version
+		rep.APIServer = fc.cp.Version
+		f := &fleet{t: t, c: c, fc: fc, ft: reports[i], log: stderr}
+		f.onClose(fc.stop)
+		live = append(live, f)
+		if err := f.setup(ctx); err != nil {
+			fail(f, err)
 		}
-		if ft.Err != "" {
-			fmt.Fprintf(stderr, "dp-bench: fleet: %s: %s\n", t.Label(), ft.Err)
-			if c.MustPass == nil || c.MustPass[t.Name] {
-				ok = false
-			}
-		}
-		rep.Targets = append(rep.Targets, ft)
 		if ctx.Err() != nil {
 			fmt.Fprintln(stderr, "dp-bench: interrupted")
 			return 1
 		}
+	}
+	for r := range fo.Rounds {
+		for _, f := range turn(live, r) {
+			if err := f.round(ctx, r); err != nil {
+				fail(f, err)
+			}
+			if ctx.Err() != nil {
+				fmt.Fprintln(stderr, "dp-bench: interrupted")
+				return 1
+			}
+		}
+	}
+	for _, f := range turn(live, fo.Rounds) {
+		f.scheduled()
+		if err := f.rest(ctx); err != nil {
+			fail(f, err)
+		} else {
+			f.close()
+			live = slices.DeleteFunc(live, func(g *fleet) bool { return g == f })
+		}
+		if ctx.Err() != nil {
+			fmt.Fprintln(stderr, "dp-bench: interrupted")
+			return 1
+		}
+	}
+	ok := true
+	for i, ft := range reports {
+		if ft.Err != "" && (c.MustPass == nil || c.MustPass[targets[i].Name]) {
+			ok = false
+		}
+		rep.Targets = append(rep.Targets, *ft)
 	}
 	rep.Machine.LoadAfter = report.Loadavg()
 	writeMarkdown(stdout, rep)
@@ -145,7 +202,8 @@ func Run(ctx context.Context, c *Config, stdout, stderr io.Writer) int {
 	if fo.MD != "" {
 		var gen bytes.Buffer
 		writeMarkdown(&gen, rep)
-		if err := report.WriteBetween(fo.MD, mdBeginFleet, mdEndFleet, "", gen.Bytes()); err != nil {
+		begin, end := mdMarkers(fo.MDSection)
+		if err := report.WriteBetween(fo.MD, begin, end, "", gen.Bytes()); err != nil {
 			fmt.Fprintln(stderr, "dp-bench: -fleet-md:", err)
 			return 1
 		}
@@ -156,20 +214,14 @@ func Run(ctx context.Context, c *Config, stdout, stderr io.Writer) int {
 	return 0
 }
 
-// runTarget runs one driver on the fleet.
-func runTarget(ctx context.Context, t target.Target, c *Config, stderr io.Writer) (TargetReport, string) {
-	ft := TargetReport{Name: t.Label(), Driver: t.DRA.Driver}
-	fc, err := startFleetCluster(ctx, c.ControlPlane, &c.Options)
-	if err != nil {
-		ft.Err = err.Error()
-		return ft, ""
+// turn is the order in which the fleets take round r: rotated by r, so
+// that each goes first in turn.
+func turn[T any](fleets []T, r int) []T {
+	out := make([]T, 0, len(fleets))
+	for i := range fleets {
+		out = append(out, fleets[(i+r)%len(fleets)])
 	}
-	defer fc.stop()
-	f := &fleet{t: t, c: c, fc: fc, ft: &ft, log: stderr}
-	if err := f.run(ctx); err != nil {
-		ft.Err = err.Error()
-	}
-	return ft, fc.cp.Version
+	return out
 }
 
 // fleet is one driver's fleet in progress.
@@ -186,13 +238,32 @@ type fleet struct {
 	st       *sliceTracker
 	tpl      string
 	pods     int
+	// labelled counts the events of the nodes' labelled claim watches
+	// (nil: the target has no controller, its drivers open none).
+	labelled *labelCount
+	// closers undo the setup, last first (close).
+	closers []func()
 }
 
 func (f *fleet) logf(format string, a ...any) {
 	fmt.Fprintf(f.log, "dp-bench: fleet: %s: "+format+"\n", append([]any{f.t.Name}, a...)...)
 }
 
-func (f *fleet) run(ctx context.Context) error {
+// onClose adds what close does first.
+func (f *fleet) onClose(fn func()) { f.closers = append(f.closers, fn) }
+
+// close stops the fleet: its watches, its stand-in, its drivers, its
+// control plane; once.
+func (f *fleet) close() {
+	for i := len(f.closers) - 1; i >= 0; i-- {
+		f.closers[i]()
+	}
+	f.closers = nil
+}
+
+// setup starts the fleet's drivers and its stand-in, and measures the
+// start: every driver at once until all devices are published.
+func (f *fleet) setup(ctx context.Context) error {
 	api := f.fc.cp.Client
 	var err error
 	if f.tpl, err = f.fc.driverObjects(ctx, f.t.DRA.Driver); err != nil {
@@ -213,13 +284,14 @@ func (f *fleet) run(ctx context.Context) error {
 	if err := made.Wait(); err != nil {
 		return err
 	}
-	wctx, cancel := context.WithCancel(ctx)
-	defer cancel()
+	// The watches live as long as the fleet, not as ctx's call.
+	wctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	f.onClose(cancel)
 	want := f.t.DRA.Devices
 	if f.st, err = trackSlices(wctx, api, f.t.DRA.Driver, want, f.logf); err != nil {
 		return err
 	}
-	defer func() { cancel(); f.st.wait() }()
+	f.onClose(func() { cancel(); f.st.wait() })
 
 	// Start: every driver at once.
 	start := time.Now()
@@ -237,7 +309,7 @@ func (f *fleet) run(ctx context.Context) error {
 		})
 	}
 	err = started.Wait()
-	defer func() {
+	f.onClose(func() {
 		var stopped errgroup.Group
 		stopped.SetLimit(16)
 		for _, n := range f.nodes {
@@ -246,14 +318,23 @@ func (f *fleet) run(ctx context.Context) error {
 			}
 		}
 		_ = stopped.Wait()
-	}()
+	})
 	if err != nil {
 		return err
 	}
 	if err := f.standIn(wctx); err != nil {
 		return err
 	}
-	defer func() { cancel(); f.k.Wait(); f.podWatch.Wait() }()
+	f.onClose(func() { cancel(); f.k.Wait(); f.podWatch.Wait() })
+	if len(f.t.DRA.Controller) > 0 {
+		if err := f.watchLabelled(wctx); err != nil {
+			return err
+		}
+		f.onClose(cancel)
+		if err := f.startController(); err != nil {
+			return err
+		}
+	}
 	var registered errgroup.Group
 	for _, n := range f.nodes {
 		registered.Go(func() error { return n.register(ctx, 2*time.Minute) })
@@ -267,11 +348,22 @@ func (f *fleet) run(ctx context.Context) error {
 	}
 	f.ft.StartSlicesS = last.Sub(start).Seconds()
 	f.ft.Devices = f.c.N * want
-	f.logf("%d nodes registered, %d devices published %.1f s after the start", f.c.N, f.ft.Devices, f.ft.StartSlicesS)
-
-	if err := f.schedule(ctx); err != nil {
+	// Every figure of writes counts a node's by its user: a driver whose
+	// first publish is not its node's would read as no write at all.
+	ws, err := f.flushedAudit(ctx)
+	if err != nil {
 		return err
 	}
+	if err := audit.NodesCreated(ws, "resourceslices", f.names); err != nil {
+		return err
+	}
+	f.logf("%d nodes registered, %d devices published %.1f s after the start", f.c.N, f.ft.Devices, f.ft.StartSlicesS)
+	return nil
+}
+
+// rest runs what follows the scheduling rounds: the memory, the steady
+// window, the health storm and the rollout.
+func (f *fleet) rest(ctx context.Context) error {
 	f.memory()
 	if err := f.steady(ctx); err != nil {
 		return err

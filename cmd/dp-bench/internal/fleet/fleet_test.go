@@ -82,3 +82,71 @@ func TestPodOf(t *testing.T) {
 		t.Error("a string read as a pod")
 	}
 }
+
+// TestTurns: the fleets take turns: each round starts with another
+// fleet, so that in as many rounds as fleets each goes first once (a
+// machine warming up, or slowing as the run goes on, weighs on each
+// alike, not on the fleet that always went first).
+func TestTurns(t *testing.T) {
+	fleets := []string{"ours", "ours, no status", "peer"}
+	var firsts []string
+	for r := range 3 {
+		got := turn(fleets, r)
+		if len(got) != 3 {
+			t.Fatalf("round %d: %v", r, got)
+		}
+		seen := map[string]bool{}
+		for _, f := range got {
+			seen[f] = true
+		}
+		if len(seen) != 3 {
+			t.Errorf("round %d: %v, want each fleet once", r, got)
+		}
+		firsts = append(firsts, got[0])
+	}
+	if want := []string{"ours", "ours, no status", "peer"}; strings.Join(firsts, "|") != strings.Join(want, "|") {
+		t.Errorf("first of each round %v, want %v", firsts, want)
+	}
+	if got := turn(fleets, 1); strings.Join(got, "|") != "ours, no status|peer|ours" {
+		t.Errorf("round 2: %v, want the order rotated by one", got)
+	}
+	if got := turn([]string{}, 4); len(got) != 0 {
+		t.Errorf("no fleet: %v", got)
+	}
+}
+
+// TestMemSamples: the API server's memory is read more than once, and
+// the figure says how many samples it rests on, their median and range;
+// samples that failed (0: the process gone) are not in it.
+func TestMemSamples(t *testing.T) {
+	m := memSamples([]float64{700, 0, 900, 650, 720})
+	if m.N != 4 || m.MedianMiB != 710 || m.MinMiB != 650 || m.MaxMiB != 900 {
+		t.Errorf("%+v, want 4 samples, median 710, 650-900", m)
+	}
+	if got := m.String(); got != "710 MiB (650–900, 4 samples)" {
+		t.Errorf("%q", got)
+	}
+	if got := memSamples(nil).String(); got != "no sample" {
+		t.Errorf("no sample: %q", got)
+	}
+}
+
+// TestFleetSections: each -fleet-md-section has markers of its own, so
+// that one fleet's tables do not overwrite another's in the same file;
+// the default section keeps the markers of before.
+func TestFleetSections(t *testing.T) {
+	path := t.TempDir() + "/fleet.md"
+	for _, w := range []struct{ section, text string }{{"fleet", "plain\n"}, {"fleet-prebind", "prebind\n"}, {"fleet", "plain again\n"}} {
+		b, e := mdMarkers(w.section)
+		if err := report.WriteBetween(path, b, e, "", []byte(w.text)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got, _ := readFileString(path)
+	if !strings.Contains(got, "plain again") || !strings.Contains(got, "prebind") || strings.Contains(got, "plain\n") {
+		t.Errorf("file:\n%s", got)
+	}
+	if b, e := mdMarkers("fleet"); b != mdBeginFleet || e != mdEndFleet {
+		t.Errorf("default markers %q %q", b, e)
+	}
+}

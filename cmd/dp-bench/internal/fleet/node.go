@@ -9,8 +9,10 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
+	drahealthv1 "k8s.io/kubelet/pkg/apis/dra-health/v1"
 	drav1 "k8s.io/kubelet/pkg/apis/dra/v1"
 
 	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/apiclient"
@@ -33,6 +35,17 @@ type fleetNode struct {
 	dra *kubeletsim.DRA
 	// registered is closed when the current process registered.
 	registered chan struct{}
+	// healthStop ends the health stream of the current driver.
+	healthStop context.CancelFunc
+	healthWG   sync.WaitGroup
+	health     healthCount
+}
+
+// healthCount is what the stand-in read of a node's health streams.
+type healthCount struct {
+	opened, updates atomic.Int64
+	unserved        atomic.Bool  // the driver has no health service
+	lastErr         atomic.Value // string: the last stream's end, other than a stop
 }
 
 // startFleetNode makes the node's directories and starts its driver.
@@ -91,15 +104,38 @@ func (n *fleetNode) register(ctx context.Context, timeout time.Duration) error {
 	return nil
 }
 
-// setDriver makes d the node's DRA service (nil: none) and closes the
-// connection to the one before.
+// setDriver makes d the node's DRA service (nil: none), opens its health
+// stream as the kubelet does on a registration, and ends the stream of
+// the one before and closes the connection to it.
 func (n *fleetNode) setDriver(d *kubeletsim.DRA) {
 	n.mu.Lock()
-	old := n.dra
-	n.dra = d
+	old, oldStop := n.dra, n.healthStop
+	n.dra, n.healthStop = d, nil
+	if d != nil {
+		ctx, cancel := context.WithCancel(context.Background())
+		n.healthStop = cancel
+		n.healthWG.Add(1)
+		go n.watchHealth(ctx, d)
+	}
 	n.mu.Unlock()
+	if oldStop != nil {
+		oldStop()
+	}
 	if old != nil {
 		_ = old.Close()
+	}
+}
+
+// watchHealth reads d's health stream until ctx ends or the stream does.
+func (n *fleetNode) watchHealth(ctx context.Context, d *kubeletsim.DRA) {
+	defer n.healthWG.Done()
+	n.health.opened.Add(1)
+	err := d.WatchHealth(ctx, func(*drahealthv1.NodeWatchResourcesResponse) { n.health.updates.Add(1) })
+	switch {
+	case errors.Is(err, kubeletsim.ErrNoHealth):
+		n.health.unserved.Store(true)
+	case err != nil && ctx.Err() == nil:
+		n.health.lastErr.Store(err.Error())
 	}
 }
 
@@ -200,6 +236,7 @@ func (n *fleetNode) deviceNodes() ([]string, error) {
 
 func (n *fleetNode) stop() {
 	n.setDriver(nil)
+	n.healthWG.Wait()
 	if p := n.process(); p != nil && !p.Exited() {
 		_, _ = p.Terminate(10 * time.Second)
 	}

@@ -19,63 +19,73 @@ import (
 	"github.com/cdi-device-plugin/cdi-device-plugin/cmd/dp-bench/internal/stats"
 )
 
-// schedule: Fill of the devices claimed by pods created at once, Rounds
-// times; between two rounds the pods are deleted and their claims
-// unprepared and deleted (kubeletsim.Pods.Finish). The last round's pods
-// stay (the rollout needs them).
-func (f *fleet) schedule(ctx context.Context) error {
+// round is scheduling round r: Fill of the devices claimed by pods
+// created at once; after a round but the last, the pods are deleted and
+// their claims unprepared and deleted (kubeletsim.Pods.Finish). The last
+// round's pods stay (the rollout needs them).
+func (f *fleet) round(ctx context.Context, r int) error {
 	count := int(f.c.Fill * float64(f.ft.Devices))
-	for r := range f.c.Rounds {
-		cpu0 := f.cpu()
-		names, err := f.createPods(ctx, fmt.Sprintf("sched%d", r), count)
-		if err != nil {
-			return fmt.Errorf("round %d: creating pods: %w", r+1, err)
-		}
-		f.pods = count
-		if err := f.k.WaitPrepared(ctx, names, time.Minute+time.Duration(count)*200*time.Millisecond); err != nil {
-			if e := f.fc.alive(); e != nil {
-				return e
-			}
-			return fmt.Errorf("round %d: scheduling: %w; kube-scheduler: %s; kube-controller-manager: %s", r+1, err, f.fc.others[0].LogTail(1500), f.fc.others[1].LogTail(1500))
-		}
-		var rd schedRound
-		rd.DriverCPUPerPodMs, rd.ControlPlaneCPUS, rd.StandInCPUS = roundCPU(f.cpu().sub(cpu0), count)
-		ws, err := f.flushedAudit(ctx)
-		if err != nil {
-			return err
-		}
-		var missed int
-		binds := audit.BindTimes(ws, names)
-		rd.BoundPerS, rd.PreparedPerS, missed = f.k.Rates(names, binds)
-		b2p, calls := f.k.Latencies(names, binds)
-		rd.BindToPreparedP50Ms, rd.BindToPreparedP99Ms = report.Ms(stats.Quantile(b2p, 0.5)), report.Ms(stats.Quantile(b2p, 0.99))
-		rd.PrepareCallP50Ms, rd.PrepareCallP99Ms = report.Ms(stats.Quantile(calls, 0.5)), report.Ms(stats.Quantile(calls, 0.99))
-		if missed > 0 {
-			f.logf("round %d: %d bindings not in the audit log: the watch's times taken for them", r+1, missed)
-		}
-		f.ft.Rounds = append(f.ft.Rounds, rd)
-		f.logf("round %d: %d pods: %.1f/s bound, %.1f/s prepared; per pod, binding to prepared p50 %.0f ms, p99 %.0f ms; NodePrepareResources p50 %.1f ms, p99 %.1f ms; CPU: drivers %.1f ms a pod, control plane %.1f s, stand-in %.1f s",
-			r+1, count, rd.BoundPerS, rd.PreparedPerS, rd.BindToPreparedP50Ms, rd.BindToPreparedP99Ms, rd.PrepareCallP50Ms, rd.PrepareCallP99Ms,
-			rd.DriverCPUPerPodMs, rd.ControlPlaneCPUS, rd.StandInCPUS)
-		if r == f.c.Rounds-1 {
-			break
-		}
-		if err := f.k.Finish(ctx, names); err != nil {
-			return fmt.Errorf("round %d: %w", r+1, err)
-		}
-		if err := f.waitNoClaims(ctx, 2*time.Minute); err != nil {
-			return fmt.Errorf("round %d: %w", r+1, err)
-		}
-		if err := proc.Sleep(ctx, f.c.Settle); err != nil {
-			return err
-		}
+	mark, err := f.markTraffic(ctx)
+	if err != nil {
+		return err
 	}
-	f.ft.Pods = count
+	cpu0 := f.cpu()
+	names, err := f.createPods(ctx, fmt.Sprintf("sched%d", r), count)
+	if err != nil {
+		return fmt.Errorf("round %d: creating pods: %w", r+1, err)
+	}
+	f.pods = count
+	if err := f.k.WaitPrepared(ctx, names, time.Minute+time.Duration(count)*200*time.Millisecond); err != nil {
+		if e := f.fc.alive(); e != nil {
+			return e
+		}
+		return fmt.Errorf("round %d: scheduling: %w; kube-scheduler: %s; kube-controller-manager: %s", r+1, err, f.fc.others[0].LogTail(1500), f.fc.others[1].LogTail(1500))
+	}
+	var rd schedRound
+	rd.DriverCPUPerPodMs, rd.ControlPlaneCPUS, rd.StandInCPUS = roundCPU(f.cpu().sub(cpu0), count)
+	prepared := time.Now()
+	ws, err := f.flushedAudit(ctx)
+	if err != nil {
+		return err
+	}
+	if rd.Traffic, err = f.traffic(ctx, mark, ws, prepared); err != nil {
+		return err
+	}
+	f.logf("round %d: claim traffic %s", r+1, rd.Traffic)
+	var missed int
+	binds := audit.BindTimes(ws, names)
+	rd.BoundPerS, rd.PreparedPerS, missed = f.k.Rates(names, binds)
+	b2p, calls := f.k.Latencies(names, binds)
+	wd := f.k.WatchDelays(names, binds)
+	rd.WatchDelayP50Ms, rd.WatchDelayP99Ms = report.Ms(stats.Quantile(wd, 0.5)), report.Ms(stats.Quantile(wd, 0.99))
+	rd.BindToPreparedP50Ms, rd.BindToPreparedP99Ms = report.Ms(stats.Quantile(b2p, 0.5)), report.Ms(stats.Quantile(b2p, 0.99))
+	rd.PrepareCallP50Ms, rd.PrepareCallP99Ms = report.Ms(stats.Quantile(calls, 0.5)), report.Ms(stats.Quantile(calls, 0.99))
+	if missed > 0 {
+		f.logf("round %d: %d bindings not in the audit log: the watch's times taken for them", r+1, missed)
+	}
+	f.ft.Rounds = append(f.ft.Rounds, rd)
+	f.logf("round %d: %d pods: %.1f/s bound, %.1f/s prepared; per pod, binding to prepared p50 %.0f ms, p99 %.0f ms (the pod watch's delay p50 %.0f ms); NodePrepareResources p50 %.1f ms, p99 %.1f ms; CPU: drivers %.1f ms a pod, control plane %.1f s, stand-in %.1f s",
+		r+1, count, rd.BoundPerS, rd.PreparedPerS, rd.BindToPreparedP50Ms, rd.BindToPreparedP99Ms, rd.WatchDelayP50Ms, rd.PrepareCallP50Ms, rd.PrepareCallP99Ms,
+		rd.DriverCPUPerPodMs, rd.ControlPlaneCPUS, rd.StandInCPUS)
+	if r == f.c.Rounds-1 {
+		return nil
+	}
+	if err := f.k.Finish(ctx, names); err != nil {
+		return fmt.Errorf("round %d: %w", r+1, err)
+	}
+	if err := f.waitNoClaims(ctx, 2*time.Minute); err != nil {
+		return fmt.Errorf("round %d: %w", r+1, err)
+	}
+	return proc.Sleep(ctx, f.c.Settle)
+}
+
+// scheduled sums up the rounds: their medians.
+func (f *fleet) scheduled() {
+	f.ft.Pods = f.pods
 	f.ft.BoundPerS = roundsMedian(f.ft.Rounds, func(r schedRound) float64 { return r.BoundPerS })
 	f.ft.PreparedPerS = roundsMedian(f.ft.Rounds, func(r schedRound) float64 { return r.PreparedPerS })
 	f.ft.PrepareErrors = f.k.Errors()
-	f.logf("%d rounds of %d pods: medians %.1f/s bound, %.1f/s prepared", f.c.Rounds, count, f.ft.BoundPerS, f.ft.PreparedPerS)
-	return nil
+	f.logf("%d rounds of %d pods: medians %.1f/s bound, %.1f/s prepared", len(f.ft.Rounds), f.pods, f.ft.BoundPerS, f.ft.PreparedPerS)
 }
 
 // waitNoClaims waits until the fleet's namespace has no ResourceClaim
@@ -110,7 +120,32 @@ func (f *fleet) memory() {
 	}
 	f.ft.DriverRSSMiB = stats.Median(rss)
 	f.ft.DriverRSSMaxMiB = slices.Max(rss)
-	f.ft.APIServerRSSMiB = report.MiB(f.fc.apiserverRSS())
+	f.ft.Health = f.healthStreams()
+}
+
+// healthStreams says what the stand-in's health streams read so far.
+func (f *fleet) healthStreams() string {
+	var opened, updates int64
+	var unserved int
+	var lastErr string
+	for _, n := range f.nodes {
+		opened += n.health.opened.Load()
+		updates += n.health.updates.Load()
+		if n.health.unserved.Load() {
+			unserved++
+		}
+		if e, ok := n.health.lastErr.Load().(string); ok {
+			lastErr = e
+		}
+	}
+	out := fmt.Sprintf("%d opened on %d nodes, %d updates read", opened, len(f.nodes), updates)
+	if unserved > 0 {
+		out += fmt.Sprintf("; not served by the driver on %d nodes", unserved)
+	}
+	if lastErr != "" {
+		out += "; a stream ended: " + lastErr
+	}
+	return out
 }
 
 // window runs during, waits until d has passed since it began, and
@@ -131,12 +166,13 @@ func (f *fleet) window(ctx context.Context, d time.Duration, during func(context
 }
 
 // flushedAudit reads the audit log once what happened until now is in it:
-// the API server writes it in batches of at most 200 ms.
+// the log is written before each request is answered (blocking mode), but
+// a request sent just before now may still be on its way.
 func (f *fleet) flushedAudit(ctx context.Context) ([]audit.Write, error) {
 	if err := proc.Sleep(ctx, time.Second); err != nil {
 		return nil, err
 	}
-	return f.fc.audit()
+	return f.fc.audit(ctx)
 }
 
 // steady: nothing changes for Steady; every write of the drivers counts.
@@ -148,18 +184,48 @@ func (f *fleet) steady(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	mark, err := f.markTraffic(ctx)
+	if err != nil {
+		return err
+	}
 	cpu0 := f.cpu()
+	// The API server's memory, once a second through the window: one
+	// sample is wherever its GC happened to be.
+	var rss []float64
+	sampled := make(chan struct{})
+	sctx, stopSampling := context.WithCancel(ctx)
+	go func() {
+		defer close(sampled)
+		tick := time.NewTicker(time.Second)
+		defer tick.Stop()
+		for {
+			rss = append(rss, report.MiB(f.fc.apiserverRSS()))
+			select {
+			case <-sctx.Done():
+				return
+			case <-tick.C:
+			}
+		}
+	}()
 	ws, from, to, err := f.window(ctx, f.c.Steady, nil)
+	stopSampling()
+	<-sampled
+	f.ft.APIServerRSS = memSamples(rss)
 	if err != nil {
 		return err
 	}
 	f.ft.SteadyCPUMsPerNodeMin = perNodeMinuteMs(f.cpu().sub(cpu0).Drivers, f.c.N, to.Sub(from))
-	tally := audit.TallyWrites(ws, f.ft.Agent, "", from, to)
+	tally := audit.TallyWrites(ws, "", from, to)
 	if after, err := f.fc.metrics(ctx); err == nil {
 		f.ft.SteadyAll = audit.RequestWrites(before, after)
 	}
 	f.ft.Steady = tally
+	if f.ft.SteadyTraffic, err = f.traffic(ctx, mark, ws, to); err != nil {
+		return err
+	}
+	f.logf("steady: claim traffic %s", f.ft.SteadyTraffic)
 	f.ft.SteadyPerNodeMin = float64(tally.Total) / float64(f.c.N) / to.Sub(from).Minutes()
+	f.logf("steady: kube-apiserver resident memory %s", f.ft.APIServerRSS)
 	f.logf("steady %s: %d driver writes (%.2f per node per minute) %v; driver CPU %.2f ms per node per minute", to.Sub(from).Round(time.Second), tally.Total, f.ft.SteadyPerNodeMin, tally.ByKind, f.ft.SteadyCPUMsPerNodeMin)
 	return nil
 }
@@ -233,7 +299,7 @@ func (f *fleet) storm(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	c := audit.StormRates(ws, f.ft.Agent, f.c.N, from, end, to)
+	c := audit.StormRates(ws, f.c.N, from, end, to)
 	last, err := f.st.waitClean(ctx, f.names, time.Minute)
 	if err != nil {
 		return fmt.Errorf("after the storm: %w", err)
@@ -283,7 +349,7 @@ func (f *fleet) rollout(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("rollout: %w", err)
 	}
-	tally := audit.TallyWrites(ws, f.ft.Agent, "resourceslices", from, to)
+	tally := audit.TallyWrites(ws, "resourceslices", from, to)
 	f.ft.Rollout = tally
 	f.ft.RolloutS = rolled.Sub(from).Seconds()
 	f.ft.RolloutPerNode = float64(tally.Total) / float64(f.c.N)

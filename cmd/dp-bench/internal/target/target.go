@@ -75,6 +75,11 @@ type DRATarget struct {
 	// of a prepared claim must leave them as they were. Empty: not
 	// checked.
 	StepsEvidence string `json:"stepsEvidence,omitempty"`
+	// Controller is a command run once per fleet beside the drivers
+	// (dp-bench -fleet only): the bind marker of a driver that prepares
+	// before binding. Templates: {{.Kubeconfig}} (the control plane's,
+	// as a user of its own) and env.
+	Controller []string `json:"controller,omitempty"`
 }
 
 // UeventCheck is Target.Uevent.
