@@ -62,6 +62,7 @@ func (c *cluster) podDeviceHealth(pod, resource, id string) (string, string) {
 // its container and devices throughout, and the metrics count the
 // injection.
 func (c *cluster) scenarioFaultInPodStatus(t *testing.T) {
+	c.localNodeOnly(t)
 	ids := c.devicesOf(t, "p2")
 	cid, restarts := containerOf(t, c, "p2")
 	victim := ids[0]
@@ -125,6 +126,7 @@ func (c *cluster) sliceTaint(node, name string) (resourceapi.DeviceTaintEffect, 
 // NoExecute in the ResourceSlice; the eviction controller evicts f1; a
 // new pod's claim gets another device. Cleared, the taint goes.
 func (c *cluster) scenarioDRAFaultLost(t *testing.T, node string) {
+	c.localNodeOnly(t)
 	c.deletePod(t, "d6") // D6's pod holds every device
 	c.createClaimTemplate(t, "fault-one", 1)
 	c.createPod(t, c.claimPod("f1", "fault-one", ""))

@@ -268,6 +268,7 @@ func (c *cluster) pbbTainted(node string, r pbbResource, dev string) (bool, stri
 //     preparation (state.json); its time from creation to Running is
 //     logged.
 func (c *cluster) scenarioDRAPrepareBeforeBind(t *testing.T, node string) {
+	c.localNodeOnly(t)
 	ctx := context.Background()
 	c.requireFeatureGates(t, "DRADeviceBindingConditions", "DRAResourceClaimDeviceStatus")
 	ctl, err := c.runningPod(ctx, draNS, "cdi-dra-controller")
