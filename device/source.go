@@ -194,7 +194,7 @@ func NewSource(o Options) (*Source, error) {
 	if owners == nil {
 		owners = NewOwners(o.Log)
 	}
-	s := &Source{opts: o, root: root, log: o.Log, kind: kind, disc: disc, known: map[string]Device{}, goneSince: map[string]time.Time{}, faults: map[string]Problem{},
+	s := &Source{opts: o, root: root, log: o.Log, kind: kind, disc: disc, known: map[string]Device{}, goneSince: map[string]time.Time{}, faults: map[string]Problem{}, injected: map[string]Problem{},
 		poke: make(chan struct{}, 1), rescan: make(chan struct{}, 1), owners: owners, sharedPaths: sharedPaths(root, o)}
 	s.made = madeNodes(root, o, s.deviceName)
 	return s, nil
@@ -236,40 +236,25 @@ func (s *Source) logUnhealthyAtStart(snap *Snapshot) {
 
 // SetFault marks a device unhealthy for p, or healthy again (as far as
 // its node allows) when p is none. Run publishes the change.
-func (s *Source) SetFault(name string, p Problem) {
-	s.mu.Lock()
-	if s.faults[name] == p {
-		s.mu.Unlock()
-		return
-	}
-	if p.None() {
-		delete(s.faults, name)
-	} else {
-		s.faults[name] = p
-	}
-	s.mu.Unlock()
-	select {
-	case s.poke <- struct{}{}:
-	default:
-	}
-}
+func (s *Source) SetFault(name string, p Problem) { s.setProblem(s.faults, name, p) }
 
 // SetInjected marks a device unhealthy for a fault injected on purpose,
 // or clears it (p none); the device's node and its other faults still
 // come first and stay. Run publishes the change.
-func (s *Source) SetInjected(name string, p Problem) {
+func (s *Source) SetInjected(name string, p Problem) { s.setProblem(s.injected, name, p) }
+
+// setProblem sets name's problem in m (faults or injected), or deletes it
+// when p is none, and pokes Run when that changed anything.
+func (s *Source) setProblem(m map[string]Problem, name string, p Problem) {
 	s.mu.Lock()
-	if s.injected[name] == p {
+	if m[name] == p {
 		s.mu.Unlock()
 		return
 	}
 	if p.None() {
-		delete(s.injected, name)
+		delete(m, name)
 	} else {
-		if s.injected == nil {
-			s.injected = map[string]Problem{}
-		}
-		s.injected[name] = p
+		m[name] = p
 	}
 	s.mu.Unlock()
 	select {
