@@ -178,6 +178,9 @@ FLEET_NODES          ?= 100
 FLEET_STEADY         ?= 5m
 FLEET_STORM          ?= 30s
 FLEET_ROUNDS         ?= 5
+# surge: each driver replaced as its DaemonSet rolls it (the new beside the
+# old); restart: stopped, then started.
+FLEET_ROLLOUT        ?= surge
 BENCH_KUBE_SCHEDULER ?= $(E2E_CACHE)/bin/kube-scheduler-$(K8S_VERSION)
 BENCH_KUBE_CM        ?= $(E2E_CACHE)/bin/kube-controller-manager-$(K8S_VERSION)
 
@@ -187,6 +190,7 @@ bench-fleet: build ## dp-bench -fleet: our DRA driver and dra-example-driver on 
 	  export DRA_BIN=$(BIN)/cdi-dra-driver; \
 	  export DRA_EXAMPLE_BIN="$${DRA_EXAMPLE_BIN:-$$(printf '%s\n' "$$peers" | sed -n 's/^dra-example-kubeletplugin=//p')}"; \
 	  nice $(BIN)/dp-bench -targets cmd/dp-bench/fleet.yaml -fleet $(FLEET_NODES) -fleet-rounds $(FLEET_ROUNDS) -fleet-steady $(FLEET_STEADY) -fleet-storm $(FLEET_STORM) \
+	    -fleet-rollout $(FLEET_ROLLOUT) \
 	    -kube-apiserver $(BENCH_KUBE_APISERVER) -etcd $(BENCH_ETCD) -kube-scheduler $(BENCH_KUBE_SCHEDULER) \
 	    -kube-controller-manager $(BENCH_KUBE_CM) -feature-gates $(FEATURE_GATES) \
 	    -fleet-json $(BIN)/fleet.json -fleet-md docs/fleet.md

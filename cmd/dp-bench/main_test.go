@@ -80,6 +80,7 @@ func TestFleetFlags(t *testing.T) {
 		{[]string{"-fleet", "2", "-fleet-steady", "0s"}, "-fleet-steady=0s"},
 		{[]string{"-fleet", "2", "-fleet-storm-rate", "0"}, "-fleet-storm-rate=0"},
 		{[]string{"-fleet", "2", "-fleet-rounds", "0"}, "-fleet-rounds=0"},
+		{[]string{"-fleet", "2", "-fleet-rollout", "sideways"}, `"sideways" for flag -fleet-rollout: "sideways": want surge or restart`},
 	} {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
 			_, err := parseFlags(append(tc.args, "-targets", "fleet.yaml"), &strings.Builder{})

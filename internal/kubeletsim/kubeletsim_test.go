@@ -3,6 +3,7 @@ package kubeletsim_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"path/filepath"
 	"strings"
@@ -236,6 +237,32 @@ func TestAwait(t *testing.T) {
 			}
 		})
 	}
+	t.Run("a new instance beside the old", func(t *testing.T) {
+		// A rolling update with a surge: the old instance's socket still
+		// serves, and the watcher waits for the new one's.
+		dir := testutil.ShortDir(t)
+		old := filepath.Join(dir, "d-old-reg.sock")
+		serveReg(t, old, info(dir, registerapi.DRAPlugin))
+		w := kubeletsim.PluginWatcher{Connect: time.Second, Poll: 10 * time.Millisecond, Skip: old}
+		got := make(chan string, 1)
+		go func() {
+			d, sock, err := w.Await(context.Background(), dir, 10*time.Second)
+			if err == nil {
+				_ = d.Close()
+			}
+			got <- fmt.Sprint(sock, err)
+		}()
+		time.Sleep(100 * time.Millisecond)
+		select {
+		case r := <-got:
+			t.Fatalf("registered %s while only the old instance served", r)
+		default:
+		}
+		serveReg(t, filepath.Join(dir, "d-new-reg.sock"), info(dir, registerapi.DRAPlugin))
+		if r := <-got; r != filepath.Join(dir, "d-new-reg.sock")+"<nil>" {
+			t.Errorf("registered %s, want the new instance's socket", r)
+		}
+	})
 	t.Run("refused", func(t *testing.T) {
 		dir := testutil.ShortDir(t)
 		serveReg(t, filepath.Join(dir, "d-reg.sock"), info(dir, registerapi.DevicePlugin))

@@ -29,6 +29,10 @@ type PluginWatcher struct {
 	Inotify bool
 	// Exited is closed when the driver's process ends (nil: not watched).
 	Exited <-chan struct{}
+	// Skip is a socket not to register through: that of the instance a
+	// new one replaces, which serves until the new one registered (a
+	// rolling update with a surge).
+	Skip string
 }
 
 // Await registers the DRA driver that serves a registration socket in
@@ -58,6 +62,9 @@ func (w PluginWatcher) Await(ctx context.Context, dir string, timeout time.Durat
 	var last error
 	for {
 		for _, sock := range sockets(dir) {
+			if sock == w.Skip {
+				continue
+			}
 			cctx, cancel := context.WithTimeout(ctx, w.Connect)
 			d, err := RegisterDRA(cctx, sock)
 			cancel()

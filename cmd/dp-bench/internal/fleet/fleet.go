@@ -46,6 +46,43 @@ type Options struct {
 	StormRate                    int
 	Scheduler, ControllerManager string
 	MD, MDSection, JSON          string
+	Rollout                      RolloutMode
+}
+
+// RolloutMode is how the rollout replaces every node's driver.
+type RolloutMode string
+
+// The rollout modes.
+const (
+	// RolloutSurge starts the new driver beside the old one and stops
+	// the old one once the new one registered: the DaemonSets' rolling
+	// update with maxSurge 1, maxUnavailable 0, as both drivers' charts
+	// deploy them.
+	RolloutSurge RolloutMode = "surge"
+	// RolloutRestart stops the driver (SIGTERM) and starts a new one:
+	// maxSurge 0, or a driver that crashed and came back.
+	RolloutRestart RolloutMode = "restart"
+)
+
+// String is the mode for the flag.
+func (m *RolloutMode) String() string { return string(*m) }
+
+// Set takes the flag's value: surge or restart.
+func (m *RolloutMode) Set(v string) error {
+	switch RolloutMode(v) {
+	case RolloutSurge, RolloutRestart:
+		*m = RolloutMode(v)
+		return nil
+	}
+	return fmt.Errorf("%q: want %s or %s", v, RolloutSurge, RolloutRestart)
+}
+
+// what is what the mode does to every node's driver, for the report.
+func (m RolloutMode) what() string {
+	if m == RolloutRestart {
+		return "every driver stopped, then started again, at once: maxSurge 0"
+	}
+	return "every driver replaced at once, the new beside the old: maxSurge 1, as deployed"
 }
 
 // AddFlags defines the -fleet flags on fs.
@@ -63,6 +100,8 @@ func AddFlags(fs *flag.FlagSet) *Options {
 	fs.StringVar(&fo.MD, "fleet-md", "", "fleet: write the tables into this Markdown file between the fleet markers")
 	fs.StringVar(&fo.MDSection, "fleet-md-section", "fleet", "fleet: the markers of -fleet-md to write between (<!-- dp-bench-<section>:begin ... -->)")
 	fs.StringVar(&fo.JSON, "fleet-json", "", "fleet: write the report as JSON to this file")
+	fo.Rollout = RolloutSurge
+	fs.Var(&fo.Rollout, "fleet-rollout", "fleet: how the rollout replaces each driver: surge (the new beside the old, as both drivers' DaemonSets roll) or restart (stopped, then started)")
 	return fo
 }
 
@@ -110,7 +149,7 @@ type Config struct {
 func Run(ctx context.Context, c *Config, stdout, stderr io.Writer) int {
 	fo := &c.Options
 	rep := &Report{Command: c.Command, Machine: report.DescribeMachine(), N: fo.N,
-		Steady: fo.Steady.String(), Storm: fmt.Sprintf("%s at %d/s", fo.Storm, fo.StormRate)}
+		Steady: fo.Steady.String(), Storm: fmt.Sprintf("%s at %d/s", fo.Storm, fo.StormRate), Rollout: fo.Rollout}
 	var targets []target.Target
 	for _, t := range c.Targets {
 		if t.DRA != nil {

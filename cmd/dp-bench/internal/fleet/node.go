@@ -2,12 +2,14 @@ package fleet
 
 import (
 	"context"
+	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -33,6 +35,9 @@ type fleetNode struct {
 	mu  sync.Mutex
 	p   *proc.Proc
 	dra *kubeletsim.DRA
+	// sock is the registration socket the current process registered
+	// through.
+	sock string
 	// registered is closed when the current process registered.
 	registered chan struct{}
 	// healthStop ends the health stream of the current driver.
@@ -68,7 +73,7 @@ func startFleetNode(t target.Target, s target.Settings, kubeconfig, name string)
 
 // start starts a driver process; the previous one has ended.
 func (n *fleetNode) start() error {
-	p, err := proc.Start(n.r.Argv, n.r.Env, nil, n.r.Scratch)
+	p, err := n.spawn()
 	if err != nil {
 		return err
 	}
@@ -76,6 +81,28 @@ func (n *fleetNode) start() error {
 	n.p, n.registered = p, make(chan struct{})
 	n.mu.Unlock()
 	return nil
+}
+
+// spawn starts a driver process with a pod UID of its own (POD_UID), as
+// the DaemonSets of both drivers pass it from the downward API: with it,
+// each instance names its sockets after its pod, and a new one can start
+// beside the old (surge).
+func (n *fleetNode) spawn() (*proc.Proc, error) {
+	uid, err := podUID()
+	if err != nil {
+		return nil, err
+	}
+	return proc.Start(n.r.Argv, append(slices.Clone(n.r.Env), "POD_UID="+uid), nil, n.r.Scratch)
+}
+
+// podUID is a random UID in the API server's form.
+func podUID() (string, error) {
+	var b [16]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return "", err
+	}
+	b[6], b[8] = b[6]&0x0f|0x40, b[8]&0x3f|0x80
+	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:]), nil
 }
 
 // process is the current driver process.
@@ -91,16 +118,55 @@ func (n *fleetNode) register(ctx context.Context, timeout time.Duration) error {
 	n.mu.Lock()
 	p, done := n.p, n.registered
 	n.mu.Unlock()
-	w := kubeletsim.PluginWatcher{Connect: 5 * time.Second, Poll: 50 * time.Millisecond, Exited: p.Done()}
-	d, _, err := w.Await(ctx, n.r.Host.RegistrarDir, timeout)
-	switch {
-	case errors.Is(err, kubeletsim.ErrExited):
-		return fmt.Errorf("node %s: the driver exited: %w: %s", n.name, p.Err(), p.LogTail(600))
-	case err != nil:
-		return fmt.Errorf("node %s: %w: %s", n.name, err, p.LogTail(600))
+	d, sock, err := n.await(ctx, p, "", timeout)
+	if err != nil {
+		return err
 	}
+	n.mu.Lock()
+	n.sock = sock
+	n.mu.Unlock()
 	n.setDriver(d)
 	close(done)
+	return nil
+}
+
+// await registers process p as the kubelet's plugin watcher would,
+// polling the registration directory, through any socket but skip.
+func (n *fleetNode) await(ctx context.Context, p *proc.Proc, skip string, timeout time.Duration) (*kubeletsim.DRA, string, error) {
+	w := kubeletsim.PluginWatcher{Connect: 5 * time.Second, Poll: 50 * time.Millisecond, Exited: p.Done(), Skip: skip}
+	d, sock, err := w.Await(ctx, n.r.Host.RegistrarDir, timeout)
+	switch {
+	case errors.Is(err, kubeletsim.ErrExited):
+		return nil, "", fmt.Errorf("node %s: the driver exited: %w: %s", n.name, p.Err(), p.LogTail(600))
+	case err != nil:
+		return nil, "", fmt.Errorf("node %s: %w: %s", n.name, err, p.LogTail(600))
+	}
+	return d, sock, nil
+}
+
+// surge replaces the driver as a DaemonSet's rolling update with
+// maxSurge 1 and maxUnavailable 0 does (the charts of both drivers): the
+// new process starts beside the old one, and the old one gets SIGTERM
+// once the kubelet registered the new one, which serves the calls from
+// then on. The node is never without a registered driver.
+func (n *fleetNode) surge(ctx context.Context, term, regTimeout time.Duration) error {
+	n.mu.Lock()
+	old, oldSock := n.p, n.sock
+	n.mu.Unlock()
+	p, err := n.spawn()
+	if err != nil {
+		return err
+	}
+	d, sock, err := n.await(ctx, p, oldSock, regTimeout)
+	if err != nil {
+		_, _ = p.Terminate(term)
+		return err
+	}
+	n.mu.Lock()
+	n.p, n.sock = p, sock
+	n.mu.Unlock()
+	n.setDriver(d)
+	_, _ = old.Terminate(term)
 	return nil
 }
 

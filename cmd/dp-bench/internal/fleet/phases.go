@@ -313,9 +313,10 @@ func (f *fleet) storm(ctx context.Context) error {
 	return nil
 }
 
-// rollout: every driver restarted at once while its pods' claims are
-// prepared; pods created during the rollout on the remaining devices
-// must be scheduled and prepared, and no pod may fail.
+// rollout: every driver replaced at once (Options.Rollout says how)
+// while its pods' claims are prepared; pods created during the rollout on
+// the remaining devices must be scheduled and prepared, and no pod may
+// fail.
 func (f *fleet) rollout(ctx context.Context) error {
 	if err := proc.Sleep(ctx, f.c.Settle); err != nil {
 		return err
@@ -326,7 +327,12 @@ func (f *fleet) rollout(ctx context.Context) error {
 	during := func(ctx context.Context) error {
 		var restarts errgroup.Group
 		for _, n := range f.nodes {
-			restarts.Go(func() error { return n.restart(ctx, f.c.Settings.Term, 2*time.Minute) })
+			restarts.Go(func() error {
+				if f.c.Rollout == RolloutRestart {
+					return n.restart(ctx, f.c.Settings.Term, 2*time.Minute)
+				}
+				return n.surge(ctx, f.c.Settings.Term, 2*time.Minute)
+			})
 		}
 		var err error
 		names, err = f.createPods(ctx, "rollout", extra)

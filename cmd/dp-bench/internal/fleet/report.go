@@ -21,6 +21,7 @@ type Report struct {
 	APIServer string         `json:"apiServer"`
 	Steady    string         `json:"steady"`
 	Storm     string         `json:"storm"`
+	Rollout   RolloutMode    `json:"rollout"`
 	Targets   []TargetReport `json:"targets"`
 }
 
@@ -198,11 +199,15 @@ func writeMarkdown(w io.Writer, rep *Report) {
 		}
 		return fmt.Sprintf("%.2f s", t.StormLastS)
 	})
-	row("rollout (every driver restarted at once): slice writes per node", "≤ 2", func(t TargetReport) string {
+	mode := rep.Rollout
+	if mode == "" {
+		mode = RolloutSurge
+	}
+	row("rollout ("+mode.what()+"): slice writes per node", "≤ 2", func(t TargetReport) string {
 		return fmt.Sprintf("%.2f (at most %d)%s", t.RolloutPerNode, t.Rollout.MaxNode, kinds(t.Rollout.ByKind))
 	})
 	row("rollout: pods failed (of those prepared, and those created during it)", "0", func(t TargetReport) string {
-		return fmt.Sprintf("%d (%d created during it; all prepared %.1f s after the restart)", len(t.RolloutFailed), t.RolloutPods, t.RolloutS)
+		return fmt.Sprintf("%d (%d created during it; all prepared %.1f s after the rollout began)", len(t.RolloutFailed), t.RolloutPods, t.RolloutS)
 	})
 	row("claim traffic while claims are allocated (a round, from the first pod's creation to the last prepared; the median round): driver writes per node; controller writes; claim watch events per node, to every watcher; of a node's labelled-claim watch per node (max)", "reported", func(t TargetReport) string {
 		return roundTraffic(t.Rounds)
