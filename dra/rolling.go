@@ -57,8 +57,15 @@ func RegistrarSocketFile(registrarDir, driver string, uid types.UID) string {
 // calls during a rolling update, in the plugin directory.
 const serializeLockFile = "serialize.lock"
 
-// otherInstanceTimeout bounds the look for another instance at stop.
+// otherInstanceTimeout bounds a connection to another instance's socket.
 const otherInstanceTimeout = time.Second
+
+// otherInstanceInfoTimeout bounds another instance's answer to GetInfo
+// at stop. The new instance of a rollout may be busy with its own start on
+// a loaded node (a 100-node fleet replaced at once on 2 cores answered
+// after more than a second); one not found has the old instance taint the
+// devices it serves. A socket nobody serves is refused at once.
+const otherInstanceInfoTimeout = 5 * time.Second
 
 // otherInstanceServes reports whether another instance of driver is
 // registered in registrarDir: a registration socket other than this
@@ -84,7 +91,7 @@ func otherInstanceServes(registrarDir, driver string, uid types.UID) bool {
 // registeredAs is the driver name the registration socket sock answers
 // GetInfo with ("" when it does not answer).
 func registeredAs(sock string) string {
-	ctx, cancel := context.WithTimeout(context.Background(), otherInstanceTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), otherInstanceInfoTimeout)
 	defer cancel()
 	conn, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {

@@ -1,13 +1,20 @@
 package dra
 
 import (
+	"context"
 	"errors"
 	"net"
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
+	"google.golang.org/grpc"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/dynamic-resource-allocation/kubeletplugin"
+	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
+
+	"github.com/cdi-device-plugin/cdi-device-plugin/internal/testutil"
 )
 
 // TestRollingUpdate: two instances of the driver on one node, the new one
@@ -103,5 +110,59 @@ func TestDeadInstanceSockets(t *testing.T) {
 	}
 	if _, err := os.Stat(live); err != nil {
 		t.Errorf("a live instance's socket removed: %v", err)
+	}
+}
+
+// slowRegistrar answers GetInfo with driver's name after delay, as a new
+// instance busy with its start on a loaded node does.
+type slowRegistrar struct {
+	registerapi.UnimplementedRegistrationServer
+	driver string
+	delay  time.Duration
+}
+
+func (s *slowRegistrar) GetInfo(ctx context.Context, _ *registerapi.InfoRequest) (*registerapi.PluginInfo, error) {
+	select {
+	case <-time.After(s.delay):
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	return &registerapi.PluginInfo{Type: registerapi.DRAPlugin, Name: s.driver}, nil
+}
+
+// TestOtherInstanceSlow: the old instance that stops while the new one,
+// registered, is slow to answer (a rollout of a busy node: in a 100-node
+// fleet replaced at once, 2 cores, GetInfo took over a second) still
+// finds it serving, and leaves the devices untainted; a socket nobody
+// serves is no instance, found at once.
+func TestOtherInstanceSlow(t *testing.T) {
+	dir := testutil.ShortDir(t)
+	sock := filepath.Join(dir, kubeletplugin.RollingUpdateRegistrarSocketFile(dir, testDriver, "pod-new"))
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer()
+	registerapi.RegisterRegistrationServer(srv, &slowRegistrar{driver: testDriver, delay: 1500 * time.Millisecond})
+	done := make(chan struct{})
+	go func() { defer close(done); _ = srv.Serve(l) }()
+	t.Cleanup(func() { srv.Stop(); <-done })
+	if !otherInstanceServes(dir, testDriver, "pod-old") {
+		t.Error("the new instance, answering GetInfo after 1.5 s, not found")
+	}
+	srv.Stop()
+	<-done
+	l2, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l2.(*net.UnixListener).SetUnlinkOnClose(false)
+	_ = l2.Close()
+	start := time.Now()
+	if otherInstanceServes(dir, testDriver, "pod-old") {
+		t.Error("a socket nobody serves taken for an instance")
+	}
+	if took := time.Since(start); took > time.Second {
+		t.Errorf("a socket nobody serves took %s to rule out", took)
 	}
 }
