@@ -117,6 +117,7 @@ func New(o Options) (*Driver, error) {
 	d.guard = newHandoverGuard(d.devs.names(), o.NodeName, o.Client, holders.heldNow, d.log)
 	d.loop = newSliceLoop(o.DriverName, o.NodeName, d.devs, changed, d.guard, d.slices, d.health, o.PollInterval)
 	d.loop.metrics = m
+	d.loop.firstHold = o.FirstPublishHold
 	return d, nil
 }
 

@@ -98,6 +98,17 @@ func (gs *guards) anyUp() bool {
 	return false
 }
 
+// anyUnknown reports whether a guard has not heard from the node or from
+// PodResources yet (or PodResources failed since).
+func (gs *guards) anyUnknown() bool {
+	for i := range gs.g {
+		if !gs.g[i].nodeKnown || !gs.g[i].heldKnown {
+			return true
+		}
+	}
+	return false
+}
+
 func (gs *guards) node(n nodeReport) {
 	for i, name := range gs.names {
 		g := &gs.g[i]

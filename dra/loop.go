@@ -24,6 +24,9 @@ type sliceLoop struct {
 	// pollInterval is how often PodResources is asked while a guard is
 	// up (Options.PollInterval).
 	pollInterval time.Duration
+	// firstHold bounds the wait of the first publish for guards the first
+	// look did not resolve (Options.FirstPublishHold).
+	firstHold time.Duration
 	// changed: a resource has a new snapshot (running.changed).
 	changed chan struct{}
 	// fatal: an error that ends the loop (Driver.HandleError); pings: a
@@ -80,8 +83,27 @@ func (l *sliceLoop) run(ctx context.Context, helper resourcePublisher) error {
 		}
 		return nil
 	}
-	if err := publish(); err != nil {
-		return err
+	// A guard the first look could not resolve (the node or PodResources
+	// did not answer within primeTimeout: a loaded node, such as every
+	// node of a fleet rolled at once) holds the first publish back until
+	// it is resolved, for at most firstHold. Published at once, the devices
+	// would carry the handover taint for want of an answer, not for a
+	// reason: on a node where the instance this one replaces serves them
+	// untainted (a rolling update), that taint makes them unschedulable
+	// and takes a second write to lift. Past firstHold they go out with
+	// it, the reason in the log, as they did at once before.
+	holding := g.anyUnknown()
+	hold := time.NewTimer(l.firstHold)
+	defer hold.Stop()
+	holdC := hold.C
+	if holding {
+		g.log.WithField("at most", l.firstHold).Info("the node or PodResources gave the first look no answer: the first publish waits for one")
+	} else {
+		hold.Stop()
+		holdC = nil
+		if err := publish(); err != nil {
+			return err
+		}
 	}
 	for {
 		select {
@@ -112,10 +134,19 @@ func (l *sliceLoop) run(ctx context.Context, helper resourcePublisher) error {
 		case res := <-g.polled:
 			polling = false
 			g.held(res)
+		case <-holdC:
+			holdC = nil
+			holding = false
+		}
+		if holding && !g.anyUnknown() {
+			holding, holdC = false, nil
 		}
 		if g.anyUp() && !polling && !armed {
 			poll.Reset(l.pollInterval)
 			armed = true
+		}
+		if holding {
+			continue
 		}
 		if err := publish(); err != nil {
 			return err

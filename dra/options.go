@@ -18,6 +18,9 @@ const (
 	// DefaultPollInterval is how often the kubelet's PodResources is asked
 	// while a handover guard is up.
 	DefaultPollInterval = 2 * time.Second
+	// DefaultFirstPublishHold bounds the wait of the first publish for a
+	// handover guard the first look could not resolve.
+	DefaultFirstPublishHold = 30 * time.Second
 	// DefaultHealthResend is how often the device health is sent to the
 	// kubelet when nothing changed: within the kubelet's 30 s, after which
 	// it takes the health for unknown.
@@ -70,6 +73,10 @@ type Options struct {
 	// PublishInterval (default DefaultPublishInterval) is the least time
 	// between two ResourceSlice publishes after the first (coalescer).
 	PublishInterval time.Duration
+	// FirstPublishHold (default DefaultFirstPublishHold) is how long the
+	// first publish waits for a handover guard that the first look could
+	// not resolve (sliceLoop.run).
+	FirstPublishHold time.Duration
 	// CleanupInterval (default DefaultCleanupInterval) is how often the
 	// checkpointed claims are looked up in the API; a claim gone (not
 	// found, or its name taken by another UID) for CleanupGrace (default
@@ -113,6 +120,9 @@ func (o *Options) setDefaults() {
 	}
 	if o.PublishInterval <= 0 {
 		o.PublishInterval = DefaultPublishInterval
+	}
+	if o.FirstPublishHold <= 0 {
+		o.FirstPublishHold = DefaultFirstPublishHold
 	}
 	if o.StatusClient == nil {
 		o.StatusClient = o.Client

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"sync"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
@@ -21,7 +22,9 @@ import (
 // no device of the first slices carries the handover taint (it came off
 // only with a second write, about a second later, before). Where the node
 // reports the resource, or PodResources cannot answer, the first slices
-// carry it, as before.
+// carry it, as before (the latter after Options.FirstPublishHold). Where
+// PodResources answers only after the first look's bound (a loaded node),
+// the first publish waits for the answer: no taint for want of one.
 func TestFirstSlicesSchedulable(t *testing.T) {
 	for _, c := range []struct {
 		name    string
@@ -47,7 +50,19 @@ func TestFirstSlicesSchedulable(t *testing.T) {
 			// Its slices gone too, so that the restart creates them.
 			h.deleteSlices()
 			h.podres.SetErr(errors.New("kubelet restarting"))
+			// The first publish waits that long for an answer, then
+			// goes out tainted.
+			h.options = func(o *Options) { o.FirstPublishHold = 300 * time.Millisecond }
 		}, true},
+		{"PodResources answers after the first look's bound", func(h *harness) {
+			// A loaded node, as in a rollout of many nodes at once: the
+			// first publish waits for the answer instead of tainting the
+			// devices for want of it.
+			h.start()
+			h.stop()
+			h.deleteSlices()
+			h.podres.SetDelay(primeTimeout + 500*time.Millisecond)
+		}, false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			h := newHarness(t, nil)

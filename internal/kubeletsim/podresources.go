@@ -5,6 +5,7 @@ import (
 	"net"
 	"slices"
 	"sync"
+	"time"
 
 	"google.golang.org/grpc"
 	podresourcesapi "k8s.io/kubelet/pkg/apis/podresources/v1"
@@ -19,6 +20,8 @@ type PodResources struct {
 	pods  []*podresourcesapi.PodResources
 	err   error
 	calls int
+	// delay: how long each List waits before it answers.
+	delay time.Duration
 
 	srv    *grpc.Server
 	served chan struct{}
@@ -58,6 +61,14 @@ func (s *PodResources) SetErr(err error) {
 	s.err = err
 }
 
+// SetDelay has each List wait d before it answers (a loaded kubelet),
+// or until the caller gives up.
+func (s *PodResources) SetDelay(d time.Duration) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.delay = d
+}
+
 // Calls is how many List calls were answered, failed ones included.
 func (s *PodResources) Calls() int {
 	s.mu.Lock()
@@ -66,7 +77,17 @@ func (s *PodResources) Calls() int {
 }
 
 // List answers the pods, or the error set.
-func (s *PodResources) List(context.Context, *podresourcesapi.ListPodResourcesRequest) (*podresourcesapi.ListPodResourcesResponse, error) {
+func (s *PodResources) List(ctx context.Context, _ *podresourcesapi.ListPodResourcesRequest) (*podresourcesapi.ListPodResourcesResponse, error) {
+	s.mu.Lock()
+	delay := s.delay
+	s.mu.Unlock()
+	if delay > 0 {
+		select {
+		case <-time.After(delay):
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.calls++
