@@ -181,6 +181,11 @@ FLEET_ROUNDS         ?= 5
 # surge: each driver replaced as its DaemonSet rolls it (the new beside the
 # old); restart: stopped, then started.
 FLEET_ROLLOUT        ?= surge
+# cmd/dp-bench/fleet-goals.yaml: the like-for-like pair alone (half the
+# processes), for fleets too large for four; FLEET_MD_SECTION: the markers
+# of docs/fleet.md its tables go between.
+FLEET_TARGETS        ?= cmd/dp-bench/fleet.yaml
+FLEET_MD_SECTION     ?= fleet
 BENCH_KUBE_SCHEDULER ?= $(E2E_CACHE)/bin/kube-scheduler-$(K8S_VERSION)
 BENCH_KUBE_CM        ?= $(E2E_CACHE)/bin/kube-controller-manager-$(K8S_VERSION)
 
@@ -189,11 +194,11 @@ bench-fleet: build ## dp-bench -fleet: our DRA driver and dra-example-driver on 
 	  peers="$$(BENCH_CACHE=$(BENCH_CACHE) cmd/dp-bench/peers.sh dra-example-kubeletplugin)"; \
 	  export DRA_BIN=$(BIN)/cdi-dra-driver; \
 	  export DRA_EXAMPLE_BIN="$${DRA_EXAMPLE_BIN:-$$(printf '%s\n' "$$peers" | sed -n 's/^dra-example-kubeletplugin=//p')}"; \
-	  nice $(BIN)/dp-bench -targets cmd/dp-bench/fleet.yaml -fleet $(FLEET_NODES) -fleet-rounds $(FLEET_ROUNDS) -fleet-steady $(FLEET_STEADY) -fleet-storm $(FLEET_STORM) \
+	  nice $(BIN)/dp-bench -targets $(FLEET_TARGETS) -fleet $(FLEET_NODES) -fleet-rounds $(FLEET_ROUNDS) -fleet-steady $(FLEET_STEADY) -fleet-storm $(FLEET_STORM) \
 	    -fleet-rollout $(FLEET_ROLLOUT) \
 	    -kube-apiserver $(BENCH_KUBE_APISERVER) -etcd $(BENCH_ETCD) -kube-scheduler $(BENCH_KUBE_SCHEDULER) \
 	    -kube-controller-manager $(BENCH_KUBE_CM) -feature-gates $(FEATURE_GATES) \
-	    -fleet-json $(BIN)/fleet.json -fleet-md docs/fleet.md
+	    -fleet-json $(BIN)/fleet.json -fleet-md docs/fleet.md -fleet-md-section $(FLEET_MD_SECTION)
 
 # make bench-fleet-prebind: dp-bench -fleet runs our DRA driver with
 # prepareBeforeBind and its controller (cdi-dra-controller), and the same

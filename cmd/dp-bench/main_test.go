@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -118,6 +119,30 @@ func TestFleetTargetsLikeForLike(t *testing.T) {
 		if !status[name][true] || !status[name][false] {
 			t.Errorf("%s: with the claim status %v, without %v; want both", name, status[name][true], status[name][false])
 		}
+	}
+}
+
+// TestFleetGoalTargets: fleet-goals.yaml is the like-for-like pair of
+// fleet.yaml as it stands there: ours as deployed, the peer with its
+// status on.
+func TestFleetGoalTargets(t *testing.T) {
+	all, err := target.Load("fleet.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	goals, err := target.Load("fleet-goals.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want []target.Target
+	for _, tg := range all {
+		if (tg.Name == "cdi-dra-driver" && !slices.Contains(tg.Env, "DEVICE_STATUS=false")) ||
+			(tg.Name == "dra-example-driver" && slices.Contains(tg.Command, "--gpu-device-status")) {
+			want = append(want, tg)
+		}
+	}
+	if len(want) != 2 || !reflect.DeepEqual(goals, want) {
+		t.Errorf("fleet-goals.yaml:\n%+v\nwant fleet.yaml's pair:\n%+v", goals, want)
 	}
 }
 

@@ -386,6 +386,11 @@ func (f *fleet) setup(ctx context.Context) error {
 		return err
 	}
 	f.ft.StartSlicesS = last.Sub(start).Seconds()
+	// Every process began with the start: what it spent so far is the
+	// start's.
+	c := f.cpu()
+	f.ft.StartDriverCPUMs = float64(c.Drivers) / float64(time.Millisecond) / float64(f.c.N)
+	f.ft.StartControlPlaneS = c.ControlPlane.Seconds()
 	f.ft.Devices = f.c.N * want
 	// Every figure of writes counts a node's by its user: a driver whose
 	// first publish is not its node's would read as no write at all.
@@ -396,7 +401,8 @@ func (f *fleet) setup(ctx context.Context) error {
 	if err := audit.NodesCreated(ws, "resourceslices", f.names); err != nil {
 		return err
 	}
-	f.logf("%d nodes registered, %d devices published %.1f s after the start", f.c.N, f.ft.Devices, f.ft.StartSlicesS)
+	f.logf("%d nodes registered, %d devices published %.1f s after the start; CPU by then: %.0f ms a driver, %.1f s the control plane",
+		f.c.N, f.ft.Devices, f.ft.StartSlicesS, f.ft.StartDriverCPUMs, f.ft.StartControlPlaneS)
 	return nil
 }
 

@@ -32,15 +32,20 @@ type TargetReport struct {
 	Agent  string `json:"agent"`
 	Err    string `json:"error,omitempty"`
 
-	Devices          int          `json:"devices"`
-	StartSlicesS     float64      `json:"startSlicesS"`
-	Pods             int          `json:"pods"`
-	BoundPerS        float64      `json:"boundPerS"`    // the rounds' median
-	PreparedPerS     float64      `json:"preparedPerS"` // the rounds' median
-	Rounds           []schedRound `json:"rounds"`
-	PrepareErrors    int64        `json:"prepareErrors"`
-	SteadyPerNodeMin float64      `json:"steadyWritesPerNodeMin"`
-	Steady           audit.Tally  `json:"steadyWrites"`
+	Devices      int     `json:"devices"`
+	StartSlicesS float64 `json:"startSlicesS"`
+	// StartDriverCPUMs, StartControlPlaneS: CPU spent from the start to
+	// all devices published: a driver's (the drivers' sum over the
+	// nodes) and the control plane's.
+	StartDriverCPUMs   float64      `json:"startDriverCPUMs"`
+	StartControlPlaneS float64      `json:"startControlPlaneS"`
+	Pods               int          `json:"pods"`
+	BoundPerS          float64      `json:"boundPerS"`    // the rounds' median
+	PreparedPerS       float64      `json:"preparedPerS"` // the rounds' median
+	Rounds             []schedRound `json:"rounds"`
+	PrepareErrors      int64        `json:"prepareErrors"`
+	SteadyPerNodeMin   float64      `json:"steadyWritesPerNodeMin"`
+	Steady             audit.Tally  `json:"steadyWrites"`
 	// SteadyCPUMsPerNodeMin is each driver's on-CPU time in the steady
 	// window, milliseconds per minute (the mean over the nodes).
 	SteadyCPUMsPerNodeMin float64 `json:"steadyDriverCPUMsPerNodeMin"`
@@ -164,6 +169,9 @@ func writeMarkdown(w io.Writer, rep *Report) {
 		fmt.Fprintln(w)
 	}
 	row("start: every driver at once → all devices in ResourceSlices", "", func(t TargetReport) string { return fmt.Sprintf("%.1f s", t.StartSlicesS) })
+	row("start: CPU by then, a driver's (the drivers' sum over the nodes); the control plane's", "reported", func(t TargetReport) string {
+		return fmt.Sprintf("%.0f ms; %.1f s", t.StartDriverCPUMs, t.StartControlPlaneS)
+	})
 	row("claim pods (1 device each), created at once", "", func(t TargetReport) string { return fmt.Sprintf("%d of %d devices", t.Pods, t.Devices) })
 	row("scheduling: pods/s, creation → bound", "≥ the peer's", func(t TargetReport) string { return fmt.Sprintf("%.1f", t.BoundPerS) })
 	row("scheduling: pods/s, creation → prepared (the stand-in's pod watch delay included, below)", "≥ the peer's", func(t TargetReport) string { return fmt.Sprintf("%.1f", t.PreparedPerS) })
