@@ -5,6 +5,8 @@ package e2e
 import (
 	"bufio"
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"slices"
@@ -132,7 +134,8 @@ func (c *cluster) scenarioUpgrade(t *testing.T, node string) {
 	if next == "" {
 		t.Skip("E2E_PLUGIN_IMAGE_NEXT is not set: no second tag of the plugin image on this cluster")
 	}
-	const statusReport = 4 * time.Second // nodeStatusUpdateFrequency of the local node
+	statusReport := c.statusUpdateFrequency(t, node)
+	t.Logf("the kubelet reports the node's status every %v", statusReport)
 	c.waitAllocatable(t, node, numDevices, time.Minute)
 	c.createPod(t, c.testPod("u1", 2))
 	c.waitRunning(t, "u1", 0, 2*time.Minute)
@@ -236,7 +239,7 @@ func (c *cluster) scenarioUpgrade(t *testing.T, node string) {
 	}
 	for _, d := range dips {
 		if d > restart+statusReport+time.Second {
-			t.Errorf("allocatable at 0 for %v, longer than the plugin's restart (%v) and a status report", d, restart.Round(time.Millisecond))
+			t.Errorf("allocatable at 0 for %v, longer than the plugin's restart (%v) and a status report (%v)", d, restart.Round(time.Millisecond), statusReport)
 		}
 	}
 	c.deletePod(t, "u1")
@@ -259,4 +262,74 @@ func (c *cluster) rejectedPods(app string) []string {
 		}
 	}
 	return out
+}
+
+// kubeletDefaultStatusUpdate is the kubelet's default
+// nodeStatusUpdateFrequency.
+const kubeletDefaultStatusUpdate = 10 * time.Second
+
+// statusUpdateFrequency is how often the node's kubelet reports its status
+// (allocatable with it): its nodeStatusUpdateFrequency, read from its
+// configz through the API server's node proxy (the local node sets 4 s,
+// kind's kubelet keeps the default 10 s); the default when configz does
+// not answer.
+func (c *cluster) statusUpdateFrequency(t *testing.T, node string) time.Duration {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	raw, err := c.cs.CoreV1().RESTClient().Get().AbsPath("/api/v1/nodes", node, "proxy", "configz").DoRaw(ctx)
+	if err == nil {
+		var d time.Duration
+		if d, err = parseStatusUpdateFrequency(raw); err == nil {
+			return d
+		}
+	}
+	t.Logf("the kubelet's configz: %v; taking its default nodeStatusUpdateFrequency, %v", err, kubeletDefaultStatusUpdate)
+	return kubeletDefaultStatusUpdate
+}
+
+// parseStatusUpdateFrequency reads nodeStatusUpdateFrequency from a
+// kubelet's configz answer; unset, it is the kubelet's default.
+func parseStatusUpdateFrequency(raw []byte) (time.Duration, error) {
+	var z struct {
+		KubeletConfig *struct {
+			NodeStatusUpdateFrequency string `json:"nodeStatusUpdateFrequency"`
+		} `json:"kubeletconfig"`
+	}
+	if err := json.Unmarshal(raw, &z); err != nil {
+		return 0, fmt.Errorf("configz: %w", err)
+	}
+	if z.KubeletConfig == nil {
+		return 0, errors.New("configz: no kubeletconfig")
+	}
+	if z.KubeletConfig.NodeStatusUpdateFrequency == "" {
+		return kubeletDefaultStatusUpdate, nil
+	}
+	d, err := time.ParseDuration(z.KubeletConfig.NodeStatusUpdateFrequency)
+	if err != nil || d <= 0 {
+		return 0, fmt.Errorf("configz: nodeStatusUpdateFrequency %q: not a positive duration", z.KubeletConfig.NodeStatusUpdateFrequency)
+	}
+	return d, nil
+}
+
+func TestParseStatusUpdateFrequency(t *testing.T) {
+	for _, tc := range []struct {
+		name, raw string
+		want      time.Duration
+		err       bool
+	}{
+		{"the local node", `{"kubeletconfig":{"nodeStatusUpdateFrequency":"4s","syncFrequency":"1m0s"}}`, 4 * time.Second, false},
+		{"kind: the default", `{"kubeletconfig":{"nodeStatusUpdateFrequency":"10s"}}`, 10 * time.Second, false},
+		{"unset", `{"kubeletconfig":{}}`, kubeletDefaultStatusUpdate, false},
+		{"no kubeletconfig", `{}`, 0, true},
+		{"odd value", `{"kubeletconfig":{"nodeStatusUpdateFrequency":"soon"}}`, 0, true},
+		{"not JSON", `<html>`, 0, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := parseStatusUpdateFrequency([]byte(tc.raw))
+			if (err != nil) != tc.err || got != tc.want {
+				t.Errorf("got %v, %v; want %v, error %v", got, err, tc.want, tc.err)
+			}
+		})
+	}
 }
