@@ -2,7 +2,6 @@ package drasession
 
 import (
 	"context"
-	"crypto/rand"
 	"errors"
 	"fmt"
 	"net/http"
@@ -269,7 +268,7 @@ func (x *draSession) resolve(ids []string) {
 // that a claim allocated to a device the driver does not publish is
 // refused.
 func (x *draSession) unknown(ctx context.Context) error {
-	uid, err := randomUID()
+	uid, err := apiclient.NewUID()
 	if err != nil {
 		return err
 	}
@@ -301,15 +300,4 @@ func (x *draSession) unknown(ctx context.Context) error {
 	}
 	_, _ = x.dra.Unprepare(ctx, kubeletClaim(c))
 	return nil
-}
-
-// randomUID is a random UUID (version 4), as the API server makes.
-func randomUID() (string, error) {
-	var b [16]byte
-	if _, err := rand.Read(b[:]); err != nil {
-		return "", err
-	}
-	b[6] = b[6]&0x0f | 0x40
-	b[8] = b[8]&0x3f | 0x80
-	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:]), nil
 }

@@ -2,7 +2,6 @@ package fleet
 
 import (
 	"context"
-	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -88,21 +87,11 @@ func (n *fleetNode) start() error {
 // each instance names its sockets after its pod, and a new one can start
 // beside the old (surge).
 func (n *fleetNode) spawn() (*proc.Proc, error) {
-	uid, err := podUID()
+	uid, err := apiclient.NewUID()
 	if err != nil {
 		return nil, err
 	}
 	return proc.Start(n.r.Argv, append(slices.Clone(n.r.Env), "POD_UID="+uid), nil, n.r.Scratch)
-}
-
-// podUID is a random UID in the API server's form.
-func podUID() (string, error) {
-	var b [16]byte
-	if _, err := rand.Read(b[:]); err != nil {
-		return "", err
-	}
-	b[6], b[8] = b[6]&0x0f|0x40, b[8]&0x3f|0x80
-	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:]), nil
 }
 
 // process is the current driver process.
