@@ -92,18 +92,15 @@ func (l *sliceLoop) run(ctx context.Context, helper resourcePublisher) error {
 	// untainted (a rolling update), that taint makes them unschedulable
 	// and takes a second write to lift. Past firstHold they go out with
 	// it, the reason in the log, as they did at once before.
-	holding := g.anyUnknown()
-	hold := time.NewTimer(l.firstHold)
-	defer hold.Stop()
-	holdC := hold.C
-	if holding {
+	// hold is non-nil while the first publish is held back.
+	var hold <-chan time.Time
+	if g.anyUnknown() {
+		t := time.NewTimer(l.firstHold)
+		defer t.Stop()
+		hold = t.C
 		g.log.WithField("at most", l.firstHold).Info("the node or PodResources gave the first look no answer: the first publish waits for one")
-	} else {
-		hold.Stop()
-		holdC = nil
-		if err := publish(); err != nil {
-			return err
-		}
+	} else if err := publish(); err != nil {
+		return err
 	}
 	for {
 		select {
@@ -134,18 +131,17 @@ func (l *sliceLoop) run(ctx context.Context, helper resourcePublisher) error {
 		case res := <-g.polled:
 			polling = false
 			g.held(res)
-		case <-holdC:
-			holdC = nil
-			holding = false
+		case <-hold:
+			hold = nil
 		}
-		if holding && !g.anyUnknown() {
-			holding, holdC = false, nil
+		if hold != nil && !g.anyUnknown() {
+			hold = nil
 		}
 		if g.anyUp() && !polling && !armed {
 			poll.Reset(l.pollInterval)
 			armed = true
 		}
-		if holding {
+		if hold != nil {
 			continue
 		}
 		if err := publish(); err != nil {
