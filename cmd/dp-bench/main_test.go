@@ -103,13 +103,7 @@ func TestFleetTargetsLikeForLike(t *testing.T) {
 	}
 	status := map[string]map[bool]bool{} // name -> writes the status -> present
 	for _, tg := range ts {
-		on := true
-		switch tg.Name {
-		case "cdi-dra-driver":
-			on = !slices.Contains(tg.Env, "DEVICE_STATUS=false")
-		case "dra-example-driver":
-			on = slices.Contains(tg.Command, "--gpu-device-status")
-		}
+		on := writesStatus(tg)
 		if status[tg.Name] == nil {
 			status[tg.Name] = map[bool]bool{}
 		}
@@ -120,6 +114,19 @@ func TestFleetTargetsLikeForLike(t *testing.T) {
 			t.Errorf("%s: with the claim status %v, without %v; want both", name, status[name][true], status[name][false])
 		}
 	}
+}
+
+// writesStatus reports whether a fleet target writes each prepared
+// claim's status.devices: ours unless --device-status=false, the peer
+// with --gpu-device-status.
+func writesStatus(tg target.Target) bool {
+	switch tg.Name {
+	case "cdi-dra-driver":
+		return !slices.Contains(tg.Env, "DEVICE_STATUS=false")
+	case "dra-example-driver":
+		return slices.Contains(tg.Command, "--gpu-device-status")
+	}
+	return true
 }
 
 // TestFleetGoalTargets: fleet-goals.yaml is the like-for-like pair of
@@ -136,8 +143,7 @@ func TestFleetGoalTargets(t *testing.T) {
 	}
 	var want []target.Target
 	for _, tg := range all {
-		if (tg.Name == "cdi-dra-driver" && !slices.Contains(tg.Env, "DEVICE_STATUS=false")) ||
-			(tg.Name == "dra-example-driver" && slices.Contains(tg.Command, "--gpu-device-status")) {
+		if writesStatus(tg) {
 			want = append(want, tg)
 		}
 	}
