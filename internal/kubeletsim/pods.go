@@ -310,6 +310,23 @@ func (k *Pods) count(names []string) (bound, prepared, failed int) {
 	return bound, prepared, failed
 }
 
+// LastPrepared is when the last of the pods named was prepared; ok is
+// false unless every one of them was (and for none).
+func (k *Pods) LastPrepared(names []string) (last time.Time, ok bool) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	for _, name := range names {
+		t := k.pods[name]
+		if t == nil || t.prepared.IsZero() {
+			return time.Time{}, false
+		}
+		if t.prepared.After(last) {
+			last = t.prepared
+		}
+	}
+	return last, len(names) > 0
+}
+
 // WaitPrepared waits until every pod named is prepared (or one failed).
 func (k *Pods) WaitPrepared(ctx context.Context, names []string, timeout time.Duration) error {
 	deadline := time.NewTimer(timeout)

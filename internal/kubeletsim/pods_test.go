@@ -38,6 +38,38 @@ func TestPodLatencies(t *testing.T) {
 	}
 }
 
+// TestLastPrepared: the latest preparation of the pods named, and only
+// once every one of them was prepared.
+func TestLastPrepared(t *testing.T) {
+	t0 := time.Date(2026, 12, 2, 8, 0, 0, 0, time.UTC)
+	ms := func(n int) time.Time { return t0.Add(time.Duration(n) * time.Millisecond) }
+	k := NewPods(nil, "fleet", nil, func(string, ...any) {})
+	k.pods = map[string]*podTimes{
+		"a": {bound: ms(100), prepared: ms(900)},
+		"b": {bound: ms(200), prepared: ms(400)},
+		"c": {bound: ms(300)}, // not prepared
+		"d": {bound: ms(50), prepared: ms(5000)},
+	}
+	for _, tc := range []struct {
+		names []string
+		want  time.Time
+		ok    bool
+	}{
+		{[]string{"a", "b"}, ms(900), true},
+		{[]string{"b"}, ms(400), true},
+		{[]string{"a", "b", "c"}, time.Time{}, false},
+		{[]string{"a", "x"}, time.Time{}, false}, // never seen
+		{nil, time.Time{}, false},
+	} {
+		t.Run(strings.Join(tc.names, ","), func(t *testing.T) {
+			got, ok := k.LastPrepared(tc.names)
+			if !got.Equal(tc.want) || ok != tc.ok {
+				t.Errorf("LastPrepared(%v) = %v, %v; want %v, %v", tc.names, got, ok, tc.want, tc.ok)
+			}
+		})
+	}
+}
+
 // TestStandInFollowsClaim: the kubelet stand-in queues a bound pod once,
 // and prepares the claim its status names at each try, as the kubelet
 // takes it from the pod it syncs: when the status names another claim

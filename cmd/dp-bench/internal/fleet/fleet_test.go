@@ -150,3 +150,26 @@ func TestFleetSections(t *testing.T) {
 		t.Errorf("default markers %q %q", b, e)
 	}
 }
+
+// TestReplacements: a rollout's replacements as the report gives them:
+// medians and maxima, and the old processes killed for not exiting.
+func TestReplacements(t *testing.T) {
+	s := func(f float64) time.Duration { return time.Duration(f * float64(time.Second)) }
+	for _, tc := range []struct {
+		name string
+		rs   []replacement
+		want string
+	}{
+		{"none", nil, "not measured"},
+		{"three", []replacement{{registered: s(0.5), exited: s(0.1)}, {registered: s(2), exited: s(0.3)}, {registered: s(1), exited: s(4)}},
+			"1.00 s (2.00); 0.30 s (4.00)"},
+		{"one killed", []replacement{{registered: s(0.5), exited: s(10), killed: true}, {registered: s(0.7), exited: s(0.2)}},
+			"0.60 s (0.70); 5.10 s (10.00), 1 of 2 killed, not gone within the bound"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := newReplacements(tc.rs).String(); got != tc.want {
+				t.Errorf("got %q, want %q", got, tc.want)
+			}
+		})
+	}
+}

@@ -138,25 +138,44 @@ func (n *fleetNode) await(ctx context.Context, p *proc.Proc, skip string, timeou
 // new process starts beside the old one, and the old one gets SIGTERM
 // once the kubelet registered the new one, which serves the calls from
 // then on. The node is never without a registered driver.
-func (n *fleetNode) surge(ctx context.Context, term, regTimeout time.Duration) error {
+func (n *fleetNode) surge(ctx context.Context, term, regTimeout time.Duration) (replacement, error) {
 	n.mu.Lock()
 	old, oldSock := n.p, n.sock
 	n.mu.Unlock()
 	p, err := n.spawn()
 	if err != nil {
-		return err
+		return replacement{}, err
 	}
 	d, sock, err := n.await(ctx, p, oldSock, regTimeout)
 	if err != nil {
 		_, _ = p.Terminate(term)
-		return err
+		return replacement{}, err
 	}
+	rp := replacement{registered: time.Since(p.Start)}
 	n.mu.Lock()
 	n.p, n.sock = p, sock
 	n.mu.Unlock()
 	n.setDriver(d)
-	_, _ = old.Terminate(term)
-	return nil
+	rp.exit(old, term)
+	return rp, nil
+}
+
+// replacement is how one node's driver was replaced in the rollout.
+type replacement struct {
+	// registered: the new process's start → its registration.
+	registered time.Duration
+	// exited: the old process's SIGTERM → its exit, or its kill (killed)
+	// when it had not exited within the bound.
+	exited time.Duration
+	killed bool
+}
+
+// exit stops old (SIGTERM, killed after term) and records how long that
+// took.
+func (rp *replacement) exit(old *proc.Proc, term time.Duration) {
+	t0 := time.Now()
+	ok, _ := old.Terminate(term)
+	rp.exited, rp.killed = time.Since(t0), !ok
 }
 
 // setDriver makes d the node's DRA service (nil: none), opens its health
@@ -197,15 +216,20 @@ func (n *fleetNode) watchHealth(ctx context.Context, d *kubeletsim.DRA) {
 // restart ends the driver with SIGTERM and starts it again at once, as
 // a DaemonSet's rolling update with maxUnavailable 100% (maxSurge 0)
 // does; the kubelet's registration follows.
-func (n *fleetNode) restart(ctx context.Context, term, regTimeout time.Duration) error {
+func (n *fleetNode) restart(ctx context.Context, term, regTimeout time.Duration) (replacement, error) {
 	n.setDriver(nil)
-	_, _ = n.process().Terminate(term)
+	var rp replacement
+	rp.exit(n.process(), term)
 	// The kubelet's plugin watcher sees the socket go; a new one comes
 	// with the new process.
 	if err := n.start(); err != nil {
-		return err
+		return rp, err
 	}
-	return n.register(ctx, regTimeout)
+	if err := n.register(ctx, regTimeout); err != nil {
+		return rp, err
+	}
+	rp.registered = time.Since(n.process().Start)
+	return rp, nil
 }
 
 // driver is the current process's DRA service, once it registered.

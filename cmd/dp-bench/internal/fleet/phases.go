@@ -7,6 +7,7 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"golang.org/x/sync/errgroup"
@@ -323,15 +324,24 @@ func (f *fleet) rollout(ctx context.Context) error {
 	}
 	extra := max(1, (f.ft.Devices-f.pods)/2)
 	var names []string
-	var rolled time.Time
+	var rolled, prepared time.Time
+	var mu sync.Mutex
+	var reps []replacement
+	var cpu0, cpu1 cpuSample
 	during := func(ctx context.Context) error {
+		cpu0 = f.cpu()
 		var restarts errgroup.Group
 		for _, n := range f.nodes {
 			restarts.Go(func() error {
+				replace := n.surge
 				if f.c.Rollout == RolloutRestart {
-					return n.restart(ctx, f.c.Settings.Term, 2*time.Minute)
+					replace = n.restart
 				}
-				return n.surge(ctx, f.c.Settings.Term, 2*time.Minute)
+				rp, err := replace(ctx, f.c.Settings.Term, 2*time.Minute)
+				mu.Lock()
+				reps = append(reps, rp)
+				mu.Unlock()
+				return err
 			})
 		}
 		var err error
@@ -349,6 +359,10 @@ func (f *fleet) rollout(ctx context.Context) error {
 			return fmt.Errorf("pods created during the rollout: %w", err)
 		}
 		rolled = time.Now()
+		// The drivers now are the new processes: their CPU is all of
+		// their lives, spent in the rollout.
+		cpu1 = f.cpu()
+		prepared, _ = f.k.LastPrepared(names)
 		return proc.Sleep(ctx, f.c.Settle)
 	}
 	ws, from, to, err := f.window(ctx, 0, during)
@@ -358,11 +372,15 @@ func (f *fleet) rollout(ctx context.Context) error {
 	tally := audit.TallyWrites(ws, "resourceslices", from, to)
 	f.ft.Rollout = tally
 	f.ft.RolloutS = rolled.Sub(from).Seconds()
+	f.ft.RolloutPreparedS = prepared.Sub(from).Seconds()
+	f.ft.RolloutNodes = newReplacements(reps)
+	f.ft.RolloutDriverCPUMs = float64(cpu1.Drivers) / float64(time.Millisecond) / float64(f.c.N)
+	f.ft.RolloutControlPlaneCPUS = (cpu1.ControlPlane - cpu0.ControlPlane).Seconds()
 	f.ft.RolloutPerNode = float64(tally.Total) / float64(f.c.N)
 	f.ft.RolloutPods = extra
 	f.ft.RolloutFailed = f.k.Failures()
-	f.logf("rollout: done in %.1f s; %d slice writes (%.2f per node, at most %d), %d pods created during it, %d pods failed %v",
-		f.ft.RolloutS, tally.Total, f.ft.RolloutPerNode, tally.MaxNode, extra, len(f.ft.RolloutFailed), tally.ByKind)
+	f.logf("rollout: the %d pods created during it prepared %.1f s after it began, every driver replaced and that done %.1f s after; %s; CPU: %.0f ms a new driver, %.1f s the control plane; %d slice writes (%.2f per node, at most %d), %d pods failed %v",
+		extra, f.ft.RolloutPreparedS, f.ft.RolloutS, f.ft.RolloutNodes, f.ft.RolloutDriverCPUMs, f.ft.RolloutControlPlaneCPUS, tally.Total, f.ft.RolloutPerNode, tally.MaxNode, len(f.ft.RolloutFailed), tally.ByKind)
 	if len(f.ft.RolloutFailed) > 0 {
 		return fmt.Errorf("rollout: pods failed: %s", strings.Join(f.ft.RolloutFailed, "; "))
 	}
