@@ -3,6 +3,7 @@ package dra
 import (
 	"context"
 	"errors"
+	"math/rand/v2"
 	"time"
 
 	"github.com/sirupsen/logrus"
@@ -40,18 +41,43 @@ type staleCleaner struct {
 	// (ErrStillHeld, ErrCannotTell), and the claim is asked about again at
 	// the next pass.
 	drop func(ctx context.Context, uid types.UID, log *logrus.Entry) error
-	// ready, when set, is closed once the first pass may run.
-	ready <-chan struct{}
+	// ready, when set, is closed once the first pass may run, and the
+	// first pass waits firstDelay more (spreadDelay).
+	ready      <-chan struct{}
+	firstDelay time.Duration
 }
 
-// run looks at the claims once ready is closed, then every interval,
-// until ctx is done.
+// spreadDelay is a random delay within (0, spread] for the first pass (0
+// for no spread). The drivers of a fleet start together, in a rollout or
+// after a control-plane outage: with no delay each would look up every
+// claim it holds in the same second, and go on doing so every interval in
+// step. The grace is minutes, so a later first pass only releases a claim
+// deleted while the driver was down up to spread later.
+func spreadDelay(spread time.Duration) time.Duration {
+	if spread <= 0 {
+		return 0
+	}
+	return time.Duration(rand.Int64N(int64(spread))) + 1
+}
+
+// run looks at the claims once ready is closed and firstDelay passed,
+// then every interval, until ctx is done.
 func (c *staleCleaner) run(ctx context.Context) error {
 	if c.ready != nil {
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-c.ready:
+		}
+	}
+	if c.firstDelay > 0 {
+		c.log.WithField("in", c.firstDelay.Round(time.Millisecond)).Debug("the stale-claim clean-up's first pass")
+		first := c.clock.NewTimer(c.firstDelay)
+		select {
+		case <-ctx.Done():
+			first.Stop()
+			return nil
+		case <-first.C():
 		}
 	}
 	t := c.clock.NewTicker(c.interval)

@@ -178,7 +178,8 @@ func (d *Driver) Run(ctx context.Context) error {
 	ready := make(chan struct{})
 	g.Go(func() error { return d.closeWhenReady(gctx, ready) })
 	cleaner := &staleCleaner{claims: d.opts.Checkpoint.Claims, api: d.opts.CleanupClient.ResourceV1(), clock: d.opts.Clock,
-		interval: d.opts.CleanupInterval, grace: d.opts.CleanupGrace, log: d.log, drop: d.prep.dropStale, ready: ready}
+		interval: d.opts.CleanupInterval, grace: d.opts.CleanupGrace, log: d.log, drop: d.prep.dropStale, ready: ready,
+		firstDelay: spreadDelay(d.opts.CleanupSpread)}
 	g.Go(func() error { return cleaner.run(gctx) })
 	g.Go(func() error { return d.status.run(gctx) })
 	if slices.ContainsFunc(d.opts.Resources, func(r Resource) bool { return r.PrepareBeforeBind }) {

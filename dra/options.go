@@ -84,6 +84,10 @@ type Options struct {
 	// Unprepare would. Clock (default the real one) times both.
 	CleanupInterval, CleanupGrace time.Duration
 	Clock                         clock.WithTicker
+	// CleanupSpread (default 0: none) delays the clean-up's first pass by
+	// a random time up to it after the driver serves (spreadDelay); the
+	// command sets DefaultCleanupInterval.
+	CleanupSpread time.Duration
 	// NoDeviceStatus: the claims' status.devices is not written
 	// (--device-status=false): one API write less per prepared claim,
 	// which a large fleet's API server may want more than the status.

@@ -196,7 +196,8 @@ func build(cfg *config.Config, f flags, client func(string) (kubernetes.Interfac
 	writer := cdi.NewWriter(cfg.CDIDir, cfg.Owner(), start)
 	d.opts = dra.Options{DriverName: f.driverName, NodeName: cfg.NodeName, Client: kc, StatusClient: sc, CleanupClient: cc,
 		RegistrarDir: f.registrarDir, PluginDir: pluginDir, Writer: writer, Checkpoint: d.checkpoint, RollingUpdateUID: uid,
-		PodResources: cfg.PodResourcesSocket, Log: log, Metrics: d.metrics, CleanupGrace: grace, DeviceMetadata: metadata, NoDeviceStatus: !status}
+		PodResources: cfg.PodResourcesSocket, Log: log, Metrics: d.metrics, CleanupGrace: grace,
+		CleanupSpread: dra.DefaultCleanupInterval, DeviceMetadata: metadata, NoDeviceStatus: !status}
 	// One registry of node owners for every resource: a host node in
 	// devices of two resources publishes neither.
 	owners := device.NewOwners(log)
