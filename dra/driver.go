@@ -7,8 +7,8 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"sync"
 	"sync/atomic"
-	"time"
 
 	"github.com/sirupsen/logrus"
 	"golang.org/x/sync/errgroup"
@@ -55,6 +55,9 @@ type Driver struct {
 	// the helper's RegistrationStatus is not safe to read while the
 	// kubelet notifies it).
 	registered atomic.Bool
+	// firstRegistered is closed the first time registered is set.
+	firstRegistered chan struct{}
+	regOnce         sync.Once
 }
 
 // ErrOptions is returned by New for options it cannot run with.
@@ -85,10 +88,12 @@ func New(o Options) (*Driver, error) {
 		return nil, fmt.Errorf("%w: driver name %q gives no CDI kind: %w", ErrOptions, o.DriverName, err)
 	}
 	o.setDefaults()
-	d := &Driver{opts: o, log: o.Log.WithField("driver", o.DriverName), podres: podresources.New(o.PodResources)}
+	d := &Driver{opts: o, log: o.Log.WithField("driver", o.DriverName), podres: podresources.New(o.PodResources),
+		firstRegistered: make(chan struct{})}
 	d.health = newHealthStream(o.HealthResend)
 	m := o.Metrics.DRA()
-	d.slices = &slicePublisher{driver: o.DriverName, node: o.NodeName, client: o.Client, log: d.log, co: newCoalescer(o.Clock, o.PublishInterval), metrics: m}
+	d.slices = &slicePublisher{driver: o.DriverName, node: o.NodeName, client: o.Client, log: d.log, co: newCoalescer(o.Clock, o.PublishInterval), metrics: m,
+		first: make(chan struct{})}
 	d.devs = &devices{node: o.NodeName}
 	changed := make(chan struct{}, 1)
 	d.status = newStatusQueue(o.DriverName, o.StatusClient, d.devs, o.NoDeviceStatus, d.log)
@@ -254,25 +259,28 @@ func (d *Driver) Alive(ctx context.Context) error {
 func (d *Driver) intercept(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 	if st, ok := req.(*registerapi.RegistrationStatus); ok {
 		resp, err := handler(ctx, req)
-		d.registered.Store(err == nil && st.PluginRegistered)
+		ok := err == nil && st.PluginRegistered
+		d.registered.Store(ok)
+		if ok {
+			d.regOnce.Do(func() { close(d.firstRegistered) })
+		}
 		return resp, err
 	}
 	return d.prep.holders.intercept(ctx, req, info, handler)
 }
 
-// readyPoll is how often closeWhenReady looks at Ready.
-const readyPoll = 20 * time.Millisecond
-
-// closeWhenReady closes ready once the driver is Ready (registered, its
-// devices published), or returns when ctx is done.
+// closeWhenReady closes ready once the kubelet first registered the
+// driver and its devices were first handed to the ResourceSlice
+// controller, or returns when ctx is done. It waits on both, not on a
+// timer: a start on a loaded node, a rollout's, takes seconds, and a
+// process woken every few milliseconds meanwhile spends CPU the other
+// starts need.
 func (d *Driver) closeWhenReady(ctx context.Context, ready chan<- struct{}) error {
-	t := time.NewTicker(readyPoll)
-	defer t.Stop()
-	for d.Ready() != nil {
+	for _, c := range []<-chan struct{}{d.firstRegistered, d.slices.first} {
 		select {
 		case <-ctx.Done():
 			return nil
-		case <-t.C:
+		case <-c:
 		}
 	}
 	close(ready)

@@ -38,8 +38,10 @@ type slicePublisher struct {
 	// nodeUID is the node's UID when known before the first publish (the
 	// owner of the slices it creates); "": publishAtOnce reads it.
 	nodeUID types.UID
-	// published: the devices were handed to the ResourceSlice controller.
+	// published: the devices were handed to the ResourceSlice controller;
+	// first is closed then.
 	published atomic.Bool
+	first     chan struct{}
 	// metrics counts the publishes (nil: none).
 	metrics *metrics.DRA
 }
@@ -69,7 +71,9 @@ func (p *slicePublisher) publish(ctx context.Context, helper resourcePublisher, 
 	}
 	p.log.WithField("devices", n).WithField("slices", ns).WithField("pools", len(pools)).Debug("ResourceSlices published")
 	p.last = pools
-	p.published.Store(true)
+	if !p.published.Swap(true) {
+		close(p.first)
+	}
 	return nil
 }
 
