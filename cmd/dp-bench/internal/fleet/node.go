@@ -168,6 +168,8 @@ type replacement struct {
 	// when it had not exited within the bound.
 	exited time.Duration
 	killed bool
+	// killedLog is the end of a killed process's log: what it was doing.
+	killedLog string
 }
 
 // exit stops old (SIGTERM, killed after term) and records how long that
@@ -176,6 +178,9 @@ func (rp *replacement) exit(old *proc.Proc, term time.Duration) {
 	t0 := time.Now()
 	ok, _ := old.Terminate(term)
 	rp.exited, rp.killed = time.Since(t0), !ok
+	if rp.killed {
+		rp.killedLog = old.LogTail(1500)
+	}
 }
 
 // setDriver makes d the node's DRA service (nil: none), opens its health

@@ -338,6 +338,9 @@ func (f *fleet) rollout(ctx context.Context) error {
 					replace = n.restart
 				}
 				rp, err := replace(ctx, f.c.Settings.Term, 2*time.Minute)
+				if rp.killed {
+					f.logf("node %s: the old driver did not exit within %s of SIGTERM and was killed; its log ended: %s", n.name, f.c.Settings.Term, rp.killedLog)
+				}
 				mu.Lock()
 				reps = append(reps, rp)
 				mu.Unlock()
