@@ -147,6 +147,12 @@ func TestRewriteAndRemoveStale(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir, "broken.json"), []byte("{"), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	// Ours by its annotation, of a kind not kept, but no valid spec: the
+	// CDI library's full read decides, and it is left alone.
+	invalid := filepath.Join(dir, "ours-invalid.json")
+	if err := os.WriteFile(invalid, []byte(`{"kind":"k8s.example.com/gone2","annotations":{"`+OwnerAnnotation+`":"me"}}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	// A rewrite replaces the device set.
 	if err := w.Write(a, snap(3)); err != nil {
 		t.Fatal(err)
@@ -158,7 +164,7 @@ func TestRewriteAndRemoveStale(t *testing.T) {
 	if len(removed) != 1 || removed[0] != w.Path(bKind) {
 		t.Fatalf("removed %v", removed)
 	}
-	for _, p := range []string{w.Path(a.Kind), other.Path(oKind), filepath.Join(dir, "broken.json")} {
+	for _, p := range []string{w.Path(a.Kind), other.Path(oKind), filepath.Join(dir, "broken.json"), invalid} {
 		if _, err := os.Stat(p); err != nil {
 			t.Errorf("%s should stay: %v", p, err)
 		}
