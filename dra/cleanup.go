@@ -20,14 +20,15 @@ const staleNotice = "the prepared claim is gone from the API (deleted, or its na
 	"its devices are released after the grace period unless the kubelet unprepares it first"
 
 // staleCleaner is the stale-claim clean-up: it looks the checkpointed
-// claims up in the API at start and every interval until ctx is done; a
-// claim that stays gone (not found, or its namespace and name taken by a
-// claim of another UID) for grace is handed to drop, which releases its
-// devices as Unprepare releases them (no device a device-plugin container
-// holds is reset). The kubelet unprepares a claim whose pods are gone,
-// but not always: a claim deleted while the driver was down, or under
-// another driver name, would hold its devices forever. The grace leaves
-// the kubelet its turn first. An API that cannot answer drops nothing.
+// claims up in the API once the driver serves (after firstDelay), then
+// every interval until ctx is done; a claim that stays gone (not found, or
+// its namespace and name taken by a claim of another UID) for grace is
+// handed to drop, which releases its devices as Unprepare releases them
+// (no device a device-plugin container holds is reset). The kubelet
+// unprepares a claim whose pods are gone, but not always: a claim deleted
+// while the driver was down, or under another driver name, would hold its
+// devices forever. The grace leaves the kubelet its turn first. An API
+// that cannot answer drops nothing.
 type staleCleaner struct {
 	// claims are the checkpointed claims (Checkpoint.Claims), api where
 	// they are looked up.
