@@ -297,7 +297,7 @@ func (d *Driver) Ready() error {
 	if !d.registered.Load() {
 		return errors.New("not registered with the kubelet")
 	}
-	if !d.slices.published.Load() {
+	if !d.slices.published() {
 		return errors.New("no ResourceSlice published yet")
 	}
 	return nil

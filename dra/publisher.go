@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"reflect"
 	"slices"
-	"sync/atomic"
 	"time"
 
 	"github.com/cdi-device-plugin/cdi-device-plugin/metrics"
@@ -27,7 +26,7 @@ type resourcePublisher interface {
 // once (publishAtOnce), later changes spaced by its coalescer, nothing
 // when the pools did not change; and, as the driver stops, the handover
 // taint on every device (taintOnStop). The slice loop owns it: only
-// published may be read from elsewhere.
+// published and first may be read from elsewhere.
 type slicePublisher struct {
 	driver, node string
 	client       kubernetes.Interface
@@ -38,10 +37,9 @@ type slicePublisher struct {
 	// nodeUID is the node's UID when known before the first publish (the
 	// owner of the slices it creates); "": publishAtOnce reads it.
 	nodeUID types.UID
-	// published: the devices were handed to the ResourceSlice controller;
-	// first is closed then.
-	published atomic.Bool
-	first     chan struct{}
+	// first is closed once the devices were first handed to the
+	// ResourceSlice controller (published).
+	first chan struct{}
 	// metrics counts the publishes (nil: none).
 	metrics *metrics.DRA
 }
@@ -71,10 +69,21 @@ func (p *slicePublisher) publish(ctx context.Context, helper resourcePublisher, 
 	}
 	p.log.WithField("devices", n).WithField("slices", ns).WithField("pools", len(pools)).Debug("ResourceSlices published")
 	p.last = pools
-	if !p.published.Swap(true) {
+	if !p.published() {
 		close(p.first)
 	}
 	return nil
+}
+
+// published reports whether the devices were handed to the ResourceSlice
+// controller; it may be called from any goroutine.
+func (p *slicePublisher) published() bool {
+	select {
+	case <-p.first:
+		return true
+	default:
+		return false
+	}
 }
 
 // due fires when a publish the coalescer held back may go; the loop then
