@@ -30,9 +30,10 @@ import (
 // checkpoint and shares (checkpoint.go, shares.go), the claims' CDI specs
 // (claimspecs.go) and device metadata (metadata.go), the status writer
 // (status.go), the PodResources view (podresources.go), the slice loop
-// (loop.go) with the slice publisher (publisher.go), the handover guard
-// (handover.go) and the health stream (health.go), and the stale-claim
-// cleaner (cleanup.go). No part calls back into the Driver.
+// (loop.go) with the slice publisher (publisher.go) and the first look
+// (firstlook.go), the handover guard (handover.go) and the health stream
+// (health.go), and the stale-claim cleaner (cleanup.go). No part calls
+// back into the Driver.
 type Driver struct {
 	opts Options
 	log  *logrus.Entry
@@ -133,8 +134,14 @@ func New(o Options) (*Driver, error) {
 // (status.go); every goroutine it started has ended when it returns. Specs, claim specs and the checkpoint are kept.
 func (d *Driver) Run(ctx context.Context) error {
 	ctx = klog.NewContext(ctx, Logger(d.log))
-	if err := checkNotLost(ctx, d.opts.Checkpoint, d.specs, d.metadata, d.podres, d.opts.NodeName, d.log); err != nil {
+	// What the first publish needs from the API and PodResources is asked
+	// for now, beside the start below (firstlook.go).
+	look := startFirstLook(ctx, d.guard, d.opts.Client, d.opts.DriverName, d.opts.NodeName, d.log)
+	defer func() {
+		look.stop()
 		_ = d.podres.Close()
+	}()
+	if err := checkNotLost(ctx, d.opts.Checkpoint, d.specs, d.metadata, d.podres, d.opts.NodeName, d.log); err != nil {
 		return err
 	}
 	// Spec first, then the devices are published.
@@ -191,10 +198,9 @@ func (d *Driver) Run(ctx context.Context) error {
 		b := &prebinder{driver: d.opts.DriverName, node: d.opts.NodeName, client: d.opts.Client, prep: d.prep, log: d.log.WithField("part", "prepare before bind")}
 		g.Go(func() error { return b.run(gctx) })
 	}
-	g.Go(func() error { return d.loop.run(gctx, helper) })
+	g.Go(func() error { return d.loop.run(gctx, helper, look) })
 	err = g.Wait()
 	helper.Stop() // its slice controller too: nothing publishes after this
-	_ = d.podres.Close()
 	if d.opts.RollingUpdateUID != "" && otherInstanceServes(d.opts.RegistrarDir, d.opts.DriverName, d.opts.RollingUpdateUID) {
 		// A rollout: the new instance serves the devices, and taints
 		// them itself when it stops.

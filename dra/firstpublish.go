@@ -68,18 +68,15 @@ func firstSlices(driver, node string, nodeUID types.UID, name string, pool resou
 	return out
 }
 
-// publishAtOnce creates the slices of driver's pools on node (of UID
-// nodeUID; "": read here) that have none in the API (see "The first
-// publish" above), before the first PublishResources. Best effort: on any error it stops and leaves the rest
-// to the controller, which creates what is missing and adopts what was
-// created. It returns how many slices it created.
-func publishAtOnce(ctx context.Context, client kubernetes.Interface, driver, node string, nodeUID types.UID, log *logrus.Entry, pools map[string]resourceslice.Pool) int {
-	api := client.ResourceV1().ResourceSlices()
-	list, err := api.List(ctx, metav1.ListOptions{FieldSelector: resourceapi.ResourceSliceSelectorDriver + "=" + driver +
+// existingPools lists the driver's slices on node and returns, by pool
+// name, the pools that have some; nil when the List failed (the failure
+// is logged).
+func existingPools(ctx context.Context, client kubernetes.Interface, driver, node string, log *logrus.Entry) map[string]bool {
+	list, err := client.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{FieldSelector: resourceapi.ResourceSliceSelectorDriver + "=" + driver +
 		"," + resourceapi.ResourceSliceSelectorNodeName + "=" + node})
 	if err != nil {
 		log.WithError(err).Debug("listing the node's ResourceSlices; the ResourceSlice controller publishes them")
-		return 0
+		return nil
 	}
 	have := map[string]bool{}
 	for i := range list.Items {
@@ -88,6 +85,25 @@ func publishAtOnce(ctx context.Context, client kubernetes.Interface, driver, nod
 			have[s.Spec.Pool.Name] = true
 		}
 	}
+	return have
+}
+
+// publishAtOnce creates the slices of driver's pools on node (of UID
+// nodeUID; "": read here) that have none in the API (see "The first
+// publish" above), before the first PublishResources. existing is which
+// pools have slices (existingPools; nil: listed here). Best effort: on any
+// error it stops and leaves the rest to the controller, which creates what
+// is missing and adopts what was created. It returns how many slices it
+// created.
+func publishAtOnce(ctx context.Context, client kubernetes.Interface, driver, node string, nodeUID types.UID, existing map[string]bool,
+	log *logrus.Entry, pools map[string]resourceslice.Pool) int {
+	have := existing
+	if have == nil {
+		if have = existingPools(ctx, client, driver, node, log); have == nil {
+			return 0
+		}
+	}
+	api := client.ResourceV1().ResourceSlices()
 	n := 0
 	for _, name := range slices.Sorted(maps.Keys(pools)) {
 		if have[name] {

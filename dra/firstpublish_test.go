@@ -108,7 +108,7 @@ func TestFirstPublishAdopted(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
 		if atOnce {
-			if n := publishAtOnce(ctx, client, testDriver, node, "", logs.Discard(), pools); n != 3 {
+			if n := publishAtOnce(ctx, client, testDriver, node, "", nil, logs.Discard(), pools); n != 3 {
 				t.Fatalf("publishAtOnce created %d slices, want 3", n)
 			}
 		}

@@ -170,36 +170,22 @@ func (gs *guards) logChanges() {
 	}
 }
 
-// primeTimeout bounds the node GET and the PodResources List of prime: a
-// slow API server or kubelet delays the first slices by at most this,
-// and they then carry the taint.
+// primeTimeout bounds the node GET and the PodResources List of the first
+// look (firstlook.go): a slow API server or kubelet delays the first
+// slices by at most this (Options.FirstPublishHold then applies).
 const primeTimeout = time.Second
 
-// prime resolves the guards before the first publish: one GET of the node
-// and one PodResources List, side by side, within primeTimeout. What does
-// not answer leaves its guard up (the taint stays until the node watch or
+// apply hands the first look's answers to the guards: what no one
+// answered leaves its guard up (the taint stays until the node watch or
 // the poll tells). It returns the node's UID ("" when the GET failed),
 // which the first slices name as their owner.
-func (h *handoverGuard) prime(ctx context.Context) types.UID {
-	ctx, cancel := context.WithTimeout(ctx, primeTimeout)
-	defer cancel()
-	var (
-		n    *corev1.Node
-		nerr error
-		done = make(chan struct{})
-	)
-	go func() {
-		defer close(done)
-		n, nerr = h.client.CoreV1().Nodes().Get(ctx, h.nodeName, metav1.GetOptions{})
-	}()
-	res := h.poll(ctx)
-	<-done
+func (h *handoverGuard) apply(l guardLook) types.UID {
 	var uid types.UID
-	if nerr == nil {
-		h.node(h.reported(n))
-		uid = n.UID
+	if l.node != nil {
+		h.node(h.reported(l.node))
+		uid = l.node.UID
 	}
-	h.held(res)
+	h.held(l.held)
 	return uid
 }
 

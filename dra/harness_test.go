@@ -182,7 +182,9 @@ func (h *harness) stop() {
 	case <-time.After(deadline):
 		h.t.Error("the driver did not stop within 10s of its cancel")
 	}
-	_ = h.kl.Close()
+	if h.kl != nil { // nil: the start failed before the registration
+		_ = h.kl.Close()
+	}
 	h.cancel = nil
 }
 

@@ -57,12 +57,17 @@ func (l *sliceLoop) alive(ctx context.Context) error {
 }
 
 // run runs the loop until ctx is done or an error is fatal, publishing
-// through helper.
-func (l *sliceLoop) run(ctx context.Context, helper resourcePublisher) error {
+// through helper; look is the first look (firstlook.go), asked as the
+// driver started.
+func (l *sliceLoop) run(ctx context.Context, helper resourcePublisher, look *firstLook) error {
 	g := l.guard
 	// The guards resolved before the first publish: its slices are then
 	// the final ones, schedulable at once where no guard is up.
-	l.slices.nodeUID = g.prime(ctx)
+	answers, ok := look.guards(ctx)
+	if !ok {
+		return nil
+	}
+	l.slices.nodeUID = g.apply(answers)
 	poll := time.NewTimer(0) // while a guard is up, the next look at once
 	defer poll.Stop()
 	armed, polling := true, false
@@ -99,8 +104,17 @@ func (l *sliceLoop) run(ctx context.Context, helper resourcePublisher) error {
 		defer t.Stop()
 		hold = t.C
 		g.log.WithField("at most", l.firstHold).Info("the node or PodResources gave the first look no answer: the first publish waits for one")
-	} else if err := publish(); err != nil {
-		return err
+	} else {
+		// Published now, the first look's List of the node's slices is
+		// fresh enough to create those of the pools it found none of; a
+		// held publish lists them again.
+		l.slices.existing = look.pools(ctx)
+		if ctx.Err() != nil {
+			return nil
+		}
+		if err := publish(); err != nil {
+			return err
+		}
 	}
 	for {
 		select {

@@ -37,6 +37,10 @@ type slicePublisher struct {
 	// nodeUID is the node's UID when known before the first publish (the
 	// owner of the slices it creates); "": publishAtOnce reads it.
 	nodeUID types.UID
+	// existing, when set before the first publish, is which of the
+	// driver's pools on the node have slices (the first look's List);
+	// nil: publishAtOnce lists them.
+	existing map[string]bool
 	// first is closed once the devices were first handed to the
 	// ResourceSlice controller (published).
 	first chan struct{}
@@ -52,7 +56,7 @@ func (p *slicePublisher) publish(ctx context.Context, helper resourcePublisher, 
 		return nil
 	}
 	if p.last == nil {
-		publishAtOnce(ctx, p.client, p.driver, p.node, p.nodeUID, p.log, pools) // not a second later (firstpublish.go)
+		publishAtOnce(ctx, p.client, p.driver, p.node, p.nodeUID, p.existing, p.log, pools) // not a second later (firstpublish.go)
 	}
 	p.co.published()
 	err := helper.PublishResources(ctx, resourceslice.DriverResources{Pools: pools})

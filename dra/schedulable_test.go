@@ -91,3 +91,46 @@ func TestFirstSlicesSchedulable(t *testing.T) {
 		})
 	}
 }
+
+// TestFirstLookBesideStart: the answers the first publish needs (the
+// node, and which pools have slices) are asked for as the driver starts,
+// beside its checkpoint check, spec writes and the kubelet plugin's
+// start, not once it serves: at a first start, where the checkpoint check
+// waits for PodResources, a PodResources that answers only after the
+// driver read its node and listed its slices still lets the driver start
+// (asked after it served, the check waited until its bound and the start
+// was refused), and the first slices carry no taint.
+func TestFirstLookBesideStart(t *testing.T) {
+	h := newHarness(t, nil)
+	gate := make(chan struct{})
+	var mu sync.Mutex
+	var got, listed, closed bool
+	seen := func(a clienttesting.Action) (bool, runtime.Object, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		switch a.GetResource().Resource {
+		case "nodes":
+			got = true
+		case "resourceslices":
+			listed = true
+		}
+		if got && listed && !closed {
+			close(gate)
+			closed = true
+		}
+		return false, nil, nil
+	}
+	h.client.PrependReactor("get", "nodes", seen)
+	h.client.PrependReactor("list", "resourceslices", seen)
+	h.podres.SetGate(gate)
+	h.start()
+	pub := h.published()
+	if len(pub) != 4 {
+		t.Fatalf("%d devices published, want 4", len(pub))
+	}
+	for name, d := range pub {
+		if hasTaint(d, TaintHandover) {
+			t.Errorf("%s: handover taint in the first slices", name)
+		}
+	}
+}

@@ -20,8 +20,10 @@ type PodResources struct {
 	pods  []*podresourcesapi.PodResources
 	err   error
 	calls int
-	// delay: how long each List waits before it answers.
+	// delay: how long each List waits before it answers; gate, when
+	// set: what each List waits for before it answers.
 	delay time.Duration
+	gate  <-chan struct{}
 
 	srv    *grpc.Server
 	served chan struct{}
@@ -69,6 +71,15 @@ func (s *PodResources) SetDelay(d time.Duration) {
 	s.delay = d
 }
 
+// SetGate has each List wait, before it answers, until gate is closed
+// (a kubelet that answers only once something else happened), or until
+// the caller gives up; nil: no wait.
+func (s *PodResources) SetGate(gate <-chan struct{}) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.gate = gate
+}
+
 // Calls is how many List calls were answered, failed ones included.
 func (s *PodResources) Calls() int {
 	s.mu.Lock()
@@ -79,8 +90,15 @@ func (s *PodResources) Calls() int {
 // List answers the pods, or the error set.
 func (s *PodResources) List(ctx context.Context, _ *podresourcesapi.ListPodResourcesRequest) (*podresourcesapi.ListPodResourcesResponse, error) {
 	s.mu.Lock()
-	delay := s.delay
+	delay, gate := s.delay, s.gate
 	s.mu.Unlock()
+	if gate != nil {
+		select {
+		case <-gate:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
 	if delay > 0 {
 		select {
 		case <-time.After(delay):
