@@ -41,7 +41,7 @@ func TestCleanupOwnClient(t *testing.T) {
 		return false, nil, nil
 	})
 	fc := testingclock.NewFakeClock(time.Now())
-	h.options = func(o *Options) { o.CleanupClient, o.Clock, o.CleanupInterval = bg, fc, time.Minute }
+	h.options = func(o *Options) { o.CleanupClient, o.Clock, o.CleanupInterval = bg.ResourceV1(), fc, time.Minute }
 	// A claim prepared by an earlier run: the clean-up has it to look up.
 	h.start()
 	c := h.claim("c", "sim-0")

@@ -189,7 +189,7 @@ func (d *Driver) Run(ctx context.Context) error {
 	// the registration.
 	ready := make(chan struct{})
 	g.Go(func() error { return d.closeWhenReady(gctx, ready) })
-	cleaner := &staleCleaner{claims: d.opts.Checkpoint.Claims, api: d.opts.CleanupClient.ResourceV1(), clock: d.opts.Clock,
+	cleaner := &staleCleaner{claims: d.opts.Checkpoint.Claims, api: d.opts.CleanupClient, clock: d.opts.Clock,
 		interval: d.opts.CleanupInterval, grace: d.opts.CleanupGrace, log: d.log, drop: d.prep.dropStale, ready: ready,
 		firstDelay: spreadDelay(d.opts.CleanupSpread)}
 	g.Go(func() error { return cleaner.run(gctx) })

@@ -6,6 +6,7 @@ import (
 	"github.com/sirupsen/logrus"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
+	resourceclient "k8s.io/client-go/kubernetes/typed/resource/v1"
 	"k8s.io/utils/clock"
 
 	"github.com/cdi-device-plugin/cdi-device-plugin/cdi"
@@ -44,13 +45,13 @@ type Options struct {
 	// one client-side rate limit, and the status writes must not hold up
 	// the kubelet plugin helper's reads of the claims it is asked to
 	// prepare.
-	StatusClient kubernetes.Interface
+	StatusClient resourceclient.ResourceV1Interface
 	// CleanupClient (default Client) reads the checkpointed claims for
 	// the stale-claim clean-up (cleanup.go): a pass reads every prepared
 	// claim, and through the helper's client it would spend the
 	// client-side rate limit that the claim reads of NodePrepareResources
 	// wait on. Give it a client of its own.
-	CleanupClient kubernetes.Interface
+	CleanupClient resourceclient.ResourceV1Interface
 	// RegistrarDir is the kubelet's plugin registry directory, PluginDir
 	// the driver's own directory (dra.sock).
 	RegistrarDir, PluginDir string
@@ -129,9 +130,9 @@ func (o *Options) setDefaults() {
 		o.FirstPublishHold = DefaultFirstPublishHold
 	}
 	if o.StatusClient == nil {
-		o.StatusClient = o.Client
+		o.StatusClient = o.Client.ResourceV1()
 	}
 	if o.CleanupClient == nil {
-		o.CleanupClient = o.Client
+		o.CleanupClient = o.Client.ResourceV1()
 	}
 }

@@ -15,7 +15,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/validation/field"
-	"k8s.io/client-go/kubernetes"
+	resourceclient "k8s.io/client-go/kubernetes/typed/resource/v1"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/utils/clock"
 )
@@ -70,7 +70,7 @@ type statusQueue struct {
 	wake     chan struct{}
 }
 
-func newStatusQueue(driver string, client kubernetes.Interface, devs *devices, off bool, log *logrus.Entry) *statusQueue {
+func newStatusQueue(driver string, client resourceclient.ResourceV1Interface, devs *devices, off bool, log *logrus.Entry) *statusQueue {
 	return &statusQueue{rep: statusReporter{driver: driver, client: client, devs: devs}, off: off, log: log.WithField("part", "claim status"), clock: clock.RealClock{},
 		pending: map[types.UID]*statusItem{}, written: map[types.UID]claimStatus{}, wake: make(chan struct{}, 1)}
 }

@@ -89,7 +89,7 @@ func TestClaimStatusOwnClient(t *testing.T) {
 	h := newHarness(t, nil)
 	sc := fake.NewClientset()
 	statusOfExisting(sc)
-	h.options = func(o *Options) { o.StatusClient = sc }
+	h.options = func(o *Options) { o.StatusClient = sc.ResourceV1() }
 	h.start()
 	c1 := h.claim("c1", "sim-1")
 	rc, err := h.client.ResourceV1().ResourceClaims(claimNS).Get(context.Background(), "c1", metav1.GetOptions{})

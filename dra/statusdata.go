@@ -15,7 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	metav1apply "k8s.io/client-go/applyconfigurations/meta/v1"
 	resourceapply "k8s.io/client-go/applyconfigurations/resource/v1"
-	"k8s.io/client-go/kubernetes"
+	resourceclient "k8s.io/client-go/kubernetes/typed/resource/v1"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 
 	"github.com/cdi-device-plugin/cdi-device-plugin/device"
@@ -134,7 +134,7 @@ type claimStatus struct {
 // (Options.StatusClient) and the devices their data comes from.
 type statusReporter struct {
 	driver string
-	client kubernetes.Interface
+	client resourceclient.ResourceV1Interface
 	devs   *devices
 }
 
@@ -290,7 +290,7 @@ func (q statusReporter) apply(ctx context.Context, st claimStatus) error {
 		status.WithDevices(e)
 	}
 	claim := resourceapply.ResourceClaim(st.Name, st.Namespace).WithUID(st.UID).WithStatus(status)
-	_, err := q.client.ResourceV1().ResourceClaims(st.Namespace).ApplyStatus(ctx, claim,
+	_, err := q.client.ResourceClaims(st.Namespace).ApplyStatus(ctx, claim,
 		metav1.ApplyOptions{FieldManager: q.driver, Force: true})
 	return err
 }

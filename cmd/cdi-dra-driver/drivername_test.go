@@ -28,7 +28,7 @@ func runOnce(t *testing.T, d dirs, client kubernetes.Interface, args ...string) 
 	go func() {
 		defer close(finished)
 		code = run(ctx, d.args(args...), envOf(map[string]string{"NODE_NAME": "n1"}), stderr,
-			func(string) (kubernetes.Interface, error) { return client, nil })
+			clientsOf(func(string) (kubernetes.Interface, error) { return client, nil }))
 	}()
 	wait = func(d time.Duration) (int, bool) {
 		select {

@@ -16,7 +16,7 @@ import (
 // flag is refused as any unknown one.
 func TestHelpListsItsOwnFlags(t *testing.T) {
 	var stderr bytes.Buffer
-	if code := run(context.Background(), []string{"-h"}, envOf(nil), &stderr, fakeClient()); code != 0 {
+	if code := run(context.Background(), []string{"-h"}, envOf(nil), &stderr, clientsOf(fakeClient())); code != 0 {
 		t.Fatalf("-h: exit %d, stderr %q", code, stderr.String())
 	}
 	want := []string{"cdi-dir", "config", "dev-root", "device-metadata", "device-status", "driver-name", "fault-control", "kubeconfig",
@@ -27,7 +27,7 @@ func TestHelpListsItsOwnFlags(t *testing.T) {
 	}
 	for _, own := range []string{"device-plugin-dir", "device-list-strategy"} {
 		stderr.Reset()
-		code := run(context.Background(), newDirs(t).args("--"+own, "x"), envOf(map[string]string{"NODE_NAME": "n1"}), &stderr, fakeClient())
+		code := run(context.Background(), newDirs(t).args("--"+own, "x"), envOf(map[string]string{"NODE_NAME": "n1"}), &stderr, clientsOf(fakeClient()))
 		if code != 2 || !strings.Contains(stderr.String(), "flag provided but not defined: -"+own) {
 			t.Errorf("--%s: exit %d, stderr %q; want 2, not defined", own, code, stderr.String())
 		}

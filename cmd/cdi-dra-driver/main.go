@@ -22,7 +22,6 @@ import (
 	"github.com/sirupsen/logrus"
 	"golang.org/x/sync/errgroup"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/kubernetes"
 
 	"github.com/cdi-device-plugin/cdi-device-plugin/cdi"
 	"github.com/cdi-device-plugin/cdi-device-plugin/config"
@@ -49,7 +48,7 @@ const CheckpointFile = "dra/checkpoint.json"
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
-	code := run(ctx, os.Args[1:], os.LookupEnv, os.Stderr, kubeclient.New)
+	code := run(ctx, os.Args[1:], os.LookupEnv, os.Stderr, kubeclient.NewDRA)
 	stop()
 	os.Exit(code)
 }
@@ -88,7 +87,7 @@ var podUIDPattern = regexp.MustCompile(`^[A-Za-z0-9._-]{1,64}$`)
 // run runs the driver until ctx is done and returns the exit status: 0 on
 // a clean shutdown, 2 for bad configuration (before anything is touched),
 // 1 for any other failure.
-func run(ctx context.Context, args []string, env config.Env, stderr io.Writer, client func(string) (kubernetes.Interface, error)) int {
+func run(ctx context.Context, args []string, env config.Env, stderr io.Writer, client func(string) (kubeclient.DRA, error)) int {
 	var f flags
 	cfg, exit := command.Load(config.DRADriver, version, args, env, stderr, f.extra()...)
 	if cfg == nil {
@@ -129,7 +128,7 @@ const maxSocketPath = 107
 // build checks what the configuration alone could not and builds every
 // part, touching nothing on disk: an error of the configuration is a
 // FieldError naming the flag or field.
-func build(cfg *config.Config, f flags, client func(string) (kubernetes.Interface, error), log *logrus.Entry) (*driver, error) {
+func build(cfg *config.Config, f flags, client func(string) (kubeclient.DRA, error), log *logrus.Entry) (*driver, error) {
 	if f.driverName == "" {
 		f.driverName = dra.DefaultDriverName(cfg)
 	}
@@ -174,20 +173,13 @@ func build(cfg *config.Config, f flags, client func(string) (kubernetes.Interfac
 	if fi, err := os.Stat(cfg.DevRoot); err != nil || !fi.IsDir() {
 		return nil, &config.FieldError{Field: "dev-root", Value: cfg.DevRoot, Reason: "must be an existing directory"}
 	}
-	// Three clients, each with a client-side rate limit of its own: the
-	// helper's (it reads the claims of each NodePrepareResources), the
-	// claims' status writes', and the stale-claim clean-up's (a read of
-	// every prepared claim once a minute): neither of the last two may
-	// hold up the first.
-	var clients [3]kubernetes.Interface
-	for i := range clients {
-		c, err := client(f.kubeconfig)
-		if err != nil {
-			return nil, &config.FieldError{Field: "kubeconfig", Value: f.kubeconfig, Reason: "no API client (empty: the in-cluster configuration): " + err.Error()}
-		}
-		clients[i] = c
+	// Three clients, each with a client-side rate limit of its own
+	// (kubeclient.DRA).
+	clients, err := client(f.kubeconfig)
+	if err != nil {
+		return nil, &config.FieldError{Field: "kubeconfig", Value: f.kubeconfig, Reason: "no API client (empty: the in-cluster configuration): " + err.Error()}
 	}
-	kc, sc, cc := clients[0], clients[1], clients[2]
+	kc, sc, cc := clients.Client, clients.Status, clients.Cleanup
 	d := &driver{cfg: cfg, log: log, checkpoint: dra.NewCheckpoint(filepath.Join(cfg.StateDir, CheckpointFile))}
 	if cfg.MetricsAddress != "" {
 		d.metrics = metrics.New(version)

@@ -27,6 +27,7 @@ import (
 	drav1 "k8s.io/kubelet/pkg/apis/dra/v1"
 
 	"github.com/cdi-device-plugin/cdi-device-plugin/config"
+	"github.com/cdi-device-plugin/cdi-device-plugin/internal/kubeclient"
 	"github.com/cdi-device-plugin/cdi-device-plugin/internal/kubeletsim"
 	"github.com/cdi-device-plugin/cdi-device-plugin/internal/logs"
 	"github.com/cdi-device-plugin/cdi-device-plugin/internal/testutil"
@@ -53,6 +54,18 @@ func (d dirs) args(extra ...string) []string {
 
 func envOf(m map[string]string) func(string) (string, bool) {
 	return func(k string) (string, bool) { v, ok := m[k]; return v, ok }
+}
+
+// clientsOf makes the driver's clients (kubeclient.DRA) of the one client
+// f makes.
+func clientsOf(f func(string) (kubernetes.Interface, error)) func(string) (kubeclient.DRA, error) {
+	return func(k string) (kubeclient.DRA, error) {
+		c, err := f(k)
+		if err != nil {
+			return kubeclient.DRA{}, err
+		}
+		return kubeclient.DRA{Client: c, Status: c.ResourceV1(), Cleanup: c.ResourceV1()}, nil
+	}
 }
 
 func fakeClient(objs ...any) func(string) (kubernetes.Interface, error) {
@@ -136,7 +149,7 @@ func TestBadConfigExits2AndWritesNothing(t *testing.T) {
 			}
 			var stderr bytes.Buffer
 			// The later flags win: the case's own come last.
-			code := run(context.Background(), d.args(c.args...), envOf(c.env), &stderr, client)
+			code := run(context.Background(), d.args(c.args...), envOf(c.env), &stderr, clientsOf(client))
 			if code != 2 || !strings.Contains(stderr.String(), c.want) {
 				t.Fatalf("exit %d, stderr %q; want 2 and %q", code, stderr.String(), c.want)
 			}
@@ -184,7 +197,9 @@ func TestDriverEndToEnd(t *testing.T) {
 	defer cancel()
 	var stderr syncBuffer
 	exit := make(chan int, 1)
-	go func() { exit <- run(ctx, d.args("--metrics-address", addr), envOf(env), &stderr, fakeClient(claim)) }()
+	go func() {
+		exit <- run(ctx, d.args("--metrics-address", addr), envOf(env), &stderr, clientsOf(fakeClient(claim)))
+	}()
 	t.Cleanup(func() {
 		if t.Failed() {
 			t.Log(stderr.String())
@@ -371,7 +386,7 @@ func TestDriverBoolFlags(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			d, err := build(cfg, f, fakeClient(), logs.Discard())
+			d, err := build(cfg, f, clientsOf(fakeClient()), logs.Discard())
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -39,7 +39,7 @@ func startDriver(t *testing.T, d dirs, driver string, args ...string) *startedDr
 	ctx, cancel := context.WithCancel(context.Background())
 	exit := make(chan int, 1)
 	go func() {
-		exit <- run(ctx, d.args(args...), envOf(map[string]string{"NODE_NAME": "n1"}), s.stderr, client)
+		exit <- run(ctx, d.args(args...), envOf(map[string]string{"NODE_NAME": "n1"}), s.stderr, clientsOf(client))
 	}()
 	t.Cleanup(func() {
 		cancel()
