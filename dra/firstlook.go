@@ -25,12 +25,12 @@ import (
 // firstLook is the first look, asked in the background; stop ends it.
 type firstLook struct {
 	cancel context.CancelFunc
-	// nodeDone is closed once node and nodeErr are set, polled once
-	// held is, listed once existing is; done once every goroutine ended.
-	nodeDone, polled, listed, done chan struct{}
-	node                           *corev1.Node
-	nodeErr                        error
-	held                           pollResult
+	wg     sync.WaitGroup
+	// nodeDone is closed once node is set (nil when the GET failed),
+	// polled once held is, listed once existing is.
+	nodeDone, polled, listed chan struct{}
+	node                     *corev1.Node
+	held                     pollResult
 	// existing is, by pool name, the pools of the driver on the node
 	// that have slices; nil when the List failed.
 	existing map[string]bool
@@ -49,27 +49,26 @@ type guardLook struct {
 // its GET opened).
 func startFirstLook(ctx context.Context, h *handoverGuard, client kubernetes.Interface, driver, node string, log *logrus.Entry) *firstLook {
 	ctx, cancel := context.WithCancel(ctx)
-	f := &firstLook{cancel: cancel, nodeDone: make(chan struct{}), polled: make(chan struct{}), listed: make(chan struct{}),
-		done: make(chan struct{})}
-	var wg sync.WaitGroup
-	wg.Add(2)
+	f := &firstLook{cancel: cancel, nodeDone: make(chan struct{}), polled: make(chan struct{}), listed: make(chan struct{})}
+	f.wg.Add(2)
 	go func() {
-		defer wg.Done()
+		defer f.wg.Done()
 		gctx, gcancel := context.WithTimeout(ctx, primeTimeout)
-		f.node, f.nodeErr = client.CoreV1().Nodes().Get(gctx, node, metav1.GetOptions{})
+		if n, err := client.CoreV1().Nodes().Get(gctx, node, metav1.GetOptions{}); err == nil {
+			f.node = n
+		}
 		gcancel()
 		close(f.nodeDone)
 		f.existing = existingPools(ctx, client, driver, node, log)
 		close(f.listed)
 	}()
 	go func() {
-		defer wg.Done()
+		defer f.wg.Done()
 		pctx, pcancel := context.WithTimeout(ctx, primeTimeout)
 		f.held = h.poll(pctx)
 		pcancel()
 		close(f.polled)
 	}()
-	go func() { wg.Wait(); close(f.done) }()
 	return f
 }
 
@@ -82,11 +81,7 @@ func (f *firstLook) guards(ctx context.Context) (guardLook, bool) {
 			return guardLook{}, false
 		}
 	}
-	l := guardLook{held: f.held}
-	if f.nodeErr == nil {
-		l.node = f.node
-	}
-	return l, true
+	return guardLook{node: f.node, held: f.held}, true
 }
 
 // pools waits for the List of the driver's slices on the node and
@@ -103,5 +98,5 @@ func (f *firstLook) pools(ctx context.Context) map[string]bool {
 // stop cancels what is still asked and waits for it.
 func (f *firstLook) stop() {
 	f.cancel()
-	<-f.done
+	f.wg.Wait()
 }
